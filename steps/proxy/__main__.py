@@ -1,0 +1,65 @@
+"""The recording proxy between agent harnesses and vLLM.
+
+    python -m steps.proxy --upstream http://127.0.0.1:8000 --port 8100 --store ./runs/calls \
+        [--admin-key KEY | env OPENFORGE_ADMIN_KEY] [--override temperature=1.0] [--max-tokens-cap 512]
+
+`--upstream` is vLLM's root URL (no /v1); `--store` a local folder or an s3:// URL.
+"""
+
+import argparse
+import os
+import sys
+
+import uvicorn
+import yaml
+
+from steps import logs
+from steps.proxy.app import create_app
+from steps.proxy.config import ProxyConfig
+
+
+def parse_args(argv: list[str] | None = None) -> ProxyConfig:
+    """Reads the command line into a ProxyConfig; exits with one sentence on a bad flag."""
+    p = argparse.ArgumentParser(prog="python -m steps.proxy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--upstream", required=True, help="vLLM root URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--store", required=True, help="local folder or s3:// URL for recorded calls")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--admin-key", default=os.environ.get("OPENFORGE_ADMIN_KEY"))
+    p.add_argument("--public-url", help="base URL harnesses reach the proxy at (default: the request's host)")
+    p.add_argument("--model", help="served model name (default: the first of upstream /v1/models)")
+    p.add_argument("--weight-version", default="0", help="version of the weights vLLM starts with")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="sampling setting forced on every call, e.g. temperature=1.0 (repeatable)")
+    p.add_argument("--max-tokens-cap", type=int, help="upper bound on response tokens per call")
+    p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--upstream-timeout", type=float, default=1800.0, help="seconds for one upstream call")
+    p.add_argument("--fsync", action="store_true", help="fsync each stored call (survives a machine crash)")
+    p.add_argument("--log-level", default="warning")
+    args = p.parse_args(argv)
+    if not args.admin_key:
+        p.error("an admin key is required: pass --admin-key or set OPENFORGE_ADMIN_KEY")
+    overrides = {}
+    for item in args.override:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--override takes KEY=VALUE, got {item!r}")
+        overrides[key] = yaml.safe_load(value)
+    return ProxyConfig(
+        upstream=args.upstream, store=args.store, admin_key=args.admin_key, host=args.host, port=args.port,
+        public_url=args.public_url, model=args.model, weight_version=args.weight_version, overrides=overrides,
+        max_tokens_cap=args.max_tokens_cap, max_body_bytes=args.max_body_bytes,
+        upstream_timeout_s=args.upstream_timeout, fsync=args.fsync, log_level=args.log_level,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Starts the proxy and serves until interrupted."""
+    config = parse_args(argv)
+    logs.setup(config.log_level)
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
+                access_log=False, loop="auto", http="auto", timeout_keep_alive=75, log_config=None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The recording proxy's HTTP app: admin routes, per-rollout dialect routes, one error handler.
+
+Admin routes (admin key): POST /rollouts, GET /rollouts, GET /rollouts/{id}/calls,
+POST /rollouts/{id}/close, GET|POST /weights[/pause|/resume|/update].
+Rollout routes (that rollout's key): /rollouts/{id}/v1/chat/completions, /v1/responses,
+/v1/messages, /v1/models.
+"""
+
+import hmac
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
+
+from steps.proxy import chat, messages, responses
+from steps.proxy.config import ProxyConfig
+from steps.proxy.errors import ProxyError, anthropic_error_body, openai_error_body
+from steps.proxy.serving import api_key, read_json, serve_call
+from steps.proxy.sessions import Sessions, WeightGate
+from steps.proxy.store import CallStore
+from steps.proxy.upstream import Upstream
+from steps.proxy.weights import swap_weights
+
+log = logging.getLogger("openforge.proxy")
+
+
+class NewRollout(BaseModel):
+    rollout_id: str
+    metadata: dict = Field(default_factory=dict)
+
+
+class WeightUpdate(BaseModel):
+    weights_path: str
+    weight_version: str
+
+
+def require_admin(request: Request) -> None:
+    """Admin routes accept only the proxy's admin key."""
+    key = api_key(request) or ""
+    if not hmac.compare_digest(key.encode(), request.app.state.config.admin_key.encode()):
+        raise ProxyError(401, "this route needs the proxy's admin key")
+
+
+async def admin_body(request: Request, model: type[BaseModel]) -> BaseModel:
+    """An admin route's JSON body, checked against `model`."""
+    raw = await read_json(request, 1 << 20)
+    try:
+        return model.model_validate(raw)
+    except Exception as exc:  # pydantic.ValidationError
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ProxyError(400, f"invalid field '{field}': {first['msg']}", param=field) from None
+
+
+admin = APIRouter()
+rollout_api = APIRouter(prefix="/rollouts/{rollout_id}")
+
+
+@admin.get("/health")
+async def health(request: Request) -> dict:
+    gate = request.app.state.gate
+    return {"status": "ok", "weight_version": gate.version, "paused": gate.paused, "in_flight": gate.in_flight}
+
+
+@admin.post("/rollouts")
+async def register(request: Request) -> dict:
+    require_admin(request)
+    new = await admin_body(request, NewRollout)
+    rollout, key = await request.app.state.sessions.register(new.rollout_id, new.metadata)
+    base = (request.app.state.config.public_url or str(request.base_url)).rstrip("/")
+    root = f"{base}/rollouts/{rollout.rollout_id}"
+    return {"rollout_id": rollout.rollout_id, "api_key": key, "openai_base_url": f"{root}/v1",
+            "anthropic_base_url": root}
+
+
+@admin.get("/rollouts")
+async def list_rollouts(request: Request) -> dict:
+    require_admin(request)
+    return {"rollouts": request.app.state.store.list_rollouts()}
+
+
+@admin.get("/rollouts/{rollout_id}/calls")
+async def list_calls(request: Request, rollout_id: str) -> dict:
+    require_admin(request)
+    await request.app.state.sessions.get(rollout_id)
+    return {"calls": await request.app.state.store.list_calls(rollout_id)}
+
+
+@admin.post("/rollouts/{rollout_id}/close")
+async def close(request: Request, rollout_id: str) -> dict:
+    require_admin(request)
+    rollout = await request.app.state.sessions.close(rollout_id)
+    return {"rollout_id": rollout_id, "closed_at": rollout.closed_at, "num_calls": rollout.next_index}
+
+
+@admin.post("/weights/pause")
+async def pause(request: Request) -> dict:
+    require_admin(request)
+    await request.app.state.gate.pause()
+    return await health(request)
+
+
+@admin.post("/weights/resume")
+async def resume(request: Request) -> dict:
+    require_admin(request)
+    raw = await read_json(request, 1 << 20)
+    await request.app.state.gate.resume(raw.get("weight_version"))
+    return await health(request)
+
+
+@admin.post("/weights/update")
+async def update(request: Request) -> dict:
+    require_admin(request)
+    body = await admin_body(request, WeightUpdate)
+    await swap_weights(request.app.state.gate, request.app.state.upstream, body.weights_path, body.weight_version)
+    return await health(request)
+
+
+@rollout_api.get("/v1/models")
+async def models(request: Request, rollout_id: str) -> dict:
+    await request.app.state.sessions.authorize(rollout_id, api_key(request))
+    name = await request.app.state.upstream.served_model()
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "openforge"}]}
+
+
+@rollout_api.post("/v1/chat/completions")
+async def chat_completions(request: Request, rollout_id: str):
+    return await serve_call(request, rollout_id, chat)
+
+
+@rollout_api.post("/v1/responses")
+async def create_response(request: Request, rollout_id: str):
+    return await serve_call(request, rollout_id, responses)
+
+
+@rollout_api.post("/v1/messages")
+async def create_message(request: Request, rollout_id: str):
+    return await serve_call(request, rollout_id, messages)
+
+
+def _error_response(request: Request, err: ProxyError) -> JSONResponse:
+    anthropic = "/v1/messages" in request.url.path
+    body = anthropic_error_body(err) if anthropic else openai_error_body(err)
+    return JSONResponse(body, status_code=err.status)
+
+
+async def _on_proxy_error(request: Request, err: ProxyError) -> JSONResponse:
+    if err.status >= 500:
+        log.warning("call failed", extra={"path": request.url.path, "status": err.status, "error": err.message})
+    return _error_response(request, err)
+
+
+async def _on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    detail = exc.detail if isinstance(exc.detail, str) else "request refused"
+    if exc.status_code == 404:
+        detail = f"no route {request.method} {request.url.path}"
+    return _error_response(request, ProxyError(exc.status_code, detail))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unexpected error", exc_info=exc, extra={"path": request.url.path})
+    return _error_response(request, ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the proxy log"))
+
+
+def create_app(config: ProxyConfig) -> FastAPI:
+    """Builds the proxy app; store, sessions, upstream client and weight gate live for its lifespan."""
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.config = config
+        app.state.store = CallStore(config.store, fsync=config.fsync)
+        app.state.sessions = Sessions(app.state.store)
+        app.state.gate = WeightGate(config.weight_version)
+        app.state.upstream = Upstream(config.upstream, timeout_s=config.upstream_timeout_s, model=config.model)
+        await app.state.upstream.start()
+        yield
+        await app.state.upstream.close()
+
+    app = FastAPI(title="OpenForge recording proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.include_router(admin)
+    app.include_router(rollout_api)
+    app.add_exception_handler(ProxyError, _on_proxy_error)
+    app.add_exception_handler(HTTPException, _on_http_error)
+    app.add_exception_handler(RequestValidationError, lambda r, e: _error_response(r, ProxyError(400, str(e))))
+    app.add_exception_handler(Exception, _on_unexpected)
+    return app

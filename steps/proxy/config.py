@@ -1,0 +1,30 @@
+"""The proxy's settings: one dataclass, filled from the command line (see `__main__`)."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ProxyConfig:
+    """Everything the proxy needs to start; flags of `python -m steps.proxy` map 1:1 onto fields."""
+
+    upstream: str
+    store: str
+    admin_key: str
+    host: str = "127.0.0.1"
+    port: int = 8100
+    public_url: str | None = None
+    model: str | None = None
+    weight_version: str = "0"
+    overrides: dict = field(default_factory=dict)
+    max_tokens_cap: int | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    upstream_timeout_s: float = 1800.0
+    fsync: bool = False
+    log_level: str = "warning"
+
+    def sampling(self, body: dict) -> dict:
+        """Applies the run config's sampling overrides and token cap to an upstream chat body."""
+        body.update(self.overrides)
+        if self.max_tokens_cap is not None:
+            body["max_tokens"] = min(body.get("max_tokens") or self.max_tokens_cap, self.max_tokens_cap)
+        return body

@@ -1,0 +1,179 @@
+"""Anthropic Messages (`/v1/messages`), the dialect of Claude Code.
+
+Content blocks become chat messages for vLLM: `tool_use` blocks become the assistant's tool calls
+(arguments serialised the way vLLM's tool parser serialises them), `tool_result` blocks become tool
+messages, `thinking` becomes reasoning content. The answer streams as Claude Code requires: every
+block opened, filled by `content_block_delta` events, and closed.
+"""
+
+import json
+
+import orjson
+
+from steps.proxy.errors import ProxyError, anthropic_error_body as error_body  # noqa: F401 (dialect interface)
+from steps.proxy.protocol import MessagesRequest as Request
+from steps.proxy.upstream import Completion
+
+NAME = "messages"
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _text(content) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(block.get("text", "") for block in content or [] if block.get("type") == "text")
+
+
+def _image(block: dict) -> dict:
+    source = block.get("source") or {}
+    url = source.get("url") or f"data:{source.get('media_type')};base64,{source.get('data')}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _user(blocks: list[dict], messages: list[dict], index: int) -> None:
+    """A user turn: tool results first (they answer the previous turn), then text and images."""
+    rest = []
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "tool_result":
+            text = _text(block.get("content"))
+            messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
+                             "content": f"Error: {text}" if block.get("is_error") else text})
+        elif kind in ("text", "image"):
+            rest.append(block)
+        elif kind == "document" and (block.get("source") or {}).get("type") == "text":
+            rest.append({"type": "text", "text": block["source"].get("data", "")})
+        else:
+            raise ProxyError(400, f"messages[{index}] has a content block of type {kind!r} that the proxy "
+                                  "cannot pass to the model (text, image, tool_result and text documents can be)",
+                             f"messages.{index}.content")
+    if not rest:
+        return
+    if any(block["type"] == "image" for block in rest):
+        content = [_image(b) if b["type"] == "image" else {"type": "text", "text": b.get("text", "")} for b in rest]
+    else:
+        content = "".join(block.get("text", "") for block in rest)
+    messages.append({"role": "user", "content": content})
+
+
+def _assistant(blocks: list[dict]) -> dict:
+    message = {"role": "assistant", "content": None}
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "text":
+            message["content"] = (message["content"] or "") + block.get("text", "")
+        elif kind == "thinking":
+            message["reasoning_content"] = block.get("thinking", "")
+        elif kind == "tool_use":
+            # json.dumps with default separators is how vLLM's tool parsers serialise arguments.
+            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            message.setdefault("tool_calls", []).append(
+                {"id": block.get("id"), "type": "function", "function": {"name": block.get("name"), "arguments": arguments}})
+    return message
+
+
+def to_messages(req: Request) -> list[dict]:
+    """Chat messages for the system prompt and the conversation."""
+    system = [_text(req.system)] if req.system else []
+    messages = []
+    for i, message in enumerate(req.messages):
+        blocks = [{"type": "text", "text": message.content}] if isinstance(message.content, str) else message.content
+        if message.role == "system" and not messages:
+            system.append(_text(blocks))
+        elif message.role == "system":
+            messages.append({"role": "system", "content": _text(blocks)})
+        elif message.role == "user":
+            _user(blocks, messages, i)
+        else:
+            messages.append(_assistant(blocks))
+    head = [{"role": "system", "content": "\n\n".join(system)}] if system else []
+    return head + messages
+
+
+def to_upstream(req: Request, raw: dict) -> dict:
+    """The chat body for vLLM."""
+    body = {"messages": to_messages(req), "max_tokens": req.max_tokens}
+    tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
+                                               "parameters": t.input_schema or {"type": "object", "properties": {}}}}
+             for t in req.tools or [] if t.input_schema is not None or t.type in (None, "custom")]
+    if tools:
+        body["tools"] = tools
+        choice = (req.tool_choice or {}).get("type")
+        if choice == "any":
+            body["tool_choice"] = "required"
+        elif choice == "tool":
+            body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.get("name")}}
+        elif choice in ("auto", "none"):
+            body["tool_choice"] = choice
+    for key in ("temperature", "top_p", "top_k", "seed"):
+        if raw.get(key) is not None:
+            body[key] = raw[key]
+    if req.stop_sequences:
+        body["stop"] = req.stop_sequences
+    return body
+
+
+def _input(arguments: str) -> dict:
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return {"input": arguments}
+    return value if isinstance(value, dict) else {"input": value}
+
+
+def content_blocks(c: Completion) -> list[dict]:
+    """The answer's content: thinking, text, then one tool_use block per tool call."""
+    blocks = []
+    if c.reasoning:
+        blocks.append({"type": "thinking", "thinking": c.reasoning, "signature": ""})
+    if c.content:
+        blocks.append({"type": "text", "text": c.content})
+    blocks.extend({"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments)}
+                  for call in c.tool_calls)
+    return blocks
+
+
+def _stop(c: Completion, req: Request) -> tuple[str, str | None]:
+    if c.finish_reason == "stop" and isinstance(c.stop_reason, str) and c.stop_reason in (req.stop_sequences or []):
+        return "stop_sequence", c.stop_reason
+    return _STOP_REASONS.get(c.finish_reason, "end_turn"), None
+
+
+def _usage(c: Completion, output_tokens: int) -> dict:
+    return {"input_tokens": c.prompt_tokens, "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+def to_body(c: Completion, req: Request, response_id: str, created: int) -> dict:
+    """The non-streaming `message` object."""
+    stop_reason, stop_sequence = _stop(c, req)
+    return {"id": f"msg_{response_id}", "type": "message", "role": "assistant", "model": req.model,
+            "content": content_blocks(c), "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+            "usage": _usage(c, c.completion_tokens)}
+
+
+def _block_events(block: dict, index: int) -> list[tuple[str, dict]]:
+    if block["type"] == "text":
+        start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+    elif block["type"] == "thinking":
+        start, delta = {"type": "thinking", "thinking": "", "signature": ""}, {"type": "thinking_delta", "thinking": block["thinking"]}
+    else:
+        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
+    return [("content_block_start", {"index": index, "content_block": start}),
+            ("content_block_delta", {"index": index, "delta": delta}),
+            ("content_block_stop", {"index": index})]
+
+
+def to_events(c: Completion, req: Request, response_id: str, created: int) -> list[tuple[str, dict]]:
+    """message_start, ping, each block's start/delta/stop, message_delta, message_stop."""
+    head = {**to_body(c, req, response_id, created), "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": _usage(c, 1)}
+    events = [("message_start", {"message": head}), ("ping", {})]
+    for index, block in enumerate(content_blocks(c)):
+        events.extend(_block_events(block, index))
+    stop_reason, stop_sequence = _stop(c, req)
+    events.append(("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                                     "usage": {"output_tokens": c.completion_tokens}}))
+    events.append(("message_stop", {}))
+    return [(name, {"type": name, **data}) for name, data in events]

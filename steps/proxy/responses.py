@@ -1,0 +1,226 @@
+"""OpenAI Responses (`/v1/responses`), the dialect of Codex CLI.
+
+Input items become chat messages for vLLM: a model turn's reasoning, text and tool calls are merged
+back into ONE assistant message, so the chat template renders it the way it was generated. Custom
+(free-form) tools become function tools with one string argument `input`. The answer's output items
+are streamed as Codex requires: every item in `response.output_item.done`, then `response.completed`.
+"""
+
+import orjson
+
+from steps.proxy.errors import ProxyError, openai_error_body as error_body  # noqa: F401 (dialect interface)
+from steps.proxy.protocol import ResponsesRequest as Request
+from steps.proxy.upstream import Completion, ToolCall
+
+NAME = "responses"
+_CUSTOM_PARAMS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+
+
+def _text(content) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text") or part.get("refusal") or "" for part in content or [])
+
+
+def _content(content):
+    """Message content for vLLM: a string, or parts when images are present."""
+    if isinstance(content, str) or not any(p.get("type") == "input_image" for p in content or []):
+        return _text(content)
+    parts = []
+    for part in content:
+        if part.get("type") == "input_image":
+            parts.append({"type": "image_url", "image_url": {"url": part.get("image_url") or part.get("file_id")}})
+        else:
+            parts.append({"type": "text", "text": part.get("text") or ""})
+    return parts
+
+
+def _assistant(messages: list[dict]) -> dict:
+    """The assistant message that the current model turn's items attach to."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != "assistant":
+        last = {"role": "assistant", "content": None}
+        messages.append(last)
+    return last
+
+
+def to_messages(req: Request) -> list[dict]:
+    """Chat messages for the instructions and input items."""
+    messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    items = [{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = {"developer": "system"}.get(item.get("role"), item.get("role"))
+            if role not in ("system", "user", "assistant"):
+                raise ProxyError(400, f"input[{i}].role must be user, assistant, system or developer", f"input.{i}.role")
+            if role == "assistant":
+                turn = _assistant(messages)
+                if turn.get("tool_calls"):  # text after a tool call starts a new model turn
+                    turn = {"role": "assistant", "content": None}
+                    messages.append(turn)
+                turn["content"] = (turn["content"] or "") + _text(item.get("content"))
+            else:
+                messages.append({"role": role, "content": _content(item.get("content"))})
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            turn = _assistant(messages)
+            if turn["content"] is not None or turn.get("tool_calls"):
+                turn = {"role": "assistant", "content": None}
+                messages.append(turn)
+            turn["reasoning_content"] = "".join(p.get("text", "") for p in parts)
+        elif kind in ("function_call", "custom_tool_call"):
+            arguments = item.get("arguments") if kind == "function_call" else orjson.dumps({"input": item.get("input", "")}).decode()
+            call = {"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": arguments or "{}"}}
+            _assistant(messages).setdefault("tool_calls", []).append(call)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": _text(item.get("output"))})
+        elif kind == "item_reference":
+            raise ProxyError(400, f"input[{i}] is an item_reference: the proxy keeps no server-side state; send items in full", f"input.{i}")
+        else:
+            raise ProxyError(400, f"input[{i}].type {kind!r} is not supported (message, reasoning, function_call, "
+                                  "function_call_output, custom_tool_call, custom_tool_call_output are)", f"input.{i}.type")
+    return _merge_leading_system(messages)
+
+
+def _merge_leading_system(messages: list[dict]) -> list[dict]:
+    """Instructions and developer messages at the start become one system message (templates expect one)."""
+    lead = 0
+    while lead < len(messages) and messages[lead]["role"] == "system" and isinstance(messages[lead]["content"], str):
+        lead += 1
+    if lead <= 1:
+        return messages
+    return [{"role": "system", "content": "\n\n".join(m["content"] for m in messages[:lead])}] + messages[lead:]
+
+
+def _tools(req: Request) -> list[dict]:
+    tools = []
+    for tool in req.tools or []:
+        if tool.get("type") == "function":
+            fn = {"name": tool["name"], "description": tool.get("description") or "",
+                  "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
+        elif tool.get("type") == "custom":
+            fn = {"name": tool["name"], "description": tool.get("description") or "", "parameters": _CUSTOM_PARAMS}
+        else:
+            continue  # hosted tools (web_search, file_search, ...) run on OpenAI's side; a local model has none
+        tools.append({"type": "function", "function": fn})
+    return tools
+
+
+def to_upstream(req: Request, raw: dict) -> dict:
+    """The chat body for vLLM."""
+    body = {"messages": to_messages(req)}
+    tools = _tools(req)
+    if tools:
+        body["tools"] = tools
+        choice = req.tool_choice
+        if isinstance(choice, dict) and choice.get("name"):
+            choice = {"type": "function", "function": {"name": choice["name"]}}
+        if choice is not None:
+            body["tool_choice"] = choice
+        if req.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = req.parallel_tool_calls
+    for key in ("temperature", "top_p", "seed"):
+        if raw.get(key) is not None:
+            body[key] = raw[key]
+    if req.max_output_tokens is not None:
+        body["max_tokens"] = req.max_output_tokens
+    fmt = (req.text or {}).get("format") or {}
+    if fmt.get("type") == "json_schema":
+        body["response_format"] = {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+    return body
+
+
+def _custom_names(req: Request) -> set[str]:
+    return {tool["name"] for tool in req.tools or [] if tool.get("type") == "custom"}
+
+
+def _call_item(call: ToolCall, index: int, custom: set[str], response_id: str) -> dict:
+    item_id = f"fc_{response_id}_{index}"
+    if call.name in custom:
+        try:
+            text = orjson.loads(call.arguments).get("input", "")
+        except (orjson.JSONDecodeError, AttributeError):
+            text = call.arguments
+        return {"type": "custom_tool_call", "id": item_id, "call_id": call.id, "name": call.name,
+                "input": text, "status": "completed"}
+    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments, "status": "completed"}
+
+
+def output_items(c: Completion, req: Request, response_id: str) -> list[dict]:
+    """The response's output: reasoning, message, then one item per tool call."""
+    items = []
+    if c.reasoning:
+        items.append({"type": "reasoning", "id": f"rs_{response_id}", "summary": [],
+                      "content": [{"type": "reasoning_text", "text": c.reasoning}]})
+    if c.content:
+        items.append({"type": "message", "id": f"msg_{response_id}", "status": "completed", "role": "assistant",
+                      "content": [{"type": "output_text", "text": c.content, "annotations": [], "logprobs": []}]})
+    custom = _custom_names(req)
+    items.extend(_call_item(call, i, custom, response_id) for i, call in enumerate(c.tool_calls))
+    return items
+
+
+def _response(c: Completion | None, req: Request, response_id: str, created: int, output: list[dict]) -> dict:
+    incomplete = c is not None and c.finish_reason == "length"
+    status = "in_progress" if c is None else ("incomplete" if incomplete else "completed")
+    usage = None if c is None else {
+        "input_tokens": c.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": c.prompt_tokens + c.completion_tokens}
+    return {
+        "id": f"resp_{response_id}", "object": "response", "created_at": created, "status": status,
+        "model": req.model, "output": output, "usage": usage, "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "parallel_tool_calls": bool(req.parallel_tool_calls), "temperature": req.temperature,
+        "top_p": req.top_p, "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
+        "store": False, "text": req.text or {"format": {"type": "text"}},
+    }
+
+
+def to_body(c: Completion, req: Request, response_id: str, created: int) -> dict:
+    """The non-streaming `response` object."""
+    return _response(c, req, response_id, created, output_items(c, req, response_id))
+
+
+def _item_events(item: dict, index: int) -> list[tuple[str, dict]]:
+    """Events for one output item: added, its content deltas, done."""
+    opened = {**item, "status": "in_progress"}
+    base = {"output_index": index, "item_id": item["id"]}
+    if item["type"] == "message":
+        opened["content"] = []
+        text, part = item["content"][0]["text"], {"type": "output_text", "text": "", "annotations": []}
+        middle = [("response.content_part.added", {**base, "content_index": 0, "part": part}),
+                  ("response.output_text.delta", {**base, "content_index": 0, "delta": text, "logprobs": []}),
+                  ("response.output_text.done", {**base, "content_index": 0, "text": text, "logprobs": []}),
+                  ("response.content_part.done", {**base, "content_index": 0, "part": item["content"][0]})]
+    elif item["type"] == "reasoning":
+        opened["content"] = []
+        text = item["content"][0]["text"]
+        middle = [("response.reasoning_text.delta", {**base, "content_index": 0, "delta": text}),
+                  ("response.reasoning_text.done", {**base, "content_index": 0, "text": text})]
+    elif item["type"] == "function_call":
+        opened["arguments"] = ""
+        middle = [("response.function_call_arguments.delta", {**base, "delta": item["arguments"]}),
+                  ("response.function_call_arguments.done", {**base, "arguments": item["arguments"]})]
+    else:  # custom_tool_call
+        opened["input"] = ""
+        middle = [("response.custom_tool_call_input.delta", {**base, "delta": item["input"]}),
+                  ("response.custom_tool_call_input.done", {**base, "input": item["input"]})]
+    return [("response.output_item.added", {"output_index": index, "item": opened}), *middle,
+            ("response.output_item.done", {"output_index": index, "item": item})]
+
+
+def to_events(c: Completion, req: Request, response_id: str, created: int) -> list[tuple[str, dict]]:
+    """created, in_progress, each item's events, then completed (or incomplete at the token limit)."""
+    items = output_items(c, req, response_id)
+    start = _response(None, req, response_id, created, [])
+    events = [("response.created", {"response": start}), ("response.in_progress", {"response": start})]
+    for index, item in enumerate(items):
+        events.extend(_item_events(item, index))
+    final = _response(c, req, response_id, created, items)
+    events.append(("response.incomplete" if final["status"] == "incomplete" else "response.completed",
+                   {"response": final}))
+    return [(name, {"type": name, "sequence_number": n, **data}) for n, (name, data) in enumerate(events)]

@@ -1,0 +1,152 @@
+"""One model call through the proxy, the same for every dialect.
+
+authorize -> read and check the request -> wait at the weight gate -> one upstream call (abandoned
+if the harness goes away) -> durably store the call -> answer as JSON or as the dialect's SSE stream.
+The call is stored before the first byte of the answer leaves, so nothing answered is ever lost.
+"""
+
+import asyncio
+import time
+import uuid
+from types import ModuleType
+
+import orjson
+import pydantic
+from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
+
+from steps.logs import now
+from steps.proxy.errors import ProxyError, validation_message
+from steps.proxy.sessions import Rollout
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty", "min_p", "tool_choice")
+
+
+class ClientGone(Exception):
+    """The harness closed its connection before the answer was ready."""
+
+
+def api_key(request: Request) -> str | None:
+    """The key a harness sent, as `Authorization: Bearer` or `x-api-key`."""
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The request body as a JSON object; 413 past `limit` bytes, 400 if it is not a JSON object."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ProxyError(413, f"request body of {int(declared)} bytes is over the proxy's limit of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ProxyError(413, f"request body is over the proxy's limit of {limit} bytes")
+        chunks.append(chunk)
+    try:
+        body = orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError as exc:
+        raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProxyError(400, "request body must be a JSON object")
+    return body
+
+
+async def until_disconnect(request: Request, work):
+    """Runs `work` to completion, or cancels it and raises ClientGone if the client disconnects."""
+    async def watch():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientGone()
+    return task.result()
+
+
+def sse(event: str | None, data) -> bytes:
+    """One server-sent event; `event: NAME` only for dialects that name their events."""
+    payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+    head = b"" if event is None else b"event: " + event.encode() + b"\n"
+    return head + b"data: " + payload + b"\n\n"
+
+
+async def serve_call(request: Request, rollout_id: str, dialect: ModuleType) -> Response:
+    """Answers one model call of a rollout in `dialect`, recording it token-exactly."""
+    state = request.app.state
+    rollout = await state.sessions.authorize(rollout_id, api_key(request))
+    raw = await read_json(request, state.config.max_body_bytes)
+    try:
+        req = dialect.Request.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        message, field = validation_message(exc)
+        raise ProxyError(400, message, param=field) from None
+    upstream_body = state.config.sampling(dialect.to_upstream(req, raw))
+    record = _new_record(rollout, dialect.NAME, req.stream, raw, upstream_body)
+    try:
+        completion = await until_disconnect(request, _complete(state, upstream_body, record))
+    except ClientGone:
+        await _finish(state, record, "aborted", error={"status": 499, "message": "client disconnected"})
+        return Response(status_code=499)
+    except ProxyError as err:
+        await _finish(state, record, "error", error={"status": err.status, "message": err.message})
+        raise
+    response_id, created = uuid.uuid4().hex, int(time.time())
+    record.update(prompt_token_ids=completion.prompt_token_ids, response_token_ids=completion.response_token_ids,
+                  response_logprobs=completion.response_logprobs, finish_reason=completion.finish_reason)
+    if not req.stream:
+        body = dialect.to_body(completion, req, response_id, created)
+        await _finish(state, record, "ok", response=body)
+        return Response(orjson.dumps(body), media_type="application/json")
+    events = dialect.to_events(completion, req, response_id, created)
+    await _finish(state, record, "ok", response=[{"event": name, "data": data} for name, data in events])
+    return StreamingResponse(iter([b"".join(sse(name, data) for name, data in events)]),
+                             media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+
+def _new_record(rollout: Rollout, dialect: str, stream: bool, raw: dict, upstream_body: dict) -> dict:
+    return {
+        "rollout_id": rollout.rollout_id,
+        "call_index": rollout.take_index(),
+        "dialect": dialect,
+        "stream": stream,
+        "status": "pending",
+        "weight_version": None,
+        "prompt_token_ids": None,
+        "response_token_ids": None,
+        "response_logprobs": None,
+        "finish_reason": None,
+        "sampling": {key: upstream_body[key] for key in SAMPLING_KEYS if key in upstream_body},
+        "timings": {"received_at": now()},
+        "request": raw,
+        "response": None,
+        "error": None,
+    }
+
+
+async def _complete(state, upstream_body: dict, record: dict):
+    async with state.gate.call() as version:
+        record["weight_version"] = version
+        record["timings"]["upstream_started_at"] = now()
+        try:
+            return await state.upstream.complete(upstream_body)
+        finally:
+            record["timings"]["upstream_ended_at"] = now()
+
+
+async def _finish(state, record: dict, status: str, response=None, error: dict | None = None) -> None:
+    timings = record["timings"]
+    timings["responded_at"] = now()
+    timings["total_s"] = round(timings["responded_at"] - timings["received_at"], 6)
+    if "upstream_ended_at" in timings:
+        timings["upstream_s"] = round(timings["upstream_ended_at"] - timings["upstream_started_at"], 6)
+    record.update(status=status, response=response, error=error)
+    await state.store.put_call(record)

@@ -1,0 +1,147 @@
+"""Rollout sessions (who may call, and as which rollout) and the weight gate.
+
+A rollout's API key is random and known only to whoever registered it; the store keeps its SHA-256,
+so a restarted proxy still accepts the harness that holds it. Every call takes the next index of its
+rollout. The weight gate holds new calls while weights are swapped and lets in-flight ones finish.
+"""
+
+import asyncio
+import hashlib
+import hmac
+import re
+import secrets
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from steps.logs import now
+from steps.proxy.errors import ProxyError
+from steps.proxy.store import CallStore
+
+ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def key_digest(api_key: str) -> str:
+    """The stored form of an API key."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+@dataclass
+class Rollout:
+    """One registered rollout: its key digest, metadata and the next call index."""
+
+    rollout_id: str
+    key_sha256: str
+    metadata: dict
+    created_at: float
+    closed_at: float | None = None
+    next_index: int = 0
+
+    def take_index(self) -> int:
+        """Reserves the next call index (calls are numbered in arrival order)."""
+        index, self.next_index = self.next_index, self.next_index + 1
+        return index
+
+    def info(self) -> dict:
+        """The registration as stored (never the key itself)."""
+        return {
+            "rollout_id": self.rollout_id,
+            "key_sha256": self.key_sha256,
+            "metadata": self.metadata,
+            "created_at": self.created_at,
+            "closed_at": self.closed_at,
+        }
+
+
+@dataclass
+class Sessions:
+    """Registered rollouts, backed by the store so that a restart loses none."""
+
+    store: CallStore
+    rollouts: dict[str, Rollout] = field(default_factory=dict)
+
+    async def register(self, rollout_id: str, metadata: dict) -> tuple[Rollout, str]:
+        """Registers a new rollout and returns it with its freshly made API key."""
+        if not ROLLOUT_ID.match(rollout_id):
+            raise ProxyError(400, "rollout_id must be 1-128 characters of letters, digits, '.', '_' or '-', "
+                             f"starting with a letter or digit; got {rollout_id!r}", param="rollout_id")
+        if await self.find(rollout_id) is not None:
+            raise ProxyError(409, f"rollout {rollout_id!r} is already registered", param="rollout_id")
+        api_key = "of-" + secrets.token_urlsafe(32)
+        rollout = Rollout(rollout_id, key_digest(api_key), metadata, created_at=now())
+        await self.store.put_rollout(rollout.info())
+        self.rollouts[rollout_id] = rollout
+        return rollout, api_key
+
+    async def find(self, rollout_id: str) -> Rollout | None:
+        """The rollout with this id, reloaded from the store after a restart; None if unknown."""
+        rollout = self.rollouts.get(rollout_id)
+        if rollout is not None or not ROLLOUT_ID.match(rollout_id):
+            return rollout
+        info = await self.store.get_rollout(rollout_id)
+        if info is None:
+            return None
+        rollout = Rollout(**info, next_index=await self.store.count_calls(rollout_id))
+        return self.rollouts.setdefault(rollout_id, rollout)
+
+    async def get(self, rollout_id: str) -> Rollout:
+        """The rollout with this id, or a 404."""
+        rollout = await self.find(rollout_id)
+        if rollout is None:
+            raise ProxyError(404, f"unknown rollout {rollout_id!r}: register it with POST /rollouts first")
+        return rollout
+
+    async def authorize(self, rollout_id: str, api_key: str | None) -> Rollout:
+        """The open rollout that this key belongs to; 404 if unknown, 401 on a wrong key, 403 if closed."""
+        rollout = await self.get(rollout_id)
+        if not api_key or not hmac.compare_digest(key_digest(api_key), rollout.key_sha256):
+            raise ProxyError(401, f"missing or wrong API key for rollout {rollout_id!r}")
+        if rollout.closed_at is not None:
+            raise ProxyError(403, f"rollout {rollout_id!r} is closed")
+        return rollout
+
+    async def close(self, rollout_id: str) -> Rollout:
+        """Ends a rollout's session: later calls with its key are refused."""
+        rollout = await self.get(rollout_id)
+        if rollout.closed_at is None:
+            rollout.closed_at = now()
+            await self.store.put_rollout(rollout.info())
+        return rollout
+
+
+class WeightGate:
+    """Holds new calls while the served weights change; in-flight calls finish first."""
+
+    def __init__(self, version: str):
+        self.version = version
+        self.in_flight = 0
+        self.paused = False
+        self._changed = asyncio.Condition()
+
+    @asynccontextmanager
+    async def call(self):
+        """Enters a call once the gate is open; yields the weight version that will serve it."""
+        if self.paused:
+            async with self._changed:
+                await self._changed.wait_for(lambda: not self.paused)
+        self.in_flight += 1
+        try:
+            yield self.version
+        finally:
+            self.in_flight -= 1
+            if self.paused and self.in_flight == 0:
+                async with self._changed:
+                    self._changed.notify_all()
+
+    async def pause(self) -> None:
+        """Stops admitting calls and returns once none is in flight."""
+        self.paused = True
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.in_flight == 0)
+
+    async def resume(self, version: str | None = None) -> None:
+        """Admits calls again, served by `version` from now on."""
+        if version is not None:
+            self.version = version
+        self.paused = False
+        async with self._changed:
+            self._changed.notify_all()
