@@ -1,0 +1,111 @@
+"""Start and stop the recording proxy as a subprocess (the local runner, the demo, the tests).
+
+    with serve_proxy(upstream, store, admin_key) as proxy:
+        rollout = proxy.register("r-0")          # {"rollout_id", "api_key", "openai_base_url", ...}
+        calls = proxy.calls("r-0")
+
+The command is exactly `python -m steps.proxy ...`, the one the serve pod runs.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from steps.vllm_server import HOST, free_port
+
+
+@dataclass
+class ProxyProcess:
+    """A running proxy: its address, admin key and log."""
+
+    process: subprocess.Popen
+    port: int
+    admin_key: str
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def admin(self, method: str, path: str, body: dict | None = None) -> dict:
+        """Calls an admin route and returns its JSON answer (raises urllib's HTTPError on >= 400)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"authorization": f"Bearer {self.admin_key}",
+                                              "content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            return json.loads(resp.read())
+
+    def register(self, rollout_id: str, metadata: dict | None = None) -> dict:
+        """Registers a rollout; returns its key and base URLs."""
+        return self.admin("POST", "/rollouts", {"rollout_id": rollout_id, "metadata": metadata or {}})
+
+    def calls(self, rollout_id: str) -> list[dict]:
+        """The rollout's recorded calls, in order."""
+        return self.admin("GET", f"/rollouts/{rollout_id}/calls")["calls"]
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def proxy_command(upstream: str, store: str, port: int, extra: list[str] = ()) -> list[str]:
+    """The proxy's command line (the admin key travels in the environment, never on the command line)."""
+    return [sys.executable, "-m", "steps.proxy", "--upstream", upstream, "--port", str(port), "--store", store, *extra]
+
+
+def start_proxy(upstream: str, store: str, admin_key: str, port: int | None = None, extra: list[str] = (),
+                log_path: Path | None = None, env: dict | None = None, timeout_s: float = 30.0) -> ProxyProcess:
+    """Starts the proxy and returns once `/health` answers."""
+    port = port or free_port()
+    log_path = Path(log_path or Path(store if "://" not in store else ".").resolve() / f"proxy-{port}.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {}), "OPENFORGE_ADMIN_KEY": admin_key}
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(proxy_command(upstream, store, port, list(extra)), env=full_env,
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    proxy = ProxyProcess(process, port, admin_key, log_path, list(extra))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the proxy exited with code {process.returncode}; log:\n{proxy.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"{proxy.url}/health", timeout=2):
+                return proxy
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    stop_proxy(proxy)
+    raise RuntimeError(f"the proxy did not answer /health within {timeout_s:.0f} s; log:\n{proxy.log_tail()}")
+
+
+def stop_proxy(proxy: ProxyProcess, grace_s: float = 10.0) -> None:
+    """Stops the proxy: SIGTERM (finishes in-flight calls), then SIGKILL."""
+    if proxy.process.poll() is None:
+        proxy.process.send_signal(signal.SIGTERM)
+        try:
+            proxy.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proxy.process.kill()
+            proxy.process.wait()
+
+
+@contextmanager
+def serve_proxy(upstream: str, store: str, admin_key: str, **kwargs) -> Iterator[ProxyProcess]:
+    """`start_proxy` as a context manager."""
+    proxy = start_proxy(upstream, store, admin_key, **kwargs)
+    try:
+        yield proxy
+    finally:
+        stop_proxy(proxy)

@@ -1,0 +1,158 @@
+"""A tiny Qwen2-style model built locally in seconds: no download, same files for the same seed.
+
+    python -m steps.tiny_model OUT_DIR [--seed 0]
+
+The model is random (2 layers, hidden size 128), so it says nothing useful, but it has everything
+the serving path touches: a byte-level BPE tokenizer trained on the Python standard library's own
+source, Qwen's special tokens, and a hermes / Qwen2.5-style chat template with tools, so that vLLM's
+`--tool-call-parser hermes` parses its forced tool calls. The tests and the embedded default serve it.
+
+Determinism: the tokenizer depends only on the training text (this Python's standard library, so
+the same Python version gives the same vocabulary) and the weights only on the seed.
+"""
+
+import argparse
+import json
+import sys
+import sysconfig
+from pathlib import Path
+
+# Qwen's order: the text/chat markers are special (skipped when decoding); the tool and reasoning
+# tags are ordinary added tokens, so they survive decoding and the hermes parser can see them.
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TAG_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"]
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+BPE_VOCAB_SIZE = 4096
+# Qwen2's pre-tokenizer split: words, single digits, punctuation runs, newline runs, spaces.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Standard-library sources present in every CPython >= 3.11: plain English prose and Python code.
+CORPUS_FILES = ["argparse.py", "asyncio/base_events.py", "collections/__init__.py", "dataclasses.py",
+                "email/message.py", "functools.py", "http/client.py", "inspect.py", "json/decoder.py",
+                "json/encoder.py", "logging/__init__.py", "pathlib.py", "pydoc_data/topics.py", "shutil.py",
+                "subprocess.py", "textwrap.py", "typing.py", "unittest/case.py", "urllib/parse.py", "zipfile.py"]
+
+# Qwen2.5's template, trimmed: tools go into the system turn, assistant tool calls become
+# <tool_call> JSON blocks, consecutive tool results share one user turn inside <tool_response>.
+CHAT_TEMPLATE = r"""
+{%- macro text(content) -%}
+    {%- if content is string -%}{{- content -}}
+    {%- elif content -%}{%- for part in content -%}{%- if part.text is defined -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set first = messages[0] if messages else none -%}
+{%- set has_system = first is not none and first.role in ['system', 'developer'] -%}
+{%- if tools -%}
+    {{- '<|im_start|>system\n' -}}
+    {%- if has_system -%}{{- text(first.content) + '\n\n' -}}{%- endif -%}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' -}}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
+    {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments ' -}}
+    {{- 'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, ' -}}
+    {{- '"arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+{%- elif has_system -%}
+    {{- '<|im_start|>system\n' + text(first.content) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+    {%- if message.role in ['system', 'developer'] -%}
+        {%- if not loop.first -%}{{- '<|im_start|>system\n' + text(message.content) + '<|im_end|>\n' -}}{%- endif -%}
+    {%- elif message.role == 'user' -%}
+        {{- '<|im_start|>user\n' + text(message.content) + '<|im_end|>\n' -}}
+    {%- elif message.role == 'assistant' -%}
+        {{- '<|im_start|>assistant\n' -}}
+        {%- set reasoning = message.reasoning_content or message.reasoning -%}
+        {%- if reasoning -%}{{- '<think>\n' + reasoning + '\n</think>\n\n' -}}{%- endif -%}
+        {{- text(message.content) -}}
+        {%- for call in message.tool_calls or [] -%}
+            {%- set call = call.function if call.function is defined else call -%}
+            {%- if loop.first and message.content -%}{{- '\n' -}}{%- elif not loop.first -%}{{- '\n' -}}{%- endif -%}
+            {{- '<tool_call>\n{"name": "' + call.name + '", "arguments": ' -}}
+            {{- call.arguments if call.arguments is string else (call.arguments | tojson) -}}
+            {{- '}\n</tool_call>' -}}
+        {%- endfor -%}
+        {{- '<|im_end|>\n' -}}
+    {%- elif message.role == 'tool' -%}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+        {{- '\n<tool_response>\n' + text(message.content) + '\n</tool_response>' -}}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+""".strip()
+
+
+def corpus() -> list[str]:
+    """The tokenizer's training text: fixed standard-library files, in a fixed order."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(stdlib / name).read_text(encoding="utf-8") for name in CORPUS_FILES if (stdlib / name).is_file()]
+    if not texts:
+        raise RuntimeError(f"none of the tokenizer's training files were found under {stdlib}")
+    return texts
+
+
+def build_tokenizer(out_dir: Path):
+    """Trains the byte-level BPE tokenizer and saves it with the chat template; returns it."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE, min_frequency=2, show_progress=False,
+                                  special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
+                                 model_max_length=4096, clean_up_tokenization_spaces=False)
+    hf.chat_template = CHAT_TEMPLATE
+    hf.save_pretrained(out_dir)
+    return hf
+
+
+def build_model(out_dir: Path, vocab_size: int, eos_id: int, pad_id: int, seed: int) -> None:
+    """Saves a randomly initialised 2-layer Qwen2 causal LM (bf16 safetensors)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # vLLM's CPU attention needs 32+
+        max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        # A wide init makes next-token distributions peaked, so greedy choices are not near-ties
+        # that bf16 rounding could flip between two runs of the same prompt.
+        initializer_range=0.2, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=pad_id)
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
+    """Builds the tiny model and tokenizer into `out_dir` (created if needed) and returns it."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out_dir)
+    build_model(out_dir, len(tokenizer), tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+                tokenizer.convert_tokens_to_ids(PAD_TOKEN), seed)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Builds the model where the command line says and prints its folder."""
+    p = argparse.ArgumentParser(prog="python -m steps.tiny_model", description=__doc__.split("\n\n")[0])
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    path = build_tiny_model(args.out_dir, args.seed)
+    print(json.dumps({"model_dir": str(path.resolve()), "seed": args.seed}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

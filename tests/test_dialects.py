@@ -1,0 +1,174 @@
+"""The dialect translations as pure functions: harness request -> vLLM chat body, completion -> answer.
+
+End-to-end behaviour (real vLLM, official SDKs, real harnesses) is covered elsewhere; these pin down
+the translation rules whose breakage would silently change what the model sees or what a harness reads.
+"""
+
+import json
+
+import pytest
+
+from steps.proxy import chat, messages, responses
+from steps.proxy.errors import ProxyError
+from steps.proxy.upstream import Completion, ToolCall, parse_completion
+
+
+def completion(**overrides) -> Completion:
+    fields = dict(content="Let me look.", reasoning=None, finish_reason="tool_calls", stop_reason=None,
+                  tool_calls=[ToolCall("call_1", "exec_command", '{"cmd": "ls"}')],
+                  prompt_token_ids=[1, 2, 3], response_token_ids=[7, 8], response_logprobs=[-0.1, -0.2])
+    fields.update(overrides)
+    return Completion(**fields)
+
+
+# --- Responses -------------------------------------------------------------------------------------
+def test_responses_merges_one_model_turn_into_one_assistant_message():
+    req = responses.Request.model_validate({"model": "m", "instructions": "be brief", "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox rules"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
+        {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": '{"cmd": "ls"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+    ]})
+    assert responses.to_messages(req) == [
+        {"role": "system", "content": "be brief\n\nsandbox rules"},
+        {"role": "user", "content": "list files"},
+        {"role": "assistant", "content": "Let me look.", "reasoning_content": "think",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "exec_command", "arguments": '{"cmd": "ls"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+        {"role": "assistant", "content": "done"},
+    ]
+
+
+def test_responses_custom_tools_round_trip_through_a_string_argument():
+    req = responses.Request.model_validate({"model": "m", "input": "patch it", "tools": [
+        {"type": "custom", "name": "apply_patch", "description": "patch", "format": {"type": "grammar"}},
+        {"type": "web_search"},
+    ]})
+    body = responses.to_upstream(req, {})
+    assert body["tools"] == [{"type": "function", "function": {"name": "apply_patch", "description": "patch",
+                                                               "parameters": responses._CUSTOM_PARAMS}}]
+    c = completion(content=None, tool_calls=[ToolCall("c9", "apply_patch", '{"input": "*** Begin Patch"}')])
+    (item,) = responses.to_body(c, req, "r", 0)["output"]
+    assert item["type"] == "custom_tool_call" and item["input"] == "*** Begin Patch" and item["call_id"] == "c9"
+
+
+@pytest.mark.parametrize("item, field", [
+    ({"type": "item_reference", "id": "x"}, "input.0"),
+    ({"type": "local_shell_call"}, "input.0.type"),
+    ({"type": "message", "role": "tool", "content": "x"}, "input.0.role"),
+])
+def test_responses_refuses_items_it_cannot_render(item, field):
+    req = responses.Request.model_validate({"model": "m", "input": [item]})
+    with pytest.raises(ProxyError) as err:
+        responses.to_messages(req)
+    assert err.value.status == 400 and err.value.param == field
+
+
+def test_responses_stream_gives_each_item_done_then_completed():
+    req = responses.Request.model_validate({"model": "m", "input": "hi", "stream": True})
+    events = responses.to_events(completion(reasoning="hmm"), req, "r", 0)
+    names = [name for name, _ in events]
+    assert names[:2] == ["response.created", "response.in_progress"] and names[-1] == "response.completed"
+    done = [data["item"]["type"] for name, data in events if name == "response.output_item.done"]
+    assert done == ["reasoning", "message", "function_call"]
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    assert events[-1][1]["response"]["output"] == responses.to_body(completion(reasoning="hmm"), req, "r", 0)["output"]
+
+
+def test_responses_length_limit_is_incomplete():
+    req = responses.Request.model_validate({"model": "m", "input": "hi", "max_output_tokens": 2})
+    assert responses.to_upstream(req, {})["max_tokens"] == 2
+    events = responses.to_events(completion(finish_reason="length", tool_calls=[]), req, "r", 0)
+    assert events[-1][0] == "response.incomplete"
+    assert events[-1][1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+# --- Anthropic Messages ----------------------------------------------------------------------------
+def test_messages_tool_use_and_results_become_chat_tool_calls():
+    req = messages.Request.model_validate({"model": "m", "max_tokens": 50, "system": [{"type": "text", "text": "sys"}],
+        "messages": [
+            {"role": "system", "content": "more sys"},
+            {"role": "user", "content": "write a file"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "plan", "signature": ""},
+                {"type": "text", "text": "ok"},
+                {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "echo é > a"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "done"}]},
+                {"type": "text", "text": "thanks"}]},
+        ],
+        "tools": [{"name": "Bash", "input_schema": {"type": "object"}}, {"type": "web_search_20250305", "name": "ws"}],
+        "tool_choice": {"type": "any"}, "stop_sequences": ["END"], "top_k": 5})
+    body = messages.to_upstream(req, {"top_k": 5})
+    assert body["messages"] == [
+        {"role": "system", "content": "sys\n\nmore sys"},
+        {"role": "user", "content": "write a file"},
+        {"role": "assistant", "content": "ok", "reasoning_content": "plan", "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "echo é > a"}'}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "done"},
+        {"role": "user", "content": "thanks"},
+    ]
+    assert [t["function"]["name"] for t in body["tools"]] == ["Bash"]
+    assert body["tool_choice"] == "required" and body["stop"] == ["END"] and body["top_k"] == 5
+    assert body["max_tokens"] == 50
+
+
+def test_messages_stream_fills_every_block_with_deltas():
+    req = messages.Request.model_validate({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+    c = completion(reasoning="hmm", tool_calls=[ToolCall("t1", "Bash", '{"command": "ls"}')])
+    events = messages.to_events(c, req, "r", 0)
+    names = [name for name, _ in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    deltas = [data["delta"] for name, data in events if name == "content_block_delta"]
+    assert [d["type"] for d in deltas] == ["thinking_delta", "text_delta", "input_json_delta"]
+    assert json.loads(deltas[2]["partial_json"]) == {"command": "ls"}
+    assert names.count("content_block_start") == names.count("content_block_stop") == 3
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_messages_stop_sequence_is_reported():
+    req = messages.Request.model_validate({"model": "m", "max_tokens": 5, "stop_sequences": ["END"],
+                                           "messages": [{"role": "user", "content": "x"}]})
+    body = messages.to_body(completion(finish_reason="stop", stop_reason="END", tool_calls=[]), req, "r", 0)
+    assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "END")
+
+
+# --- Chat Completions ------------------------------------------------------------------------------
+def test_chat_forwards_the_harness_request_less_streaming_options():
+    raw = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
+           "stream_options": {"include_usage": True}, "max_completion_tokens": 9, "temperature": 0.3, "vendor": 1}
+    body = chat.to_upstream(chat.Request.model_validate(raw), raw)
+    assert body == {"messages": raw["messages"], "max_tokens": 9, "temperature": 0.3, "vendor": 1}
+
+
+def test_chat_stream_options_need_stream():
+    raw = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}
+    with pytest.raises(ProxyError, match="stream_options"):
+        chat.to_upstream(chat.Request.model_validate(raw), raw)
+
+
+def test_chat_stream_ends_with_usage_and_done():
+    req = chat.Request.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                                       "stream_options": {"include_usage": True}})
+    events = chat.to_events(completion(), req, "r", 0)
+    assert events[-1] == (None, "[DONE]")
+    assert events[-2][1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert events[-3][1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+# --- Upstream parsing ------------------------------------------------------------------------------
+def test_upstream_answer_without_token_ids_is_refused():
+    body = {"prompt_token_ids": None, "choices": [{"message": {"content": "x"}, "token_ids": None}]}
+    with pytest.raises(ProxyError) as err:
+        parse_completion(body)
+    assert err.value.status == 502 and "token ids" in err.value.message
+
+
+def test_upstream_logprobs_must_cover_every_sampled_token():
+    body = {"prompt_token_ids": [1], "choices": [{"message": {"content": "x"}, "token_ids": [5, 6],
+                                                  "logprobs": {"content": [{"logprob": -1.0}]}}]}
+    with pytest.raises(ProxyError, match="1 logprobs for 2 sampled tokens"):
+        parse_completion(body)
