@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -70,7 +71,7 @@ def start_proxy(upstream: str, store: str, admin_key: str, port: int | None = No
                 log_path: Path | None = None, env: dict | None = None, timeout_s: float = 30.0) -> ProxyProcess:
     """Starts the proxy and returns once `/health` answers."""
     port = port or free_port()
-    log_path = Path(log_path or Path(store if "://" not in store else ".").resolve() / f"proxy-{port}.log")
+    log_path = Path(log_path or Path(tempfile.gettempdir()) / f"openforge-proxy-{port}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {}), "OPENFORGE_ADMIN_KEY": admin_key}
     with open(log_path, "ab") as log:

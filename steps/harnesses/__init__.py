@@ -1,0 +1,28 @@
+"""The agent harnesses a rollout can run: one small module each, with the same few names.
+
+Each module has `NPM_PACKAGE`, `VERSION` (pinned), `DIALECT` (the API it speaks to the proxy:
+`responses`, `messages` or `chat_completions`), and the functions
+`install(prefix) -> exe`, `prepare(home, workdir, endpoint) -> env`,
+`command(instruction, workdir, exe) -> argv` and `log_paths(home) -> [Path]`.
+
+    from steps.harnesses import HARNESSES, Endpoint, default_prefix
+    harness = HARNESSES["codex"]
+    exe = harness.install(default_prefix("codex", harness.VERSION))
+    env = harness.prepare(home, workdir, Endpoint(openai_base_url=..., anthropic_base_url=...,
+                                                  api_key=..., model="tiny"))
+    subprocess.run(harness.command(instruction, workdir, exe), env=env, cwd=workdir,
+                   stdin=subprocess.DEVNULL)
+"""
+
+from steps.harnesses import claude_code, codex, openclaw, opencode, qwen_code
+from steps.harnesses.base import Endpoint, InstallError, cache_root, default_prefix
+
+HARNESSES = {
+    "codex": codex,
+    "claude-code": claude_code,
+    "openclaw": openclaw,
+    "qwen-code": qwen_code,
+    "opencode": opencode,
+}
+
+__all__ = ["HARNESSES", "Endpoint", "InstallError", "cache_root", "default_prefix"]

@@ -1,0 +1,67 @@
+"""Claude Code (`@anthropic-ai/claude-code`), speaking the Anthropic Messages API.
+
+    python -m steps.harnesses install claude-code
+    # what a rollout runs, with the environment from prepare():
+    claude -p --dangerously-skip-permissions --output-format stream-json --verbose -- "INSTRUCTION" </dev/null
+
+It is configured through the environment only (`ANTHROPIC_BASE_URL` without `/v1`). Its event log:
+`--output-format stream-json` prints one event per line on stdout, and the session is kept in
+`HOME/.claude/projects/<workdir slug>/<session id>.jsonl`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from steps.harnesses.base import Endpoint, clean_env, npm_install
+
+NPM_PACKAGE = "@anthropic-ai/claude-code"
+VERSION = "2.1.332"
+DIALECT = "messages"
+BINARY = "claude"
+
+
+def install(prefix: Path) -> Path:
+    """Install the pinned Claude Code into `prefix` (skipped when already there); return `claude`."""
+    return npm_install(prefix, NPM_PACKAGE, VERSION, BINARY)
+
+
+def prepare(home: Path, workdir: Path, endpoint: Endpoint) -> dict[str, str]:
+    """Return the clean environment pointing Claude Code at the proxy; it needs no config file."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = clean_env(
+        home,
+        ANTHROPIC_BASE_URL=endpoint.anthropic_base_url,
+        ANTHROPIC_API_KEY=endpoint.api_key,
+        ANTHROPIC_MODEL=endpoint.model,
+        # Side requests (titles, summaries) otherwise name a Haiku model the server does not serve.
+        ANTHROPIC_SMALL_FAST_MODEL=endpoint.model,
+        ANTHROPIC_DEFAULT_HAIKU_MODEL=endpoint.model,
+        ANTHROPIC_DEFAULT_SONNET_MODEL=endpoint.model,
+        ANTHROPIC_DEFAULT_OPUS_MODEL=endpoint.model,
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        DISABLE_TELEMETRY="1",
+        DISABLE_ERROR_REPORTING="1",
+        DISABLE_AUTOUPDATER="1",
+    )
+    if os.geteuid() == 0:
+        # As root, --dangerously-skip-permissions is refused unless the process says it is sandboxed;
+        # without the flag its Bash tool is silently denied.
+        env["IS_SANDBOX"] = "1"
+    return env
+
+
+def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
+    """The headless command line; run it in `workdir` with stdin from /dev/null."""
+    return [
+        str(exe), "-p",
+        "--dangerously-skip-permissions",  # The rollout sandbox is the isolation.
+        "--output-format", "stream-json", "--verbose",  # stream-json requires --verbose with -p.
+        "--", instruction,  # An instruction may start with "-" (a Markdown list).
+    ]
+
+
+def log_paths(home: Path) -> list[Path]:
+    """Claude Code's own session transcripts, besides the stream-json events on stdout."""
+    return sorted((home / ".claude" / "projects").rglob("*.jsonl"))

@@ -1,0 +1,83 @@
+"""Codex CLI (`@openai/codex`), speaking the OpenAI Responses API.
+
+    python -m steps.harnesses install codex
+    # what a rollout runs, with the environment from prepare():
+    codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox --cd WORKDIR \
+        --disable plugins --disable remote_plugin --disable apps --disable api_key_model_discovery \
+        --json -- "INSTRUCTION" </dev/null
+
+Config lives in `$CODEX_HOME/config.toml` (here `HOME/.codex`). Its event log: `--json` prints one
+event per line on stdout, and the session is kept in `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from steps.harnesses.base import Endpoint, clean_env, npm_install
+
+NPM_PACKAGE = "@openai/codex"
+VERSION = "0.171.0"
+DIALECT = "responses"
+BINARY = "codex"
+API_KEY_VAR = "OPENFORGE_API_KEY"
+
+
+def install(prefix: Path) -> Path:
+    """Install the pinned Codex CLI into `prefix` (skipped when already there); return `codex`."""
+    return npm_install(prefix, NPM_PACKAGE, VERSION, BINARY)
+
+
+def config_toml(endpoint: Endpoint) -> str:
+    """Codex's config.toml pointing one provider at the proxy's OpenAI routes."""
+    quoted = json.dumps  # A JSON string is a valid TOML basic string.
+    return f"""\
+model = {quoted(endpoint.model)}
+model_provider = "openforge"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+# Otherwise a hosted `web_search` tool is offered, which only OpenAI's servers can run.
+web_search = "disabled"
+
+[model_providers.openforge]
+name = "OpenForge proxy"
+base_url = {quoted(endpoint.openai_base_url)}
+env_key = "{API_KEY_VAR}"
+# This version rejects the "chat" wire API.
+wire_api = "responses"
+# A retried call would be recorded twice; the rollout fails instead and is retried as a whole.
+request_max_retries = 0
+stream_max_retries = 0
+
+[analytics]
+enabled = false
+"""
+
+
+def prepare(home: Path, workdir: Path, endpoint: Endpoint) -> dict[str, str]:
+    """Write `HOME/.codex/config.toml` and return the clean environment for `codex exec`."""
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(config_toml(endpoint))
+    return clean_env(home, CODEX_HOME=str(codex_home), **{API_KEY_VAR: endpoint.api_key})
+
+
+def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
+    """The headless command line; run it with stdin from /dev/null, or it waits for more prompt."""
+    return [
+        str(exe), "exec",
+        "--skip-git-repo-check",  # Task workspaces are not git repositories.
+        "--dangerously-bypass-approvals-and-sandbox",  # The rollout sandbox is the isolation.
+        "--cd", str(workdir),
+        # Without these it looks up plugins, apps and models on outside hosts.
+        "--disable", "plugins", "--disable", "remote_plugin",
+        "--disable", "apps", "--disable", "api_key_model_discovery",
+        "--json",
+        "--", instruction,  # An instruction may start with "-" (a Markdown list).
+    ]
+
+
+def log_paths(home: Path) -> list[Path]:
+    """Codex's own session logs (one JSONL per session), besides the `--json` events on stdout."""
+    return sorted((home / ".codex" / "sessions").rglob("*.jsonl"))

@@ -1,0 +1,70 @@
+"""OpenClaw (`openclaw`), speaking OpenAI Chat Completions; needs Node >= 24.16.
+
+    python -m steps.harnesses install openclaw
+    # what a rollout runs, with the environment from prepare():
+    openclaw agent exec --cwd WORKDIR --json -- "INSTRUCTION" </dev/null
+
+`agent exec` is OpenClaw's headless one-shot mode: no Gateway, a temporary state directory removed
+afterwards, exit 0 ok / 1 error / 2 timeout. Its config is the ambient one, which prepare() writes to
+`HOME/.openclaw/openclaw.json` and names in `OPENCLAW_CONFIG_PATH`. Its event log is the `--json`
+envelope on stdout (final text, tool summary, usage); the session itself lives in the temporary state.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from steps.harnesses.base import Endpoint, clean_env, npm_install
+
+NPM_PACKAGE = "openclaw"
+VERSION = "2026.9.6"
+DIALECT = "chat_completions"
+BINARY = "openclaw"
+PROVIDER = "openforge"
+# What OpenClaw is told about the served model; it plans compaction and output caps from these.
+CONTEXT_WINDOW = 32768
+MAX_TOKENS = 4096
+
+
+def install(prefix: Path) -> Path:
+    """Install the pinned OpenClaw into `prefix` (on Node 24; skipped when already there)."""
+    return npm_install(prefix, NPM_PACKAGE, VERSION, BINARY)
+
+
+def config(endpoint: Endpoint) -> dict:
+    """OpenClaw's config: one provider, the proxy, and nothing discovered or updated from outside."""
+    model = {
+        "id": endpoint.model, "name": endpoint.model, "reasoning": False, "input": ["text"],
+        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+        "contextWindow": CONTEXT_WINDOW, "maxTokens": MAX_TOKENS,
+    }
+    provider = {
+        "baseUrl": endpoint.openai_base_url, "apiKey": endpoint.api_key,
+        "api": "openai-completions", "models": [model],
+    }
+    return {
+        # "replace" uses only this catalog: no provider discovery over the network.
+        "models": {"mode": "replace", "providers": {PROVIDER: provider}},
+        "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{endpoint.model}"}}},
+        "update": {"checkOnStart": False},
+    }
+
+
+def prepare(home: Path, workdir: Path, endpoint: Endpoint) -> dict[str, str]:
+    """Write `HOME/.openclaw/openclaw.json` and return the clean environment for `openclaw agent exec`."""
+    path = home / ".openclaw" / "openclaw.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config(endpoint), indent=2))
+    return clean_env(home, OPENCLAW_CONFIG_PATH=str(path), OPENCLAW_NO_AUTO_UPDATE="1")
+
+
+def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
+    """The headless command line; `--cwd` is both the agent workspace and the tools' directory."""
+    # "--": an instruction may start with "-" (a Markdown list).
+    return [str(exe), "agent", "exec", "--cwd", str(workdir), "--json", "--", instruction]
+
+
+def log_paths(home: Path) -> list[Path]:
+    """None on disk: `agent exec` removes its temporary state; the stdout envelope is the log."""
+    return []

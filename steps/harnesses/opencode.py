@@ -1,0 +1,89 @@
+"""opencode (`opencode-ai`), speaking OpenAI Chat Completions through `@ai-sdk/openai-compatible`.
+
+    python -m steps.harnesses install opencode
+    # what a rollout runs, with the environment from prepare():
+    opencode run --pure --format json --dir WORKDIR -- "INSTRUCTION" </dev/null
+
+Its config is `HOME/.config/opencode/opencode.json`, named in `OPENCODE_CONFIG`. Its event log:
+`--format json` prints one event per line on stdout, and logs are kept in
+`HOME/.local/share/opencode/log/`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from steps.harnesses.base import Endpoint, clean_env, npm_install
+
+NPM_PACKAGE = "opencode-ai"
+VERSION = "1.18.33"
+DIALECT = "chat_completions"
+BINARY = "opencode"
+PROVIDER = "openforge"
+CONTEXT_WINDOW = 32768
+MAX_TOKENS = 4096
+
+
+def install(prefix: Path) -> Path:
+    """Install the pinned opencode into `prefix` (skipped when already there); return `opencode`."""
+    return npm_install(prefix, NPM_PACKAGE, VERSION, BINARY)
+
+
+def config(endpoint: Endpoint) -> dict:
+    """opencode's config: one OpenAI-compatible provider (the proxy), tools allowed, nothing shared."""
+    model = {
+        "name": endpoint.model, "tool_call": True,
+        "limit": {"context": CONTEXT_WINDOW, "output": MAX_TOKENS},
+    }
+    provider = {
+        "npm": "@ai-sdk/openai-compatible",
+        "name": "OpenForge proxy",
+        "options": {"baseURL": endpoint.openai_base_url, "apiKey": endpoint.api_key},
+        "models": {endpoint.model: model},
+    }
+    return {
+        "provider": {PROVIDER: provider},
+        "model": f"{PROVIDER}/{endpoint.model}",
+        "small_model": f"{PROVIDER}/{endpoint.model}",  # Titles, otherwise a hosted default.
+        "autoupdate": False,
+        "share": "disabled",
+        # Headless: a permission prompt would wait forever.
+        "permission": {"bash": "allow", "edit": "allow", "webfetch": "deny"},
+    }
+
+
+def prepare(home: Path, workdir: Path, endpoint: Endpoint) -> dict[str, str]:
+    """Write `HOME/.config/opencode/opencode.json` and return the clean environment for `opencode`."""
+    path = home / ".config" / "opencode" / "opencode.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config(endpoint), indent=2))
+    return clean_env(
+        home,
+        OPENCODE_CONFIG=str(path),
+        # Without these it fetches the models.dev catalog, updates, LSP servers and plugins.
+        OPENCODE_DISABLE_MODELS_FETCH="1",
+        OPENCODE_DISABLE_AUTOUPDATE="1",
+        OPENCODE_DISABLE_LSP_DOWNLOAD="1",
+        OPENCODE_DISABLE_SHARE="1",
+        OPENCODE_DISABLE_DEFAULT_PLUGINS="1",
+        # It npm-installs `@opencode-ai/plugin` into its config folder in the background, flags or
+        # not; offline, that fails at once (a logged warning) instead of reaching the registry.
+        npm_config_offline="true",
+    )
+
+
+def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
+    """The headless command line; the model is named in the config as `openforge/<model>`."""
+    return [
+        str(exe), "run",
+        "--pure",  # No external plugins.
+        "--format", "json",
+        "--dir", str(workdir),
+        "--", instruction,  # An instruction may start with "-" (a Markdown list).
+    ]
+
+
+def log_paths(home: Path) -> list[Path]:
+    """opencode's own log files, besides the JSON events on stdout."""
+    return sorted((home / ".local" / "share" / "opencode" / "log").glob("*.log"))

@@ -1,0 +1,71 @@
+"""Qwen Code (`@qwen-code/qwen-code`), speaking OpenAI Chat Completions.
+
+    python -m steps.harnesses install qwen-code
+    # what a rollout runs, with the environment from prepare():
+    qwen --auth-type openai --yolo --output-format stream-json "--prompt=INSTRUCTION" </dev/null
+
+It reads `OPENAI_BASE_URL`/`OPENAI_API_KEY`/`OPENAI_MODEL` and `HOME/.qwen/settings.json`. Its event
+log: `--output-format stream-json` prints one event per line on stdout, and chats are recorded under
+`HOME/.qwen/`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from steps.harnesses.base import Endpoint, clean_env, npm_install
+
+NPM_PACKAGE = "@qwen-code/qwen-code"
+VERSION = "0.24.4"
+DIALECT = "chat_completions"
+BINARY = "qwen"
+
+SETTINGS = {
+    "general": {"enableAutoUpdate": False},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+}
+
+
+def install(prefix: Path) -> Path:
+    """Install the pinned Qwen Code into `prefix` (skipped when already there); return `qwen`."""
+    exe = npm_install(prefix, NPM_PACKAGE, VERSION, BINARY)
+    # The package ships its ripgrep without the executable bit: spawning it fails (EACCES) and
+    # qwen's search tools fall back to a slower built-in grep.
+    for rg in (prefix / "node_modules" / NPM_PACKAGE / "vendor" / "ripgrep").glob("*-linux/rg"):
+        rg.chmod(0o755)
+    return exe
+
+
+def prepare(home: Path, workdir: Path, endpoint: Endpoint) -> dict[str, str]:
+    """Write `HOME/.qwen/settings.json` and return the clean environment for `qwen`."""
+    settings = home / ".qwen" / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps(SETTINGS, indent=2))
+    return clean_env(
+        home,
+        OPENAI_BASE_URL=endpoint.openai_base_url,
+        OPENAI_API_KEY=endpoint.api_key,
+        OPENAI_MODEL=endpoint.model,
+        # The variables win over settings.json; set both so neither default turns them back on.
+        QWEN_USAGE_STATISTICS_ENABLED="0",
+        QWEN_TELEMETRY_ENABLED="0",
+    )
+
+
+def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
+    """The headless command line; run it in `workdir` with stdin from /dev/null."""
+    return [
+        str(exe), "--auth-type", "openai",
+        "--yolo",  # Approve every tool call: the rollout sandbox is the isolation.
+        "--output-format", "stream-json",
+        # Not positional: qwen ignores a prompt after "--", and one starting with "-" (a Markdown
+        # list) would be read as flags. `--prompt=` is deprecated but unambiguous.
+        f"--prompt={instruction}",
+    ]
+
+
+def log_paths(home: Path) -> list[Path]:
+    """Qwen Code's own chat recordings, besides the stream-json events on stdout."""
+    return sorted((home / ".qwen" / "projects").glob("*/chats/*.jsonl"))

@@ -1,0 +1,271 @@
+"""A scripted stand-in for vLLM's OpenAI-compatible server, for tests that run real harnesses.
+
+    python tests/scripted_model.py --port 8001 [--model tiny] [--command 'echo hello > answer.txt' ...]
+
+Why a double: the harness tests need a model that calls the shell tool a harness offers, with the
+arguments its schema asks for, and then stops. A small random model cannot call tools, so this
+server plays the model from a script, while answering exactly in the shape the proxy reads from vLLM:
+a non-streaming `/v1/chat/completions` with `prompt_token_ids`, `choices[0].token_ids` and per-token
+`logprobs` when the request asks for `return_token_ids` and `logprobs`.
+
+The script: while the conversation holds fewer tool results than there are commands, answer with one
+call of the offered shell tool running the next command; after that, answer "done". A request
+without tools (titles, summaries) gets a short plain answer. Commands come from `--command`
+(repeatable) or `POST /script {"commands": [...]}`; the default writes `hello` into `answer.txt`.
+
+Tokens are simple and recomputable: the text is UTF-8 encoded and every 3 bytes form one token id
+(`int.from_bytes(chunk, "big")`, so ids stay below 2**24). Three bytes per token keeps token counts
+near a real tokenizer's, so harnesses see realistic usage and do not start compacting. The prompt is
+the canonical JSON of the request's messages and tools; the response is its text (a tool call is
+rendered the way Hermes-style templates write one). The logprob of response token i is
+`-(1 + i % 8) / 8`, exact in binary. `GET /requests` returns every exchange as
+`{"request": ..., "response": ...}` for tests to compare with what the proxy recorded.
+
+In a test, `ScriptedModel(commands=[...])` runs the same app on a free loopback port in a thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from steps.vllm_server import HOST, free_port
+
+DEFAULT_COMMANDS = ["echo hello > answer.txt"]
+FINAL_ANSWER = "done"
+PLAIN_ANSWER = "Scripted answer"
+# The shell tool of each harness, in order of preference when a request offers several.
+SHELL_TOOLS = ["exec_command", "shell", "Bash", "exec", "run_shell_command", "bash"]
+BYTES_PER_TOKEN = 3
+
+
+def token_ids(text: str | bytes) -> list[int]:
+    """The scripted tokenizer: every 3 UTF-8 bytes of `text` make one id.
+
+    >>> token_ids("hello")
+    [6841708, 27759]
+    """
+    data = text.encode() if isinstance(text, str) else text
+    return [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "big") for i in range(0, len(data), BYTES_PER_TOKEN)]
+
+
+def logprob(position: int) -> float:
+    """The scripted logprob of the response token at `position`: varied, negative, exact in binary."""
+    return -(1 + position % 8) / 8
+
+
+def prompt_text(body: dict) -> str:
+    """What the scripted model 'reads': the canonical JSON of the messages and tools."""
+    prompt = {"messages": body.get("messages", []), "tools": body.get("tools") or []}
+    return json.dumps(prompt, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def tool_schema(tool: dict) -> tuple[str, dict]:
+    """A tool's name and JSON schema, from the chat shape (or a flat one, to be lenient)."""
+    function = tool.get("function") or tool
+    return function.get("name", ""), function.get("parameters") or function.get("input_schema") or {}
+
+
+def shell_call(tools: list[dict], command: str) -> tuple[str, dict] | None:
+    """The offered shell tool and arguments that run `command`, built from that tool's schema."""
+    offered = dict(tool_schema(tool) for tool in tools)
+    name = next((candidate for candidate in SHELL_TOOLS if candidate in offered), None)
+    if name is None:
+        return None
+    properties = offered[name].get("properties", {})
+    key = "cmd" if "cmd" in properties else "command"
+    # Old Codex's `shell` takes an argv list; everything else a command string.
+    value = ["bash", "-lc", command] if properties.get(key, {}).get("type") == "array" else command
+    arguments = {key: value}
+    if "description" in properties:
+        arguments["description"] = "Run the scripted command"
+    return name, arguments
+
+
+@dataclass
+class Reply:
+    """What the script says next: text, or one tool call."""
+
+    content: str | None = None
+    tool_name: str | None = None
+    arguments: dict = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The generated text, as a Hermes-style chat template would have the model write it."""
+        if self.tool_name is None:
+            return self.content or ""
+        call = json.dumps({"name": self.tool_name, "arguments": self.arguments}, ensure_ascii=False)
+        return f"<tool_call>\n{call}\n</tool_call>"
+
+
+def next_reply(body: dict, commands: list[str]) -> Reply:
+    """The script: one shell call per command not yet answered by a tool result, then "done"."""
+    tools = body.get("tools") or []
+    if not tools:
+        return Reply(content=PLAIN_ANSWER)
+    answered = sum(1 for message in body.get("messages", []) if message.get("role") == "tool")
+    if answered >= len(commands):
+        return Reply(content=FINAL_ANSWER)
+    call = shell_call(tools, commands[answered])
+    if call is None:
+        offered = [tool_schema(tool)[0] for tool in tools]
+        return Reply(content=f"No shell tool among {offered}; expected one of {SHELL_TOOLS}")
+    return Reply(tool_name=call[0], arguments=call[1])
+
+
+def completion(body: dict, reply: Reply, model: str) -> dict:
+    """The chat completion in vLLM's non-streaming shape, token fields included when asked for."""
+    raw = reply.text().encode()
+    finish = "tool_calls" if reply.tool_name else "stop"
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    if max_tokens is not None and len(raw) > max_tokens * BYTES_PER_TOKEN:
+        raw, finish = raw[:max_tokens * BYTES_PER_TOKEN], "length"
+        reply = Reply(content=raw.decode(errors="ignore"))
+    ids = token_ids(raw)
+    message: dict = {"role": "assistant", "content": reply.content, "reasoning_content": None,
+                     "tool_calls": []}
+    if reply.tool_name:
+        message["tool_calls"] = [{
+            "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
+            "function": {"name": reply.tool_name,
+                         "arguments": json.dumps(reply.arguments, ensure_ascii=False)},
+        }]
+    choice: dict = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+                    "stop_reason": None}
+    if body.get("logprobs"):
+        pieces = [raw[i:i + BYTES_PER_TOKEN] for i in range(0, len(raw), BYTES_PER_TOKEN)]
+        choice["logprobs"] = {"content": [
+            {"token": piece.decode(errors="replace"), "logprob": logprob(i), "bytes": list(piece),
+             "top_logprobs": []}
+            for i, piece in enumerate(pieces)
+        ]}
+    prompt_ids = token_ids(prompt_text(body))
+    response: dict = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "model": model, "choices": [choice],
+        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                  "total_tokens": len(prompt_ids) + len(ids)},
+        "prompt_logprobs": None,
+    }
+    if body.get("return_token_ids"):
+        response["prompt_token_ids"] = prompt_ids
+        choice["token_ids"] = ids
+    return response
+
+
+def error(status: int, message: str) -> JSONResponse:
+    """vLLM's error shape."""
+    return JSONResponse({"error": {"message": message, "type": "BadRequestError", "param": None,
+                                   "code": status}}, status_code=status)
+
+
+def create_app(model: str = "tiny", commands: list[str] | None = None,
+               max_model_len: int = 262144) -> FastAPI:
+    """The scripted server; its script and request log live on `app.state`."""
+    app = FastAPI(title="scripted model")
+    app.state.commands = list(commands or DEFAULT_COMMANDS)
+    app.state.exchanges = []  # {"request": body, "response": body}, in arrival order
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0,
+                                            "owned_by": "openforge", "max_model_len": max_model_len}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        if body.get("stream"):
+            return error(400, "the scripted model answers non-streaming requests only")
+        if body.get("model") != model:
+            return error(404, f"The model `{body.get('model')}` does not exist.")
+        prompt_tokens = len(token_ids(prompt_text(body)))
+        wanted = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        if prompt_tokens + wanted > max_model_len:
+            return error(400, f"This model's maximum context length is {max_model_len} tokens. However, "
+                              f"you requested {prompt_tokens + wanted} tokens ({prompt_tokens} in the "
+                              f"messages, {wanted} in the completion).")
+        response = completion(body, next_reply(body, app.state.commands), model)
+        app.state.exchanges.append({"request": body, "response": response})
+        return JSONResponse(response)
+
+    @app.post("/script")
+    async def script(request: Request) -> dict:
+        """Replace the commands; the request log is cleared too."""
+        app.state.commands = list((await request.json())["commands"])
+        app.state.exchanges.clear()
+        return {"commands": app.state.commands}
+
+    @app.get("/requests")
+    async def requests() -> list[dict]:
+        return app.state.exchanges
+
+    return app
+
+
+class ScriptedModel:
+    """The scripted server on a free loopback port, in a background thread (for pytest fixtures).
+
+        with ScriptedModel(commands=["echo hello > answer.txt"]) as server:
+            ...  # point the proxy at server.url; read server.exchanges afterwards
+    """
+
+    def __init__(self, model: str = "tiny", commands: list[str] | None = None):
+        self.app = create_app(model, commands)
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        config = uvicorn.Config(self.app, host=HOST, port=self.port, log_level="warning")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    @property
+    def exchanges(self) -> list[dict]:
+        """Every chat completion served so far: `{"request": ..., "response": ...}`."""
+        return self.app.state.exchanges
+
+    def set_commands(self, commands: list[str]) -> None:
+        """Replace the script's commands and clear the request log."""
+        self.app.state.commands = list(commands)
+        self.app.state.exchanges.clear()
+
+    def __enter__(self) -> ScriptedModel:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the scripted model did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+
+def main() -> None:
+    """Serve the scripted model until interrupted."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default=HOST)
+    parser.add_argument("--model", default="tiny", help="the model id it serves")
+    parser.add_argument("--command", action="append", dest="commands", metavar="SHELL",
+                        help=f"a shell command to call, in order (repeatable; default {DEFAULT_COMMANDS[0]!r})")
+    parser.add_argument("--max-model-len", type=int, default=262144)
+    args = parser.parse_args()
+    uvicorn.run(create_app(args.model, args.commands, args.max_model_len), host=args.host,
+                port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

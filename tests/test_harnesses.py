@@ -1,0 +1,129 @@
+"""Every harness completes a real task through the real recording proxy, recorded token-exactly.
+
+    python -m steps.harnesses install --all      # once; .ci/run does it
+    pytest -m harness tests/test_harnesses.py
+
+Each test runs the real harness CLI (pinned npm version), headless, with a throwaway HOME and a fresh
+workdir, against a proxy rollout whose upstream is `tests/scripted_model.py`: a double of vLLM's
+server, because a small random model cannot call tools. The script makes one shell tool call that
+writes `hello` into `answer.txt`, then answers "done". The test checks the file on disk, and that
+every call the proxy recorded carries exactly the token ids and logprobs the upstream returned.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from scripted_model import ScriptedModel
+
+from steps.harnesses import HARNESSES, Endpoint, default_prefix
+from steps.harnesses.base import installed_version, node_bin_dir
+from steps.proxy.launch import ProxyProcess
+
+pytestmark = pytest.mark.harness
+
+INSTRUCTION = "Write the word hello into a file named answer.txt in the current directory."
+COMMAND = "echo hello > answer.txt"
+HARNESS_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def scripted() -> ScriptedModel:
+    """The scripted vLLM double on a free loopback port."""
+    with ScriptedModel(model="tiny", commands=[COMMAND]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def harness_proxy(proxy: Callable[..., ProxyProcess], scripted: ScriptedModel) -> ProxyProcess:
+    """The real proxy (`python -m steps.proxy`, a subprocess) with the scripted model upstream."""
+    return proxy(scripted.url)
+
+
+def installed_exe(name: str) -> Path:
+    """The pinned harness's executable, or skip the test when it is not installed."""
+    harness = HARNESSES[name]
+    prefix = default_prefix(name, harness.VERSION)
+    exe = prefix / "node_modules" / ".bin" / harness.BINARY
+    if installed_version(prefix, harness.NPM_PACKAGE) != harness.VERSION or not exe.exists() \
+            or not (node_bin_dir() / "node").exists():
+        pytest.skip(f"{name} {harness.VERSION} is not installed; run: python -m steps.harnesses install {name}")
+    return exe
+
+
+def run_harness(argv: list[str], env: dict[str, str], workdir: Path) -> subprocess.CompletedProcess:
+    """Run the harness headless; on timeout kill its whole process group and report what it printed."""
+    process = subprocess.Popen(argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=HARNESS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"harness ran past {HARNESS_TIMEOUT_S} s\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}")
+    finally:
+        # Harnesses leave helpers behind (shell snapshots, language servers); none may outlive the test.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def token_record(ids: list[int], response_ids: list[int], logprobs: list[float]) -> tuple:
+    """A hashable summary of one call's tokens, to compare recorded calls with upstream answers."""
+    return tuple(ids), tuple(response_ids), tuple(logprobs)
+
+
+@pytest.mark.parametrize("name", list(HARNESSES))
+def test_harness_completes_task_through_proxy(name: str, scripted: ScriptedModel,
+                                              harness_proxy: ProxyProcess, tmp_path: Path) -> None:
+    harness = HARNESSES[name]
+    exe = installed_exe(name)
+    scripted.set_commands([COMMAND])
+    rollout_id = f"{name}-{uuid.uuid4().hex[:8]}"
+    rollout = harness_proxy.register(rollout_id, {"harness": name})
+    endpoint = Endpoint(openai_base_url=rollout["openai_base_url"],
+                        anthropic_base_url=rollout["anthropic_base_url"],
+                        api_key=rollout["api_key"], model="tiny")
+    home, workdir = tmp_path / "home", tmp_path / "work"
+    workdir.mkdir()
+    env = harness.prepare(home, workdir, endpoint)
+
+    started = time.monotonic()
+    done = run_harness(harness.command(INSTRUCTION, workdir, exe), env, workdir)
+    seconds = time.monotonic() - started
+    calls = harness_proxy.calls(rollout_id)
+    harness_proxy.admin("POST", f"/rollouts/{rollout_id}/close")
+    context = (f"{name} exited {done.returncode} after {seconds:.1f} s with {len(calls)} calls\n"
+               f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}\n"
+               f"proxy log:\n{harness_proxy.log_tail()}")
+
+    answer = workdir / "answer.txt"
+    assert answer.exists() and answer.read_text().strip() == "hello", context
+    assert len(calls) >= 2, context  # the tool call, then the final answer
+    assert [call["call_index"] for call in calls] == list(range(len(calls))), context
+    assert {call["dialect"] for call in calls} == {harness.DIALECT}, context
+    assert {call["status"] for call in calls} == {"ok"}, context
+    assert any(call["finish_reason"] == "tool_calls" for call in calls), context
+
+    # Token-exact: each recorded call holds what the upstream returned for one of its exchanges.
+    recorded = collections.Counter(
+        token_record(call["prompt_token_ids"], call["response_token_ids"], call["response_logprobs"])
+        for call in calls)
+    upstream = collections.Counter(
+        token_record(exchange["response"]["prompt_token_ids"],
+                     exchange["response"]["choices"][0]["token_ids"],
+                     [entry["logprob"] for entry in exchange["response"]["choices"][0]["logprobs"]["content"]])
+        for exchange in scripted.exchanges)
+    assert recorded == upstream, context
+    print(f"{name}: {len(calls)} calls in {seconds:.1f} s")
