@@ -5,7 +5,9 @@
 The model is random (2 layers, hidden size 128), so it says nothing useful, but it has everything
 the serving path touches: a byte-level BPE tokenizer trained on the Python standard library's own
 source, Qwen's special tokens, and a hermes / Qwen2.5-style chat template with tools, so that vLLM's
-`--tool-call-parser hermes` parses its forced tool calls. The tests and the embedded default serve it.
+`--tool-call-parser hermes` parses its forced tool calls. One deliberate bias: whitespace-only tokens
+are strongly disfavoured, so that grammar-forced tool calls finish instead of padding the JSON with
+whitespace until max_tokens. The tests and the embedded default serve it.
 
 Determinism: the tokenizer depends only on the training text (this Python's standard library, so
 the same Python version gives the same vocabulary) and the weights only on the seed.
@@ -115,7 +117,30 @@ def build_tokenizer(out_dir: Path):
     return hf
 
 
-def build_model(out_dir: Path, vocab_size: int, eos_id: int, pad_id: int, seed: int) -> None:
+def discourage_whitespace(model, whitespace_ids: list[int], channel: float = 2.0, penalty: float = 80.0) -> None:
+    """Gives whitespace-only tokens a large negative logit bias, so forced tool calls finish.
+
+    Constrained to JSON (a forced tool call), a random model otherwise tends to pad with whitespace
+    until max_tokens. Qwen2's head has no bias, so residual channel 0 is made a constant that no layer
+    reads or writes, and the (untied) head reads it only for whitespace tokens, with a negative weight.
+    """
+    import torch
+
+    with torch.no_grad():
+        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+        embed[:, 0] = channel
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[0] = 0.0
+            layer.post_attention_layernorm.weight[0] = 0.0
+            layer.self_attn.o_proj.weight[0].zero_()
+            layer.mlp.down_proj.weight[0].zero_()
+        head.copy_(embed)
+        head[:, 0] = 0.0
+        head[whitespace_ids, 0] = -penalty
+
+
+def build_model(out_dir: Path, vocab_size: int, eos_id: int, pad_id: int, seed: int,
+                whitespace_ids: list[int]) -> None:
     """Saves a randomly initialised 2-layer Qwen2 causal LM (bf16 safetensors)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -123,13 +148,15 @@ def build_model(out_dir: Path, vocab_size: int, eos_id: int, pad_id: int, seed: 
     config = Qwen2Config(
         vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # vLLM's CPU attention needs 32+
-        max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        # A wide init makes next-token distributions peaked, so greedy choices are not near-ties
-        # that bf16 rounding could flip between two runs of the same prompt.
+        max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        # The default init (0.02) gives near-uniform next-token distributions; a wide one makes most
+        # greedy choices clear, rather than near-ties that bf16 rounding could flip between runs.
         initializer_range=0.2, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model = Qwen2ForCausalLM(config)
+    discourage_whitespace(model, whitespace_ids)
+    model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=pad_id)
     model.save_pretrained(out_dir, safe_serialization=True)
 
@@ -139,8 +166,9 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir)
+    whitespace_ids = [i for i in range(len(tokenizer)) if tokenizer.decode([i]).isspace()]
     build_model(out_dir, len(tokenizer), tokenizer.convert_tokens_to_ids(EOS_TOKEN),
-                tokenizer.convert_tokens_to_ids(PAD_TOKEN), seed)
+                tokenizer.convert_tokens_to_ids(PAD_TOKEN), seed, whitespace_ids)
     return out_dir
 
 

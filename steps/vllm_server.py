@@ -134,19 +134,22 @@ def warm_up_call(server: VllmServer) -> dict:
 
 
 def stop_vllm(server: VllmServer, grace_s: float = 20.0) -> None:
-    """Stops the server and its children: SIGTERM, then SIGKILL after `grace_s`."""
-    if server.process.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+    """Stops the server and every process it started: SIGTERM to its process group, SIGKILL after `grace_s`."""
+    if server.process.poll() is None:
+        _signal_group(server, signal.SIGTERM)
         try:
-            os.killpg(server.process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            server.process.wait(wait_s)
-            return
+            server.process.wait(grace_s)
         except subprocess.TimeoutExpired:
-            continue
+            pass
+    _signal_group(server, signal.SIGKILL)  # whatever is left: the engine core, its workers
+    server.process.wait()
+
+
+def _signal_group(server: VllmServer, sig: signal.Signals) -> None:
+    try:
+        os.killpg(server.process.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 @contextmanager

@@ -14,7 +14,7 @@ class ProxyConfig:
     port: int = 8100
     public_url: str | None = None
     model: str | None = None
-    weight_version: str = "0"
+    weight_version: str | None = None  # None: ask vLLM (/weight_info), else "0"
     overrides: dict = field(default_factory=dict)
     max_tokens_cap: int | None = None
     max_body_bytes: int = 64 * 1024 * 1024

@@ -90,13 +90,21 @@ def to_messages(req: Request) -> list[dict]:
     return head + messages
 
 
+def _function(tool) -> dict:
+    fn = {"name": tool.name, "description": tool.description or "",
+          "parameters": tool.input_schema or {"type": "object", "properties": {}}}
+    if getattr(tool, "strict", None) is not None:  # vLLM then enforces the schema on the arguments
+        fn["strict"] = tool.strict
+    return {"type": "function", "function": fn}
+
+
 def to_upstream(req: Request, raw: dict) -> dict:
     """The chat body for vLLM."""
     body = {"messages": to_messages(req), "max_tokens": req.max_tokens}
-    tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                               "parameters": t.input_schema or {"type": "object", "properties": {}}}}
-             for t in req.tools or [] if t.input_schema is not None or t.type in (None, "custom")]
+    tools = [_function(t) for t in req.tools or [] if t.input_schema is not None or t.type in (None, "custom")]
     if tools:
+        if (req.tool_choice or {}).get("disable_parallel_tool_use"):
+            body["parallel_tool_calls"] = False
         body["tools"] = tools
         choice = (req.tool_choice or {}).get("type")
         if choice == "any":

@@ -99,6 +99,8 @@ def _tools(req: Request) -> list[dict]:
         if tool.get("type") == "function":
             fn = {"name": tool["name"], "description": tool.get("description") or "",
                   "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
+            if tool.get("strict") is not None:  # vLLM then enforces the schema on the arguments
+                fn["strict"] = tool["strict"]
         elif tool.get("type") == "custom":
             fn = {"name": tool["name"], "description": tool.get("description") or "", "parameters": _CUSTOM_PARAMS}
         else:

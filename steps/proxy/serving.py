@@ -108,8 +108,25 @@ async def serve_call(request: Request, rollout_id: str, dialect: ModuleType) -> 
         return Response(orjson.dumps(body), media_type="application/json")
     events = dialect.to_events(completion, req, response_id, created)
     await _finish(state, record, "ok", response=[{"event": name, "data": data} for name, data in events])
-    return StreamingResponse(iter([b"".join(sse(name, data) for name, data in events)]),
-                             media_type="text/event-stream", headers={"cache-control": "no-cache"})
+    return EventStream(b"".join(sse(name, data) for name, data in events))
+
+
+class EventStream(StreamingResponse):
+    """A dialect's SSE stream, complete (and stored) before it is sent. The bytes on the wire are those
+    of a StreamingResponse (chunked, no content-length), written at once: no thread to iterate the body
+    in, no task group listening for a disconnect meanwhile (uvicorn drops sends to a closed connection)."""
+
+    def __init__(self, body: bytes):
+        super().__init__(_once(body), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        self.body = body
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
+
+async def _once(chunk: bytes):
+    yield chunk
 
 
 def _new_record(rollout: Rollout, dialect: str, stream: bool, raw: dict, upstream_body: dict) -> dict:

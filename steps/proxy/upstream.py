@@ -118,11 +118,13 @@ class Upstream:
                      "return_token_ids": True, "logprobs": True}
         return parse_completion(await self.request("POST", "/v1/chat/completions", chat_body))
 
-    async def request(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None) -> dict:
+    async def request(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None,
+                      retries: int | None = None) -> dict:
         """Sends one request; maps every failure to a ProxyError (400 passes vLLM's own message)."""
         data = None if body is None else orjson.dumps(body)
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
-        for attempt in range(self.connect_retries + 1):
+        retries = self.connect_retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 async with self._session.request(method, self.url + path, data=data, timeout=timeout,
                                                  headers={"content-type": "application/json"}) as resp:
@@ -130,7 +132,7 @@ class Upstream:
                     return _decode(resp.status, raw, path)
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
                 # Nothing reached vLLM (or it closed a stale keep-alive connection): safe to send again.
-                if attempt == self.connect_retries:
+                if attempt == retries:
                     raise ProxyError(502, f"upstream {self.url} is unreachable: {exc}") from None
                 log.warning("upstream unreachable, retrying", extra={"attempt": attempt + 1, "error": str(exc)})
                 await asyncio.sleep(0.2 * 2**attempt)

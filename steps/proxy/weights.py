@@ -23,3 +23,14 @@ async def swap_weights(gate: WeightGate, upstream: Upstream, weights_path: str, 
         raise ProxyError(502, f"weight swap to {weights_path!r} failed, still serving version "
                               f"{gate.version!r}: {err.message}") from None
     await gate.resume(version)
+
+
+async def initial_version(upstream: Upstream, configured: str | None) -> str:
+    """The version to stamp on calls until the first swap: the configured one, else vLLM's own, else "0"."""
+    if configured is not None:
+        return configured
+    try:
+        version = (await upstream.request("GET", "/weight_info", timeout_s=5, retries=0)).get("weight_version")
+    except ProxyError:
+        version = None
+    return str(version) if version is not None else "0"

@@ -1,0 +1,117 @@
+"""Session fixtures shared by the test suite: real parts at small scale, all on 127.0.0.1.
+
+- `tiny_model`: the tiny Qwen2-style model + tokenizer, built once (seconds, no download).
+- `vllm_server`: the real vLLM OpenAI server on CPU serving it as "tiny"; yields its root URL.
+- `s3_server`: a moto S3 server with one bucket; yields its endpoint, bucket and the env for s3fs.
+- `proxy`: a factory that starts the real recording proxy (`python -m steps.proxy`) as a subprocess.
+- `register_rollout` / `rollout_calls`: the two admin calls most tests make.
+"""
+
+import json
+import os
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from steps.proxy.launch import ProxyProcess, start_proxy, stop_proxy
+from steps.tiny_model import build_tiny_model
+from steps.vllm_server import HOST, free_port, serve_vllm
+
+ADMIN_KEY = "test-admin-key"
+MODEL_NAME = "tiny"
+S3_BUCKET = "openforge-test"
+# Nothing in a test may download: tokenizers and models load from local folders only.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's folder (seed 0), built once per test session."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The real vLLM server on CPU serving `tiny_model` as "tiny", started once; yields its root URL.
+
+    vLLM's log is in the session's temporary folder; a failed start quotes its tail.
+    """
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with serve_vllm(tiny_model, name=MODEL_NAME, log_path=log_path) as server:
+        yield server.base_url
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict]:
+    """A moto S3 server on loopback with `S3_BUCKET` created.
+
+    Yields {"endpoint_url", "bucket", "env"}; `env` (dummy keys, region, endpoint) is what a
+    subprocess needs for s3fs/boto3 to use this server, e.g. `start_proxy(..., env=s3_server["env"])`.
+    """
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address=HOST, port=port, verbose=False)
+    server.start()
+    endpoint = f"http://{HOST}:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint}
+    try:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket=S3_BUCKET)
+        yield {"endpoint_url": endpoint, "bucket": S3_BUCKET, "env": env}
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ProxyProcess]]:
+    """A factory: `proxy(upstream, store=None, extra=[], env=None)` starts the real proxy and waits for /health.
+
+    The store defaults to a fresh local folder; pass an `s3://` URL (and `env=s3_server["env"]`) for S3.
+    The admin key is `ADMIN_KEY`. Module-scoped, so module fixtures can share one proxy; every proxy
+    started is stopped when the test module ends.
+    """
+    tmp_path = tmp_path_factory.mktemp("proxy")
+    started: list[ProxyProcess] = []
+
+    def start(upstream: str, store: str | None = None, extra: list[str] = (), env: dict | None = None) -> ProxyProcess:
+        store = store or str(tmp_path / f"store-{len(started)}")
+        process = start_proxy(upstream, store, ADMIN_KEY, extra=list(extra), env=env,
+                              log_path=tmp_path / f"proxy-{len(started)}.log")
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        stop_proxy(process)
+
+
+def _admin(proxy: ProxyProcess | str, method: str, path: str, body: dict | None = None) -> dict:
+    url = proxy if isinstance(proxy, str) else proxy.url
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
+                                 headers={"authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture(scope="session")
+def register_rollout() -> Callable[..., dict]:
+    """`register_rollout(proxy, rollout_id, metadata=None)` -> {"rollout_id", "api_key", "openai_base_url", ...}."""
+    def register(proxy: ProxyProcess | str, rollout_id: str, metadata: dict | None = None) -> dict:
+        return _admin(proxy, "POST", "/rollouts", {"rollout_id": rollout_id, "metadata": metadata or {}})
+    return register
+
+
+@pytest.fixture(scope="session")
+def rollout_calls() -> Callable[..., list[dict]]:
+    """`rollout_calls(proxy, rollout_id)` -> the rollout's recorded calls, in call order."""
+    def calls(proxy: ProxyProcess | str, rollout_id: str) -> list[dict]:
+        return _admin(proxy, "GET", f"/rollouts/{rollout_id}/calls")["calls"]
+    return calls
+

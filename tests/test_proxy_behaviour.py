@@ -1,0 +1,217 @@
+"""The proxy's promises beyond translation: sessions, errors, durability, concurrency, weight swaps.
+
+Everything runs the real proxy process; calls that need a model answer go to the real vLLM on CPU
+serving the tiny model. Error cases that need no answer point the proxy at a port nobody listens on.
+"""
+
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import httpx
+import openai
+import pytest
+
+from steps.proxy.launch import serve_proxy, start_proxy, stop_proxy
+from steps.tiny_model import build_tiny_model
+from steps.vllm_server import free_port
+
+ADMIN = "test-admin-key"
+USER = [{"role": "user", "content": "hello"}]
+
+
+def post(url: str, body, headers: dict | None = None, raw: bytes | None = None) -> tuple[int, dict]:
+    """POSTs JSON (or raw bytes) and returns (status, parsed body) whatever the status."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST", headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def bearer(key: str) -> dict:
+    return {"authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def dead_upstream_proxy(tmp_path):
+    """A proxy whose upstream port has nothing behind it: every model call fails upstream."""
+    with serve_proxy(f"http://127.0.0.1:{free_port()}", str(tmp_path / "store"), ADMIN,
+                     extra=["--model", "tiny", "--max-body-bytes", "20000"]) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def live_proxy(vllm_server, tmp_path_factory):
+    """A proxy in front of the real vLLM, shared by the tests that only read its answers."""
+    with serve_proxy(vllm_server, str(tmp_path_factory.mktemp("store")), ADMIN) as proxy:
+        yield proxy
+
+
+def test_admin_routes_need_the_admin_key(dead_upstream_proxy):
+    url = dead_upstream_proxy.url
+    assert post(f"{url}/rollouts", {"rollout_id": "a"})[0] == 401
+    assert post(f"{url}/rollouts", {"rollout_id": "a"}, bearer("wrong"))[0] == 401
+    status, body = post(f"{url}/rollouts", {"rollout_id": "a"}, bearer(ADMIN))
+    assert status == 200 and body["openai_base_url"] == f"{url}/rollouts/a/v1"
+    assert body["anthropic_base_url"] == f"{url}/rollouts/a" and body["api_key"] != ADMIN
+    assert post(f"{url}/rollouts", {"rollout_id": "a"}, bearer(ADMIN))[0] == 409
+    status, body = post(f"{url}/rollouts", {"rollout_id": "../etc"}, bearer(ADMIN))
+    assert status == 400 and "rollout_id" in body["error"]["message"]
+
+
+def test_a_rollout_key_opens_only_its_own_session(dead_upstream_proxy):
+    proxy = dead_upstream_proxy
+    one, two = proxy.register("one"), proxy.register("two")
+    chat = {"model": "tiny", "messages": USER}
+    status, body = post(f"{two['openai_base_url']}/chat/completions", chat, bearer(one["api_key"]))
+    assert status == 401 and "rollout 'two'" in body["error"]["message"]
+    assert post(f"{proxy.url}/rollouts/nope/v1/chat/completions", chat, bearer(one["api_key"]))[0] == 404
+    status, body = post(f"{one['anthropic_base_url']}/v1/messages", {}, {"x-api-key": "wrong"})
+    assert status == 401 and body["type"] == "error" and body["error"]["type"] == "authentication_error"
+    assert post(f"{proxy.url}/rollouts/one/calls", {}, bearer(one["api_key"]))[0] in (401, 405)
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(urllib.request.Request(f"{proxy.url}/rollouts/one/calls", headers=bearer(one["api_key"])))
+    assert err.value.code == 401
+    proxy.admin("POST", "/rollouts/one/close")
+    status, body = post(f"{one['openai_base_url']}/chat/completions", chat, bearer(one["api_key"]))
+    assert status == 403 and "closed" in body["error"]["message"]
+
+
+def test_bad_input_gets_a_clear_error_in_the_dialects_shape(dead_upstream_proxy):
+    rollout = dead_upstream_proxy.register("bad")
+    key, base = bearer(rollout["api_key"]), rollout["openai_base_url"]
+    status, body = post(f"{base}/chat/completions", None, key, raw=b"{not json")
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    status, body = post(f"{base}/chat/completions", {"model": "tiny", "messages": [{"role": "robot"}]}, key)
+    assert status == 400 and body["error"]["param"] == "messages.0.role"
+    status, body = post(f"{base}/responses", {"model": "tiny", "input": [{"type": "item_reference", "id": "x"}]}, key)
+    assert status == 400 and "item_reference" in body["error"]["message"]
+    status, body = post(f"{rollout['anthropic_base_url']}/v1/messages", {"model": "tiny", "messages": USER}, key)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error" and "max_tokens" in body["error"]["message"]
+    status, body = post(f"{base}/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x" * 30000}]}, key)
+    assert status == 413 and "20000 bytes" in body["error"]["message"]
+    assert dead_upstream_proxy.calls("bad") == []  # refused before they became calls
+
+
+def test_a_dead_upstream_is_502_and_the_call_is_kept(dead_upstream_proxy):
+    rollout = dead_upstream_proxy.register("dead")
+    status, body = post(f"{rollout['anthropic_base_url']}/v1/messages",
+                        {"model": "tiny", "max_tokens": 5, "messages": USER}, {"x-api-key": rollout["api_key"]})
+    assert status == 502 and body["error"]["type"] == "api_error" and "unreachable" in body["error"]["message"]
+    (call,) = dead_upstream_proxy.calls("dead")
+    assert call["status"] == "error" and call["error"]["status"] == 502 and call["request"]["messages"] == USER
+
+
+def test_over_the_context_window_is_400_in_each_dialect(live_proxy):
+    rollout = live_proxy.register("long")
+    key, long_text = rollout["api_key"], "word " * 6000
+    status, body = post(f"{rollout['openai_base_url']}/chat/completions",
+                        {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": long_text}]}, bearer(key))
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+    status, body = post(f"{rollout['anthropic_base_url']}/v1/messages",
+                        {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": long_text}]}, {"x-api-key": key})
+    assert status == 400 and body["error"]["type"] == "invalid_request_error" and "context length" in body["error"]["message"]
+
+
+def test_a_slow_upstream_is_504(vllm_server, tmp_path):
+    with serve_proxy(vllm_server, str(tmp_path), ADMIN, extra=["--upstream-timeout", "0.3"]) as proxy:
+        rollout = proxy.register("slow")
+        body = {"model": "tiny", "max_tokens": 3000, "ignore_eos": True, "messages": USER}
+        status, answer = post(f"{rollout['openai_base_url']}/chat/completions", body, bearer(rollout["api_key"]))
+        assert status == 504 and "did not answer within" in answer["error"]["message"]
+
+
+def test_a_harness_that_disconnects_leaves_an_aborted_call(live_proxy):
+    rollout = live_proxy.register("gone")
+    body = {"model": "tiny", "stream": True, "max_tokens": 3000, "ignore_eos": True, "messages": USER}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{rollout['openai_base_url']}/chat/completions", json=body,
+                   headers=bearer(rollout["api_key"]), timeout=httpx.Timeout(30, read=0.5))
+    deadline = time.monotonic() + 10
+    while not (calls := live_proxy.calls("gone")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (call,) = calls
+    assert call["status"] == "aborted" and call["response_token_ids"] is None
+
+
+def test_calls_and_keys_survive_a_restart(vllm_server, tmp_path):
+    store = str(tmp_path / "store")
+    proxy = start_proxy(vllm_server, store, ADMIN)
+    try:
+        rollout = proxy.register("keep")
+        client = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"])
+        client.chat.completions.create(model="tiny", messages=USER, max_tokens=3)
+    finally:
+        stop_proxy(proxy)
+    proxy = start_proxy(vllm_server, store, ADMIN, port=proxy.port)
+    try:
+        (first,) = proxy.calls("keep")
+        assert first["status"] == "ok" and len(first["response_token_ids"]) == len(first["response_logprobs"]) > 0
+        client.chat.completions.create(model="tiny", messages=USER, max_tokens=3)
+        assert [call["call_index"] for call in proxy.calls("keep")] == [0, 1]
+    finally:
+        stop_proxy(proxy)
+
+
+def test_64_concurrent_rollouts_each_get_all_their_calls(live_proxy):
+    rollouts = [live_proxy.register(f"many-{i}") for i in range(64)]
+
+    async def agent(rollout: dict, turns: int = 3) -> None:
+        async with openai.AsyncOpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"]) as client:
+            for turn in range(turns):
+                text = f"{rollout['rollout_id']} turn {turn}"
+                await client.chat.completions.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": text}])
+
+    async def run_all() -> None:
+        await asyncio.gather(*(agent(rollout) for rollout in rollouts))
+
+    asyncio.run(run_all())
+    for rollout in rollouts:
+        calls = live_proxy.calls(rollout["rollout_id"])
+        assert [c["call_index"] for c in calls] == [0, 1, 2]
+        assert [c["request"]["messages"][0]["content"] for c in calls] == [f"{rollout['rollout_id']} turn {t}" for t in range(3)]
+        assert all(c["status"] == "ok" and c["response_token_ids"] for c in calls)
+
+
+
+
+def test_a_weight_swap_holds_new_calls_and_finishes_in_flight_ones(vllm_server, tiny_model, live_proxy, tmp_path):
+    other = build_tiny_model(tmp_path / "other", seed=1)
+    rollout = live_proxy.register("swap")
+    initial = live_proxy.admin("GET", "/health")["weight_version"]  # vLLM's own, read at proxy start
+    client = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"])
+    ask = dict(model="tiny", max_tokens=8, temperature=0, messages=[{"role": "user", "content": "Say something."}])
+    client.chat.completions.create(**ask)
+    long_call = threading.Thread(target=client.chat.completions.create,
+                                 kwargs={**ask, "max_tokens": 400, "extra_body": {"ignore_eos": True}})
+    long_call.start()
+    time.sleep(0.3)  # the long call is in flight when the swap starts
+    try:
+        health = live_proxy.admin("POST", "/weights/update", {"weights_path": str(other), "weight_version": "1"})
+        assert health["weight_version"] == "1" and not health["paused"]
+        long_call.join(60)
+        client.chat.completions.create(**ask)
+    finally:
+        live_proxy.admin("POST", "/weights/update", {"weights_path": str(tiny_model), "weight_version": initial})
+    before, in_flight, after = live_proxy.calls("swap")
+    assert (before["weight_version"], in_flight["weight_version"], after["weight_version"]) == (initial, initial, "1")
+    assert in_flight["status"] == "ok" and len(in_flight["response_token_ids"]) == 400
+    assert before["prompt_token_ids"] == after["prompt_token_ids"]
+    assert before["response_token_ids"] != after["response_token_ids"]  # new weights, new greedy answer
+
+
+def test_the_store_can_be_s3(vllm_server, s3_server):
+    store = f"s3://{s3_server['bucket']}/proxy-test"
+    with serve_proxy(vllm_server, store, ADMIN, env=s3_server["env"]) as proxy:
+        rollout = proxy.register("in-s3")
+        client = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"])
+        client.chat.completions.create(model="tiny", messages=USER, max_tokens=3)
+    with serve_proxy(vllm_server, store, ADMIN, env=s3_server["env"]) as proxy:
+        (call,) = proxy.calls("in-s3")
+        assert call["status"] == "ok" and call["response_token_ids"]
