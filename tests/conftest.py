@@ -4,12 +4,10 @@
 - `vllm_server`: the real vLLM OpenAI server on CPU serving it as "tiny"; yields its root URL.
 - `s3_server`: a moto S3 server with one bucket; yields its endpoint, bucket and the env for s3fs.
 - `proxy`: a factory that starts the real recording proxy (`python -m steps.proxy`) as a subprocess.
-- `register_rollout` / `rollout_calls`: the two admin calls most tests make.
+  Each started proxy has `.register(rollout_id)` and `.calls(rollout_id)` for the admin routes.
 """
 
-import json
 import os
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -89,29 +87,3 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Pr
     yield start
     for process in started:
         stop_proxy(process)
-
-
-def _admin(proxy: ProxyProcess | str, method: str, path: str, body: dict | None = None) -> dict:
-    url = proxy if isinstance(proxy, str) else proxy.url
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
-                                 headers={"authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())
-
-
-@pytest.fixture(scope="session")
-def register_rollout() -> Callable[..., dict]:
-    """`register_rollout(proxy, rollout_id, metadata=None)` -> {"rollout_id", "api_key", "openai_base_url", ...}."""
-    def register(proxy: ProxyProcess | str, rollout_id: str, metadata: dict | None = None) -> dict:
-        return _admin(proxy, "POST", "/rollouts", {"rollout_id": rollout_id, "metadata": metadata or {}})
-    return register
-
-
-@pytest.fixture(scope="session")
-def rollout_calls() -> Callable[..., list[dict]]:
-    """`rollout_calls(proxy, rollout_id)` -> the rollout's recorded calls, in call order."""
-    def calls(proxy: ProxyProcess | str, rollout_id: str) -> list[dict]:
-        return _admin(proxy, "GET", f"/rollouts/{rollout_id}/calls")["calls"]
-    return calls
-

@@ -52,6 +52,8 @@ def installed_exe(name: str) -> Path:
     """The pinned harness's executable, or skip the test when it is not installed."""
     harness = HARNESSES[name]
     prefix = default_prefix(name, harness.VERSION)
+    if harness.NPM_PACKAGE is None:  # built in: nothing to install
+        return harness.install(prefix)
     exe = prefix / "node_modules" / ".bin" / harness.BINARY
     if installed_version(prefix, harness.NPM_PACKAGE) != harness.VERSION or not exe.exists() \
             or not (node_bin_dir() / "node").exists():

@@ -130,10 +130,10 @@ def tokenizer(tiny_model):
 
 
 @pytest.fixture
-def rollout(recording_proxy, register_rollout, request) -> dict:
+def rollout(recording_proxy, request) -> dict:
     """A fresh rollout named after the test."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name).strip("-")[:100]
-    return register_rollout(recording_proxy, name)
+    return recording_proxy.register(name)
 
 
 # --- what the SDK client saw ------------------------------------------------------------------------
@@ -306,14 +306,14 @@ def check_token_exact(call: dict, exchange: dict, vllm_url: str, tokenizer, expe
         assert rescored == pytest.approx(call["response_logprobs"], abs=LOGPROB_TOL)
 
 
-def one_call(tap: Tap, recording_proxy, rollout_calls, rollout: dict, dialect: str, kind: str,
+def one_call(tap: Tap, recording_proxy, rollout: dict, dialect: str, kind: str,
              stream: bool) -> tuple[Seen, dict, dict]:
     """Makes one SDK call; returns what the client saw, the recorded call, and the one upstream exchange."""
     before = len(tap.chat_exchanges())
     seen = ASK[dialect](rollout, kind, stream)
     exchanges = tap.chat_exchanges()[before:]
     assert len(exchanges) == 1, f"expected one upstream call, the tap saw {len(exchanges)}"
-    call = rollout_calls(recording_proxy, rollout["rollout_id"])[-1]
+    call = recording_proxy.calls(rollout["rollout_id"])[-1]
     return seen, call, exchanges[0]
 
 
@@ -322,8 +322,8 @@ def one_call(tap: Tap, recording_proxy, rollout_calls, rollout: dict, dialect: s
 @pytest.mark.parametrize("kind", ["plain", "forced", "history"])
 @pytest.mark.parametrize("dialect", ["chat_completions", "responses", "messages"])
 def test_every_dialect_records_exactly_what_vllm_computed(dialect, kind, stream, tap, recording_proxy, rollout,
-                                                          rollout_calls, vllm_server, tokenizer):
-    seen, call, exchange = one_call(tap, recording_proxy, rollout_calls, rollout, dialect, kind, stream)
+                                                          vllm_server, tokenizer):
+    seen, call, exchange = one_call(tap, recording_proxy, rollout, dialect, kind, stream)
 
     assert (call["dialect"], call["stream"], call["status"], call["call_index"]) == (dialect, stream, "ok", 0)
     assert call["weight_version"] and call["weight_version"] == recording_proxy.admin("GET", "/health")["weight_version"]
@@ -357,12 +357,12 @@ SAMPLED_UPSTREAM = {
 
 
 @pytest.mark.parametrize("dialect", ["chat_completions", "responses", "messages"])
-def test_sampling_settings_reach_vllm_unchanged(dialect, tap, recording_proxy, rollout, rollout_calls, vllm_server,
+def test_sampling_settings_reach_vllm_unchanged(dialect, tap, recording_proxy, rollout, vllm_server,
                                                 tokenizer):
     before = len(tap.chat_exchanges())
     seen = _ask_sampled(dialect, rollout, SAMPLED[dialect])
     (exchange,) = tap.chat_exchanges()[before:]
-    (call,) = rollout_calls(recording_proxy, rollout["rollout_id"])
+    (call,) = recording_proxy.calls(rollout["rollout_id"])
 
     wanted = SAMPLED_UPSTREAM[dialect]
     assert {k: exchange["request"].get(k) for k in wanted} == wanted, "vLLM did not get the settings as sent"
@@ -389,14 +389,14 @@ def _ask_sampled(dialect: str, rollout: dict, settings: dict) -> Seen:
     return Seen("".join(b.text for b in message.content if b.type == "text"), [], message.stop_reason)
 
 
-def test_one_rollout_numbers_its_calls_in_order_across_dialects(tap, recording_proxy, rollout, rollout_calls):
+def test_one_rollout_numbers_its_calls_in_order_across_dialects(tap, recording_proxy, rollout):
     plan = [("chat_completions", False), ("responses", True), ("messages", False), ("chat_completions", True),
             ("messages", True)]
     before = len(tap.chat_exchanges())
     for dialect, stream in plan:
         ASK[dialect](rollout, "plain", stream)
     exchanges = tap.chat_exchanges()[before:]
-    calls = rollout_calls(recording_proxy, rollout["rollout_id"])
+    calls = recording_proxy.calls(rollout["rollout_id"])
     assert [(c["call_index"], c["dialect"], c["stream"]) for c in calls] == [
         (i, dialect, stream) for i, (dialect, stream) in enumerate(plan)]
     assert [c["response_token_ids"] for c in calls] == [e["answer"]["choices"][0]["token_ids"] for e in exchanges]
@@ -405,7 +405,7 @@ def test_one_rollout_numbers_its_calls_in_order_across_dialects(tap, recording_p
 
 @pytest.mark.parametrize("dialect", ["chat_completions", "messages"])
 def test_a_stop_string_cuts_the_text_but_the_sampled_tokens_are_all_recorded(dialect, tap, recording_proxy, rollout,
-                                                                             rollout_calls, vllm_server, tokenizer):
+                                                                             vllm_server, tokenizer):
     # The greedy answer straight from vLLM; stop on the text of one of its later tokens.
     free = vllm(vllm_server, "/v1/chat/completions", {"model": "tiny", "messages": conversation("plain"),
                                                       "max_tokens": 8, "temperature": 0, "return_token_ids": True})
@@ -424,7 +424,7 @@ def test_a_stop_string_cuts_the_text_but_the_sampled_tokens_are_all_recorded(dia
         text, finish = "".join(b.text for b in message.content if b.type == "text"), message.stop_reason
         assert message.stop_sequence == stop
     (exchange,) = tap.chat_exchanges()[before:]
-    (call,) = rollout_calls(recording_proxy, rollout["rollout_id"])
+    (call,) = recording_proxy.calls(rollout["rollout_id"])
 
     check_token_exact(call, exchange, vllm_server, tokenizer, conversation("plain"), None, unconstrained=True)
     assert call["sampling"]["stop"] == [stop] and call["finish_reason"] == "stop"

@@ -14,7 +14,7 @@ Each module has `NPM_PACKAGE`, `VERSION` (pinned), `DIALECT` (the API it speaks 
                    stdin=subprocess.DEVNULL)
 """
 
-from steps.harnesses import claude_code, codex, openclaw, opencode, qwen_code
+from steps.harnesses import claude_code, codex, direct, openclaw, opencode, qwen_code
 from steps.harnesses.base import Endpoint, InstallError, cache_root, default_prefix
 
 HARNESSES = {
@@ -23,6 +23,7 @@ HARNESSES = {
     "openclaw": openclaw,
     "qwen-code": qwen_code,
     "opencode": opencode,
+    "direct": direct,
 }
 
 __all__ = ["HARNESSES", "Endpoint", "InstallError", "cache_root", "default_prefix"]

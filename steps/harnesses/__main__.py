@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for name in list(HARNESSES) if args.all else args.names:
         harness = HARNESSES[name]
+        if harness.NPM_PACKAGE is None:
+            print(f"{name}: built in, nothing to install", flush=True)
+            continue
         prefix = default_prefix(name, harness.VERSION)
         failed += not install_one(name, harness.VERSION, harness.NPM_PACKAGE, prefix,
                                   partial(harness.install, prefix))
