@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup harnesses test run bench clean
+.PHONY: setup system harnesses test run bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,7 +16,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton || true
 	rm -f $(VENV)/.installed-* && touch $@
 
-setup: $(STAMP)
+setup: $(STAMP) system
+
+# bubblewrap isolates local rollouts (the stand-in for a task's container).
+system:
+	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; } \
+	  || { echo "install bubblewrap (apt-get install bubblewrap) and run again" >&2; exit 1; }
 
 harnesses: setup
 	$(BIN)/python -m steps.harnesses install --all

@@ -1,0 +1,132 @@
+"""Running a task's verifier (and its oracle) in a sandbox, and reading the reward it writes.
+
+The verifier is Harbor's: `tests/` is copied to `/tests` only now, after the agent (or oracle) has
+stopped; `/logs/verifier` is emptied first so nothing the agent left there counts; `bash
+/tests/test.sh` runs under `[verifier] timeout_sec`; the reward is `/logs/verifier/reward.json`
+(its "reward" entry) or else `/logs/verifier/reward.txt` (one number). A verifier that times out or
+writes no readable reward has crashed: `VerifierResult.reward` is None and `error` says why, which
+callers must treat as an infrastructure failure, never as a reward of 0.
+
+    from steps.tasks.verify import run_oracle, run_verifier
+    run_oracle(sandbox, task, Path("out/oracle.txt"))
+    verdict = run_verifier(sandbox, task, Path("out/verifier"))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from steps.sandbox import RunResult, Sandbox, SandboxError
+from steps.tasks import Task
+
+VERIFIER_DIR = "/logs/verifier"
+TESTS_DIR = "/tests"
+SOLUTION_DIR = "/solution"
+
+
+class RewardError(ValueError):
+    """The verifier's reward files are missing or unreadable; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class VerifierResult:
+    """What one verifier run produced. `reward` is None when the verifier crashed (see `error`)."""
+
+    reward: float | None
+    rewards: dict[str, float]
+    error: str | None
+    exit_code: int
+    timed_out: bool
+    duration_s: float
+    output_dir: Path  # test-stdout.txt and a copy of /logs/verifier
+
+
+def parse_reward(reward_json: str | None, reward_txt: str | None) -> dict[str, float]:
+    """The rewards in a verifier's reward.json (preferred) or reward.txt; always has a "reward" key.
+
+    >>> parse_reward(None, "1\\n")
+    {'reward': 1.0}
+    >>> parse_reward('{"reward": 0.5, "tests_passed": 3, "note": "x"}', None)
+    {'reward': 0.5, 'tests_passed': 3.0}
+    >>> parse_reward('{"accuracy": 1}', None)
+    {'accuracy': 1.0, 'reward': 1.0}
+    >>> parse_reward(None, "yes")
+    Traceback (most recent call last):
+    ...
+    steps.tasks.verify.RewardError: reward.txt must hold one number, got 'yes'
+    """
+    if reward_json is not None:
+        try:
+            data = json.loads(reward_json)
+        except ValueError:
+            raise RewardError("reward.json is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise RewardError("reward.json must be a JSON object such as {\"reward\": 1}")
+        rewards = {k: float(v) for k, v in data.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        if "reward" not in rewards and len(rewards) == 1:
+            rewards["reward"] = next(iter(rewards.values()))
+        if "reward" in rewards:
+            return rewards
+        if reward_txt is None:
+            raise RewardError("reward.json has no numeric \"reward\" entry")
+        return {**rewards, **parse_reward(None, reward_txt)}
+    if reward_txt is None:
+        raise RewardError("the verifier wrote neither reward.txt nor reward.json")
+    try:
+        value = float(reward_txt.strip())
+    except ValueError:
+        raise RewardError(f"reward.txt must hold one number, got {reward_txt.strip()[:40]!r}") from None
+    if not math.isfinite(value):
+        raise RewardError(f"reward.txt must hold a finite number, got {reward_txt.strip()!r}")
+    return {"reward": value}
+
+
+def read_reward(verifier_dir: Path) -> dict[str, float]:
+    """`parse_reward` on the reward files in a host copy of /logs/verifier (symlinks refused)."""
+    texts = []
+    for name in ("reward.json", "reward.txt"):
+        path = verifier_dir / name
+        if path.is_symlink():
+            raise RewardError(f"{name} is a symlink, not a file the verifier wrote")
+        texts.append(path.read_text(errors="replace") if path.is_file() else None)
+    return parse_reward(*texts)
+
+
+def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, str] | None = None) -> VerifierResult:
+    """Copy `tests/` in, run `tests/test.sh` under the verifier timeout, and read its reward.
+
+    Call only after the agent's processes have stopped. `output_dir` (on the host) receives the
+    verifier's stdout+stderr as `test-stdout.txt` and a copy of the sandbox's /logs/verifier.
+    """
+    output_dir.mkdir(parents=True, exist_ok=True)
+    sandbox.reset_dir(VERIFIER_DIR)
+    sandbox.copy_in(task.tests_dir, TESTS_DIR)
+    run = sandbox.run(["bash", f"{TESTS_DIR}/test.sh"], timeout_s=task.config.verifier_timeout_s,
+                      env={**task.config.verifier_env, **(env or {})}, stdout_path=output_dir / "test-stdout.txt")
+    try:
+        sandbox.copy_out(VERIFIER_DIR, output_dir)
+    except SandboxError:
+        pass  # the verifier removed /logs/verifier: no reward file, reported below
+    rewards, error = {}, None
+    if run.timed_out:
+        error = f"the verifier did not finish within its timeout of {task.config.verifier_timeout_s:g} s"
+    else:
+        try:
+            rewards = read_reward(output_dir)
+        except RewardError as exc:
+            error = f"{exc} (test.sh exit code {run.exit_code})"
+    return VerifierResult(reward=rewards.get("reward"), rewards=rewards, error=error, exit_code=run.exit_code,
+                          timed_out=run.timed_out, duration_s=run.duration_s, output_dir=output_dir)
+
+
+def run_oracle(sandbox: Sandbox, task: Task, stdout_path: Path) -> RunResult:
+    """Run the task's `solution/solve.sh` as the agent would act: in the workspace, under the agent timeout."""
+    if task.solution_dir is None:
+        raise ValueError(f"task {task.name} has no solution/solve.sh")
+    sandbox.copy_in(task.solution_dir, SOLUTION_DIR)
+    return sandbox.run(["bash", f"{SOLUTION_DIR}/solve.sh"], timeout_s=task.config.agent_timeout_s,
+                       env=task.config.solution_env, stdout_path=stdout_path)
