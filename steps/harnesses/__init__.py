@@ -3,7 +3,8 @@
 Each module has `NPM_PACKAGE`, `VERSION` (pinned), `DIALECT` (the API it speaks to the proxy:
 `responses`, `messages` or `chat_completions`), and the functions
 `install(prefix) -> exe`, `prepare(home, workdir, endpoint) -> env`,
-`command(instruction, workdir, exe) -> argv` and `log_paths(home) -> [Path]`.
+`command(instruction, workdir, exe) -> argv`, `log_paths(home) -> [Path]` and
+`binds() -> [(host path, sandbox path, read-only)]` (what it needs inside a rollout sandbox).
 
     from steps.harnesses import HARNESSES, Endpoint, default_prefix
     harness = HARNESSES["codex"]

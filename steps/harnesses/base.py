@@ -96,6 +96,11 @@ def install_node() -> Path:
     return node_bin_dir()
 
 
+def npm_binds() -> list[tuple[Path, str, bool]]:
+    """What an npm harness needs inside a rollout sandbox: the harness cache (Node included), read-only, in place."""
+    return [(cache_root(), str(cache_root()), True)]
+
+
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
     """A minimal environment for a harness: no inherited credentials or proxies, HOME is the throwaway one."""
     env = {

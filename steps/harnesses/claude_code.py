@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, clean_env, npm_install
+from steps.harnesses.base import Endpoint, clean_env, npm_binds, npm_install
 
 NPM_PACKAGE = "@anthropic-ai/claude-code"
 VERSION = "2.1.332"
@@ -65,3 +65,8 @@ def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
 def log_paths(home: Path) -> list[Path]:
     """Claude Code's own session transcripts, besides the stream-json events on stdout."""
     return sorted((home / ".claude" / "projects").rglob("*.jsonl"))
+
+
+def binds() -> list[tuple[Path, str, bool]]:
+    """Host paths the harness needs inside a rollout sandbox (read-only, at the same place)."""
+    return npm_binds()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, clean_env, npm_install
+from steps.harnesses.base import Endpoint, clean_env, npm_binds, npm_install
 
 NPM_PACKAGE = "@openai/codex"
 VERSION = "0.171.0"
@@ -81,3 +81,8 @@ def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
 def log_paths(home: Path) -> list[Path]:
     """Codex's own session logs (one JSONL per session), besides the `--json` events on stdout."""
     return sorted((home / ".codex" / "sessions").rglob("*.jsonl"))
+
+
+def binds() -> list[tuple[Path, str, bool]]:
+    """Host paths the harness needs inside a rollout sandbox (read-only, at the same place)."""
+    return npm_binds()

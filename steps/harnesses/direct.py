@@ -61,6 +61,14 @@ def log_paths(home: Path) -> list[Path]:
     return []
 
 
+def binds() -> list[tuple[Path, str, bool]]:
+    """Host paths the loop needs inside a rollout sandbox: this Python, its venv, and only the harness
+    package of OpenForge (not the whole checkout, whose built-in tasks hold verifiers and oracles)."""
+    steps_dir = Path(__file__).resolve().parents[1]
+    paths = [Path(sys.base_prefix), Path(sys.prefix), steps_dir / "__init__.py", steps_dir / "harnesses"]
+    return [(path, str(path), True) for path in dict.fromkeys(paths)]
+
+
 def run_shell(command_text: str, timeout_s: float) -> str:
     """Runs one command and returns what the model sees: exit code and (truncated) output."""
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, clean_env, npm_install
+from steps.harnesses.base import Endpoint, clean_env, npm_binds, npm_install
 
 NPM_PACKAGE = "openclaw"
 VERSION = "2026.9.6"
@@ -68,3 +68,8 @@ def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
 def log_paths(home: Path) -> list[Path]:
     """None on disk: `agent exec` removes its temporary state; the stdout envelope is the log."""
     return []
+
+
+def binds() -> list[tuple[Path, str, bool]]:
+    """Host paths the harness needs inside a rollout sandbox (read-only, at the same place)."""
+    return npm_binds()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, clean_env, npm_install
+from steps.harnesses.base import Endpoint, clean_env, npm_binds, npm_install
 
 NPM_PACKAGE = "opencode-ai"
 VERSION = "1.18.33"
@@ -87,3 +87,8 @@ def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
 def log_paths(home: Path) -> list[Path]:
     """opencode's own log files, besides the JSON events on stdout."""
     return sorted((home / ".local" / "share" / "opencode" / "log").glob("*.log"))
+
+
+def binds() -> list[tuple[Path, str, bool]]:
+    """Host paths the harness needs inside a rollout sandbox (read-only, at the same place)."""
+    return npm_binds()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, clean_env, npm_install
+from steps.harnesses.base import Endpoint, clean_env, npm_binds, npm_install
 
 NPM_PACKAGE = "@qwen-code/qwen-code"
 VERSION = "0.24.4"
@@ -69,3 +69,8 @@ def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
 def log_paths(home: Path) -> list[Path]:
     """Qwen Code's own chat recordings, besides the stream-json events on stdout."""
     return sorted((home / ".qwen" / "projects").glob("*/chats/*.jsonl"))
+
+
+def binds() -> list[tuple[Path, str, bool]]:
+    """Host paths the harness needs inside a rollout sandbox (read-only, at the same place)."""
+    return npm_binds()

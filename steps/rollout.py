@@ -1,0 +1,187 @@
+"""One rollout: a harness works one task with its model calls going through the recording proxy, then
+the task's verifier grades what it left behind.
+
+    OPENFORGE_ADMIN_KEY=... python -m steps.rollout --task steps/tasks/builtin/hello-file \
+        --harness codex --proxy-url http://127.0.0.1:8100 --rollout-id it0-hello-file-s0 --out runs/r0
+
+Steps: register the rollout with the proxy (the harness gets that rollout's key, never the admin key);
+build a fresh sandbox from the task's environment; run the harness headless on the instruction under
+the task's agent timeout; close the rollout; copy `tests/` in (the agent never saw it) and run the
+verifier; write `OUT/result.json`. Exit code 0 for `ok` and `agent_timeout`, 3 for `infra_error`
+(the workflow retries only those; an infrastructure failure is never scored as a reward of 0).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from steps.harnesses import HARNESSES, Endpoint, default_prefix
+from steps.sandbox import Sandbox, SandboxError
+from steps.tasks import Task, TaskError, load_task
+from steps.tasks.verify import run_verifier
+
+INFRA_EXIT_CODE = 3
+
+
+class InfraError(Exception):
+    """Something other than the agent failed; the rollout is retried, never scored."""
+
+
+@dataclass
+class RolloutSpec:
+    """What one rollout runs: the step's inputs."""
+
+    task: Path
+    harness: str
+    proxy_url: str
+    rollout_id: str
+    out: Path
+    model: str = "tiny"
+    admin_key: str = field(default="", repr=False)
+    agent_timeout_s: float | None = None  # None: the task's own [agent] timeout_sec
+    metadata: dict = field(default_factory=dict)
+
+
+@dataclass
+class RolloutResult:
+    """`OUT/result.json`: the step's output, read by the trajectories step and the run report."""
+
+    rollout_id: str
+    task: str
+    harness: str
+    status: str  # ok | agent_timeout | infra_error
+    reward: float | None
+    rewards: dict = field(default_factory=dict)
+    num_calls: int = 0
+    error: str | None = None
+    harness_exit_code: int | None = None
+    durations: dict = field(default_factory=dict)
+    weight_versions: list = field(default_factory=list)
+    response_tokens: int = 0
+    paths: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
+
+
+def admin_call(spec: RolloutSpec, method: str, path: str, body: dict | None = None) -> dict:
+    """One admin request to the proxy; any failure is an InfraError naming the route."""
+    req = urllib.request.Request(spec.proxy_url.rstrip("/") + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"authorization": f"Bearer {spec.admin_key}", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        raise InfraError(f"proxy answered {err.code} to {method} {path}: {err.read()[:300].decode(errors='replace')}") from None
+    except (urllib.error.URLError, OSError) as err:
+        raise InfraError(f"proxy at {spec.proxy_url} is unreachable: {err}") from None
+
+
+def in_sandbox(env: dict[str, str], box: Sandbox) -> dict[str, str]:
+    """The harness environment as the sandbox sees it: host paths under the sandbox root lose that prefix."""
+    root = str(box.fs)
+    return {key: value.replace(root, "") for key, value in env.items()}
+
+
+def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result: RolloutResult) -> bool:
+    """Runs the harness in the sandbox; returns True if it ran out of time."""
+    harness = HARNESSES[spec.harness]
+    exe = harness.install(default_prefix(spec.harness, harness.VERSION))
+    endpoint = Endpoint(openai_base_url=rollout["openai_base_url"], anthropic_base_url=rollout["anthropic_base_url"],
+                        api_key=rollout["api_key"], model=spec.model)
+    env = in_sandbox(harness.prepare(box.host_path("/root"), Path(box.workdir), endpoint), box)
+    log = spec.out / "harness.log"
+    result.paths["harness_log"] = str(log)
+    timeout_s = spec.agent_timeout_s or task.config.agent_timeout_s
+    try:
+        run = box.run(harness.command(task.instruction, Path(box.workdir), exe), timeout_s=timeout_s,
+                      env=env, cwd=box.workdir, stdout_path=log, extra_binds=harness.binds())
+    except SandboxError as exc:
+        raise InfraError(f"the harness could not be started in the sandbox: {exc}") from None
+    result.harness_exit_code = run.exit_code
+    result.durations["agent_s"] = round(run.duration_s, 3)
+    if run.exit_code in (126, 127) and not run.timed_out:
+        raise InfraError(f"the harness could not start (exit code {run.exit_code}); see {log}")
+    return run.timed_out
+
+
+def record_calls(spec: RolloutSpec, result: RolloutResult) -> None:
+    """Closes the rollout's session and counts what the proxy recorded; no model call is an infra error."""
+    admin_call(spec, "POST", f"/rollouts/{spec.rollout_id}/close")
+    calls = admin_call(spec, "GET", f"/rollouts/{spec.rollout_id}/calls")["calls"]
+    result.num_calls = len(calls)
+    result.weight_versions = sorted({str(call["weight_version"]) for call in calls if call["weight_version"] is not None})
+    result.response_tokens = sum(len(call["response_token_ids"] or []) for call in calls)
+    if not calls:
+        raise InfraError(f"the harness made no model call (exit code {result.harness_exit_code}); "
+                         f"see {result.paths.get('harness_log')}")
+
+
+def grade(spec: RolloutSpec, task: Task, box: Sandbox, result: RolloutResult, timed_out: bool) -> None:
+    """Runs the verifier and sets status and reward; a crashed verifier is an infra error."""
+    verdict = run_verifier(box, task, spec.out / "verifier")
+    result.durations["verifier_s"] = round(verdict.duration_s, 3)
+    result.paths["verifier_output"] = str(verdict.output_dir)
+    if verdict.reward is None:
+        raise InfraError(f"the verifier crashed: {verdict.error}")
+    result.rewards = verdict.rewards
+    result.status, result.reward = ("agent_timeout", 0.0) if timed_out else ("ok", verdict.reward)
+
+
+def run_rollout(spec: RolloutSpec) -> RolloutResult:
+    """Runs one rollout end to end and writes `OUT/result.json`; never raises for a failed rollout."""
+    started = time.monotonic()
+    spec.out.mkdir(parents=True, exist_ok=True)
+    result = RolloutResult(rollout_id=spec.rollout_id, task=spec.task.name, harness=spec.harness,
+                           status="infra_error", reward=None, metadata=spec.metadata)
+    try:
+        if spec.harness not in HARNESSES:
+            raise InfraError(f"unknown harness {spec.harness!r}; choose from {', '.join(HARNESSES)}")
+        task = load_task(spec.task)
+        result.task = task.name
+        rollout = admin_call(spec, "POST", "/rollouts", {"rollout_id": spec.rollout_id,
+                                                         "metadata": {"task": task.name, "harness": spec.harness, **spec.metadata}})
+        box = Sandbox.create(spec.out / "sandbox", task)
+        result.notes = list(box.notes)
+        result.durations["setup_s"] = round(time.monotonic() - started, 3)
+        timed_out = run_agent(spec, task, box, rollout, result)
+        record_calls(spec, result)
+        grade(spec, task, box, result, timed_out)
+    except (InfraError, SandboxError, TaskError) as exc:
+        result.status, result.reward, result.error = "infra_error", None, str(exc)
+    result.durations["total_s"] = round(time.monotonic() - started, 3)
+    (spec.out / "result.json").write_text(json.dumps(asdict(result), indent=2))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the rollout named on the command line; prints its result as one JSON line."""
+    p = argparse.ArgumentParser(prog="python -m steps.rollout", description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", type=Path, required=True)
+    p.add_argument("--harness", required=True, help=", ".join(HARNESSES))
+    p.add_argument("--proxy-url", required=True)
+    p.add_argument("--rollout-id", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model", default="tiny", help="model name the harness asks for (the proxy serves its own)")
+    p.add_argument("--agent-timeout", type=float, help="seconds, instead of the task's [agent] timeout_sec")
+    p.add_argument("--metadata", type=json.loads, default={}, help="JSON object stored with the rollout")
+    args = p.parse_args(argv)
+    admin_key = os.environ.get("OPENFORGE_ADMIN_KEY")
+    if not admin_key:
+        p.error("set OPENFORGE_ADMIN_KEY to the proxy's admin key")
+    spec = RolloutSpec(task=args.task, harness=args.harness, proxy_url=args.proxy_url, rollout_id=args.rollout_id,
+                       out=args.out, model=args.model, admin_key=admin_key, agent_timeout_s=args.agent_timeout,
+                       metadata=args.metadata)
+    result = run_rollout(spec)
+    print(json.dumps({k: getattr(result, k) for k in ("rollout_id", "task", "harness", "status", "reward", "num_calls", "error")}))
+    return INFRA_EXIT_CODE if result.status == "infra_error" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
