@@ -14,6 +14,7 @@ verifier; write `OUT/result.json`. Exit code 0 for `ok` and `agent_timeout`, 3 f
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 import urllib.error
@@ -105,6 +106,11 @@ def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result
     except SandboxError as exc:
         raise InfraError(f"the harness could not be started in the sandbox: {exc}") from None
     result.harness_exit_code = run.exit_code
+    kept = spec.out / "harness-logs"
+    for path in harness.log_paths(box.host_path("/root")):  # the harness's own event logs, kept with the result
+        kept.mkdir(exist_ok=True)
+        shutil.copy2(path, kept / path.name)
+        result.paths.setdefault("harness_logs", []).append(str(kept / path.name))
     result.durations["agent_s"] = round(run.duration_s, 3)
     if run.exit_code in (126, 127) and not run.timed_out:
         raise InfraError(f"the harness could not start (exit code {run.exit_code}); see {log}")

@@ -70,6 +70,8 @@ def test_the_oracle_as_tool_calls_earns_reward_1(harness, task_name, scripted, s
     assert result.num_calls == len(calls) == len(scripted.exchanges) >= 2, context
     assert all(call["status"] == "ok" for call in calls)
     assert json.loads((spec.out / "result.json").read_text())["reward"] == 1.0
+    if harness in ("codex", "claude-code"):  # the ones that keep a session log under HOME
+        assert result.paths["harness_logs"], "the harness's own session log is kept with the result"
 
 
 def test_a_wrong_answer_earns_0_through_the_cli(scripted, scripted_proxy, tmp_path):
