@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from steps.trajectories import CALLS, partition_url, read_table, write_table  # noqa: E402
-from steps.trajectories.io import COMPRESSION, COMPRESSION_LEVEL  # noqa: E402
+from steps.trajectories import CALLS, partition_url, read_table, write_table
+from steps.trajectories.io import COMPRESSION, COMPRESSION_LEVEL
 
 VOCAB = 151_000  # a Qwen-sized vocabulary
 

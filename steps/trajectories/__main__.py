@@ -1,0 +1,68 @@
+"""Writes one run-iteration's trajectory tables (calls, rollouts, samples) as Parquet.
+
+    OPENFORGE_ADMIN_KEY=... python -m steps.trajectories --proxy-url http://127.0.0.1:8100 \
+        --results runs/it0 --out s3://bucket/trajectories --run demo --iteration 0
+
+`--results` holds one folder per rollout with its `result.json`; calls come from the proxy's admin
+route, or with `--store URL` straight from the proxy's store. Files land in
+`{out}/run={run}/iteration={iteration}/`. Prints a JSON summary (rows per table, and per harness the
+continuity rate and samples per rollout); progress goes to stderr. Exit code 2 on a usage or data error.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from steps.trajectories.collect import (
+    CollectError,
+    collect,
+    fetch_calls_http,
+    fetch_calls_store,
+    load_results,
+)
+from steps.trajectories.io import partition_url, write_tables
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, with the proxy's admin key required only when calls come over HTTP."""
+    p = argparse.ArgumentParser(prog="python -m steps.trajectories", description=__doc__.split("\n\n")[0])
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--proxy-url", help="the recording proxy (admin key from OPENFORGE_ADMIN_KEY)")
+    source.add_argument("--store", help="the proxy's store URL, read directly (local folder or s3://)")
+    p.add_argument("--results", required=True, help="folder or URL with one <rollout>/result.json per rollout")
+    p.add_argument("--out", required=True, help="folder or URL (s3://...) under which the tables are written")
+    p.add_argument("--run", default="default", help="run name, the first partition level")
+    p.add_argument("--iteration", type=int, default=0, help="iteration number, the second partition level")
+    args = p.parse_args(argv)
+    args.admin_key = os.environ.get("OPENFORGE_ADMIN_KEY", "")
+    if args.proxy_url and not args.admin_key:
+        p.error("set OPENFORGE_ADMIN_KEY to the proxy's admin key (or read calls with --store)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Collects results and calls, writes the three tables, prints the summary."""
+    args = parse_args(argv)
+    started = time.monotonic()
+    try:
+        results = load_results(args.results)
+        ids = [r["rollout_id"] for r in results]
+        print(f"trajectories: {len(ids)} rollout results; fetching their calls", file=sys.stderr, flush=True)
+        calls = fetch_calls_store(args.store, ids) if args.store else fetch_calls_http(args.proxy_url, args.admin_key, ids)
+        rows, harnesses = collect(results, calls, args.run, args.iteration)
+        tables = rows.tables()
+        files = write_tables(tables, partition_url(args.out, args.run, args.iteration))
+    except CollectError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    summary = {"partition": partition_url(args.out, args.run, args.iteration), "files": files,
+               "rows": {name: table.num_rows for name, table in tables.items()},
+               "harnesses": harnesses, "seconds": round(time.monotonic() - started, 3)}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Gathering a run-iteration's rollout results and recorded calls into the three trajectory tables.
+
+Results come from `{results}/*/result.json` (one folder per rollout, as `steps.rollout` writes them);
+calls come from the proxy's admin route or straight from its store. Infra-error rollouts keep their
+row in `rollouts` (and their calls in `calls`) but give no training samples.
+"""
+
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import fsspec
+import pyarrow as pa
+
+from steps.proxy.store import CallStore
+from steps.trajectories.samples import RolloutSamples, build_samples
+from steps.trajectories.schema import (
+    CALL_TIMINGS,
+    CALLS,
+    ROLLOUT_DURATIONS,
+    ROLLOUTS,
+    SAMPLES,
+)
+
+TRAINABLE_STATUSES = ("ok", "agent_timeout")  # infra_error rollouts are never trained on
+
+
+class CollectError(RuntimeError):
+    """Results or calls that could not be gathered."""
+
+
+def load_results(results: str, storage_options: dict | None = None) -> list[dict]:
+    """Every `result.json` one folder below `results`, ordered by rollout id."""
+    fs, root = fsspec.core.url_to_fs(results, **(storage_options or {}))
+    paths = sorted(fs.glob(f"{root.rstrip('/')}/*/result.json"))
+    if not paths:
+        raise CollectError(f"no rollout results under {results} (expected {results}/<rollout>/result.json).")
+    contents = fs.cat(paths)
+    loaded: dict[str, tuple[str, dict]] = {}
+    for path in paths:
+        try:
+            result = json.loads(contents[path])
+            rollout_id = result["rollout_id"]
+        except (ValueError, KeyError, TypeError):
+            raise CollectError(f"{path} is not a rollout result (a JSON object with a rollout_id).") from None
+        if rollout_id in loaded:
+            raise CollectError(f"{path} and {loaded[rollout_id][0]} are both results of rollout {rollout_id!r}.")
+        loaded[rollout_id] = (path, result)
+    return [loaded[rollout_id][1] for rollout_id in sorted(loaded)]
+
+
+def fetch_calls_http(proxy_url: str, admin_key: str, rollout_ids: list[str], workers: int = 16) -> dict[str, list[dict]]:
+    """Each rollout's recorded calls from the proxy's `GET /rollouts/{id}/calls`."""
+    def one(rollout_id: str) -> list[dict]:
+        req = urllib.request.Request(f"{proxy_url.rstrip('/')}/rollouts/{rollout_id}/calls",
+                                     headers={"authorization": f"Bearer {admin_key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as resp:
+                return json.loads(resp.read())["calls"]
+        except urllib.error.HTTPError as err:
+            if err.code == 404:  # never registered (an infra error before the harness started)
+                return []
+            raise CollectError(f"proxy answered {err.code} to GET /rollouts/{rollout_id}/calls: "
+                               f"{err.read()[:300].decode(errors='replace')}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise CollectError(f"proxy at {proxy_url} is unreachable: {err}") from None
+
+    with ThreadPoolExecutor(workers) as pool:
+        return dict(zip(rollout_ids, pool.map(one, rollout_ids)))
+
+
+def fetch_calls_store(store_url: str, rollout_ids: list[str]) -> dict[str, list[dict]]:
+    """Each rollout's recorded calls read straight from the proxy's store (local folder or s3://)."""
+    fs, root = fsspec.core.url_to_fs(store_url)
+    if not fs.exists(f"{root.rstrip('/')}/rollouts"):
+        raise CollectError(f"{store_url} is not a proxy store (it has no rollouts/ folder).")
+    store = CallStore(store_url)
+
+    async def gather() -> list[list[dict]]:
+        return await asyncio.gather(*(store.list_calls(rid) for rid in rollout_ids))
+
+    return dict(zip(rollout_ids, asyncio.run(gather())))
+
+
+def group_indices(results: list[dict]) -> dict[str, int]:
+    """Each rollout's index within its task group: `metadata.sample` if the rollout step was given one,
+    else its position among the task's rollouts ordered by id."""
+    counters: dict[str, int] = defaultdict(int)
+    indices = {}
+    for result in results:
+        given = (result.get("metadata") or {}).get("sample")
+        indices[result["rollout_id"]] = int(given) if given is not None else counters[result["task"]]
+        counters[result["task"]] += 1
+    return indices
+
+
+@dataclass
+class Rows:
+    """Column lists for the three tables, filled rollout by rollout."""
+
+    calls: dict = field(default_factory=lambda: {name: [] for name in CALLS.names})
+    rollouts: dict = field(default_factory=lambda: {name: [] for name in ROLLOUTS.names})
+    samples: dict = field(default_factory=lambda: {name: [] for name in SAMPLES.names})
+
+    def tables(self) -> dict[str, pa.Table]:
+        """The filled columns as tables of the documented schemas."""
+        return {"calls": pa.table(self.calls, schema=CALLS), "rollouts": pa.table(self.rollouts, schema=ROLLOUTS),
+                "samples": pa.table(self.samples, schema=SAMPLES)}
+
+
+def add_calls(rows: Rows, keys: dict, calls: list[dict], built: RolloutSamples | None) -> None:
+    """One `calls` row per recorded call, linked to the sample it went into."""
+    for call in calls:
+        timings = call.get("timings") or {}
+        index = None if built is None else built.sample_of_call.get(call["call_index"])
+        values = {**keys, "call_index": call["call_index"], "dialect": call.get("dialect"),
+                  "stream": call.get("stream"), "status": call.get("status"),
+                  "prompt_token_ids": call.get("prompt_token_ids"), "response_token_ids": call.get("response_token_ids"),
+                  "response_logprobs": call.get("response_logprobs"), "finish_reason": call.get("finish_reason"),
+                  "weight_version": None if call.get("weight_version") is None else str(call["weight_version"]),
+                  **{name: timings.get(name) for name in CALL_TIMINGS},
+                  "error": (call.get("error") or {}).get("message"), "sample_index": index,
+                  "continued": None if index is None else call["call_index"] in built.continued_calls}
+        for name in CALLS.names:
+            rows.calls[name].append(values[name])
+
+
+def add_samples(rows: Rows, keys: dict, built: RolloutSamples, reward: float | None) -> None:
+    """One `samples` row per training sample; each weighs 1/(samples of its rollout) in the loss."""
+    weight = 1.0 / len(built.samples) if built.samples else 0.0
+    for index, sample in enumerate(built.samples):
+        values = {**keys, "sample_index": index, "prompt_token_ids": sample.prompt_token_ids,
+                  "response_token_ids": sample.response_token_ids, "response_mask": sample.response_mask,
+                  "response_logprobs": sample.response_logprobs, "reward": reward, "loss_weight": weight,
+                  "num_calls": len(sample.call_indices), "call_indices": sample.call_indices,
+                  "weight_versions": sample.weight_versions}
+        for name in SAMPLES.names:
+            rows.samples[name].append(values[name])
+
+
+def add_rollout(rows: Rows, keys: dict, result: dict, built: RolloutSamples | None) -> None:
+    """One `rollouts` row from a rollout's result.json."""
+    durations = result.get("durations") or {}
+    values = {**keys, "status": result.get("status"), "reward": result.get("reward"),
+              "rewards": json.dumps(result.get("rewards") or {}, sort_keys=True), "error": result.get("error"),
+              **{name: durations.get(name) for name in ROLLOUT_DURATIONS},
+              "harness_exit_code": result.get("harness_exit_code"), "num_calls": result.get("num_calls"),
+              "response_tokens": result.get("response_tokens"), "weight_versions": result.get("weight_versions") or [],
+              "num_samples": 0 if built is None else len(built.samples)}
+    for name in ROLLOUTS.names:
+        rows.rollouts[name].append(values[name])
+
+
+@dataclass
+class HarnessStats:
+    """Per-harness drift telemetry: how often a call continued a sample, and samples per rollout."""
+
+    rollouts: int = 0
+    calls: int = 0
+    continuable_calls: int = 0
+    continued_calls: int = 0
+    samples: int = 0
+
+    def summary(self) -> dict:
+        """The figures printed and logged per harness."""
+        rate = self.continued_calls / self.continuable_calls if self.continuable_calls else None
+        return {"rollouts": self.rollouts, "calls": self.calls, "samples": self.samples,
+                "continuity_rate": None if rate is None else round(rate, 4),
+                "samples_per_rollout": round(self.samples / self.rollouts, 4) if self.rollouts else None}
+
+
+def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iteration: int) -> tuple[Rows, dict]:
+    """The three tables' rows and per-harness statistics for one run-iteration."""
+    rows, stats = Rows(), defaultdict(HarnessStats)
+    groups = group_indices(results)
+    for n, result in enumerate(results, 1):
+        rid = result["rollout_id"]
+        keys = {"run": run, "iteration": iteration, "rollout_id": rid, "task": result.get("task"),
+                "sample": groups[rid], "harness": result.get("harness")}
+        trainable = result.get("status") in TRAINABLE_STATUSES
+        built = build_samples(calls.get(rid, [])) if trainable else None
+        if trainable and len(calls.get(rid, [])) < (result.get("num_calls") or 0):
+            print(f"trajectories: warning: rollout {rid} counted {result['num_calls']} calls but "
+                  f"{len(calls.get(rid, []))} are stored", file=sys.stderr, flush=True)
+        add_calls(rows, keys, calls.get(rid, []), built)
+        add_rollout(rows, keys, result, built)
+        if built is not None:
+            add_samples(rows, keys, built, result.get("reward"))
+            harness = stats[result.get("harness")]
+            harness.rollouts += 1
+            harness.calls += built.used_calls
+            harness.continuable_calls += built.continuable_calls
+            harness.continued_calls += len(built.continued_calls)
+            harness.samples += len(built.samples)
+        if n % 100 == 0 or n == len(results):
+            print(f"trajectories: {n}/{len(results)} rollouts merged", file=sys.stderr, flush=True)
+    return rows, {name: s.summary() for name, s in sorted(stats.items())}

@@ -1,0 +1,100 @@
+"""Turning a rollout's recorded calls into training samples, token-exactly, without re-tokenising.
+
+A call continues a sample when its prompt starts with that sample's tokens so far (the earlier calls'
+prompts and responses, exactly as vLLM saw and sampled them); what the prompt adds after that prefix
+(tool output, user turns, template tokens between turns) joins the sample with mask 0, and the call's
+response with mask 1 and its logprobs. A call that continues no open sample (history rewritten,
+compaction, a harness that moves messages) starts a new one. Every open sample of the rollout is a
+candidate, not only the last one, so a side call (a title, a subagent) in between does not split the
+main conversation; the longest matching sample wins.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Sample:
+    """One training sequence: the first call's prompt, then everything after it with a mask."""
+
+    prompt_token_ids: list[int]
+    response_token_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[float] | None = field(default_factory=list)  # None: a merged call had none
+    call_indices: list[int] = field(default_factory=list)
+    weight_versions: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.response_token_ids)
+
+    def continued_by(self, prompt: list[int]) -> bool:
+        """Whether `prompt` starts with this sample's tokens, token for token."""
+        n_prompt = len(self.prompt_token_ids)
+        return (len(prompt) >= len(self)
+                and prompt[:n_prompt] == self.prompt_token_ids
+                and prompt[n_prompt:len(self)] == self.response_token_ids)
+
+    def append(self, call: dict, added: list[int]) -> None:
+        """Adds `added` (prompt tokens the call brought, mask 0) and the call's response (mask 1)."""
+        response = call["response_token_ids"]
+        logprobs = call.get("response_logprobs")
+        self.response_token_ids += added + response
+        self.response_mask += [0] * len(added) + [1] * len(response)
+        if self.response_logprobs is not None and logprobs is not None and len(logprobs) == len(response):
+            self.response_logprobs += [0.0] * len(added) + [float(x) for x in logprobs]
+        else:
+            self.response_logprobs = None
+        self.call_indices.append(call["call_index"])
+        version = call.get("weight_version")
+        if version is not None and str(version) not in self.weight_versions:
+            self.weight_versions.append(str(version))
+
+
+@dataclass
+class RolloutSamples:
+    """A rollout's samples and how its calls went into them."""
+
+    samples: list[Sample]
+    sample_of_call: dict[int, int]  # call_index -> index into `samples`
+    continued_calls: set[int]  # call indices that extended an existing sample
+    used_calls: int  # ok calls with token ids, the ones merged into samples
+
+    @property
+    def continuable_calls(self) -> int:
+        """Calls after the first used one: those that could have continued a sample."""
+        return max(self.used_calls - 1, 0)
+
+
+def usable(call: dict) -> bool:
+    """An `ok` call with token ids; aborted and failed calls, and calls without tokens, are skipped."""
+    return call.get("status") == "ok" and call.get("prompt_token_ids") is not None \
+        and call.get("response_token_ids") is not None
+
+
+def build_samples(calls: list[dict]) -> RolloutSamples:
+    """Merges a rollout's calls (in call order) into training samples.
+
+    >>> calls = [{"call_index": 0, "status": "ok", "prompt_token_ids": [1, 2], "response_token_ids": [3],
+    ...           "response_logprobs": [-0.5]},
+    ...          {"call_index": 1, "status": "ok", "prompt_token_ids": [1, 2, 3, 9], "response_token_ids": [4],
+    ...           "response_logprobs": [-0.25]}]
+    >>> s = build_samples(calls).samples
+    >>> len(s), s[0].response_token_ids, s[0].response_mask, s[0].response_logprobs
+    (1, [3, 9, 4], [1, 0, 1], [-0.5, 0.0, -0.25])
+    """
+    result = RolloutSamples(samples=[], sample_of_call={}, continued_calls=set(), used_calls=0)
+    for call in sorted(calls, key=lambda c: c["call_index"]):
+        if not usable(call):
+            continue
+        result.used_calls += 1
+        prompt = call["prompt_token_ids"]
+        matches = [i for i, sample in enumerate(result.samples) if sample.continued_by(prompt)]
+        if matches:
+            index = max(matches, key=lambda i: len(result.samples[i]))
+            result.continued_calls.add(call["call_index"])
+        else:
+            index = len(result.samples)
+            result.samples.append(Sample(prompt_token_ids=list(prompt)))
+        sample = result.samples[index]
+        sample.append(call, list(prompt[len(sample):]))
+        result.sample_of_call[call["call_index"]] = index
+    return result

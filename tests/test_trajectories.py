@@ -1,0 +1,362 @@
+"""Trajectories: calls and results become Parquet tables (local folder and a real S3 endpoint on
+loopback), and a rollout's calls become token-exact training samples.
+
+Sample building is checked on crafted calls (continuation, rewritten history, compaction, a side call
+in between, failed calls) and on the calls that real harnesses (`direct`, `codex`) recorded through the
+real proxy against the scripted model; the CLI runs end to end on those.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from scripted_model import ScriptedModel
+from test_harnesses import installed_exe
+
+from steps.rollout import RolloutSpec, run_rollout
+from steps.tasks import BUILTIN_DATASET
+from steps.trajectories import (
+    CALLS,
+    SAMPLES,
+    SchemaError,
+    TrajectoryFileError,
+    build_samples,
+    partition_url,
+    read_table,
+    write_table,
+    write_tables,
+)
+from steps.trajectories.collect import collect
+
+ADMIN_KEY = "test-admin-key"
+
+
+def call(index: int, prompt: list[int], response: list[int], status: str = "ok", version: str = "0") -> dict:
+    """A crafted call record in the proxy's shape; logprob of response token i is -(index + i / 10)."""
+    return {"rollout_id": "r", "call_index": index, "status": status, "dialect": "chat_completions", "stream": False,
+            "prompt_token_ids": prompt, "response_token_ids": response,
+            "response_logprobs": [-(index + i / 10) for i in range(len(response))], "finish_reason": "stop",
+            "weight_version": version, "timings": {"received_at": 1.0, "total_s": 0.5}}
+
+
+def assert_aligned(sample, calls: list[dict]) -> None:
+    """Mask 1 exactly on the merged calls' response tokens, in order, with their logprobs; 0 elsewhere."""
+    merged = [c for c in calls if c["call_index"] in sample.call_indices]
+    sampled = [t for t, m in zip(sample.response_token_ids, sample.response_mask) if m == 1]
+    assert sampled == [t for c in merged for t in c["response_token_ids"]]
+    assert len(sample.response_mask) == len(sample.response_token_ids) == len(sample.response_logprobs)
+    assert [lp for lp, m in zip(sample.response_logprobs, sample.response_mask) if m == 1] == \
+        pytest.approx([lp for c in merged for lp in c["response_logprobs"]])
+    assert all(lp == 0.0 for lp, m in zip(sample.response_logprobs, sample.response_mask) if m == 0)
+    tokens = sample.prompt_token_ids + sample.response_token_ids
+    for c in merged:  # every merged call saw exactly a prefix of the sample, and sampled what follows it
+        n = len(c["prompt_token_ids"])
+        assert tokens[:n] == c["prompt_token_ids"]
+        assert tokens[n:n + len(c["response_token_ids"])] == c["response_token_ids"]
+
+
+# --- sample building on crafted calls ---------------------------------------------------------------
+
+def test_a_continued_conversation_is_one_sample_with_tool_output_masked():
+    calls = [call(0, [1, 2, 3], [10, 11]), call(1, [1, 2, 3, 10, 11, 50, 51], [12]),
+             call(2, [1, 2, 3, 10, 11, 50, 51, 12, 60], [13, 14])]
+    built = build_samples(calls)
+    (sample,) = built.samples
+    assert sample.prompt_token_ids == [1, 2, 3]
+    assert sample.response_token_ids == [10, 11, 50, 51, 12, 60, 13, 14]
+    assert sample.response_mask == [1, 1, 0, 0, 1, 0, 1, 1]
+    assert sample.response_logprobs == pytest.approx([0, -0.1, 0, 0, -1, 0, -2, -2.1])
+    assert built.continued_calls == {1, 2} and built.continuable_calls == 2
+    assert_aligned(sample, calls)
+
+
+def test_a_rewritten_history_starts_a_new_sample():
+    # call 1's prompt re-renders call 0's answer differently (token 10 -> 99): not the sampled tokens
+    calls = [call(0, [1, 2], [10, 11]), call(1, [1, 2, 99, 11, 50], [12])]
+    built = build_samples(calls)
+    assert [s.call_indices for s in built.samples] == [[0], [1]] and built.continued_calls == set()
+    assert built.samples[1].prompt_token_ids == [1, 2, 99, 11, 50] and built.samples[1].response_mask == [1]
+    for sample in built.samples:
+        assert_aligned(sample, calls)
+
+
+def test_compaction_starts_a_new_sample_and_later_calls_continue_it():
+    calls = [call(0, [1, 2, 3, 4], [10]), call(1, [1, 2, 3, 4, 10, 5], [11]),
+             call(2, [1, 77], [12]),  # compacted: a summary replaces the history
+             call(3, [1, 77, 12, 6], [13])]
+    built = build_samples(calls)
+    assert [s.call_indices for s in built.samples] == [[0, 1], [2, 3]]
+    assert built.continued_calls == {1, 3} and built.continuable_calls == 3
+    for sample in built.samples:
+        assert_aligned(sample, calls)
+
+
+def test_a_side_call_in_between_does_not_split_the_main_conversation():
+    calls = [call(0, [1, 2], [10]), call(1, [8, 9], [20]),  # e.g. a title request
+             call(2, [1, 2, 10, 5], [11])]
+    built = build_samples(calls)
+    assert [s.call_indices for s in built.samples] == [[0, 2], [1]]
+    assert built.sample_of_call == {0: 0, 1: 1, 2: 0}
+
+
+def test_failed_calls_are_skipped_and_missing_logprobs_are_not_invented():
+    calls = [call(0, [1], [10]), call(1, [1, 10, 5], [11], status="aborted"),
+             call(2, [1, 10, 5], [12], status="error"), call(3, [1, 10, 5], [13], version="1")]
+    built = build_samples(calls)
+    (sample,) = built.samples
+    assert sample.call_indices == [0, 3] and sample.weight_versions == ["0", "1"] and built.used_calls == 2
+    calls[3]["response_logprobs"] = None
+    assert build_samples(calls).samples[0].response_logprobs is None
+
+
+def test_each_rollout_weighs_one_in_the_loss_and_infra_errors_give_no_samples():
+    results = [{"rollout_id": "a", "task": "t", "harness": "direct", "status": "ok", "reward": 1.0},
+               {"rollout_id": "b", "task": "t", "harness": "direct", "status": "ok", "reward": 0.0},
+               {"rollout_id": "c", "task": "t", "harness": "direct", "status": "infra_error", "reward": None}]
+    calls = {"a": [call(0, [1], [2]), call(1, [7], [8]), call(2, [9], [9])], "b": [call(0, [1], [3])],
+             "c": [call(0, [1], [4])]}
+    rows, stats = collect(results, calls, "run", 0)
+    tables = rows.tables()
+    samples = tables["samples"].to_pylist()
+    assert [(s["rollout_id"], s["loss_weight"], s["reward"]) for s in samples] == \
+        [("a", pytest.approx(1 / 3), 1.0)] * 3 + [("b", 1.0, 0.0)]
+    assert tables["rollouts"].column("sample").to_pylist() == [0, 1, 2]
+    assert tables["calls"].num_rows == 5  # the infra error's calls stay on record, untrained
+    assert stats["direct"] == {"rollouts": 2, "calls": 4, "samples": 4, "continuity_rate": 0.0,
+                               "samples_per_rollout": 2.0}
+
+
+def test_the_tiny_models_real_template_continues_unless_arguments_are_reserialised(tiny_model):
+    """Qwen2.5's template (the tiny model's) is append-only when the harness sends the sampled tool-call
+    arguments back verbatim; a harness that parses them and sends an object back gets them re-rendered
+    with `tojson`'s spacing, which is not what was sampled, so a new sample starts (no drift trained on)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}}}}]
+    history = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Write hello"}]
+
+    def prompt(messages: list[dict]) -> list[int]:
+        text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        return tok.encode(text, add_special_tokens=False)
+
+    sampled = '{"command":"echo hello > answer.txt"}'
+    response = tok.encode(f'<tool_call>\n{{"name": "bash", "arguments": {sampled}}}\n</tool_call>',
+                          add_special_tokens=False) + [tok.eos_token_id]
+    for sent_back, continued in ((sampled, True), (json.loads(sampled), False)):
+        turn = [{"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": sent_back}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+        calls = [call(0, prompt(history), response), call(1, prompt(history + turn), tok.encode("done"))]
+        built = build_samples(calls)
+        assert (built.continued_calls == {1}) is continued and len(built.samples) == (1 if continued else 2)
+        for sample in built.samples:
+            assert_aligned(sample, calls)
+
+
+def test_results_that_are_not_rollout_results_are_named(tmp_path):
+    from steps.trajectories.collect import CollectError, load_results
+
+    with pytest.raises(CollectError, match="no rollout results under"):
+        load_results(str(tmp_path))
+    for folder, body in (("a", {"rollout_id": "r1"}), ("b", {"rollout_id": "r1"})):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "result.json").write_text(json.dumps(body))
+    with pytest.raises(CollectError, match=r"b/result.json and .*a/result.json are both results of rollout 'r1'"):
+        load_results(str(tmp_path))
+    (tmp_path / "b" / "result.json").write_text("{not json")
+    with pytest.raises(CollectError, match=r"b/result.json is not a rollout result"):
+        load_results(str(tmp_path))
+
+
+# --- Parquet files: round trips, schema, truncation ---------------------------------------------------
+
+def crafted_tables() -> dict[str, pa.Table]:
+    results = [{"rollout_id": f"r{i}", "task": "hello-file", "harness": "direct", "status": "ok", "reward": 1.0,
+                "rewards": {"reward": 1.0}, "durations": {"total_s": 2.5}, "num_calls": 2} for i in range(3)]
+    calls = {f"r{i}": [call(0, [1, 2, i], [10, 11]), call(1, [1, 2, i, 10, 11, 5], [12])] for i in range(3)}
+    return collect(results, calls, "demo", 4)[0].tables()
+
+
+def assert_round_trip(out: str, storage_options: dict | None = None) -> None:
+    tables = crafted_tables()
+    partition = partition_url(out, "demo", 4)
+    files = write_tables(tables, partition, storage_options)
+    assert files["calls"] == f"{out}/run=demo/iteration=4/calls.parquet"
+    for name, table in tables.items():
+        assert read_table(partition, name, storage_options).equals(table), name
+
+
+def test_round_trip_through_a_local_folder(tmp_path):
+    assert_round_trip(str(tmp_path / "traj"))
+    folder = tmp_path / "traj" / "run=demo" / "iteration=4"
+    assert sorted(p.name for p in folder.iterdir()) == ["calls.parquet", "rollouts.parquet", "samples.parquet"]
+    assert pq.read_metadata(folder / "calls.parquet").row_group(0).column(0).compression == "ZSTD"
+
+
+def test_round_trip_through_s3_on_loopback(s3_server):
+    options = {"key": "testing", "secret": "testing", "endpoint_url": s3_server["endpoint_url"]}
+    assert_round_trip(f"s3://{s3_server['bucket']}/traj-{uuid.uuid4().hex[:6]}", options)
+
+
+def test_a_column_of_the_wrong_type_is_refused_on_read(tmp_path):
+    table = crafted_tables()["calls"]
+    wrong = table.set_column(table.schema.get_field_index("prompt_token_ids"), "prompt_token_ids",
+                             table.column("prompt_token_ids").cast(pa.list_(pa.int64())))
+    (tmp_path / "p").mkdir()
+    pq.write_table(wrong, tmp_path / "p" / "calls.parquet")
+    with pytest.raises(SchemaError, match=r"column 'prompt_token_ids' in .*calls.parquet is list<int64>, "
+                                          r"expected list<int32>\."):
+        read_table(str(tmp_path / "p"), "calls")
+    with pytest.raises(SchemaError, match="prompt_token_ids"):  # and never written in the first place
+        write_table(wrong, str(tmp_path / "q"), "calls")
+    assert not (tmp_path / "q").exists()
+
+
+def test_a_missing_column_is_refused_on_read(tmp_path):
+    table = crafted_tables()["samples"].drop_columns(["response_mask"])
+    (tmp_path / "p").mkdir()
+    pq.write_table(table, tmp_path / "p" / "samples.parquet")
+    with pytest.raises(SchemaError, match="samples.parquet has no column 'response_mask'"):
+        read_table(str(tmp_path / "p"), "samples")
+
+
+def test_a_truncated_file_is_refused_with_its_name(tmp_path, s3_server):
+    partition = str(tmp_path / "p")
+    path = Path(write_table(crafted_tables()["samples"], partition, "samples"))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TrajectoryFileError, match=rf"{path} is not a complete Parquet file"):
+        read_table(partition, "samples")
+    import s3fs
+    options = {"key": "testing", "secret": "testing", "endpoint_url": s3_server["endpoint_url"]}
+    url = f"s3://{s3_server['bucket']}/trunc-{uuid.uuid4().hex[:6]}"
+    s3fs.S3FileSystem(**options).pipe_file(f"{url[5:]}/samples.parquet", data[:-100])
+    with pytest.raises(TrajectoryFileError, match=rf"{url}/samples.parquet is not a complete Parquet file"):
+        read_table(url, "samples", options)
+    with pytest.raises(TrajectoryFileError, match="does not exist"):
+        read_table(url, "calls", options)
+
+
+def test_a_failed_write_leaves_no_file_behind(tmp_path, monkeypatch):
+    def crash(table, where, **kwargs):
+        Path(where).write_bytes(b"PAR1 half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pq, "write_table", crash)
+    with pytest.raises(OSError, match="disk full"):
+        write_table(crafted_tables()["calls"], str(tmp_path), "calls")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- real harness runs through the real proxy, and the CLI ------------------------------------------
+
+@pytest.fixture(scope="module")
+def recorded(proxy, tmp_path_factory):
+    """One `hello-file` rollout per harness (direct, and codex when installed) through the real proxy
+    against the scripted model, plus one infra-error result; yields (proxy, store, results folder, calls)."""
+    results = tmp_path_factory.mktemp("results")
+    store = str(tmp_path_factory.mktemp("store"))
+    with ScriptedModel(model="tiny") as scripted:
+        served = proxy(scripted.url, store=store)
+        script = (BUILTIN_DATASET / "hello-file" / "solution" / "solve.sh").read_text()
+        calls = {}
+        for harness in ("direct", "codex"):
+            if harness == "codex" and not _installed(harness):
+                continue
+            scripted.set_commands([f"bash <<'OPENFORGE_ORACLE'\n{script}\nOPENFORGE_ORACLE"])
+            spec = RolloutSpec(task=BUILTIN_DATASET / "hello-file", harness=harness, proxy_url=served.url,
+                               rollout_id=f"{harness}-hello-file-0", out=results / f"{harness}-hello-file-0",
+                               admin_key=ADMIN_KEY)
+            result = run_rollout(spec)
+            assert (result.status, result.reward) == ("ok", 1.0), result
+            calls[spec.rollout_id] = served.calls(spec.rollout_id)
+        broken = results / "direct-hello-file-1"  # an infra error the proxy never heard of
+        broken.mkdir()
+        (broken / "result.json").write_text(json.dumps({"rollout_id": "direct-hello-file-1", "task": "hello-file",
+                                                        "harness": "direct", "status": "infra_error", "reward": None,
+                                                        "error": "sandbox failed"}))
+        yield served, store, results, calls
+
+
+def _installed(harness: str) -> bool:
+    try:
+        installed_exe(harness)
+        return True
+    except pytest.skip.Exception:
+        return False
+
+
+def test_samples_from_real_harness_calls_mask_exactly_the_recorded_response_tokens(recorded):
+    _, _, _, calls = recorded
+    for rollout_id, rollout_calls in calls.items():
+        assert len(rollout_calls) >= 2 and all(c["status"] == "ok" for c in rollout_calls)
+        built = build_samples(rollout_calls)
+        for sample in built.samples:
+            assert_aligned(sample, rollout_calls)
+        # The scripted model's prompt is the JSON of {"messages": [...], "tools": [...]}, 3 bytes a token:
+        # a later call inserts its new messages before `],"tools"`, and the assistant turn comes back as a
+        # JSON tool_calls object, not the `<tool_call>` text that was sampled. So no call's prompt starts
+        # with the previous prompt + response: each call is its own sample, and the continuity rate is 0.
+        assert built.continued_calls == set() and len(built.samples) == len(rollout_calls), rollout_id
+        first, second = rollout_calls[0], rollout_calls[1]
+        n = len(first["prompt_token_ids"])
+        assert second["prompt_token_ids"][:n] != first["prompt_token_ids"]
+
+
+def _run_cli(*args: str, env: dict | None = None) -> dict:
+    done = subprocess.run([sys.executable, "-m", "steps.trajectories", *args], capture_output=True, text=True, check=False,
+                          env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY, **(env or {})}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "rollouts merged" in done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_cli_writes_readable_tables_from_the_proxy(recorded, tmp_path):
+    served, _, results, calls = recorded
+    summary = _run_cli("--proxy-url", served.url, "--results", str(results), "--out", str(tmp_path),
+                       "--run", "t", "--iteration", "2")
+    partition = partition_url(str(tmp_path), "t", 2)
+    assert summary["partition"] == partition
+    n_calls = sum(len(c) for c in calls.values())
+    assert summary["rows"] == {"calls": n_calls, "rollouts": len(calls) + 1, "samples": n_calls}
+    assert summary["harnesses"]["direct"] == {"rollouts": 1, "calls": 2, "samples": 2, "continuity_rate": 0.0,
+                                              "samples_per_rollout": 2.0}
+    rollouts = read_table(partition, "rollouts").to_pylist()
+    # no `metadata.sample` given: the position among the task's rollouts ordered by id
+    assert [(r["rollout_id"], r["status"], r["reward"], r["sample"]) for r in rollouts][-1] == \
+        ("direct-hello-file-1", "infra_error", None, len(calls))
+    recorded_calls = read_table(partition, "calls")
+    assert recorded_calls.schema.equals(CALLS, check_metadata=True)
+    for row in recorded_calls.to_pylist():
+        original = calls[row["rollout_id"]][row["call_index"]]
+        assert row["prompt_token_ids"] == original["prompt_token_ids"]
+        assert row["response_logprobs"] == original["response_logprobs"]  # scripted logprobs are exact in float32
+    samples = read_table(partition, "samples")
+    assert samples.schema.equals(SAMPLES, check_metadata=True)
+    assert {r["rollout_id"] for r in samples.to_pylist()} == set(calls)
+
+
+def test_the_cli_reads_the_store_and_writes_to_s3(recorded, s3_server):
+    _, store, results, calls = recorded
+    out = f"s3://{s3_server['bucket']}/cli-{uuid.uuid4().hex[:6]}"
+    summary = _run_cli("--store", store, "--results", str(results), "--out", out, env=s3_server["env"])
+    options = {"key": "testing", "secret": "testing", "endpoint_url": s3_server["endpoint_url"]}
+    samples = read_table(partition_url(out, "default", 0), "samples", options)
+    assert samples.num_rows == summary["rows"]["samples"] == sum(len(c) for c in calls.values())
+
+
+def test_the_cli_names_a_store_that_is_not_one(recorded, tmp_path):
+    _, _, results, _ = recorded
+    done = subprocess.run([sys.executable, "-m", "steps.trajectories", "--store", str(tmp_path / "typo"),
+                           "--results", str(results), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 2 and "typo is not a proxy store" in done.stderr, done.stderr
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "out").exists()
