@@ -1,0 +1,16 @@
+# The steps image: slim Python + this package. Runs `plan`, `trajectories` and the exit handler
+# (`steps.manifest record`), and is the source the rollout pod's init container copies OpenForge from
+# (/usr/local: Python with the package and its dependencies; /opt/openforge/app: the repository, tasks included).
+#   docker build -f images/steps.Dockerfile -t ghcr.io/openforge/steps:0.1.0 .
+# Pin the base by digest when publishing (docker buildx imagetools inspect python:3.11.14-slim-bookworm).
+FROM python:3.11.14-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /opt/openforge/app
+COPY pyproject.toml README.md ./
+COPY steps ./steps
+COPY workflows ./workflows
+COPY configs ./configs
+# Not editable: the package lands in /usr/local's site-packages, which the rollout init container copies.
+# pyarrow: the trajectories step's tables (Parquet).
+RUN pip install . "pyarrow==26.0.1" && python -c "import steps.plan, steps.manifest, steps.rollout"

@@ -1,0 +1,100 @@
+"""Which rollouts one iteration runs: tasks x samples per task, printed as a JSON list.
+
+    python -m steps.plan --dataset steps/tasks/builtin --iteration 0 --tasks-per-iteration 4 \
+        --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--image-tag 0.1.0]
+
+Each item is `{"task", "sample", "rollout_id", "image", "deadline_s"}`: the task folder (relative to
+the working folder), the sample number, a rollout id unique within the run, the container image the
+rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`), and the
+rollout's deadline in seconds (agent + verifier timeouts + setup margin). The Argo DAG fans out over
+this list (`withParam`); the local runner reads the same list. Tasks rotate through a seeded shuffle
+of the dataset, so consecutive iterations see different tasks and a rerun plans the same rollouts.
+Broken tasks are skipped with a warning on stderr; exit code 2 when no task can be loaded.
+"""
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from steps.tasks import DatasetError, Task, load_dataset
+
+# Seconds a rollout gets beyond its task's agent and verifier timeouts: registering, sandbox, copying tests.
+SETUP_MARGIN_S = 120
+
+
+@dataclass(frozen=True)
+class PlannedRollout:
+    """One rollout of an iteration: the `rollout` step's inputs."""
+
+    task: str
+    sample: int
+    rollout_id: str
+    image: str
+    deadline_s: int
+
+
+def pick_tasks(tasks: list[Task], iteration: int, count: int, seed: int) -> list[Task]:
+    """`count` tasks for `iteration`: consecutive windows over a seeded shuffle, wrapping around.
+
+    >>> from types import SimpleNamespace as T
+    >>> tasks = [T(name=n) for n in "abcde"]
+    >>> [t.name for t in pick_tasks(tasks, 0, 2, seed=0)], [t.name for t in pick_tasks(tasks, 1, 2, seed=0)]
+    (['c', 'b'], ['a', 'e'])
+    >>> len(pick_tasks(tasks, 0, 7, seed=0))  # more than the dataset: every task, no repeats
+    5
+    """
+    ordered = sorted(tasks, key=lambda t: t.name)
+    random.Random(seed).shuffle(ordered)
+    count = min(count, len(ordered))
+    start = (iteration * count) % len(ordered) if ordered else 0
+    return [ordered[(start + i) % len(ordered)] for i in range(count)]
+
+
+def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_per_task: int, seed: int = 0,
+         image_prefix: str = "openforge-task-", image_tag: str = "latest", root: Path | None = None) -> list[PlannedRollout]:
+    """The iteration's rollouts, task by task, `samples_per_task` samples each."""
+    root = (root or Path.cwd()).resolve()
+    planned = []
+    for task in pick_tasks(tasks, iteration, tasks_per_iteration, seed):
+        path = task.path.resolve()
+        folder = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+        image = task.config.docker_image or f"{image_prefix}{task.name}:{image_tag}"
+        deadline = int(task.config.agent_timeout_s + task.config.verifier_timeout_s + SETUP_MARGIN_S)
+        for sample in range(samples_per_task):
+            planned.append(PlannedRollout(task=folder, sample=sample, rollout_id=f"it{iteration}-{task.name}-s{sample}",
+                                          image=image, deadline_s=deadline))
+    return planned
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prints the plan as one JSON list on stdout (nothing else goes to stdout: Argo reads it)."""
+    p = argparse.ArgumentParser(prog="python -m steps.plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--iteration", type=int, required=True)
+    p.add_argument("--tasks-per-iteration", type=int, required=True)
+    p.add_argument("--samples-per-task", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image-prefix", default="openforge-task-")
+    p.add_argument("--image-tag", default="latest")
+    args = p.parse_args(argv)
+    try:
+        tasks, errors = load_dataset(args.dataset)
+    except DatasetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for error in errors:
+        print(f"warning: skipping broken task {error.task}: {error.message}", file=sys.stderr)
+    if not tasks:
+        print(f"error: no task of {args.dataset} could be loaded", file=sys.stderr)
+        return 2
+    rollouts = plan(tasks, args.iteration, args.tasks_per_iteration, args.samples_per_task, args.seed,
+                    args.image_prefix, args.image_tag)
+    print(json.dumps([asdict(r) for r in rollouts]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,511 @@
+"""The Argo side of a run, checked offline: golden YAML, strict schema, semantics, secrets, the driver.
+
+    .venv/bin/python -m pytest -q tests/test_workflows.py
+    OPENFORGE_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_workflows.py   # rewrite tests/golden/
+
+No Kubernetes API server, Argo controller or container engine can be installed on this kind of
+machine (shared/notes/argo-hera-s3.md), so no Workflow is executed here. What is checked instead:
+the exact YAML (golden files), Argo's schema with unknown keys forbidden (Hera's own models), the
+references the schema cannot see (workflows/lint.py), that no secret value is in the YAML, and what
+`workflows/submit.py` sends to an Argo Server. For the last, `FakeArgoServer` is a test double: a
+small HTTP server on 127.0.0.1 that speaks the Argo Server routes Hera's WorkflowsService calls
+(create, get, lint, retry, resubmit), records every request and moves each workflow through its
+phases. The run manifest goes to a real S3 endpoint on loopback (moto, the `s3_server` fixture).
+"""
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import jsonschema
+from jsonschema.protocols import Validator
+import pytest
+import yaml
+from hera.workflows.models import Workflow as WorkflowModel
+
+from steps import manifest, plan
+from steps.tasks import load_dataset
+from workflows import commands, submit
+from workflows.config import ConfigError, load_config
+from workflows.iteration import iteration_workflow, workflow_name
+from workflows.lint import semantic_problems
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden"
+CLUSTER = REPO / "configs" / "cluster-example.yaml"
+# Hera 7.1 calls pydantic's deprecated .json() on every request; not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
+GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, iteration)
+    "iteration-codex-it0.yaml": (["run=golden", "iterations=2"], 0),
+    "iteration-codex-it1.yaml": (["run=golden", "iterations=2"], 1),
+    "iteration-direct-it0.yaml": (["run=golden", "harness=direct", "samples_per_task=4", "s3_endpoint="], 0),
+}
+
+
+def cluster_config(*overrides: str):
+    """configs/cluster-example.yaml with overrides."""
+    return load_config(CLUSTER, list(overrides))
+
+
+# ---- golden YAML, schema, semantics, secrets ----
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_golden_yaml(name: str) -> None:
+    """Each workflow equals its committed YAML; OPENFORGE_UPDATE_GOLDEN=1 rewrites the file instead."""
+    overrides, iteration = GOLDEN_CASES[name]
+    workflow = iteration_workflow(cluster_config(*overrides), iteration)
+    path = GOLDEN / name
+    if os.environ.get("OPENFORGE_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(workflow.to_yaml())
+    assert path.exists(), f"{path} is missing; create it with OPENFORGE_UPDATE_GOLDEN=1"
+    assert workflow.to_dict() == yaml.safe_load(path.read_text()), f"{name} changed; review and regenerate"
+
+
+def strict(schema: object) -> object:
+    """The schema with `additionalProperties: false` on every object that lists its properties."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema:
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        schema = [strict(v) for v in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def workflow_validator() -> Validator:
+    """Argo's Workflow schema from Hera's models, unknown keys forbidden (plain pydantic ignores them)."""
+    schema = strict(WorkflowModel.model_json_schema(by_alias=True))
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema)
+
+
+def schema_errors(validator: Validator, workflow: dict) -> list[str]:
+    """Every schema violation as 'path: message'."""
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(workflow)]
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_schema_strict(name: str, workflow_validator: Validator) -> None:
+    """Every golden workflow validates against Argo's schema with no unknown key."""
+    assert schema_errors(workflow_validator, yaml.safe_load((GOLDEN / name).read_text())) == []
+
+
+def test_schema_catches_misspelt_keys(workflow_validator: Validator) -> None:
+    """The strict schema is not vacuous: a misspelt key and a wrong type are reported."""
+    workflow = iteration_workflow(cluster_config("run=t"), 0).to_dict()
+    broken = copy.deepcopy(workflow)
+    rollout = next(t for t in broken["spec"]["templates"] if t["name"] == "rollout")
+    rollout["retryStrategy"]["limt"] = rollout["retryStrategy"].pop("limit")
+    collect = next(t for t in broken["spec"]["templates"] if t["name"] == "collect")
+    collect["dag"]["tasks"][2]["withParams"] = collect["dag"]["tasks"][2].pop("withParam")
+    broken["spec"]["parallelism"] = "many"
+    errors = "\n".join(schema_errors(workflow_validator, broken))
+    assert "limt" in errors and "withParams" in errors and "parallelism" in errors
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_semantics(name: str) -> None:
+    """Templates exist, references resolve, no cycles, in every golden workflow."""
+    assert semantic_problems(yaml.safe_load((GOLDEN / name).read_text())) == []
+
+
+def test_semantics_catch_broken_workflows() -> None:
+    """Each kind of break is reported: unknown template, unresolved task/input refs, cycle, missing argument."""
+    workflow = iteration_workflow(cluster_config("run=t"), 0).to_dict()
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    tasks = {t["name"]: t for t in templates["collect"]["dag"]["tasks"]}
+    tasks["rollout"]["depends"] = "plan"  # uses {{tasks.serve.ip}} without waiting for serve
+    tasks["plan"]["depends"] = "trajectories"  # plan -> trajectories -> rollout -> plan
+    tasks["trajectories"]["template"] = "trajectory"
+    del tasks["trajectories"]["arguments"]
+    templates["rollout"]["inputs"]["parameters"].pop()  # proxy_url no longer declared
+    workflow["spec"]["onExit"] = "recorder"
+    problems = "\n".join(semantic_problems(workflow))
+    for expected in ("does not depend on task 'serve'", "'plan' depends on itself", "unknown template 'trajectory'",
+                     "declares no input 'proxy_url'", "passes 'proxy_url', which template 'rollout' does not take",
+                     "onExit names unknown template 'recorder'"):
+        assert expected in problems
+
+
+def test_no_secret_values_in_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Credentials are secretKeyRefs only: no credential-like env has a literal value, no secret leaks in."""
+    secrets = {"ARGO_TOKEN": "argo-token-do-not-leak", "AWS_SECRET_ACCESS_KEY": "aws-secret-do-not-leak",
+               "AWS_ACCESS_KEY_ID": "AKIAEXAMPLEDONOTLEAK", "OPENFORGE_ADMIN_KEY": "admin-do-not-leak"}
+    for key, value in secrets.items():
+        monkeypatch.setenv(key, value)
+    for overrides, iteration in GOLDEN_CASES.values():
+        text = iteration_workflow(cluster_config(*overrides), iteration).to_yaml()
+        assert not any(value in text for value in secrets.values())
+        assert not re.search(r"AKIA[0-9A-Z]{12,}|-----BEGIN|password", text, re.IGNORECASE)
+        envs = [env for doc in [yaml.safe_load(text)] for t in doc["spec"]["templates"]
+                for env in (t.get("container") or {}).get("env", [])]
+        credentials = [e for e in envs if re.search(r"KEY|SECRET|TOKEN|PASSWORD", e["name"]) and "ENDPOINT" not in e["name"]]
+        assert credentials and all("secretKeyRef" in e.get("valueFrom", {}) and "value" not in e for e in credentials)
+
+
+# ---- the pieces the workflows are made of ----
+
+def test_plan_is_deterministic_and_covers_the_dataset() -> None:
+    """The plan: tasks x samples, unique rollout ids, rotating tasks, the task's timeouts in the deadline."""
+    tasks, errors = load_dataset(REPO / "steps" / "tasks" / "builtin")
+    assert not errors
+    first = plan.plan(tasks, 0, 4, 2, seed=0, root=REPO)
+    assert first == plan.plan(tasks, 0, 4, 2, seed=0, root=REPO) and len(first) == 8
+    assert len({r.rollout_id for r in first}) == 8 and all(r.rollout_id.startswith("it0-") for r in first)
+    second = plan.plan(tasks, 1, 4, 2, seed=0, root=REPO)
+    assert {r.task for r in first}.isdisjoint({r.task for r in second})
+    hello = next(r for r in plan.plan(tasks, 0, len(tasks), 1, root=REPO) if r.task.endswith("hello-file"))
+    assert hello.task == "steps/tasks/builtin/hello-file" and hello.deadline_s == 300 + 60 + plan.SETUP_MARGIN_S
+
+
+def test_plan_cli_prints_only_json() -> None:
+    """`python -m steps.plan` prints a JSON list on stdout, which Argo hands to withParam."""
+    argv = commands.plan(cluster_config("run=t", "tasks_per_iteration=3", "samples_per_task=2"), 0, python=sys.executable)
+    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True, timeout=60).stdout
+    items = json.loads(out)
+    assert len(items) == 6 and set(items[0]) == {"task", "sample", "rollout_id", "image", "deadline_s"}
+    assert items[0]["image"].startswith("ghcr.io/openforge/task-")
+
+
+def test_commands_are_the_templates_commands() -> None:
+    """The Argo templates run exactly the argv `workflows.commands` builds (one place for each step)."""
+    config = cluster_config("run=t")
+    spec = iteration_workflow(config, 1).to_dict()["spec"]
+    argv = {t["name"]: t["container"]["command"] for t in spec["templates"] if "container" in t}
+    assert argv["plan"] == commands.plan(config, 1)
+    assert argv["update"] == commands.update(config, commands.partition_url(config, 1), config.checkpoint_url(1),
+                                             config.checkpoint_url(2))
+    assert argv["trajectories"][:3] == ["python", "-m", "steps.trajectories"]
+    assert argv["rollout"][1:3] == ["-m", "steps.rollout"] and "--harness" in argv["rollout"]
+    assert {t["name"] for t in spec["templates"]} >= {"serve", "plan", "rollout", "trajectories", "update", "record"}
+
+
+def test_rollout_retries_only_infra_errors() -> None:
+    """The rollout template retries on exit code 3 only, with backoff, under the task's deadline."""
+    rollout = next(t for t in iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"]["templates"]
+                   if t["name"] == "rollout")
+    assert rollout["retryStrategy"]["expression"] == "lastRetry.exitCode == '3'"
+    assert rollout["retryStrategy"]["backoff"]["factor"] == 2
+    assert rollout["activeDeadlineSeconds"] == "{{inputs.parameters.deadline}}"
+    from steps.rollout import INFRA_EXIT_CODE
+    assert INFRA_EXIT_CODE == 3
+
+
+# ---- config errors: one sentence, exit code 2, nothing submitted ----
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--harness", "codx"], "unknown harness 'codx'; did you mean codex?"),
+    (["iteratons=3"], "unknown config key 'iteratons' (did you mean iterations?)"),
+    (["iterations=two"], "config key 'iterations' must be a whole number, got 'two'"),
+    (["dataset=no/such/tasks"], "dataset 'no/such/tasks' does not exist"),
+    (["--config", "configs/nope.yaml"], "cannot read config file configs/nope.yaml"),
+    (["--dry-run"], "config key 'store' must be an s3:// URL for an Argo run"),
+])
+def test_bad_config_is_one_sentence(argv: list[str], expected: str, fake_argo, capsys) -> None:
+    """A bad config stops the driver with exit code 2 and one line on stderr; the server hears nothing."""
+    code = submit.main(argv + ["--argo-server", fake_argo.url])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expected in err and len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert fake_argo.requests == []
+
+
+def test_config_overrides_and_errors() -> None:
+    """key=value overrides are typed; a float accepts 1e-5; a missing run name for resume is one sentence."""
+    config = load_config(None, ["learning_rate=1e-5", "iterations=3", "run=x"])
+    assert config.learning_rate == 1e-5 and config.iterations == 3 and config.run_url == "runs/x"
+    with pytest.raises(ConfigError, match="must be a number"):
+        load_config(None, ["learning_rate=fast"])
+
+
+def test_dry_run_prints_every_workflow(capsys) -> None:
+    """--dry-run prints one Workflow per iteration as YAML and contacts nothing."""
+    assert submit.main(["--config", str(CLUSTER), "--dry-run", "run=dry", "iterations=3"]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert [d["metadata"]["name"] for d in docs] == ["openforge-dry-it0", "openforge-dry-it1", "openforge-dry-it2"]
+    assert docs[2] == iteration_workflow(cluster_config("run=dry", "iterations=3"), 2).to_dict()
+
+
+def test_without_argo_server_calls_the_local_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Argo server configured: the run goes to workflows.local.run_local with the loaded config."""
+    monkeypatch.delenv("ARGO_SERVER", raising=False)
+    seen = []
+    monkeypatch.setattr("workflows.local.run_local", lambda config: seen.append(config) or 0)
+    assert submit.main(["--harness", "direct", "run=local", "iterations=1"]) == 0
+    assert seen[0].harness == "direct" and seen[0].run == "local" and seen[0].argo_server == ""
+
+
+def test_preflight_names_what_is_missing() -> None:
+    """With a reachable cluster, a missing namespace/secret/GPU node is one sentence with the fix."""
+    from kubernetes.client.exceptions import ApiException
+    from types import SimpleNamespace
+
+    from workflows.preflight import check_cluster
+
+    class FakeCoreApi:  # the three CoreV1Api calls preflight makes
+        def read_namespace(self, name, **_):
+            return {}
+
+        def read_namespaced_secret(self, name, namespace, **_):
+            if name == "openforge-admin":
+                raise ApiException(status=404)
+
+        def list_node(self, **_):
+            return SimpleNamespace(items=[SimpleNamespace(status=SimpleNamespace(allocatable={"cpu": "8"}))])
+
+    notes, problems = check_cluster(FakeCoreApi(), cluster_config("run=t"))
+    assert notes == [] and len(problems) == 2
+    assert "secret 'openforge-admin' is missing in namespace 'openforge'" in problems[0]
+    assert "no node offers 1 nvidia.com/gpu" in problems[1]
+
+
+# ---- the driver against a fake Argo Server ----
+
+class FakeArgoServer:
+    """A test double for the Argo Server API on 127.0.0.1 (no real one can run here; see the module docstring).
+
+    Each GET of a workflow advances it one phase along `script[name]` (default: "" -> Running ->
+    Succeeded); the last phase sticks. `requests` records (method, path, body, Authorization).
+    """
+
+    def __init__(self) -> None:
+        self.workflows: dict[str, dict] = {}
+        self.script: dict[str, list[str]] = {}
+        self.requests: list[tuple[str, str, dict | None, str | None]] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def calls(self, method: str | None = None) -> list[tuple[str, str, dict | None, str | None]]:
+        """Recorded requests, optionally of one method."""
+        return [r for r in self.requests if method is None or r[0] == method]
+
+    def _status(self, name: str) -> dict:
+        phases = self.script.setdefault(name, ["", "Running", "Succeeded"])
+        phase = phases.pop(0) if len(phases) > 1 else phases[0]
+        nodes = {f"{name}-{i}": {"id": f"{name}-{i}", "name": f"{name}.collect.rollout({i})", "type": "Pod",
+                                 "templateName": "rollout", "phase": "Succeeded" if phase == "Succeeded" else "Running"}
+                 for i in range(2)}
+        return {"phase": phase, "nodes": nodes} if phase else {}
+
+    def handle(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
+        """Routes one request like the Argo Server does; returns (status code, JSON body)."""
+        parts = path.strip("/").split("/")  # api v1 workflows {ns} [{name} [action]]
+        if parts[:3] != ["api", "v1", "workflows"] or len(parts) < 4:
+            return 404, {"code": 5, "message": f"no route {path}"}
+        rest = parts[4:]
+        if method == "POST" and rest == ["lint"]:
+            return 200, body["workflow"]
+        if method == "POST" and not rest:
+            name = body["workflow"]["metadata"]["name"]
+            if name in self.workflows:
+                return 409, {"code": 6, "message": f"workflows.argoproj.io \"{name}\" already exists"}
+            self.workflows[name] = body["workflow"]
+            return 200, body["workflow"]
+        name = rest[0] if rest else ""
+        if name not in self.workflows:
+            return 404, {"code": 5, "message": f"workflows.argoproj.io \"{name}\" not found"}
+        if method == "GET" and len(rest) == 1:
+            return 200, {**self.workflows[name], "status": self._status(name)}
+        if method == "PUT" and rest[1:] == ["retry"]:
+            self.script[name] = ["Running", "Succeeded"]
+            return 200, {**self.workflows[name], "status": {"phase": "Running"}}
+        if method == "PUT" and rest[1:] == ["resubmit"]:
+            new = copy.deepcopy(self.workflows[name])
+            new["metadata"]["name"] = f"{name}-resubmit"
+            self.workflows[new["metadata"]["name"]] = new
+            return 200, new
+        return 404, {"code": 5, "message": f"no route {method} {path}"}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _serve(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                fake.requests.append((self.command, self.path, body, self.headers.get("authorization")))
+                code, payload = fake.handle(self.command, self.path.split("?")[0], body)
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = _serve
+
+            def log_message(self, *args) -> None:
+                pass
+
+        return Handler
+
+
+@pytest.fixture
+def fake_argo(monkeypatch: pytest.MonkeyPatch):
+    """A fresh fake Argo Server; no kubeconfig (so preflight skips), a token in ARGO_TOKEN."""
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("ARGO_TOKEN", "test-token")
+    monkeypatch.delenv("ARGO_SERVER", raising=False)
+    fake = FakeArgoServer()
+    yield fake
+    fake.server.shutdown()
+
+
+@pytest.fixture
+def s3_store(s3_server: dict, monkeypatch: pytest.MonkeyPatch, request) -> str:
+    """A fresh store URL on the moto S3 server, with s3fs pointed at it."""
+    for key, value in s3_server["env"].items():
+        monkeypatch.setenv(key, value)
+    import fsspec
+    fsspec.config.conf.pop("s3", None)
+    return f"s3://{s3_server['bucket']}/{request.node.name.replace('[', '-').rstrip(']')}"
+
+
+def drive(fake: FakeArgoServer, store: str, *args: str) -> int:
+    """Runs `submit.py` in-process against the fake server and the S3 store."""
+    return submit.main([*args, "--config", str(CLUSTER), "--argo-server", fake.url, "--poll", "0.01",
+                        f"store={store}"])
+
+
+def test_submit_runs_one_workflow_per_iteration(fake_argo: FakeArgoServer, s3_store: str, capsys) -> None:
+    """submit: lint every iteration, then create and poll them in order; the manifest records each."""
+    manifest.write_json(f"{s3_store}/sub/checkpoints/iteration-1/metrics.json", {"loss": 0.5})  # what update writes
+    assert drive(fake_argo, s3_store, "--harness", "codex", "run=sub", "iterations=2") == 0
+    out = capsys.readouterr().out
+    assert f"{fake_argo.url}/workflows/openforge/openforge-sub-it0" in out and "openforge-sub-it1" in out
+    posts = [(path, body["workflow"]["metadata"]["name"]) for _, path, body, _ in fake_argo.calls("POST")]
+    assert posts == [("/api/v1/workflows/openforge/lint", "openforge-sub-it0"),
+                     ("/api/v1/workflows/openforge/lint", "openforge-sub-it1"),
+                     ("/api/v1/workflows/openforge", "openforge-sub-it0"),
+                     ("/api/v1/workflows/openforge", "openforge-sub-it1")]
+    config = cluster_config("run=sub", "iterations=2", f"store={s3_store}", f"argo_server={fake_argo.url}")
+    assert fake_argo.workflows["openforge-sub-it1"] == iteration_workflow(config, 1).build().model_dump(by_alias=True, exclude_none=True)
+    assert all(auth == "Bearer test-token" for *_, auth in fake_argo.requests)
+    records = manifest.read_iterations(f"{s3_store}/sub")
+    assert [(r.workflow, r.status) for r in records.values()] == [("openforge-sub-it0", "Succeeded"),
+                                                                  ("openforge-sub-it1", "Succeeded")]
+    assert records[1].checkpoint == f"{s3_store}/sub/checkpoints/iteration-1"
+    assert records[0].metrics == {"loss": 0.5} and records[1].metrics is None
+    assert manifest.read_run_config(f"{s3_store}/sub")["harness"] == "codex"
+
+
+def test_failed_iteration_then_retry_failed_steps(fake_argo: FakeArgoServer, s3_store: str, capsys) -> None:
+    """A failed iteration stops the run (exit 1, says how to retry); `retry` sends the failed-steps-only request."""
+    fake_argo.script["openforge-rt-it0"] = ["", "Running", "Failed"]
+    assert drive(fake_argo, s3_store, "--harness", "codex", "run=rt", "iterations=2") == 1
+    assert "retry --run rt --iteration 0" in capsys.readouterr().err
+    assert "openforge-rt-it1" not in fake_argo.workflows
+    assert drive(fake_argo, s3_store, "retry", "--run", "rt") == 0
+    (_, path, body, _), = fake_argo.calls("PUT")
+    assert path == "/api/v1/workflows/openforge/openforge-rt-it0/retry"
+    assert body == {"name": "openforge-rt-it0", "namespace": "openforge", "restartSuccessful": False,
+                    "nodeFieldSelector": "templateName=rollout,phase=Failed"}
+    statuses = [r.status for r in manifest.read_iterations(f"{s3_store}/rt").values()]
+    assert statuses == ["Succeeded", "Succeeded"] and "openforge-rt-it1" in fake_argo.workflows
+
+
+def test_resubmit_memoized(fake_argo: FakeArgoServer, s3_store: str) -> None:
+    """`resubmit --memoized` asks for a memoized copy and follows the new workflow, recorded in the manifest."""
+    fake_argo.script["openforge-rs-it0"] = ["Failed"]
+    assert drive(fake_argo, s3_store, "--harness", "codex", "run=rs", "iterations=1") == 1
+    assert drive(fake_argo, s3_store, "resubmit", "--run", "rs", "--iteration", "0", "--memoized") == 0
+    (_, path, body, _), = fake_argo.calls("PUT")
+    assert path.endswith("/openforge-rs-it0/resubmit") and body["memoized"] is True
+    record = manifest.read_iterations(f"{s3_store}/rs")[0]
+    assert (record.workflow, record.status) == ("openforge-rs-it0-resubmit", "Succeeded")
+
+
+def test_resume_after_the_driver_died(fake_argo: FakeArgoServer, s3_store: str) -> None:
+    """resume: a succeeded iteration is skipped, a running one is followed (not recreated), the rest submitted."""
+    config = cluster_config("run=rm", "iterations=3", f"store={s3_store}", f"argo_server={fake_argo.url}")
+    manifest.write_run_config(config.run_url, config.to_dict())
+    submit.mark(config, 0, workflow_name(config, 0), "Succeeded")
+    submit.mark(config, 1, workflow_name(config, 1), "Running")  # the driver died while iteration 1 ran
+    fake_argo.workflows[workflow_name(config, 1)] = iteration_workflow(config, 1).to_dict()
+    assert drive(fake_argo, s3_store, "resume", "--run", "rm") == 0
+    created = [body["workflow"]["metadata"]["name"] for _, _, body, _ in fake_argo.calls("POST")]
+    assert created == ["openforge-rm-it2"]
+    gets = {path.rsplit("/", 1)[1] for _, path, _, _ in fake_argo.calls("GET")}
+    assert gets == {"openforge-rm-it1", "openforge-rm-it2"}
+    assert [r.status for r in manifest.read_iterations(config.run_url).values()] == ["Succeeded"] * 3
+
+
+def test_status_shows_each_iteration(fake_argo: FakeArgoServer, s3_store: str, capsys) -> None:
+    """status: one line per iteration with the live phase and the UI link."""
+    assert drive(fake_argo, s3_store, "--harness", "codex", "run=st", "iterations=1") == 0
+    capsys.readouterr()
+    assert drive(fake_argo, s3_store, "status", "--run", "st") == 0
+    out = capsys.readouterr().out
+    assert "iteration 0: Succeeded" in out and f"{fake_argo.url}/workflows/openforge/openforge-st-it0" in out
+
+
+def test_unreachable_server_is_one_sentence(s3_store: str, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """A server that does not answer: exit code 2 and one sentence before anything is created or recorded."""
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    fake = FakeArgoServer()
+    fake.server.shutdown()
+    fake.server.server_close()
+    assert drive(fake, s3_store, "--harness", "codex", "run=down") == 2
+    err = capsys.readouterr().err
+    assert f"error: cannot reach the Argo server at {fake.url}" in err
+    assert manifest.read_run_config(f"{s3_store}/down") is None
+
+
+def test_resume_of_unknown_run_is_one_sentence(fake_argo: FakeArgoServer, s3_store: str, capsys) -> None:
+    """resume/status/retry of a run the store does not have: one sentence, nothing sent."""
+    assert drive(fake_argo, s3_store, "resume", "--run", "ghost") == 2
+    assert "no run named 'ghost'" in capsys.readouterr().err and fake_argo.requests == []
+
+
+def test_images_pin_the_versions_the_code_uses() -> None:
+    """The Dockerfiles pin what the code expects: vLLM 0.33.0, veRL 0.9.1, Node of steps.harnesses, Python 3.11."""
+    from steps.harnesses.base import NODE_VERSION
+
+    images = {p.stem.split(".")[0]: p.read_text() for p in (REPO / "images").glob("*.Dockerfile")}
+    assert set(images) == {"serve", "train", "harness", "steps"}
+    assert "vllm/vllm-openai:v0.33.0" in images["serve"] and '"vllm==0.33.0"' in images["serve"]
+    assert '"verl==0.9.1"' in images["train"] and '"torch==2.13.0"' in images["train"]
+    assert f"FROM node:{NODE_VERSION}-" in images["harness"] and "steps.harnesses install --all" in images["harness"]
+    assert "FROM python:3.11." in images["steps"]
+    assert all(":latest" not in text for text in images.values())
+
+
+def test_step_parsers_accept_the_built_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flags `workflows.commands` builds are the ones the steps' own parsers take (no drift)."""
+    from steps import serve
+    from steps.proxy.__main__ import parse_args as proxy_args
+    from steps.trajectories.__main__ import parse_args as trajectories_args
+
+    monkeypatch.setenv("OPENFORGE_ADMIN_KEY", "k")
+    config = cluster_config("run=t")
+    serve_args = serve.parse_args(commands.serve(config, "/models/current", "s3://b/calls", 1, host="0.0.0.0")[3:])
+    proxy = proxy_args(serve.proxy_argv(serve_args, 8000))
+    assert (proxy.port, proxy.host, proxy.max_tokens_cap, proxy.weight_version) == (8100, "0.0.0.0", 4096, "1")
+    traj = trajectories_args(commands.trajectories(config, "http://proxy:8100", "s3://b/results", 2)[3:])
+    assert (traj.run, traj.iteration, traj.out) == ("t", 2, commands.trajectories_url(config))
+    from steps.update import parse_args as update_args
+    from steps.update_config import load_config as update_config
+
+    upd = update_args(commands.update(config, "s3://b/t", "s3://b/c0", "s3://b/c1")[3:])
+    loaded = update_config(REPO / upd.config, upd.overrides)  # the update's own checks of the overrides
+    assert (loaded.adv_estimator, loaded.lr, loaded.epochs) == ("grpo", 1e-6, 1)
+
+
+def test_exit_handler_command_writes_the_manifest(tmp_path: Path) -> None:
+    """The exit handler's command (`steps.manifest record`) records the outcome; the driver reads it back."""
+    config = load_config(None, ["run=exit", f"store={tmp_path}"])
+    argv = commands.record(config, 1, "openforge-exit-it1", "Failed", config.checkpoint_url(1),
+                           config.checkpoint_url(2), python=sys.executable)
+    subprocess.run(argv, cwd=REPO, check=True, capture_output=True, timeout=60)
+    entry = manifest.read_iterations(config.run_url)[1]
+    assert (entry.workflow, entry.status, entry.done) == ("openforge-exit-it1", "Failed", True)
+    assert entry.next_checkpoint == str(tmp_path / "exit" / "checkpoints" / "iteration-2")

@@ -1,0 +1,125 @@
+"""The few Argo Server calls the driver makes, through Hera's `WorkflowsService`, with errors for people.
+
+    client = ArgoClient("https://argo.example.com:2746", token=os.environ.get("ARGO_TOKEN"), namespace="openforge")
+    client.lint(workflow); name = client.create(workflow); phase = client.wait(name)
+
+Routes used (Argo Server API v1): lint `POST /api/v1/workflows/{ns}/lint`, create `POST /api/v1/workflows/{ns}`,
+get `GET /api/v1/workflows/{ns}/{name}`, retry `PUT .../{name}/retry`, resubmit `PUT .../{name}/resubmit`.
+`wait` polls `get` itself: Hera 7.1's `Workflow.wait()` raises on the empty phase right after
+creation and returns at `Pending` (shared/notes/argo-hera-s3.md).
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import requests
+from hera.exceptions import AlreadyExists, HeraException, NotFound, Unauthorized
+from hera.workflows import Workflow, WorkflowsService
+from hera.workflows.models import (WorkflowCreateRequest, WorkflowLintRequest, WorkflowResubmitRequest,
+                                   WorkflowRetryRequest)
+
+DONE = ("Succeeded", "Failed", "Error")
+RETRY_FAILED_ROLLOUTS = "templateName=rollout,phase=Failed"
+REQUEST_TIMEOUT_S = 30.0
+
+
+class ArgoError(RuntimeError):
+    """The Argo Server could not be reached or refused a request; the message is one sentence."""
+
+
+class _TimeoutSession(requests.Session):
+    """A session whose requests time out (Hera passes none, so an unreachable server would hang)."""
+
+    def request(self, method, url, **kwargs):  # type: ignore[override]
+        """`requests.Session.request` with a default timeout."""
+        kwargs.setdefault("timeout", REQUEST_TIMEOUT_S)
+        return super().request(method, url, **kwargs)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A workflow's phase and its rollout pods' counts, as `wait` reports them."""
+
+    phase: str
+    rollouts_done: int = 0
+    rollouts_failed: int = 0
+
+
+class ArgoClient:
+    """One Argo Server and namespace."""
+
+    def __init__(self, server: str, token: str | None, namespace: str) -> None:
+        self.server = server.rstrip("/")
+        self.namespace = namespace
+        self.service = WorkflowsService(host=self.server, token=token or None, namespace=namespace,
+                                        verify_ssl=True, session=_TimeoutSession())
+
+    def ui_link(self, name: str) -> str:
+        """The workflow's page in the Argo UI."""
+        return f"{self.server}/workflows/{self.namespace}/{name}"
+
+    def _call(self, what: str, fn: Callable, *args, **kwargs):
+        """Runs one API call; every failure becomes an ArgoError naming the server and the call."""
+        try:
+            return fn(*args, **kwargs)
+        except requests.exceptions.RequestException as exc:
+            raise ArgoError(f"cannot reach the Argo server at {self.server} ({what}): {type(exc).__name__}") from None
+        except Unauthorized:
+            raise ArgoError(f"the Argo server at {self.server} refused the token ({what}); set ARGO_TOKEN "
+                            f"to a valid token (`argo auth token`)") from None
+        except (AlreadyExists, NotFound):
+            raise
+        except HeraException as exc:
+            raise ArgoError(f"the Argo server at {self.server} rejected {what}: {exc}") from None
+
+    def lint(self, workflow: Workflow) -> None:
+        """Asks the server to validate the workflow (checks it is reachable, too); creates nothing."""
+        req = WorkflowLintRequest(namespace=self.namespace, workflow=workflow.build())
+        self._call(f"linting {workflow.name}", self.service.lint_workflow, req)
+
+    def create(self, workflow: Workflow) -> str:
+        """Submits the workflow; returns its name. One that already exists is left as it is (resume)."""
+        req = WorkflowCreateRequest(namespace=self.namespace, workflow=workflow.build())
+        try:
+            created = self._call(f"creating {workflow.name}", self.service.create_workflow, req)
+        except AlreadyExists:
+            return str(workflow.name)
+        return created.metadata.name
+
+    def progress(self, name: str) -> Progress:
+        """The workflow's phase ("" right after creation) and its rollout pods' counts."""
+        try:
+            wf = self._call(f"reading {name}", self.service.get_workflow, name)
+        except NotFound:
+            raise ArgoError(f"workflow {name} does not exist in namespace {self.namespace} on {self.server}") from None
+        status = wf.status
+        nodes = [n for n in ((status.nodes or {}).values() if status else [])
+                 if n.template_name == "rollout" and n.type == "Pod"]
+        return Progress(phase=(status.phase if status else None) or "",
+                        rollouts_done=sum(n.phase == "Succeeded" for n in nodes),
+                        rollouts_failed=sum(n.phase in ("Failed", "Error") for n in nodes))
+
+    def wait(self, name: str, poll_s: float = 10.0, report: Callable[[Progress], None] = lambda p: None) -> str:
+        """Polls until the workflow is Succeeded, Failed or Error; calls `report` on every change."""
+        last = None
+        while True:
+            progress = self.progress(name)
+            if progress != last:
+                report(progress)
+                last = progress
+            if progress.phase in DONE:
+                return progress.phase
+            time.sleep(poll_s)
+
+    def retry_failed(self, name: str) -> None:
+        """Retries a failed workflow's failed steps only; succeeded rollouts keep their results."""
+        req = WorkflowRetryRequest(name=name, namespace=self.namespace, restart_successful=False,
+                                   node_field_selector=RETRY_FAILED_ROLLOUTS)
+        self._call(f"retrying {name}", self.service.retry_workflow, name, req)
+
+    def resubmit(self, name: str, memoized: bool) -> str:
+        """Submits a copy of the workflow (reusing succeeded steps' outputs when memoized); returns its name."""
+        req = WorkflowResubmitRequest(name=name, namespace=self.namespace, memoized=memoized)
+        created = self._call(f"resubmitting {name}", self.service.resubmit_workflow, name, req)
+        return created.metadata.name

@@ -1,0 +1,192 @@
+"""A run's settings: one flat YAML file loaded into `RunConfig`, with `key=value` overrides.
+
+    config = load_config("configs/cluster-example.yaml", ["iterations=3", "harness=direct"])
+
+`configs/default.yaml` holds every key with the embedded default's value; a `--config FILE` only
+names what it changes. Every problem (an unknown key, a value of the wrong type, an unknown harness,
+a dataset that is not there) is a `ConfigError` with one sentence naming the field, raised before
+anything starts.
+"""
+
+import dataclasses
+import difflib
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from steps.harnesses import HARNESSES
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
+
+
+class ConfigError(ValueError):
+    """A bad run config; the message is one sentence for the person who wrote it."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs; the same object drives the Argo workflows and the local runner."""
+
+    harness: str = "codex"
+    run: str = ""  # empty: <harness>-<UTC timestamp>, filled in by `with_run_name`
+    model: str = "runs/tiny-model"  # base checkpoint: local folder or s3:// URL
+    model_name: str = "tiny"
+    dataset: str = "steps/tasks/builtin"
+    iterations: int = 2
+    tasks_per_iteration: int = 4
+    samples_per_task: int = 2
+    max_tokens_cap: int = 256
+    parallel_rollouts: int = 4
+    seed: int = 0
+    # the update: its own flat YAML (steps/update_config.py), plus these run-level settings as overrides
+    update_config: str = "configs/update.yaml"
+    algorithm: str = "grpo"  # the advantage estimator (update's adv_estimator)
+    learning_rate: float = 1e-6  # update's lr
+    epochs: int = 1  # passes over the iteration's samples
+    # where everything goes
+    store: str = "runs"  # local folder or s3:// URL
+    s3_endpoint: str = ""  # e.g. http://minio.openforge.svc:9000; empty: AWS
+    # the cluster (used only with an Argo server)
+    argo_server: str = ""  # empty: run locally
+    namespace: str = "openforge"
+    service_account: str = "openforge"
+    s3_secret: str = "openforge-s3"  # keys access-key, secret-key
+    admin_secret: str = "openforge-admin"  # key admin-key
+    image_registry: str = "ghcr.io/openforge"
+    image_tag: str = "0.1.0"
+    serve_gpus: int = 1
+    update_gpus: int = 1
+    rollout_retries: int = 3
+    memo_max_age: str = "72h"
+
+    def with_run_name(self) -> "RunConfig":
+        """This config with `run` filled in when it was left empty."""
+        if self.run:
+            return self
+        return dataclasses.replace(self, run=f"{self.harness}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+
+    @property
+    def run_url(self) -> str:
+        """The run's folder or URL in the store; everything the run writes lives under it."""
+        return f"{self.store.rstrip('/')}/{self.run}"
+
+    def checkpoint_url(self, iteration: int) -> str:
+        """The checkpoint iteration `iteration` serves: the base model, then what the previous update wrote."""
+        return self.model if iteration == 0 else f"{self.run_url}/checkpoints/iteration-{iteration}"
+
+    def to_dict(self) -> dict:
+        """The config as a flat dict (what the run manifest stores)."""
+        return dataclasses.asdict(self)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                check_dataset: bool = True) -> RunConfig:
+    """Defaults, then the YAML file at `path`, then `key=value` overrides; checked field by field."""
+    raw: dict = {}
+    for source in ([DEFAULT_CONFIG] + ([Path(path)] if path else [])):
+        raw.update(_read_yaml(Path(source)))
+    raw.update(parse_overrides(overrides))
+    config = from_dict(raw)
+    validate(config, check_dataset=check_dataset)
+    return config
+
+
+def _read_yaml(path: Path) -> dict:
+    """A flat YAML mapping, or a ConfigError naming the file."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a flat mapping of key: value, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict:
+    """`["iterations=3", "store=s3://b/runs"]` as a dict, values read as YAML scalars.
+
+    >>> parse_overrides(["iterations=3", "run=demo", "learning_rate=1e-5"])
+    {'iterations': 3, 'run': 'demo', 'learning_rate': '1e-5'}
+    """
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"an override must look like key=value, got {item!r}")
+        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return out
+
+
+def from_dict(raw: dict) -> RunConfig:
+    """A RunConfig from a flat dict; unknown keys and wrong types are one-sentence ConfigErrors."""
+    known = {f.name: f for f in fields(RunConfig)}
+    values = {}
+    for key, value in raw.items():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else f"; known keys: {', '.join(known)}"
+            raise ConfigError(f"unknown config key {key!r}{hint}")
+        values[key] = _coerce(key, known[key].type, value)
+    return RunConfig(**values)
+
+
+def _coerce(key: str, type_name: object, value: object) -> object:
+    """`value` as the field's type (int, float or str); a ConfigError when it is not one."""
+    expected = {"int": int, "float": float, "str": str}.get(getattr(type_name, "__name__", str(type_name)))
+    if value is None and expected is str:
+        return ""
+    if expected is float and not isinstance(value, bool):
+        try:  # YAML 1.1 reads 1e-5 (no dot) as a string
+            return float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            pass
+    if expected is None or (isinstance(value, expected) and not isinstance(value, bool)):
+        return value
+    words = {int: "a whole number", float: "a number", str: "a string"}
+    raise ConfigError(f"config key {key!r} must be {words[expected]}, got {value!r}")
+
+
+def validate(config: RunConfig, check_dataset: bool = True) -> None:
+    """Checks the values that have a fixed set of answers; raises ConfigError on the first bad one."""
+    if config.harness not in HARNESSES:
+        close = difflib.get_close_matches(config.harness, HARNESSES, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(f"unknown harness {config.harness!r}; {hint}choose one of {', '.join(HARNESSES)}")
+    for key in ("iterations", "tasks_per_iteration", "samples_per_task", "max_tokens_cap", "parallel_rollouts",
+                "epochs"):
+        if getattr(config, key) < 1:
+            raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
+    for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed"):
+        if getattr(config, key) < 0:
+            raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
+    if not config.store:
+        raise ConfigError("config key 'store' is empty; give a local folder or an s3:// URL")
+    if not (REPO_ROOT / config.update_config).is_file():
+        raise ConfigError(f"update_config {config.update_config!r} is not a file; give the update step's flat YAML, "
+                          f"relative to the repository (e.g. configs/update.yaml)")
+    if check_dataset and not dataset_path(config).exists():
+        raise ConfigError(f"dataset {config.dataset!r} does not exist (looked in {dataset_path(config)}); "
+                          f"give a task folder, a folder of task folders, or a .txt/.yaml list")
+
+
+def dataset_path(config: RunConfig) -> Path:
+    """The dataset on this machine: absolute, or relative to the repository (where the steps image has it)."""
+    path = Path(config.dataset)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def validate_for_argo(config: RunConfig) -> None:
+    """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3."""
+    for key in ("store", "model"):
+        if not getattr(config, key).startswith("s3://"):
+            raise ConfigError(f"config key {key!r} must be an s3:// URL for an Argo run (pods share no folder), "
+                              f"got {getattr(config, key)!r}")
+    for key in ("dataset", "update_config"):
+        if Path(getattr(config, key)).is_absolute():
+            raise ConfigError(f"config key {key!r} must be relative to the repository for an Argo run "
+                              f"(the images hold the repository at /opt/openforge/app), got {getattr(config, key)!r}")

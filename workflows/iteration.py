@@ -1,0 +1,201 @@
+"""One RL iteration as an Argo Workflow, built with Hera: serve, plan, rollout fan-out, trajectories, update.
+
+    from workflows.config import load_config
+    from workflows.iteration import iteration_workflow
+    print(iteration_workflow(load_config("configs/cluster-example.yaml", ["run=demo"]), 0).to_yaml())
+
+The outer DAG `iteration` runs `collect` then `update`. `collect` is a DAG of its own so that the
+`serve` daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajectories are
+done, before `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's
+/health answers; reached at `{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list),
+`rollout` (one pod per item of that list, in the task's image, with the harness and OpenForge copied
+in by init containers; retried only on exit code 3, infra_error), `trajectories` (Parquet to S3).
+`update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs
+no output from this workflow to chain the next one. The exit handler `record` writes the
+iteration's outcome to the run manifest. Every container command comes from `workflows.commands`;
+credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
+"""
+
+import re
+from urllib.parse import urlparse
+
+from hera.workflows import (DAG, Container, EmptyDirVolume, Env, NoneArchiveStrategy, Parameter,
+                            Resources, RetryStrategy, S3Artifact, SecretEnv, Task, UserContainer, Workflow)
+from hera.workflows.models import (Backoff, ContainerPort, HTTPGetAction, PodGC, Probe, SecretKeySelector,
+                                   TTLStrategy, VolumeMount)
+
+from steps.harnesses import HARNESSES
+from steps.harnesses.base import NODE_VERSION
+from workflows import commands
+from workflows.config import RunConfig
+
+SHARED = "/openforge"  # the emptyDir the init containers fill in a rollout pod
+MODEL_DIR = "/models/current"
+# The rollout exits 3 for infra_error and only that is retried; exitCode is a string in Argo expressions.
+RETRY_ON_INFRA_ERROR = "lastRetry.exitCode == '3'"
+
+
+def run_label(config: RunConfig) -> str:
+    """The run's name as a Kubernetes label value: lower case letters, digits and dashes, <= 40 chars."""
+    return re.sub(r"[^a-z0-9-]+", "-", config.run.lower()).strip("-")[:40].rstrip("-") or "run"
+
+
+def workflow_name(config: RunConfig, iteration: int) -> str:
+    """The iteration's Workflow name: fixed, so that a resumed driver finds it (DNS-1123)."""
+    return f"openforge-{run_label(config)}-it{iteration}"
+
+
+def image(config: RunConfig, name: str) -> str:
+    """One of OpenForge's images (images/<name>.Dockerfile), pinned to the config's tag."""
+    return f"{config.image_registry}/{name}:{config.image_tag}"
+
+
+def s3_env(config: RunConfig) -> list:
+    """S3 credentials for s3fs/boto3, from the Secret; the endpoint is not a secret."""
+    env = [SecretEnv(name="AWS_ACCESS_KEY_ID", secret_name=config.s3_secret, secret_key="access-key"),
+           SecretEnv(name="AWS_SECRET_ACCESS_KEY", secret_name=config.s3_secret, secret_key="secret-key")]
+    return env + ([Env(name="AWS_ENDPOINT_URL", value=config.s3_endpoint)] if config.s3_endpoint else [])
+
+
+def admin_env(config: RunConfig) -> list:
+    """The proxy's admin key, from the Secret."""
+    return [SecretEnv(name="OPENFORGE_ADMIN_KEY", secret_name=config.admin_secret, secret_key="admin-key")]
+
+
+def s3_artifact(config: RunConfig, name: str, url: str, path: str, single_file: bool = False,
+                optional: bool | None = None) -> S3Artifact:
+    """An artifact at `url` (s3://bucket/key) in the config's S3, credentials by secretKeyRef; a single file untarred."""
+    parsed = urlparse(url)
+    endpoint = urlparse(config.s3_endpoint) if config.s3_endpoint else None
+    return S3Artifact(
+        name=name, path=path, bucket=parsed.netloc, key=parsed.path.lstrip("/"),
+        endpoint=endpoint.netloc if endpoint else "s3.amazonaws.com", insecure=bool(endpoint and endpoint.scheme == "http"),
+        access_key_secret=SecretKeySelector(name=config.s3_secret, key="access-key"),
+        secret_key_secret=SecretKeySelector(name=config.s3_secret, key="secret-key"),
+        archive=NoneArchiveStrategy() if single_file else None, optional=optional,
+    )
+
+
+def serve_template(config: RunConfig, iteration: int) -> Container:
+    """vLLM on this iteration's checkpoint plus the proxy: a daemon, ready when the proxy's /health answers."""
+    return Container(
+        name="serve", image=image(config, "serve"), daemon=True,
+        command=commands.serve(config, MODEL_DIR, commands.calls_url(config), iteration, host="0.0.0.0", device="gpu"),
+        inputs=[s3_artifact(config, "checkpoint", config.checkpoint_url(iteration), MODEL_DIR)],
+        env=admin_env(config) + s3_env(config),
+        resources=Resources(gpus=config.serve_gpus, cpu_request=4, memory_request="32Gi"),
+        ports=[ContainerPort(name="proxy", container_port=commands.PROXY_PORT)],
+        readiness_probe=Probe(http_get=HTTPGetAction(path="/health", port=commands.PROXY_PORT),
+                              initial_delay_seconds=20, period_seconds=10, failure_threshold=180),
+    )
+
+
+def plan_template(config: RunConfig, iteration: int) -> Container:
+    """Prints the iteration's rollouts as a JSON list on stdout: `{{tasks.plan.outputs.result}}`."""
+    return Container(name="plan", image=image(config, "steps"), working_dir="/opt/openforge/app",
+                     command=commands.plan(config, iteration), resources=Resources(cpu_request=0.5, memory_request="512Mi"))
+
+
+def init_containers(config: RunConfig) -> list[UserContainer]:
+    """Copy OpenForge (Python and this repository) and the pinned harness into the shared emptyDir."""
+    mount = [VolumeMount(name="openforge", mount_path=SHARED)]
+    copy_openforge = (f"mkdir -p {SHARED}/python {SHARED}/app && cp -a /usr/local/. {SHARED}/python/"
+                      f" && cp -a /opt/openforge/app/. {SHARED}/app/")
+    copies = [UserContainer(name="openforge", image=image(config, "steps"), volume_mounts=mount,
+                            command=["sh", "-c", copy_openforge])]
+    harness = HARNESSES[config.harness]
+    if harness.NPM_PACKAGE:  # `direct` runs on OpenForge's Python: nothing to copy
+        installs = "/opt/openforge/harnesses"
+        copy_harness = (f"mkdir -p {SHARED}/harnesses && cp -a {installs}/{config.harness}-{harness.VERSION}"
+                        f" {installs}/node-{NODE_VERSION} {SHARED}/harnesses/")
+        copies.append(UserContainer(name="harness", image=image(config, "harness"), volume_mounts=mount,
+                                    command=["sh", "-c", copy_harness]))
+    return copies
+
+
+def rollout_template(config: RunConfig, iteration: int) -> Container:
+    """One rollout in the task's image; retried only on infra_error; its result.json goes to S3."""
+    out = "/tmp/rollout"
+    result_url = f"{commands.results_url(config, iteration)}/{{{{inputs.parameters.rollout_id}}}}/result.json"
+    return Container(
+        name="rollout", image="{{inputs.parameters.image}}", working_dir=f"{SHARED}/app",
+        inputs=[Parameter(name=n) for n in ("task", "rollout_id", "image", "deadline", "proxy_url")],
+        init_containers=init_containers(config),
+        volumes=[EmptyDirVolume(name="openforge", mount_path=SHARED)],
+        command=commands.rollout(config, "{{inputs.parameters.task}}", "{{inputs.parameters.rollout_id}}",
+                                 "{{inputs.parameters.proxy_url}}", out, python=f"{SHARED}/python/bin/python3"),
+        env=admin_env(config) + [Env(name="PYTHONPATH", value=f"{SHARED}/app"),
+                                 Env(name="LD_LIBRARY_PATH", value=f"{SHARED}/python/lib"),
+                                 Env(name="OPENFORGE_CACHE", value=SHARED)],
+        # optional: a rollout that died before writing result.json must fail by its exit code, not the upload
+        outputs=[s3_artifact(config, "result", result_url, f"{out}/result.json", single_file=True, optional=True)],
+        resources=Resources(cpu_request=1, memory_request="2Gi"),
+        active_deadline_seconds="{{inputs.parameters.deadline}}",
+        retry_strategy=RetryStrategy(limit=config.rollout_retries, retry_policy="Always",
+                                     expression=RETRY_ON_INFRA_ERROR,
+                                     backoff=Backoff(duration="15s", factor=2, max_duration="10m")),
+    )
+
+
+def trajectories_template(config: RunConfig, iteration: int) -> Container:
+    """The iteration's Parquet tables, from the results in S3 and the proxy's recorded calls."""
+    return Container(
+        name="trajectories", image=image(config, "steps"), inputs=[Parameter(name="proxy_url")],
+        command=commands.trajectories(config, "{{inputs.parameters.proxy_url}}",
+                                      commands.results_url(config, iteration), iteration),
+        env=admin_env(config) + s3_env(config), resources=Resources(cpu_request=2, memory_request="8Gi"),
+    )
+
+
+def update_template(config: RunConfig, iteration: int) -> Container:
+    """veRL on one iteration's trajectories: reads this checkpoint, writes the next (GPU)."""
+    return Container(
+        name="update", image=image(config, "train"), working_dir="/opt/openforge/app",
+        command=commands.update(config, commands.partition_url(config, iteration), config.checkpoint_url(iteration),
+                                config.checkpoint_url(iteration + 1)),
+        env=s3_env(config), resources=Resources(gpus=config.update_gpus, cpu_request=8, memory_request="64Gi"),
+    )
+
+
+def record_template(config: RunConfig, iteration: int) -> Container:
+    """The exit handler: the iteration's final phase into the run manifest, whatever happened."""
+    return Container(
+        name="record", image=image(config, "steps"), env=s3_env(config), resources=Resources(cpu_request=0.1),
+        command=commands.record(config, iteration, "{{workflow.name}}", "{{workflow.status}}",
+                                config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)),
+    )
+
+
+def collect_dag(config: RunConfig) -> DAG:
+    """serve -> plan -> rollout x N -> trajectories; the daemon stops when this DAG ends."""
+    proxy_url = f"http://{{{{tasks.serve.ip}}}}:{commands.PROXY_PORT}"
+    item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("rollout_id", "rollout_id"),
+                                                 ("image", "image"), ("deadline", "deadline_s"))}
+    return DAG(
+        name="collect", parallelism=config.parallel_rollouts + 1,  # + 1: the serve daemon holds a slot
+        tasks=[
+            Task(name="serve", template="serve"),
+            Task(name="plan", template="plan"),
+            Task(name="rollout", template="rollout", depends="serve && plan", with_param="{{tasks.plan.outputs.result}}",
+                 arguments={**item, "proxy_url": proxy_url}),
+            # A rollout that still fails after its retries is left out of the tables, not fatal to the iteration.
+            Task(name="trajectories", template="trajectories", depends="rollout.AnySucceeded",
+                 arguments={"proxy_url": proxy_url}),
+        ],
+    )
+
+
+def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
+    """Iteration `iteration` of the run as one Workflow (one per iteration keeps each object small)."""
+    iteration_dag = DAG(name="iteration", tasks=[Task(name="collect", template="collect"),
+                                                 Task(name="update", template="update", depends="collect")])
+    templates = [iteration_dag, collect_dag(config), serve_template(config, iteration), plan_template(config, iteration),
+                 rollout_template(config, iteration), trajectories_template(config, iteration),
+                 update_template(config, iteration), record_template(config, iteration)]
+    labels = {"openforge.dev/run": run_label(config), "openforge.dev/iteration": str(iteration)}
+    return Workflow(
+        name=workflow_name(config, iteration), namespace=config.namespace, labels=labels,
+        entrypoint="iteration", on_exit="record", templates=templates,
+        service_account_name=config.service_account,
+        pod_gc=PodGC(strategy="OnWorkflowSuccess"), ttl_strategy=TTLStrategy(seconds_after_success=7 * 24 * 3600),
+    )
