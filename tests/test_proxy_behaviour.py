@@ -110,7 +110,7 @@ def test_a_dead_upstream_is_502_and_the_call_is_kept(dead_upstream_proxy):
 
 def test_over_the_context_window_is_400_in_each_dialect(live_proxy):
     rollout = live_proxy.register("long")
-    key, long_text = rollout["api_key"], "word " * 6000
+    key, long_text = rollout["api_key"], "word " * 40000  # over the 32768-token context
     status, body = post(f"{rollout['openai_base_url']}/chat/completions",
                         {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": long_text}]}, bearer(key))
     assert status == 400 and body["error"]["code"] == "context_length_exceeded"

@@ -122,7 +122,7 @@ def test_a_harness_that_cannot_start_is_an_infra_error(scripted, scripted_proxy,
 def test_a_harness_that_makes_no_model_call_is_an_infra_error(scripted, scripted_proxy, tmp_path, monkeypatch):
     monkeypatch.setattr(HARNESSES["direct"], "command", lambda instruction, workdir, exe: ["bash", "-c", "exit 1"])
     result = run_rollout(spec_for(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path))
-    assert (result.status, result.reward) == ("infra_error", None) and "no model call" in result.error
+    assert (result.status, result.reward) == ("infra_error", None) and "no model call that was answered" in result.error
 
 
 def test_an_unreachable_proxy_is_an_infra_error_with_exit_code_3(tmp_path):
@@ -151,3 +151,12 @@ def test_direct_harness_on_the_real_vllm_records_every_call(proxy, vllm_server, 
     assert result.num_calls == len(calls) >= 1
     assert all(c["status"] == "ok" and len(c["response_token_ids"]) == len(c["response_logprobs"]) > 0 for c in calls)
     assert calls[0]["request"]["messages"][1] == {"role": "user", "content": load_task(spec.task).instruction}
+
+
+def test_a_dead_model_server_is_an_infra_error_not_a_zero(proxy, tmp_path):
+    from steps.vllm_server import free_port
+
+    dead = proxy(f"http://127.0.0.1:{free_port()}", extra=["--model", "tiny"])
+    result = run_rollout(spec_for(dead, BUILTIN_DATASET / "hello-file", "direct", tmp_path))
+    assert (result.status, result.reward) == ("infra_error", None)
+    assert "no model call that was answered" in result.error and "unreachable" in result.error

@@ -1,17 +1,224 @@
-"""The embedded default: the same iteration DAG as local processes on one machine (not written yet).
+"""The embedded default: the same iteration DAG as local processes on one machine.
 
-`workflows/submit.py` calls `run_local(config)` when no Argo server is configured. It is to run, per
-iteration, the commands `workflows.commands` builds (serve, plan, rollout x N up to
-`config.parallel_rollouts`, trajectories, update) as subprocesses, swapping the new weights into the
-running vLLM, and to keep the same run manifest (`steps.manifest`) so `resume` works locally too.
+    python workflows/submit.py --harness direct            # no Argo server configured: runs here
+
+Per iteration, the commands `workflows.commands` builds — the very lines the Argo templates run — as
+subprocesses: `plan`, `rollout` x N (at most `parallel_rollouts` at a time, retried with a fresh rollout
+id on exit code 3 only), `trajectories`, `update`; `serve` (vLLM on CPU + the recording proxy) runs once
+for the whole run and the new weights are swapped into it through the proxy (`POST /weights/update`),
+where a cluster starts a fresh serve pod. The run manifest is the cluster's, so `resume` works here too.
+The update runs on `$OPENFORGE_TRAIN_PYTHON`, else `.venv-train/bin/python` (veRL lives in its own
+environment), else this Python.
 """
 
-from workflows.config import RunConfig
+import ctypes
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from steps import manifest
+from steps.metrics import dataset_metrics
+from steps.vllm_server import free_port
+from workflows import commands
+from workflows.config import REPO_ROOT, RunConfig
+
+SERVE_START_TIMEOUT_S = 900
+PR_SET_PDEATHSIG = 1
+
+
+class StepFailed(RuntimeError):
+    """A step of the local run failed; the message names it and quotes its output."""
+
+
+def say(message: str) -> None:
+    """One progress line on stderr."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def train_python() -> str:
+    """The Python that has veRL."""
+    candidate = os.environ.get("OPENFORGE_TRAIN_PYTHON") or str(REPO_ROOT / ".venv-train" / "bin" / "python")
+    return candidate if Path(candidate).exists() else sys.executable
+
+
+def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
+    """Runs one step to completion; returns its stdout; raises StepFailed with its log's tail."""
+    with open(log, "w") as err:
+        done = subprocess.run(argv, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise StepFailed(f"step {name} failed with exit code {done.returncode}; {log}:\n{tail}")
+    return done.stdout
+
+
+def start_serve(config: RunConfig, model_dir: str, version: int, env: dict, logs: Path) -> tuple[subprocess.Popen, str]:
+    """Starts `steps.serve` (vLLM + proxy) and waits until the proxy answers /health."""
+    port = free_port()
+    argv = commands.serve(config, model_dir, commands.calls_url(config), version, port=port, python=sys.executable)
+    argv += ["--log", str(logs / "vllm.log")]
+    # SIGTERM to serve (which then stops vLLM) if this driver dies, even by SIGKILL: nothing outlives a run.
+    process = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                               stdout=open(logs / "serve.log", "ab"), stderr=subprocess.STDOUT,
+                               preexec_fn=lambda: ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + SERVE_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise StepFailed(f"step serve exited with code {process.returncode}; see {logs / 'serve.log'}")
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            return process, url
+        except OSError:
+            time.sleep(1)
+    process.terminate()
+    raise StepFailed(f"step serve did not become ready within {SERVE_START_TIMEOUT_S} s; see {logs / 'vllm.log'}")
+
+
+def swap_weights(proxy_url: str, admin_key: str, checkpoint: str, version: int) -> None:
+    """Serves `checkpoint` from now on: the proxy holds calls, vLLM reloads in place, calls resume."""
+    body = json.dumps({"weights_path": str(Path(checkpoint).resolve()), "weight_version": str(version)}).encode()
+    req = urllib.request.Request(f"{proxy_url}/weights/update", data=body, method="POST",
+                                 headers={"authorization": f"Bearer {admin_key}", "content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        resp.read()
+
+
+def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_url: str, env: dict) -> list[dict]:
+    """Every planned rollout, `parallel_rollouts` at a time; infra errors get fresh attempts (new ids)."""
+    results_dir = Path(commands.results_url(config, iteration))
+    counts = {"done": 0, "failed": 0, "rewards": []}
+
+    def one(item: dict) -> dict:
+        for attempt in range(config.rollout_retries + 1):
+            rollout_id = item["rollout_id"] if attempt == 0 else f"{item['rollout_id']}-r{attempt}"
+            out = results_dir / rollout_id
+            argv = commands.rollout(config, item["task"], rollout_id, proxy_url, str(out), python=sys.executable)
+            done = subprocess.run(argv, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+            result_file = out / "result.json"
+            result = json.loads(result_file.read_text()) if result_file.exists() else \
+                {"rollout_id": rollout_id, "task": item["task"], "status": "infra_error", "error": done.stderr[-500:]}
+            if done.returncode != 3:
+                break
+        counts["done"] += 1
+        counts["failed"] += result["status"] == "infra_error"
+        if result["status"] != "infra_error":
+            counts["rewards"].append(result["reward"])
+        mean = sum(counts["rewards"]) / len(counts["rewards"]) if counts["rewards"] else float("nan")
+        say(f"iteration {iteration}: rollouts {counts['done']}/{len(planned)} done, {counts['failed']} infra errors, "
+            f"mean reward {mean:.3f}")
+        return result
+
+    with ThreadPoolExecutor(max_workers=config.parallel_rollouts) as pool:
+        return list(pool.map(one, planned))
+
+
+def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path) -> dict:
+    """plan, rollouts, trajectories, update, weight swap; returns the iteration's summary."""
+    timings, started = {}, time.monotonic()
+    planned = json.loads(run_step("plan", commands.plan(config, iteration, python=sys.executable), env,
+                                  logs / f"plan-{iteration}.log"))
+    say(f"iteration {iteration}: {len(planned)} rollouts planned with harness {config.harness}")
+    results = run_rollouts(config, iteration, planned, proxy_url, env)
+    timings["rollouts_s"] = time.monotonic() - started
+    say(f"iteration {iteration}: writing trajectories")
+    run_step("trajectories", commands.trajectories(config, proxy_url, commands.results_url(config, iteration),
+                                                   iteration, python=sys.executable), env, logs / f"trajectories-{iteration}.log")
+    timings["trajectories_s"] = time.monotonic() - started - timings["rollouts_s"]
+    say(f"iteration {iteration}: veRL update")
+    checkpoint, next_checkpoint = config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)
+    run_step("update", commands.update(config, commands.partition_url(config, iteration), checkpoint, next_checkpoint,
+                                       python=train_python()), env, logs / f"update-{iteration}.log")
+    timings["update_s"] = time.monotonic() - started - timings["rollouts_s"] - timings["trajectories_s"]
+    swap_weights(proxy_url, admin_key, next_checkpoint, iteration + 1)
+    timings["reload_s"] = time.monotonic() - started - sum(timings.values())
+    return summarize(iteration, results, next_checkpoint, timings)
+
+
+def summarize(iteration: int, results: list[dict], next_checkpoint: str, timings: dict) -> dict:
+    """The iteration's line in the run summary: rewards, pass rates, infra errors, the update's metrics."""
+    by_task: dict[str, list] = {}
+    for result in results:
+        by_task.setdefault(result["task"], []).append(result["reward"] if result["status"] != "infra_error" else None)
+    k = max(1, min(len(v) for v in by_task.values())) if by_task else 1
+    _, overall = dataset_metrics(by_task, k)
+    return {"iteration": iteration, "rollouts": len(results),
+            "infra_errors": sum(r["status"] == "infra_error" for r in results),
+            "k": k, "metrics": asdict(overall),
+            "update": manifest.read_metrics(next_checkpoint), "timings_s": {k: round(v, 1) for k, v in timings.items()},
+            "checkpoint": next_checkpoint}
+
+
+def base_model(config: RunConfig) -> str:
+    """The base checkpoint: built here (the tiny model, no download) when the default folder is missing."""
+    path = Path(config.model)
+    if not path.exists():
+        if path != REPO_ROOT / RunConfig.model:
+            raise StepFailed(f"model {config.model!r} does not exist; give a local checkpoint folder")
+        from steps.tiny_model import build_tiny_model
+
+        say(f"building the tiny model in {path} (no download)")
+        build_tiny_model(path)
+    return str(path)
+
+
+def absolute(config: RunConfig) -> RunConfig:
+    """Paths made absolute (steps run from the repository root): the store from here, the model and the
+    dataset from here when they exist here, else from the repository root."""
+    def resolve(value: str) -> str:
+        path = Path(value)
+        return value if path.is_absolute() else str(path.resolve() if path.exists() else REPO_ROOT / path)
+
+    return replace(config, store=str(Path(config.store).resolve()), model=resolve(config.model),
+                   dataset=resolve(config.dataset))
 
 
 def run_local(config: RunConfig) -> int:
-    """Runs the whole run on this machine and returns the exit code. Not implemented yet."""
-    raise NotImplementedError(
-        "the local runner (workflows/local.py: run_local) is not written yet; "
-        "submit to an Argo server with --argo-server URL (or ARGO_SERVER), or print the cluster workflows "
-        "with `--config configs/cluster-example.yaml --dry-run`")
+    """Runs (or resumes) the whole run on this machine; prints one JSON summary line per iteration."""
+    config = config.with_run_name()
+    if "://" in config.store:
+        print("error: the local runner keeps results and checkpoints on this machine: use a local `store` "
+              "folder (the cluster workflows take s3:// stores)", file=sys.stderr)
+        return 2
+    config = absolute(config)
+    logs = Path(config.run_url) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    if manifest.read_run_config(config.run_url) is None:
+        manifest.write_run_config(config.run_url, config.to_dict())
+    done = {i for i, entry in manifest.read_iterations(config.run_url).items() if entry.status == "Succeeded"}
+    first = min(set(range(config.iterations)) - done, default=config.iterations)
+    if first == config.iterations:
+        say(f"run {config.run}: all {config.iterations} iterations are done")
+        return 0
+    admin_key = secrets.token_urlsafe(24)
+    env = {**os.environ, "OPENFORGE_ADMIN_KEY": admin_key}
+    model = base_model(config) if first == 0 else config.checkpoint_url(first)
+    say(f"run {config.run}: starting vLLM on CPU and the proxy (iteration {first}, {model})")
+    serve, proxy_url = start_serve(config, model, first, env, logs)
+    try:
+        for iteration in range(first, config.iterations):
+            entry = manifest.IterationRecord(iteration, "local", config.checkpoint_url(iteration),
+                                             config.checkpoint_url(iteration + 1), "Running")
+            manifest.record(config.run_url, entry)
+            try:
+                summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs)
+            except (StepFailed, OSError) as exc:
+                entry.status = "Failed"
+                manifest.record(config.run_url, entry)
+                print(f"error: iteration {iteration}: {exc}", file=sys.stderr)
+                return 1
+            entry.status, entry.metrics = "Succeeded", summary["update"]
+            manifest.record(config.run_url, entry)
+            print(json.dumps(summary), flush=True)
+    finally:
+        serve.terminate()
+        serve.wait(60)
+    say(f"run {config.run} done: {config.iterations} iterations; everything is under {config.run_url}")
+    return 0

@@ -6,8 +6,9 @@
 It stands in for the paper's ZeroClaw (a minimal direct-tool harness, not installable here) and is
 the fastest harness for CPU runs: no Node, no start-up cost, one non-streamed call per turn. The
 model gets the instruction and a `shell` tool; each tool call runs `bash -c` in the working folder.
-The loop ends when the model answers without a tool call or the turn budget is spent. Its event log
-is one JSON line per model call and per command.
+The loop ends when the model answers without a tool call or the turn budget is spent; the final
+answer is also written to `/logs/agent/answer.txt` (Harbor's agent log folder) for verifiers that
+grade the reply. Its event log is one JSON line per model call and per command.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ SHELL_TOOL = {"type": "function", "function": {
     "name": "shell", "description": "Run a bash command in the working folder; returns its output and exit code.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
 OUTPUT_LIMIT = 8000
+# Harbor's folder for agent logs; a verifier may grade the final reply found here.
+ANSWER_FILE = Path("/logs/agent/answer.txt")
 
 
 def install(prefix: Path) -> Path:
@@ -91,8 +94,9 @@ def tool_output(call, timeout_s: float) -> str:
     return run_shell(str(command_text), timeout_s)
 
 
-def agent_loop(instruction: str, max_turns: int, max_tokens: int | None, command_timeout_s: float, log) -> int:
-    """Runs the loop; returns the number of model calls made."""
+def agent_loop(instruction: str, max_turns: int, max_tokens: int | None, command_timeout_s: float,
+               log) -> tuple[int, str | None]:
+    """Runs the loop; returns the number of model calls made and the final answer."""
     from openai import OpenAI  # imported here so that install/prepare/command need no SDK
 
     client = OpenAI(max_retries=0, timeout=3600)
@@ -104,12 +108,12 @@ def agent_loop(instruction: str, max_turns: int, max_tokens: int | None, command
         log({"turn": turn, "content": message.content, "tool_calls": len(message.tool_calls or [])})
         messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
         if not message.tool_calls:
-            return turn + 1
+            return turn + 1, message.content
         for call in message.tool_calls:
             output = tool_output(call, command_timeout_s)
             log({"turn": turn, "tool_call_id": call.id, "output": output[:500]})
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
-    return max_turns
+    return max_turns, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, help="response tokens per call (the proxy may cap them too)")
     p.add_argument("--command-timeout", type=float, default=120.0)
     p.add_argument("--log", type=Path)
+    p.add_argument("--answer-file", type=Path, default=ANSWER_FILE,
+                   help="where the final answer goes, for verifiers that grade the reply (if its folder exists)")
     args = p.parse_args(argv)
     log_file = open(args.log, "a") if args.log else None
 
@@ -129,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             log_file.write(line + "\n")
             log_file.flush()
 
-    calls = agent_loop(args.instruction, args.max_turns, args.max_tokens, args.command_timeout, log)
+    calls, answer = agent_loop(args.instruction, args.max_turns, args.max_tokens, args.command_timeout, log)
     log({"done": True, "model_calls": calls})
+    if args.answer_file and args.answer_file.parent.is_dir():
+        args.answer_file.write_text(answer or "")
     return 0
 
 

@@ -1,0 +1,222 @@
+"""The policy update: train the served checkpoint on recorded samples with veRL's real `TrainingWorker`.
+
+    python -m steps.update --trajectories URL --checkpoint DIR_OR_URL --out DIR_OR_URL \\
+        --config configs/update.yaml [key=value ...]
+
+`--trajectories` is a `samples.parquet` file or the partition folder holding it (local or `s3://`,
+schema in `docs/trajectories.md`); `--checkpoint` a Hugging Face model folder. The step computes
+advantages per rollout with veRL's estimator grouped per task (GRPO by default), corrects for the
+sampler with the recorded logprobs (bypass or truncated IS), runs veRL's FSDP2 update, and writes
+`{out}/model.safetensors` + the input's config and tokenizer files (a folder vLLM loads or reloads)
+and `{out}/metrics.json`. The same code runs on GPU and CPU; the CPU-only adjustments are in
+`steps.update_cpu` and apply only without a GPU.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from steps import update_batch, update_cpu
+from steps.update_batch import Batch, Sample, read_samples
+from steps.update_config import ConfigError, UpdateConfig, load_config
+
+# Files copied from the input checkpoint so the output folder is a complete model for vLLM.
+CHECKPOINT_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                    "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt",
+                    "added_tokens.json"]
+
+
+def prepare_runtime() -> None:
+    """Process-wide setup before veRL is imported: a one-process group by default, CPU adjustments if no GPU.
+
+    A launcher (torchrun) that sets RANK/WORLD_SIZE/MASTER_* wins over these defaults.
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if update_cpu.needed():
+        update_cpu.apply()
+        return
+    from steps.vllm_server import free_port
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def build_worker(checkpoint: Path, config: UpdateConfig):
+    """veRL's `TrainingWorker` (FSDP2, AdamW) on the HF checkpoint, with veRL's `ppo_loss` set.
+
+    Returns (worker, actor_config); actor_config is what the loss reads (clip ratios, policy loss).
+    """
+    from functools import partial
+
+    from verl.workers.config import (FSDPActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig,
+                                     TrainingWorkerConfig)
+    from verl.workers.engine_workers import TrainingWorker
+    from verl.workers.utils.losses import ppo_loss
+
+    cpu = update_cpu.needed()
+    model = HFModelConfig(path=str(checkpoint), override_config=dict(update_cpu.MODEL_OVERRIDES if cpu else {}),
+                          use_remove_padding=not cpu, enable_gradient_checkpointing=False)
+    engine = FSDPEngineConfig(use_dynamic_bsz=True, max_token_len_per_gpu=config.max_tokens_per_micro_batch,
+                              infer_max_token_len_per_gpu=config.max_tokens_per_micro_batch, seed=config.seed,
+                              mixed_precision={"param_dtype": config.compute_dtype, "reduce_dtype": "fp32",
+                                               "buffer_dtype": "fp32"}, strategy="fsdp2",
+                              **(update_cpu.ENGINE_OVERRIDES if cpu else {}))
+    optim = FSDPOptimizerConfig(lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas),
+                                clip_grad=config.grad_clip, total_training_steps=config.epochs * config.mini_batches)
+    actor = FSDPActorConfig(
+        strategy=engine.strategy, rollout_n=1, use_dynamic_bsz=True, fsdp_config=engine, optim=optim,
+        clip_ratio=config.clip_ratio_high, clip_ratio_low=config.clip_ratio_low,
+        clip_ratio_high=config.clip_ratio_high, clip_ratio_c=config.clip_ratio_c,
+        loss_agg_mode=config.loss_agg_mode, entropy_coeff=config.entropy_coeff,
+        policy_loss={"loss_mode": config.policy_loss}, use_torch_compile=engine.use_torch_compile)
+    worker = TrainingWorker(TrainingWorkerConfig(model_type="language_model", model_config=model,
+                                                 engine_config=engine, optimizer_config=optim))
+    worker.reset()
+    worker.set_loss_fn(partial(ppo_loss, config=actor))
+    return worker, actor
+
+
+def trainer_logprobs(worker, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trainer's logprobs and entropies on each response token, [samples, response length], no update."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    td = batch.to_tensordict(temperature)
+    tu.assign_non_tensor(td, calculate_entropy=True, compute_loss=False)
+    output = worker.infer_batch(td)
+    log_probs = no_padding_2_padding(tu.get(output, "log_probs"), td).float()
+    entropy = no_padding_2_padding(tu.get(output, "entropy"), td).float()
+    return log_probs, entropy
+
+
+def train(worker, batch: Batch, config: UpdateConfig) -> dict:
+    """One call of veRL's `train_mini_batch`: `epochs` passes of `mini_batches` optimiser steps each."""
+    from verl.utils import tensordict_utils as tu
+
+    mini_batch_size = len(batch.loss_weights) // config.mini_batches
+    td = batch.to_tensordict(config.temperature)
+    tu.assign_non_tensor(td, calculate_entropy=config.entropy_coeff != 0, global_batch_size=mini_batch_size,
+                         mini_batch_size=mini_batch_size, epochs=config.epochs, seed=config.seed,
+                         dataloader_kwargs={"shuffle": False}, compute_loss=True)
+    return tu.get(worker.train_mini_batch(td), "metrics")
+
+
+def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
+    """Advantages, correction and veRL's update on `samples`. Returns (worker, metrics) for saving."""
+    if len(samples) % config.mini_batches:
+        raise ConfigError(f"mini_batches={config.mini_batches} must divide the number of samples ({len(samples)})")
+    prepare_runtime()
+    started = time.perf_counter()
+    advantages = update_batch.rollout_advantages(samples, config)
+    worker, _ = build_worker(checkpoint, config)
+    batch = update_batch.pad(samples, advantages)
+    trainer_lp, entropy = trainer_logprobs(worker, batch, config.temperature)
+    correction = update_batch.correct(batch, trainer_lp, config)
+    train_started = time.perf_counter()
+    train_metrics = train(worker, batch, config)
+    train_s = time.perf_counter() - train_started
+    mask = batch.response_mask.bool()
+    tokens = int(mask.sum())
+    metrics = {
+        "loss": _mean(train_metrics["loss"]), "grad_norm": _mean(train_metrics["grad_norm"]),
+        "entropy": float(entropy[mask].mean()) if tokens else 0.0,
+        "reward_mean": update_batch.reward_mean(samples),
+        "logprob_gap": correction.pop("logprob_gap"),
+        "samples": len(samples), "optimizer_steps": config.epochs * config.mini_batches,
+        "tokens_trained": tokens * config.epochs,
+        "train_s": train_s, "tokens_per_s": tokens * config.epochs / train_s, **correction,
+        "total_s": time.perf_counter() - started,
+    }
+    return worker, metrics
+
+
+def _mean(values) -> float:
+    """Mean of a veRL metric (a list over mini-batches, or one value)."""
+    values = values if isinstance(values, list) else [values]
+    return float(sum(float(v) for v in values) / len(values))
+
+
+def save_checkpoint(worker, checkpoint: Path, out: Path) -> Path:
+    """Write the updated weights as `out/model.safetensors` plus the input's config and tokenizer files."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    params, _ = worker.engine.get_per_tensor_param()
+    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in params}
+    partial = out / ".model.safetensors.partial"  # renamed when complete: a reader never sees half a file
+    save_file(tensors, str(partial), metadata={"format": "pt"})
+    os.replace(partial, out / "model.safetensors")
+    for name in CHECKPOINT_FILES:
+        if (checkpoint / name).exists():
+            (out / name).write_bytes((checkpoint / name).read_bytes())
+    return out
+
+
+def _is_remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def _fetch(url: str, local: Path) -> Path:
+    """A local folder holding `url`'s files: the folder itself when local, else a download through fsspec."""
+    if not _is_remote(url):
+        return Path(url.removeprefix("file://"))
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.get(path.rstrip("/") + "/", str(local), recursive=True)
+    return local
+
+
+def _publish(local: Path, url: str) -> None:
+    """Upload the finished folder to a remote `url` (each file one PUT, so readers never see half a file)."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.put(str(local).rstrip("/") + "/", path, recursive=True)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The CLI: URLs, the config file, and `key=value` overrides."""
+    parser = argparse.ArgumentParser(prog="python -m steps.update", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trajectories", required=True, help="samples.parquet file or its partition folder")
+    parser.add_argument("--checkpoint", required=True, help="Hugging Face model folder (local or s3://)")
+    parser.add_argument("--out", required=True, help="folder for the new checkpoint and metrics.json")
+    parser.add_argument("--config", default="configs/update.yaml", help="flat YAML of UpdateConfig fields")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of config fields")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Load samples and config, update, write the checkpoint and metrics; 2 on a bad config or input."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        config = load_config(args.config, args.overrides)
+        samples = read_samples(args.trajectories)
+    except (ConfigError, update_batch.SampleError) as error:
+        print(f"steps.update: {error}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="openforge-update-") as tmp:
+        checkpoint = _fetch(args.checkpoint, Path(tmp) / "in")
+        try:
+            worker, metrics = run_update(samples, checkpoint, config)
+        except ConfigError as error:
+            print(f"steps.update: {error}", file=sys.stderr)
+            return 2
+        local_out = Path(tmp) / "out" if _is_remote(args.out) else _fetch(args.out, Path(tmp))
+        save_checkpoint(worker, checkpoint, local_out)
+        (local_out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        if _is_remote(args.out):
+            _publish(local_out, args.out)
+    print(json.dumps(metrics))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Samples in, veRL's padded batch out: per-rollout advantages, loss weights and the rollout-logprob correction.
+
+Reads the `samples` table (`docs/trajectories.md`); the columns used are `SAMPLE_COLUMNS`. veRL's layout:
+prompts left-padded, responses right-padded, `response_mask` 1 only on sampled tokens.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from steps.update_config import UpdateConfig
+
+# The `samples` columns the update reads (written by `steps.trajectories`).
+SAMPLE_COLUMNS = ["rollout_id", "task", "prompt_token_ids", "response_token_ids", "response_mask",
+                  "response_logprobs", "reward", "loss_weight"]
+
+
+class SampleError(ValueError):
+    """Unusable samples input: the message names the file or column."""
+
+
+@dataclass
+class Sample:
+    """One training sample: a prompt, then response tokens of which `response_mask` marks the sampled ones."""
+
+    rollout_id: str
+    task: str | None
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float] | None  # the sampler's, aligned with response_token_ids; None if unknown
+    reward: float
+    loss_weight: float = 1.0
+
+
+def read_samples(url: str) -> list[Sample]:
+    """Samples from a `samples.parquet` URL, or from the partition folder holding one (local or s3://)."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    if not url.endswith(".parquet"):
+        url = url.rstrip("/") + "/samples.parquet"
+    try:
+        with fsspec.open(url, "rb") as handle:
+            table = pq.read_table(handle)
+    except (OSError, ValueError) as error:
+        raise SampleError(f"{url}: cannot read samples ({error})") from error
+    missing = [name for name in SAMPLE_COLUMNS if name not in table.column_names]
+    if missing:
+        raise SampleError(f"{url}: missing column(s) {', '.join(missing)}; needs {', '.join(SAMPLE_COLUMNS)}")
+    samples = []
+    for row in table.select(SAMPLE_COLUMNS).to_pylist():
+        if not row["response_token_ids"]:
+            continue
+        if len(row["response_mask"] or []) != len(row["response_token_ids"]):
+            raise SampleError(f"{url}: rollout {row['rollout_id']}: response_mask is not aligned with "
+                              "response_token_ids")
+        if row["response_logprobs"] is not None and len(row["response_logprobs"]) != len(row["response_token_ids"]):
+            row["response_logprobs"] = None  # unaligned: treated as unknown (trainer logprobs stand in)
+        samples.append(Sample(**row))
+    if not samples:
+        raise SampleError(f"{url}: no samples with response tokens")
+    return samples
+
+
+@dataclass
+class Batch:
+    """veRL's padded batch for a list of samples ([samples, length] tensors)."""
+
+    prompts: torch.Tensor
+    responses: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    rollout_log_probs: torch.Tensor  # 0 where unknown
+    has_rollout_log_probs: torch.Tensor  # [samples] bool
+    advantages: torch.Tensor
+    loss_weights: torch.Tensor  # [samples]
+    old_log_probs: torch.Tensor | None = None
+    rollout_is_weights: torch.Tensor | None = field(default=None)
+
+    def to_tensordict(self, temperature: float):
+        """The no-padding TensorDict veRL's worker takes (`left_right_2_no_padding` of the padded batch)."""
+        from verl import DataProto
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        position_ids = (self.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        tensors = {"prompts": self.prompts, "responses": self.responses,
+                   "input_ids": torch.cat([self.prompts, self.responses], dim=1),
+                   "attention_mask": self.attention_mask, "position_ids": position_ids,
+                   "response_mask": self.response_mask, "advantages": self.advantages}
+        if self.old_log_probs is not None:
+            tensors["old_log_probs"] = self.old_log_probs
+        if self.rollout_is_weights is not None:
+            tensors["rollout_is_weights"] = self.rollout_is_weights
+        data = DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
+        return left_right_2_no_padding(data.to_tensordict())
+
+
+def rollout_advantages(samples: list[Sample], config: UpdateConfig) -> dict[str, float]:
+    """One advantage per rollout from veRL's estimator, rollouts grouped by task.
+
+    Computed on rollouts, not samples, so a rollout split into many samples counts once in its group.
+    """
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    rollouts = {sample.rollout_id: sample for sample in samples}
+    ids = list(rollouts)
+    rewards = torch.tensor([[float(rollouts[i].reward or 0.0)] for i in ids], dtype=torch.float32)
+    groups = np.array([rollouts[i].task or f"rollout:{i}" for i in ids], dtype=object)
+    algo = AlgoConfig(adv_estimator=config.adv_estimator, norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo)
+    estimator = get_adv_estimator_fn(config.adv_estimator)
+    kwargs = {"norm_adv_by_std_in_grpo": config.norm_adv_by_std_in_grpo} if config.adv_estimator == "grpo" else {}
+    advantages, _ = estimator(token_level_rewards=rewards, response_mask=torch.ones_like(rewards), index=groups,
+                              config=algo, **kwargs)
+    return {rollout_id: float(advantages[row, 0]) for row, rollout_id in enumerate(ids)}
+
+
+def _pad(rows: list[list], width: int, left: bool, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, width] tensor of `rows`, zero-padded on the left (prompts) or right (responses)."""
+    out = torch.zeros(len(rows), width, dtype=dtype)
+    for i, row in enumerate(rows):
+        if not row:
+            continue
+        if left:
+            out[i, width - len(row):] = torch.tensor(row, dtype=dtype)
+        else:
+            out[i, :len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def pad(samples: list[Sample], advantages: dict[str, float]) -> Batch:
+    """veRL's padded batch: prompts left-padded, responses right-padded, advantages on sampled tokens."""
+    prompt_width = max(len(s.prompt_token_ids) for s in samples)
+    response_width = max(len(s.response_token_ids) for s in samples)
+    prompts = _pad([s.prompt_token_ids for s in samples], prompt_width, True, torch.long)
+    responses = _pad([s.response_token_ids for s in samples], response_width, False, torch.long)
+    prompt_real = _pad([[1] * len(s.prompt_token_ids) for s in samples], prompt_width, True, torch.long)
+    response_real = _pad([[1] * len(s.response_token_ids) for s in samples], response_width, False, torch.long)
+    response_mask = _pad([s.response_mask for s in samples], response_width, False, torch.float32)
+    logprobs = [[x if x is not None and np.isfinite(x) else 0.0 for x in (s.response_logprobs or [])]
+                for s in samples]
+    rollout_log_probs = _pad(logprobs, response_width, False, torch.float32) * response_mask
+    advantage = torch.tensor([advantages[s.rollout_id] for s in samples], dtype=torch.float32)
+    return Batch(
+        prompts=prompts, responses=responses, attention_mask=torch.cat([prompt_real, response_real], dim=1),
+        response_mask=response_mask, rollout_log_probs=rollout_log_probs,
+        has_rollout_log_probs=torch.tensor([s.response_logprobs is not None for s in samples]),
+        advantages=advantage[:, None] * response_mask,
+        loss_weights=torch.tensor([float(s.loss_weight) for s in samples], dtype=torch.float32))
+
+
+def correct(batch: Batch, trainer_log_probs: torch.Tensor, config: UpdateConfig) -> dict[str, float]:
+    """Set the batch's old logprobs and per-token loss weights for the configured correction; return metrics.
+
+    bypass: the sampler's logprobs are the PPO old logprobs (the trainer's where a sample has none).
+    tis: the trainer's are, and veRL's token-level truncated IS weights correct for the sampler.
+    Either way each token's loss is also multiplied by its sample's `loss_weight`.
+    """
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+
+    known = batch.has_rollout_log_probs[:, None].float() * batch.response_mask
+    rollout = torch.where(known.bool(), batch.rollout_log_probs, trainer_log_probs)
+    gap = ((rollout - trainer_log_probs).abs() * known).sum() / known.sum().clamp(min=1)
+    metrics = {"logprob_gap": float(gap), "samples_without_rollout_logprobs":
+               int((~batch.has_rollout_log_probs).sum())}
+    weights = batch.loss_weights[:, None].expand_as(batch.response_mask).clone()
+    if config.correction == "bypass":
+        batch.old_log_probs = rollout
+    else:
+        batch.old_log_probs = trainer_log_probs
+        is_weights, is_metrics = compute_rollout_correction_weights(
+            log_ratio=trainer_log_probs - rollout, response_mask=batch.response_mask, rollout_is="token",
+            rollout_is_threshold=config.tis_threshold)
+        weights = weights * is_weights
+        metrics["rollout_is_mean"] = float(is_metrics.get("rollout_corr/rollout_is_mean",
+                                                          is_metrics.get("rollout_is_mean", 0.0)))
+    batch.rollout_is_weights = weights * batch.response_mask
+    return metrics
+
+
+def reward_mean(samples: list[Sample]) -> float:
+    """Mean reward over rollouts (each rollout once, however many samples it gave)."""
+    rewards = {s.rollout_id: float(s.reward or 0.0) for s in samples}
+    return sum(rewards.values()) / len(rewards)

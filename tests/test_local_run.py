@@ -1,0 +1,91 @@
+"""The embedded default end to end: `python workflows/submit.py` with no Argo server runs the whole loop
+on this machine — real vLLM on CPU with the tiny model, the proxy, `direct` rollouts in bubblewrap,
+grading, Parquet, the real veRL update, the new weights swapped in — and resumes after its driver dies.
+
+The dataset is the toy `target-word` task, whose verifier gives partial credit for the reply, so that
+the random model's samples earn different rewards and the update has a gradient.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from steps.trajectories.io import partition_url, read_table
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not (REPO / ".venv-train" / "bin" / "python").exists() and
+                                not os.environ.get("OPENFORGE_TRAIN_PYTHON"),
+                                reason="veRL's environment (.venv-train) is not set up: run `make train-setup`")
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def iteration_record(store: Path, iteration: int) -> dict | None:
+    path = store / "loop" / "manifest" / f"iteration-{iteration}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if text in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(tiny_model, tmp_path):
+    store = tmp_path / "runs"
+    settings = [f"store={store}", "run=loop", "iterations=2", "dataset=steps/tasks/toy", "tasks_per_iteration=1",
+                "samples_per_task=8", "max_tokens_cap=16", "parallel_rollouts=4", f"model={tiny_model}"]
+    log = open(tmp_path / "driver.log", "w")
+    driver = subprocess.Popen([sys.executable, "workflows/submit.py", "--harness", "direct", *settings],
+                              cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        first = wait_for(lambda: (r := iteration_record(store, 0)) and r["status"] == "Succeeded" and r,
+                         600, "iteration 0 to succeed")
+    finally:
+        driver.kill()  # the driver dies mid-run; serve (and its vLLM) must go with it
+        driver.wait()
+    wait_for(lambda: not processes_mentioning(str(store)), 60, "serve and vLLM to stop after the driver died")
+
+    resumed = subprocess.run([sys.executable, "workflows/submit.py", "resume", "--run", "loop", *settings[:1]],
+                             cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert iteration_record(store, 0)["updated"] == first["updated"]  # iteration 0 was not run again
+    assert iteration_record(store, 1)["status"] == "Succeeded"
+
+    run = store / "loop"
+    for iteration in (0, 1):
+        results = [json.loads(p.read_text()) for p in (run / "results" / f"iteration-{iteration}").glob("*/result.json")]
+        assert len(results) == 8 and {r["status"] for r in results} == {"ok"}
+        partition = partition_url(str(run / "trajectories"), "loop", iteration)
+        assert read_table(partition, "rollouts").num_rows == 8 and read_table(partition, "samples").num_rows >= 8
+        metrics = json.loads((run / "checkpoints" / f"iteration-{iteration + 1}" / "metrics.json").read_text())
+        assert metrics["tokens_trained"] > 0
+
+    # Iteration 1 was served the weights iteration 0's update wrote, stamped with their version.
+    versions = {}
+    for call_file in (run / "calls" / "rollouts").glob("*/calls/*.json"):
+        call = json.loads(call_file.read_text())
+        versions.setdefault(call["rollout_id"].split("-")[0], set()).add(call["weight_version"])
+    assert versions == {"it0": {"0"}, "it1": {"1"}}
+    base, updated = load_file(tiny_model / "model.safetensors"), load_file(run / "checkpoints" / "iteration-1" / "model.safetensors")
+    assert base.keys() == updated.keys()
+    assert any(not base[name].float().equal(updated[name].float()) for name in base)
