@@ -8,7 +8,6 @@ the random model's samples earn different rewards and the update has a gradient.
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
