@@ -8,6 +8,7 @@ call goes through it and is recorded, and stopping the step stops vLLM too.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +45,9 @@ def test_serve_step_serves_vllm_through_the_proxy(tiny_model: Path, tmp_path: Pa
     """The serve command from workflows.commands, on CPU: ready, records a call, stops vLLM with it."""
     config = load_config(None, ["run=serve", f"model_name={MODEL_NAME}", "max_tokens_cap=8"])
     port = free_port()
-    argv = commands.serve(config, str(tiny_model), str(tmp_path / "calls"), 0, port=port, python=sys.executable)
+    model = tmp_path / "model"  # its own copy: the session's vLLM serves `tiny_model`, and must not be mistaken for ours
+    shutil.copytree(tiny_model, model)
+    argv = commands.serve(config, str(model), str(tmp_path / "calls"), 0, port=port, python=sys.executable)
     argv += ["--log", str(tmp_path / "vllm.log")]
     env = {**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY}
     with open(tmp_path / "serve.log", "wb") as log:
@@ -65,4 +68,4 @@ def test_serve_step_serves_vllm_through_the_proxy(tiny_model: Path, tmp_path: Pa
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(60)
-    assert "vllm" not in subprocess.run(["pgrep", "-af", str(tiny_model)], capture_output=True, text=True).stdout
+    assert "vllm" not in subprocess.run(["pgrep", "-af", str(model)], capture_output=True, text=True).stdout
