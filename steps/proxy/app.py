@@ -13,12 +13,12 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from steps.proxy import chat, messages, responses
 from steps.proxy.config import ProxyConfig
-from steps.proxy.errors import ProxyError, anthropic_error_body, openai_error_body
+from steps.proxy.errors import ProxyError, anthropic_error_body, openai_error_body, validation_message
 from steps.proxy.serving import api_key, read_json, serve_call
 from steps.proxy.sessions import Sessions, WeightGate
 from steps.proxy.store import CallStore
@@ -50,10 +50,9 @@ async def admin_body(request: Request, model: type[BaseModel]) -> BaseModel:
     raw = await read_json(request, 1 << 20)
     try:
         return model.model_validate(raw)
-    except Exception as exc:  # pydantic.ValidationError
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise ProxyError(400, f"invalid field '{field}': {first['msg']}", param=field) from None
+    except ValidationError as exc:
+        message, field = validation_message(exc)
+        raise ProxyError(400, message, param=field) from None
 
 
 admin = APIRouter()
