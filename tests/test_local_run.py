@@ -81,9 +81,9 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(tiny_m
 
     # Iteration 1 was served the weights iteration 0's update wrote, stamped with their version.
     versions = {}
-    for call_file in (run / "calls" / "rollouts").glob("*/calls/*.json"):
-        call = json.loads(call_file.read_text())
-        versions.setdefault(call["rollout_id"].split("-")[0], set()).add(call["weight_version"])
+    for call_log in (run / "calls" / "rollouts").glob("*/calls.jsonl"):
+        for call in map(json.loads, call_log.read_text().splitlines()):
+            versions.setdefault(call["rollout_id"].split("-")[0], set()).add(call["weight_version"])
     assert versions == {"it0": {"0"}, "it1": {"1"}}
     base, updated = load_file(tiny_model / "model.safetensors"), load_file(run / "checkpoints" / "iteration-1" / "model.safetensors")
     assert base.keys() == updated.keys()

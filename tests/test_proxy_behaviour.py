@@ -101,8 +101,10 @@ def test_bad_input_gets_a_clear_error_in_the_dialects_shape(dead_upstream_proxy)
 
 def test_a_dead_upstream_is_502_and_the_call_is_kept(dead_upstream_proxy):
     rollout = dead_upstream_proxy.register("dead")
-    status, body = post(f"{rollout['anthropic_base_url']}/v1/messages",
-                        {"model": "tiny", "max_tokens": 5, "messages": USER}, {"x-api-key": rollout["api_key"]})
+    # Pretty-printed, with CRLF line breaks: the record still fills exactly one line of the store's log.
+    sent = json.dumps({"model": "tiny", "max_tokens": 5, "messages": USER}, indent=2).replace("\n", "\r\n")
+    status, body = post(f"{rollout['anthropic_base_url']}/v1/messages", None, {"x-api-key": rollout["api_key"]},
+                        raw=sent.encode())
     assert status == 502 and body["error"]["type"] == "api_error" and "unreachable" in body["error"]["message"]
     (call,) = dead_upstream_proxy.calls("dead")
     assert call["status"] == "error" and call["error"]["status"] == 502 and call["request"]["messages"] == USER
@@ -149,12 +151,17 @@ def test_calls_and_keys_survive_a_restart(vllm_server, tmp_path):
         client.chat.completions.create(model="tiny", messages=USER, max_tokens=3)
     finally:
         stop_proxy(proxy)
+    # A crash in the middle of writing the next record: it was never answered, so it must not count.
+    log = tmp_path / "store" / "rollouts" / "keep" / "calls.jsonl"
+    with log.open("ab") as f:
+        f.write(b'{"rollout_id": "keep", "call_index": 1, "status": "ok", "prompt_tok')
     proxy = start_proxy(vllm_server, store, ADMIN, port=proxy.port)
     try:
         (first,) = proxy.calls("keep")
         assert first["status"] == "ok" and len(first["response_token_ids"]) == len(first["response_logprobs"]) > 0
         client.chat.completions.create(model="tiny", messages=USER, max_tokens=3)
         assert [call["call_index"] for call in proxy.calls("keep")] == [0, 1]
+        assert [json.loads(line)["call_index"] for line in log.read_bytes().splitlines()] == [0, 1]
     finally:
         stop_proxy(proxy)
 

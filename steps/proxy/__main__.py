@@ -67,8 +67,10 @@ def main(argv: list[str] | None = None) -> None:
     # Stored calls complete on worker threads that need the GIL back from the busy event loop; a 1 ms
     # switch interval instead of CPython's 5 ms roughly halved the latency the proxy adds at 64 paced sessions.
     sys.setswitchinterval(0.001)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
-                access_log=False, loop="auto", http="auto", timeout_keep_alive=75, log_config=None)
+    # No proxy-headers middleware: nothing in front of the proxy rewrites client addresses.
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
+                loop="auto", http="auto", timeout_keep_alive=75, log_config=None, proxy_headers=False,
+                server_header=False)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Rollout routes (that rollout's key): /rollouts/{id}/v1/chat/completions, /v1/res
 
 import hmac
 import logging
+import re
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
@@ -126,24 +127,34 @@ async def models(request: Request, rollout_id: str) -> dict:
     return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "openforge"}]}
 
 
-async def chat_completions(request: Request):
-    return await serve_call(request, request.path_params["rollout_id"], chat)
+MODEL_ROUTES = {"chat/completions": chat, "responses": responses, "messages": messages}
+MODEL_ROUTE = re.compile(r"/rollouts/([^/]+)/v1/(chat/completions|responses|messages)")
 
 
-async def create_response(request: Request):
-    return await serve_call(request, request.path_params["rollout_id"], responses)
+class ModelCalls:
+    """The model-call routes as bare ASGI in front of FastAPI, which serves every other route.
 
+    A call is answered with the same handler and error bodies the framework would use, without its four
+    middleware layers, route scan and per-request dependency solving, which ran on every call
+    (benchmarks/proxy_overhead.py measures what the proxy costs per call).
+    """
 
-async def create_message(request: Request):
-    return await serve_call(request, request.path_params["rollout_id"], messages)
+    def __init__(self, app: FastAPI):
+        self.app = app
 
-
-# The model-call routes are plain Starlette routes (which do not get the router's prefix by themselves):
-# they take no parsed parameters, and FastAPI's per-request dependency solving cost 0.2-0.4 ms of CPU
-# per call, 10-20% of the proxy's own (benchmarks/proxy_overhead.py).
-for _path, _endpoint in (("/v1/chat/completions", chat_completions), ("/v1/responses", create_response),
-                         ("/v1/messages", create_message)):
-    rollout_api.add_route(rollout_api.prefix + _path, _endpoint, methods=["POST"])
+    async def __call__(self, scope, receive, send) -> None:
+        match = MODEL_ROUTE.fullmatch(scope["path"]) if scope["type"] == "http" else None
+        if match is None or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        scope["app"] = self.app
+        request = Request(scope, receive, send)
+        try:
+            response = await serve_call(request, match[1], MODEL_ROUTES[match[2]])
+        except ProxyError as err:
+            response = await _on_proxy_error(request, err)
+        except Exception as exc:  # the client gets the dialect's error shape, the log gets the traceback
+            response = await _on_unexpected(request, exc)
+        await response(scope, receive, send)
 
 
 def _error_response(request: Request, err: ProxyError) -> JSONResponse:
@@ -170,7 +181,7 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return _error_response(request, ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the proxy log"))
 
 
-def create_app(config: ProxyConfig) -> FastAPI:
+def create_app(config: ProxyConfig) -> ModelCalls:
     """Builds the proxy app; store, sessions, upstream client and weight gate live for its lifespan."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -190,4 +201,4 @@ def create_app(config: ProxyConfig) -> FastAPI:
     app.add_exception_handler(HTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, lambda r, e: _error_response(r, ProxyError(400, str(e))))
     app.add_exception_handler(Exception, _on_unexpected)
-    return app
+    return ModelCalls(app)

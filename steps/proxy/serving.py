@@ -6,8 +6,9 @@ The call is stored before the first byte of the answer leaves, so nothing answer
 """
 
 import asyncio
+import itertools
+import secrets
 import time
-import uuid
 from types import ModuleType
 
 import orjson
@@ -18,6 +19,10 @@ from fastapi.responses import StreamingResponse
 from steps.logs import now
 from steps.proxy.errors import ProxyError, validation_message
 from steps.proxy.sessions import Rollout
+
+# Response ids: a random per-process prefix and a counter (uuid4 read os.urandom on every call).
+_ID_PREFIX = secrets.token_hex(8)
+_ID_COUNTER = itertools.count()
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "min_p", "tool_choice")
@@ -35,8 +40,8 @@ def api_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-async def read_json(request: Request, limit: int) -> dict:
-    """The request body as a JSON object; 413 past `limit` bytes, 400 if it is not a JSON object."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body; 413 past `limit` bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ProxyError(413, f"request body of {int(declared)} bytes is over the proxy's limit of {limit} bytes")
@@ -46,8 +51,13 @@ async def read_json(request: Request, limit: int) -> dict:
         if size > limit:
             raise ProxyError(413, f"request body is over the proxy's limit of {limit} bytes")
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_object(data: bytes) -> dict:
+    """A request body as a JSON object; 400 if it is not one."""
     try:
-        body = orjson.loads(b"".join(chunks))
+        body = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -55,21 +65,40 @@ async def read_json(request: Request, limit: int) -> dict:
     return body
 
 
+async def read_json(request: Request, limit: int) -> dict:
+    """The request body as a JSON object; 413 past `limit` bytes, 400 if it is not a JSON object."""
+    return parse_object(await read_body(request, limit))
+
+
+def stored_json(data: bytes) -> orjson.Fragment:
+    """Checked JSON bytes, kept as sent inside a stored record (orjson copies them, no re-encoding).
+    Line breaks between JSON tokens become spaces (inside strings they are always escaped), so the
+    record stays on one line of the store's log."""
+    return orjson.Fragment(data.replace(b"\n", b" ").replace(b"\r", b" ") if b"\n" in data or b"\r" in data
+                           else data)
+
+
 async def until_disconnect(request: Request, work):
-    """Runs `work` to completion, or cancels it and raises ClientGone if the client disconnects."""
+    """Awaits `work` in this task; if the client disconnects first, cancels it and raises ClientGone."""
+    this, gone = asyncio.current_task(), False
+
     async def watch():
+        nonlocal gone
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        gone = True
+        this.cancel()
 
-    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(watch())
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        this.uncancel()
+        raise ClientGone() from None
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        raise ClientGone()
-    return task.result()
 
 
 def sse(event: str | None, data) -> bytes:
@@ -83,14 +112,15 @@ async def serve_call(request: Request, rollout_id: str, dialect: ModuleType) -> 
     """Answers one model call of a rollout in `dialect`, recording it token-exactly."""
     state = request.app.state
     rollout = await state.sessions.authorize(rollout_id, api_key(request))
-    raw = await read_json(request, state.config.max_body_bytes)
+    data = await read_body(request, state.config.max_body_bytes)
+    raw = parse_object(data)
     try:
         req = dialect.Request.model_validate(raw)
     except pydantic.ValidationError as exc:
         message, field = validation_message(exc)
         raise ProxyError(400, message, param=field) from None
     upstream_body = state.config.sampling(dialect.to_upstream(req, raw))
-    record = _new_record(rollout, dialect.NAME, req.stream, raw, upstream_body)
+    record = _new_record(rollout, dialect.NAME, req.stream, data, upstream_body)
     try:
         completion = await until_disconnect(request, _complete(state, upstream_body, record))
     except ClientGone:
@@ -99,7 +129,7 @@ async def serve_call(request: Request, rollout_id: str, dialect: ModuleType) -> 
     except ProxyError as err:
         await _finish(state, record, "error", error={"status": err.status, "message": err.message})
         raise
-    response_id, created = uuid.uuid4().hex, int(time.time())
+    response_id, created = f"{_ID_PREFIX}{next(_ID_COUNTER):08x}", int(time.time())
     record.update(prompt_token_ids=completion.prompt_token_ids, response_token_ids=completion.response_token_ids,
                   response_logprobs=completion.response_logprobs, finish_reason=completion.finish_reason)
     if not req.stream:
@@ -129,7 +159,7 @@ async def _once(chunk: bytes):
     yield chunk
 
 
-def _new_record(rollout: Rollout, dialect: str, stream: bool, raw: dict, upstream_body: dict) -> dict:
+def _new_record(rollout: Rollout, dialect: str, stream: bool, data: bytes, upstream_body: dict) -> dict:
     return {
         "rollout_id": rollout.rollout_id,
         "call_index": rollout.take_index(),
@@ -143,7 +173,7 @@ def _new_record(rollout: Rollout, dialect: str, stream: bool, raw: dict, upstrea
         "finish_reason": None,
         "sampling": {key: upstream_body[key] for key in SAMPLING_KEYS if key in upstream_body},
         "timings": {"received_at": now()},
-        "request": raw,
+        "request": stored_json(data),
         "response": None,
         "error": None,
     }

@@ -80,7 +80,7 @@ class Sessions:
         info = await self.store.get_rollout(rollout_id)
         if info is None:
             return None
-        rollout = Rollout(**info, next_index=await self.store.count_calls(rollout_id))
+        rollout = Rollout(**info, next_index=await self.store.resume_calls(rollout_id))
         return self.rollouts.setdefault(rollout_id, rollout)
 
     async def get(self, rollout_id: str) -> Rollout:

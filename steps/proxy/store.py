@@ -1,11 +1,16 @@
 """Durable storage of rollouts and their recorded calls: a local folder or any fsspec URL (s3://...).
 
-Layout (one JSON object per file, so a crash never leaves a half-written call that readers take):
+Layout:
 
-    {root}/rollouts/{rollout_id}/rollout.json          registration: metadata, key digest, times
-    {root}/rollouts/{rollout_id}/calls/{index:06d}.json one recorded call
+    {root}/rollouts/{rollout_id}/rollout.json            registration: metadata, key digest, times
+    {root}/rollouts/{rollout_id}/calls.jsonl             local folder: one call record per line, appended
+    {root}/rollouts/{rollout_id}/calls/{index:06d}.json  object store: one object per call
 
-Local writes go to a temporary name and are renamed into place; object stores put whole objects.
+A local call is one `write` to a file opened with O_APPEND; a record that a crash cut short has no
+final newline, was never answered (the answer leaves after the write), and is dropped by readers and
+cut off when a restarted proxy takes the rollout up again. Appending costs ~50 us per 90 KB record
+where creating and renaming a file per call cost 0.2-1 ms (benchmarks/proxy_overhead.py). Object
+stores put whole objects.
 """
 
 import asyncio
@@ -14,6 +19,8 @@ import uuid
 
 import fsspec
 import orjson
+
+CALL_LOG = "calls.jsonl"
 
 
 class CallStore:
@@ -30,13 +37,10 @@ class CallStore:
     def _rollout_dir(self, rollout_id: str) -> str:
         return f"{self.root}/rollouts/{rollout_id}"
 
-    def _call_path(self, rollout_id: str, call_index: int) -> str:
-        return f"{self._rollout_dir(rollout_id)}/calls/{call_index:06d}.json"
-
     async def put_rollout(self, info: dict) -> None:
         """Writes (or rewrites) a rollout's registration."""
         path = f"{self._rollout_dir(info['rollout_id'])}/rollout.json"
-        await asyncio.to_thread(self._write, path, orjson.dumps(info))
+        await asyncio.to_thread(self._write_whole, path, orjson.dumps(info))
 
     async def get_rollout(self, rollout_id: str) -> dict | None:
         """The rollout's registration, or None if it was never registered."""
@@ -45,17 +49,30 @@ class CallStore:
         return None if data is None else orjson.loads(data)
 
     async def put_call(self, record: dict) -> None:
-        """Durably writes one call record; returns once it is readable by a restarted proxy."""
-        path = self._call_path(record["rollout_id"], record["call_index"])
-        await asyncio.to_thread(self._write, path, orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY))
+        """Durably writes one call record; returns once it is readable by a restarted proxy.
+
+        A local append without fsync is a page-cache copy, cheaper than a hop to a worker thread, so it
+        runs on the event loop; object stores and fsync go to a thread.
+        """
+        data = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
+        if self.local and not self.fsync:
+            self._append(record["rollout_id"], data)
+        elif self.local:
+            await asyncio.to_thread(self._append, record["rollout_id"], data)
+        else:
+            path = f"{self._rollout_dir(record['rollout_id'])}/calls/{record['call_index']:06d}.json"
+            await asyncio.to_thread(self.fs.pipe_file, path, data)
 
     async def list_calls(self, rollout_id: str) -> list[dict]:
         """Every stored call of a rollout, in call order."""
         return await asyncio.to_thread(self._list_calls, rollout_id)
 
-    async def count_calls(self, rollout_id: str) -> int:
-        """How many calls of a rollout are stored (the next call index after a restart)."""
-        return len(await asyncio.to_thread(self._call_paths, rollout_id))
+    async def resume_calls(self, rollout_id: str) -> int:
+        """How many calls of a rollout are stored: the next call index when a restarted proxy takes the
+        rollout up again. A local log loses its torn last record here, before anything is appended."""
+        if self.local:
+            return await asyncio.to_thread(self._resume_log, rollout_id)
+        return len(await asyncio.to_thread(self._object_paths, rollout_id))
 
     def list_rollouts(self) -> list[str]:
         """Ids of every rollout in the store."""
@@ -65,7 +82,41 @@ class CallStore:
             return []
         return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries)
 
-    def _call_paths(self, rollout_id: str) -> list[str]:
+    # --- local: one append-only log per rollout ---------------------------------------------------
+    def _log_path(self, rollout_id: str) -> str:
+        return f"{self._rollout_dir(rollout_id)}/{CALL_LOG}"
+
+    def _append(self, rollout_id: str, data: bytes) -> None:
+        path = self._log_path(rollout_id)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _resume_log(self, rollout_id: str) -> int:
+        _cut_torn_tail(self._log_path(rollout_id))
+        return len(self._log_lines(rollout_id))
+
+    def _log_lines(self, rollout_id: str) -> list[bytes]:
+        """The log's complete records (a torn last line, never answered, is left out)."""
+        try:
+            with open(self._log_path(rollout_id), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        return data[:data.rfind(b"\n") + 1].splitlines()
+
+    # --- object stores: one object per call --------------------------------------------------------
+    def _object_paths(self, rollout_id: str) -> list[str]:
         try:
             names = self.fs.ls(f"{self._rollout_dir(rollout_id)}/calls", detail=False)
         except FileNotFoundError:
@@ -73,13 +124,17 @@ class CallStore:
         return sorted(name for name in names if name.endswith(".json"))
 
     def _list_calls(self, rollout_id: str) -> list[dict]:
-        paths = self._call_paths(rollout_id)
-        if not paths:
-            return []
-        contents = self.fs.cat(paths)
-        return [orjson.loads(contents[path]) for path in paths]
+        if self.local:
+            records = [orjson.loads(line) for line in self._log_lines(rollout_id)]
+        else:
+            paths = self._object_paths(rollout_id)
+            contents = self.fs.cat(paths) if paths else {}
+            records = [orjson.loads(contents[path]) for path in paths]
+        # Calls of one rollout finish out of order when a harness runs several at once.
+        return sorted(records, key=lambda record: record["call_index"])
 
-    def _write(self, path: str, data: bytes) -> None:
+    def _write_whole(self, path: str, data: bytes) -> None:
+        """Writes a small file atomically: a temporary name renamed into place (a put on object stores)."""
         if not self.local:
             self.fs.pipe_file(path, data)
             return
@@ -97,6 +152,22 @@ class CallStore:
             return self.fs.cat_file(path)
         except FileNotFoundError:
             return None
+
+
+def _cut_torn_tail(path: str) -> None:
+    """Cuts a record that a crash left without its final newline, so the next append starts a line."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return
+            f.seek(0)
+            f.truncate(f.read().rfind(b"\n") + 1)
+    except FileNotFoundError:
+        pass
 
 
 def _protocols(fs) -> tuple[str, ...]:
