@@ -9,6 +9,12 @@ build a fresh sandbox from the task's environment; run the harness headless on t
 the task's agent timeout; close the rollout; copy `tests/` in (the agent never saw it) and run the
 verifier; write `OUT/result.json`. Exit code 0 for `ok` and `agent_timeout`, 3 for `infra_error`
 (the workflow retries only those; an infrastructure failure is never scored as a reward of 0).
+
+`--isolation pod` is for a Kubernetes rollout pod, which already runs the task's image: no bubblewrap and
+no Dockerfile replay, the workspace is the pod's working folder (the image's WORKDIR), the harness runs
+as an unprivileged uid (`--agent-uid`, when the runner is root) and the task folder must be root-only
+(`steps/pod.py`). Run it with `python -P` (or PYTHONSAFEPATH=1) so the workspace is not on the runner's
+import path.
 """
 
 import argparse
@@ -22,12 +28,14 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from steps.harnesses import HARNESSES, Endpoint, default_prefix
+from steps.harnesses import HARNESSES, Endpoint, InstallError, default_prefix
+from steps.pod import AGENT_UID, PodSandbox
 from steps.sandbox import Sandbox, SandboxError
 from steps.tasks import Task, TaskError, load_task
 from steps.tasks.verify import run_verifier
 
 INFRA_EXIT_CODE = 3
+ISOLATIONS = ("bwrap", "pod")  # a bubblewrap sandbox built from the Dockerfile, or the Kubernetes pod itself
 
 
 class InfraError(Exception):
@@ -47,6 +55,8 @@ class RolloutSpec:
     admin_key: str = field(default="", repr=False)
     agent_timeout_s: float | None = None  # None: the task's own [agent] timeout_sec
     metadata: dict = field(default_factory=dict)
+    isolation: str = "bwrap"  # one of ISOLATIONS
+    agent_uid: int = AGENT_UID  # pod mode, root runner: the uid the harness runs as
 
 
 @dataclass
@@ -87,27 +97,32 @@ def admin_call(spec: RolloutSpec, method: str, path: str, body: dict | None = No
 def in_sandbox(env: dict[str, str], box: Sandbox) -> dict[str, str]:
     """The harness environment as the sandbox sees it: host paths under the sandbox root lose that prefix."""
     root = str(box.fs)
+    if root == "/":  # a pod: the runner and the agent see the same paths
+        return dict(env)
     return {key: value.replace(root, "") for key, value in env.items()}
 
 
 def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result: RolloutResult) -> bool:
     """Runs the harness in the sandbox; returns True if it ran out of time."""
     harness = HARNESSES[spec.harness]
-    exe = harness.install(default_prefix(spec.harness, harness.VERSION))
+    try:
+        exe = harness.install(default_prefix(spec.harness, harness.VERSION))
+    except InstallError as exc:
+        raise InfraError(f"the harness is not installed: {exc}") from None
     endpoint = Endpoint(openai_base_url=rollout["openai_base_url"], anthropic_base_url=rollout["anthropic_base_url"],
                         api_key=rollout["api_key"], model=spec.model)
-    env = in_sandbox(harness.prepare(box.host_path("/root"), Path(box.workdir), endpoint), box)
+    env = in_sandbox(harness.prepare(box.host_path(box.home), Path(box.workdir), endpoint), box)
     log = spec.out / "harness.log"
     result.paths["harness_log"] = str(log)
     timeout_s = spec.agent_timeout_s or task.config.agent_timeout_s
     try:
         run = box.run(harness.command(task.instruction, Path(box.workdir), exe), timeout_s=timeout_s,
-                      env=env, cwd=box.workdir, stdout_path=log, extra_binds=harness.binds())
+                      env=env, cwd=box.workdir, stdout_path=log, extra_binds=harness.binds(), as_agent=True)
     except SandboxError as exc:
         raise InfraError(f"the harness could not be started in the sandbox: {exc}") from None
     result.harness_exit_code = run.exit_code
     kept = spec.out / "harness-logs"
-    for path in harness.log_paths(box.host_path("/root")):  # the harness's own event logs, kept with the result
+    for path in harness.log_paths(box.host_path(box.home)):  # the harness's own event logs, kept with the result
         kept.mkdir(exist_ok=True)
         shutil.copy2(path, kept / path.name)
         result.paths.setdefault("harness_logs", []).append(str(kept / path.name))
@@ -156,7 +171,8 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
         result.task = task.name
         rollout = admin_call(spec, "POST", "/rollouts", {"rollout_id": spec.rollout_id,
                                                          "metadata": {"task": task.name, "harness": spec.harness, **spec.metadata}})
-        box = Sandbox.create(spec.out / "sandbox", task)
+        box = (PodSandbox.create(spec.out, task, agent_uid=spec.agent_uid) if spec.isolation == "pod"
+               else Sandbox.create(spec.out / "sandbox", task))
         result.notes = list(box.notes)
         result.durations["setup_s"] = round(time.monotonic() - started, 3)
         timed_out = run_agent(spec, task, box, rollout, result)
@@ -164,6 +180,8 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
         grade(spec, task, box, result, timed_out)
     except (InfraError, SandboxError, TaskError) as exc:
         result.status, result.reward, result.error = "infra_error", None, str(exc)
+    except OSError as exc:  # e.g. a pod whose runner may not write /logs: the setup's fault, never the agent's
+        result.status, result.reward, result.error = "infra_error", None, f"{type(exc).__name__}: {exc}"
     result.durations["total_s"] = round(time.monotonic() - started, 3)
     (spec.out / "result.json").write_text(json.dumps(asdict(result), indent=2))
     return result
@@ -180,13 +198,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny", help="model name the harness asks for (the proxy serves its own)")
     p.add_argument("--agent-timeout", type=float, help="seconds, instead of the task's [agent] timeout_sec")
     p.add_argument("--metadata", type=json.loads, default={}, help="JSON object stored with the rollout")
+    p.add_argument("--isolation", choices=ISOLATIONS, default="bwrap",
+                   help="bwrap: a bubblewrap sandbox from the task's Dockerfile (default); pod: this Kubernetes pod")
+    p.add_argument("--agent-uid", type=int, default=AGENT_UID, help="pod mode: the unprivileged uid the harness runs as")
     args = p.parse_args(argv)
     admin_key = os.environ.get("OPENFORGE_ADMIN_KEY")
     if not admin_key:
         p.error("set OPENFORGE_ADMIN_KEY to the proxy's admin key")
+    if args.isolation == "pod" and not sys.flags.safe_path:
+        p.error("run pod mode with python -P (or PYTHONSAFEPATH=1): the working folder is the agent's workspace "
+                "and must not be on the runner's import path")
     spec = RolloutSpec(task=args.task, harness=args.harness, proxy_url=args.proxy_url, rollout_id=args.rollout_id,
                        out=args.out, model=args.model, admin_key=admin_key, agent_timeout_s=args.agent_timeout,
-                       metadata=args.metadata)
+                       metadata=args.metadata, isolation=args.isolation, agent_uid=args.agent_uid)
     result = run_rollout(spec)
     print(json.dumps({k: getattr(result, k) for k in ("rollout_id", "task", "harness", "status", "reward", "num_calls", "error")}))
     return INFRA_EXIT_CODE if result.status == "infra_error" else 0

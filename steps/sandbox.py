@@ -48,7 +48,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +92,7 @@ class Sandbox:
     env: dict[str, str] = field(default_factory=lambda: dict(BASE_ENV))
     notes: list[str] = field(default_factory=list)
     network: bool = True
+    home: str = "/root"  # the agent's HOME, where its harness keeps config and session logs
 
     @property
     def fs(self) -> Path:
@@ -112,11 +113,7 @@ class Sandbox:
             raise SandboxError(f"sandbox root {root} is not empty; every rollout needs a fresh folder")
         box = cls(root=root, network=network)
         box._make_layout()
-        for name, value in task.config.environment_env.items():
-            if "${" in value:
-                box.notes.append(f"[environment] env {name} is a host template and is not set in local mode")
-            else:
-                box.env[name] = value
+        box.apply_task_env(task)
         if task.dockerfile is None:
             box.notes.append(f"image {task.config.docker_image} is replaced by the host system in local mode")
         else:
@@ -127,6 +124,14 @@ class Sandbox:
             box.workdir = posixpath.normpath(posixpath.join("/", task.config.workdir))
             box.host_path(box.workdir).mkdir(parents=True, exist_ok=True)
         return box
+
+    def apply_task_env(self, task: Task) -> None:
+        """Add the task's `[environment] env` to every command's environment (host templates are noted, not set)."""
+        for name, value in task.config.environment_env.items():
+            if "${" in value:
+                self.notes.append(f"[environment] env {name} is a host template, which OpenForge does not fill in; not set")
+            else:
+                self.env[name] = value
 
     def _make_layout(self) -> None:
         self.fs.mkdir(parents=True)
@@ -142,12 +147,14 @@ class Sandbox:
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
             cwd: str | None = None, stdout_path: Path | None = None, extra_binds: Sequence[Bind] = (),
-            network: bool | None = None) -> RunResult:
+            network: bool | None = None, as_agent: bool = False) -> RunResult:
         """Run `argv` inside the sandbox; kill its whole process tree at `timeout_s`.
 
         stdout and stderr go together to the host file `stdout_path` (appended; `root/run.log` when
         None); stdin is empty. `env` is added to the sandbox's environment, `cwd` defaults to the
-        Dockerfile's WORKDIR. Returns after every process the command started has exited. Raises
+        Dockerfile's WORKDIR. `as_agent` marks the agent's own command; it changes nothing here, where
+        every command is uid 0 of its own user namespace (in a pod it selects the agent uid, see
+        `steps.pod`). Returns after every process the command started has exited. Raises
         `SandboxError` when bubblewrap cannot set the sandbox up (an infrastructure failure, unlike
         the command's own exit code, which is returned).
         """
@@ -168,15 +175,13 @@ class Sandbox:
                 os.close(info_write)
                 os.close(errors_write)
         init_pid, namespace = _read_info(info_read)
-        timed_out = False
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
+
+        def stop() -> None:
             if init_pid is not None:
                 _stop(process, init_pid, namespace)
             process.wait()
+
+        timed_out = wait_for(process, timeout_s, stop)
         with os.fdopen(errors_read, "rb") as errors:
             setup_error = errors.read().decode(errors="replace").strip()
         if setup_error:
@@ -284,6 +289,17 @@ class Sandbox:
     def remove(self) -> None:
         """Delete the sandbox root and everything in it."""
         shutil.rmtree(self.root, onerror=_force_remove)
+
+
+def wait_for(process: subprocess.Popen, timeout_s: float, stop: Callable[[], None]) -> bool:
+    """Wait for `process` at most `timeout_s`, then `stop()` what it left (also on an error); True if it timed out."""
+    try:
+        process.wait(timeout=timeout_s)
+        return False
+    except subprocess.TimeoutExpired:
+        return True
+    finally:
+        stop()
 
 
 def _read_info(fd: int) -> tuple[int | None, str | None]:

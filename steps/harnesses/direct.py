@@ -34,6 +34,8 @@ SHELL_TOOL = {"type": "function", "function": {
     "name": "shell", "description": "Run a bash command in the working folder; returns its output and exit code.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
 OUTPUT_LIMIT = 8000
+# What the loop's own Python needs (prepare()); the task's programs run without it.
+HARNESS_ONLY_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH")
 # Harbor's folder for agent logs; a verifier may grade the final reply found here.
 ANSWER_FILE = Path("/logs/agent/answer.txt")
 
@@ -49,6 +51,8 @@ def prepare(home: Path, workdir: Path, endpoint: Endpoint) -> dict[str, str]:
     return {
         "HOME": str(home), "PATH": SYSTEM_PATH, "LANG": "C.UTF-8", "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        # The loop runs on the runner's Python, which in a rollout pod finds its libpython only through this.
+        **({"LD_LIBRARY_PATH": os.environ["LD_LIBRARY_PATH"]} if os.environ.get("LD_LIBRARY_PATH") else {}),
         "OPENAI_BASE_URL": endpoint.openai_base_url, "OPENAI_API_KEY": endpoint.api_key,
         "OPENAI_MODEL": endpoint.model, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
     }
@@ -76,7 +80,8 @@ def run_shell(command_text: str, timeout_s: float) -> str:
     """Runs one command and returns what the model sees: exit code and (truncated) output."""
     try:
         done = subprocess.run(["bash", "-c", command_text], capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL, errors="replace")
+                              stdin=subprocess.DEVNULL, errors="replace",
+                              env={k: v for k, v in os.environ.items() if k not in HARNESS_ONLY_ENV})
     except subprocess.TimeoutExpired:
         return f"exit code: timeout after {timeout_s:.0f} s"
     output = (done.stdout + done.stderr)[-OUTPUT_LIMIT:]

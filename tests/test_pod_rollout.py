@@ -1,0 +1,217 @@
+"""Rollouts in pod mode (`steps.rollout --isolation pod`): the real runner, harness, proxy and verifier
+inside a stand-in for the Kubernetes rollout pod, driven by the scripted model of test_rollout.py.
+
+Why the pod is simulated: this machine (and CI) has no container engine and no Kubernetes
+(shared/notes/argo-hera-s3.md), but the tests run as root. So each test builds the pod itself:
+`unshare --mount --pid --fork` gives a private mount table and PID namespace, a tmpfs becomes the pod's
+`/`, filled with the task's image as OpenForge's own builder lays it out (`Sandbox.create`: WORKDIR,
+COPY...), the host's /usr and /etc bound read-only (the image's system), a fresh /proc, and the emptyDir
+/openforge laid out by the init container's own script (`workflows.iteration.app_layout`) from a copy of
+the repository, with Python and the harness cache bound where the init containers copy them. Then
+`chroot` into it and run the exact command and environment of the workflow's rollout template, from the
+image's WORKDIR, as root, with a fake secret in the runner's environment. Only the test's tmp folder is
+written on the host; the network is the host's, so the harness reaches the proxy on 127.0.0.1.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import uuid
+from pathlib import Path
+
+import pytest
+
+from steps.harnesses import cache_root
+from steps.pod import AGENT_UID
+from steps.sandbox import Sandbox
+from steps.tasks import BUILTIN_DATASET, load_task
+from test_harnesses import installed_exe
+from test_rollout import ADMIN_KEY, oracle, scripted, scripted_proxy, tool_outputs  # noqa: F401 (fixtures)
+from workflows.config import load_config
+from workflows.iteration import app_layout, iteration_workflow
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET = f"fake-secret-{uuid.uuid4().hex}"  # what the runner holds and the agent must never see
+POD_SCRIPT = r"""
+set -e
+mount -t tmpfs -o mode=0755 pod "$ROOT"
+cd "$ROOT"
+cp -a "$IMAGE/." .
+mkdir -p dev proc opt/openforge tmp/rollout openforge && chmod 777 openforge  # an emptyDir is world-writable
+for system in usr etc; do mount --bind "/$system" "$system"; mount -o remount,bind,ro "$system"; done
+mount --rbind /dev dev
+mount -t proc proc proc
+cp -a "$APP" opt/openforge/app
+mount --bind "$OUT" tmp/rollout
+chroot . /bin/sh -c "$LAYOUT"
+rm -rf opt/openforge  # the steps image's files are not in the task's image
+mkdir openforge/python openforge/harnesses
+mount --bind "$PYTHON" openforge/python
+mount --bind "$SITE" "openforge/python/$SITE_IN_PYTHON"
+mount --bind "$HARNESSES" openforge/harnesses
+for bound in openforge/python "openforge/python/$SITE_IN_PYTHON" openforge/harnesses; do
+  mount -o remount,bind,ro "$bound"
+done
+user=""
+if [ -n "$RUNNER_UID" ]; then  # a runner that is not root owns what it must write (/ for /tests) and read
+  chown "$RUNNER_UID:$RUNNER_UID" .
+  chown -R "$RUNNER_UID:$RUNNER_UID" openforge/private tmp/rollout logs ".$WORKDIR"
+  user="--userspec=$RUNNER_UID:$RUNNER_UID"
+fi
+chroot $user . /bin/sh -c 'cd "$0" && exec "$@"' "$WORKDIR" "$@"
+"""
+
+
+def copy_repository(target: Path) -> None:
+    """What images/steps.Dockerfile copies to /opt/openforge/app."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name in ("steps", "workflows", "configs"):
+        shutil.copytree(REPO / name, target / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, target / name)
+
+
+def rollout_pod(config, values: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The rollout template's command and plain environment, with Argo's input parameters filled in."""
+    template = next(t for t in iteration_workflow(config, 0).to_dict()["spec"]["templates"] if t["name"] == "rollout")
+    argv = []
+    for arg in template["container"]["command"]:
+        for name, value in values.items():
+            arg = arg.replace(f"{{{{inputs.parameters.{name}}}}}", value)
+        argv.append(arg)
+    return argv, {e["name"]: e["value"] for e in template["container"]["env"] if "value" in e}
+
+
+def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: tuple[str, ...] = (),
+               patch_app=None, runner_uid: int | None = None) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """One rollout in a fresh simulated pod (see the module docstring); returns the process, result.json, rollout id."""
+    task = load_task(task_dir)
+    image = Sandbox.create(tmp_path / "image", task)  # the task's image, as the builder lays it out
+    app = tmp_path / "app"
+    copy_repository(app)
+    relative = (task_dir.relative_to(REPO) if task_dir.is_relative_to(REPO) else Path("extra") / task_dir.name)
+    if not (app / relative).exists():
+        shutil.copytree(task_dir, app / relative)
+    if patch_app:
+        patch_app(app)
+    out, root = tmp_path / "out", tmp_path / "pod"
+    out.mkdir()
+    root.mkdir()
+    rollout_id = f"pod-{harness}-{task.name}-{uuid.uuid4().hex[:6]}"
+    config = load_config(REPO / "configs" / "cluster-example.yaml", ["run=pod", f"harness={harness}", "model_name=tiny"])
+    argv, env = rollout_pod(config, {"task": str(relative), "rollout_id": rollout_id, "proxy_url": proxy.url})
+    env |= {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+            "OPENFORGE_ADMIN_KEY": ADMIN_KEY, "OPENFORGE_TEST_SECRET": SECRET}
+    python_version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    setup = {"ROOT": str(root), "IMAGE": str(image.fs), "APP": str(app), "OUT": str(out), "LAYOUT": app_layout(),
+             "PYTHON": sys.base_prefix, "SITE": sysconfig.get_path("purelib"),
+             "SITE_IN_PYTHON": f"lib/{python_version}/site-packages", "HARNESSES": str(cache_root()),
+             "WORKDIR": image.workdir, "PATH": os.environ["PATH"], "RUNNER_UID": str(runner_uid or "")}
+    command = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv, *extra_args]
+    done = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--propagation", "private",
+                           "sh", "-c", POD_SCRIPT, "pod", *command], env=setup, capture_output=True, text=True,
+                          timeout=300)
+    result_path = out / "result.json"
+    assert result_path.exists(), f"no result.json; exit code {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done, json.loads(result_path.read_text()), rollout_id
+
+
+@pytest.fixture(autouse=True)
+def needs_root_and_unshare():
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("the simulated pod needs root and util-linux unshare")
+
+
+@pytest.mark.parametrize("harness, task_name", [("direct", "csv-stats"), ("codex", "hello-file")])
+def test_the_oracle_in_the_pod_earns_reward_1(harness, task_name, scripted, scripted_proxy, tmp_path):
+    """The image's files (csv-stats COPYs its data), the harness from the init containers, grading as root."""
+    if harness != "direct":
+        installed_exe(harness)  # skips when the harness is not installed
+    scripted.set_commands([oracle(task_name)])
+    done, result, rollout_id = run_in_pod(scripted_proxy, BUILTIN_DATASET / task_name, harness, tmp_path)
+    assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), (result, done.stderr[-2000:])
+    assert result["num_calls"] == len(scripted_proxy.calls(rollout_id)) >= 2
+    assert any(note.startswith("pod mode") for note in result["notes"])
+    assert not any("NOT uid-isolated" in note for note in result["notes"])
+
+
+SNOOP = """R=$(cut -d' ' -f4 /proc/$PPID/stat); echo "runner=$R: $(tr '\\0' ' ' < /proc/$R/cmdline)"
+cat /proc/$R/environ; echo "environ exit $?"
+ls /openforge/private; cat /openforge/private/app/steps/tasks/builtin/hello-file/tests/test.sh
+echo "secret copies: $(cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c fake-secret)"
+echo "task files found: $(find / -xdev \\( -name test.sh -o -name solve.sh -o -name task.toml \\) 2>/dev/null | wc -l)"
+echo "verify.py found: $(find / -xdev -name verify.py 2>/dev/null)"
+"""
+
+
+def test_the_agent_cannot_read_the_verifier_or_the_runners_environment(scripted, scripted_proxy, tmp_path):
+    """The verifier sits root-only in /openforge/private until grading; the runner's environ is root's."""
+    scripted.set_commands([SNOOP, oracle("hello-file")])
+    done, result, rollout_id = run_in_pod(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path)
+    output = tool_outputs(scripted_proxy.calls(rollout_id))[0].replace("\\n", "\n")
+    assert "steps.rollout" in output.split("runner=")[1].splitlines()[0], output  # the pid read is the runner's
+    assert "environ exit 1" in output and output.count("Permission denied") >= 3, output
+    assert SECRET not in output and ADMIN_KEY not in output and "echo 1 > /logs/verifier/reward.txt" not in output
+    assert "secret copies: 0" in output and "task files found: 0" in output, output
+    assert "verify.py found: /openforge/app/steps/tasks/verify.py\n" in output, output  # the search did run there
+    assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), result
+
+
+def test_the_agent_runs_as_an_unprivileged_uid(scripted, scripted_proxy, tmp_path):
+    """`id -u` in the agent's shell says AGENT_UID; it owns the workspace, not OpenForge's files or /root."""
+    scripted.set_commands(["id -u; touch /app/mine && stat -c 'owner %u' /app/mine; touch /openforge/app/x; ls /root"])
+    done, result, rollout_id = run_in_pod(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path)
+    output = tool_outputs(scripted_proxy.calls(rollout_id))[0]
+    assert output.startswith(json.dumps(f"exit code: 2\n{AGENT_UID}\nowner {AGENT_UID}\n")[:-1]), output
+    assert "/openforge/app/x': Permission denied" in output and "'/root': Permission denied" in output, output
+    assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 0.0), result
+
+
+def test_a_crashing_harness_in_the_pod_is_an_infra_error_with_exit_code_3(scripted, scripted_proxy, tmp_path):
+    """A harness that dies before its first model call (here `direct` with a raise) is never scored."""
+    def crash(app: Path) -> None:
+        direct = app / "steps" / "harnesses" / "direct.py"
+        code = direct.read_text()
+        direct.write_text(code.replace("    calls, answer = agent_loop(", "    raise RuntimeError('crashed')\n"
+                                                                          "    calls, answer = agent_loop("))
+
+    scripted.set_commands([oracle("hello-file")])
+    done, result, _ = run_in_pod(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path, patch_app=crash)
+    assert done.returncode == 3 and (result["status"], result["reward"]) == ("infra_error", None), result
+    assert "no model call that was answered" in result["error"]
+    assert "RuntimeError: crashed" in Path(result["paths"]["harness_log"].replace("/tmp/rollout", str(tmp_path / "out"))).read_text()
+
+
+def test_a_timed_out_agent_leaves_no_process_for_the_verifier(scripted, scripted_proxy, tmp_path):
+    """A background process that left the agent's session is killed with the rest: the verifier (which
+    runs in the same pod) finds no process of the agent uid and writes 1, while the rollout counts 0."""
+    task = tmp_path / "no-survivors"
+    shutil.copytree(BUILTIN_DATASET / "hello-file", task)
+    (task / "tests" / "test.sh").write_text(f"""#!/bin/bash
+mkdir -p /logs/verifier
+alive=""
+for status in /proc/[0-9]*/status; do
+  uid=$(awk '/^Uid:/ {{print $2}}' "$status" 2>/dev/null); state=$(awk '/^State:/ {{print $2}}' "$status" 2>/dev/null)
+  if [ "$uid" = {AGENT_UID} ] && [ "$state" != Z ]; then alive="$alive $status"; fi
+done
+echo "alive:$alive"
+if [ -z "$alive" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+""")
+    scripted.set_commands(["setsid sleep 600 </dev/null >/dev/null 2>&1 & sleep 600"])
+    done, result, _ = run_in_pod(scripted_proxy, task, "direct", tmp_path, extra_args=("--agent-timeout", "4"))
+    assert done.returncode == 0 and (result["status"], result["reward"]) == ("agent_timeout", 0.0), result
+    assert result["rewards"] == {"reward": 1.0}, (tmp_path / "out" / "verifier" / "test-stdout.txt").read_text()
+    assert result["durations"]["agent_s"] < 30
+
+
+def test_a_runner_that_is_not_root_says_the_agent_is_not_uid_isolated(scripted, scripted_proxy, tmp_path):
+    """Without root the runner cannot switch users: the rollout still works, and result.json and stderr say so."""
+    scripted.set_commands(["id -u", oracle("hello-file")])
+    done, result, rollout_id = run_in_pod(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path,
+                                          runner_uid=AGENT_UID + 1)
+    assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), (result, done.stderr)
+    assert tool_outputs(scripted_proxy.calls(rollout_id))[0] == json.dumps(f"exit code: 0\n{AGENT_UID + 1}\n")
+    assert any("NOT uid-isolated" in note for note in result["notes"]) and "NOT uid-isolated" in done.stderr
