@@ -12,5 +12,7 @@ COPY steps ./steps
 COPY workflows ./workflows
 COPY configs ./configs
 # Not editable: the package lands in /usr/local's site-packages, which the rollout init container copies.
-# pyarrow: the trajectories step's tables (Parquet).
-RUN pip install . "pyarrow==26.0.1" && python -c "import steps.plan, steps.manifest, steps.rollout"
+# pyarrow: the trajectories step's tables (Parquet). openai: the `direct` harness's client, which runs on
+# this Python (copied into the rollout pod) as the agent.
+RUN pip install . "pyarrow==26.0.1" "openai==3.57.0" \
+    && python -c "import steps.plan, steps.manifest, steps.rollout, steps.pod, openai"

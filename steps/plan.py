@@ -3,10 +3,11 @@
     python -m steps.plan --dataset steps/tasks/builtin --iteration 0 --tasks-per-iteration 4 \
         --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--image-tag 0.1.0]
 
-Each item is `{"task", "sample", "rollout_id", "image", "deadline_s"}`: the task folder (relative to
-the working folder), the sample number, a rollout id unique within the run, the container image the
-rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`), and the
-rollout's deadline in seconds (agent + verifier timeouts + setup margin). The Argo DAG fans out over
+Each item is `{"task", "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb"}`: the task
+folder (relative to the working folder), the sample number, a rollout id unique within the run, the
+container image the rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`),
+the rollout's deadline in seconds (agent + verifier timeouts + setup margin), and the CPUs and memory
+the task's `[environment]` asks for (the rollout pod's requests and limits). The Argo DAG fans out over
 this list (`withParam`); the local runner reads the same list. Tasks rotate through a seeded shuffle
 of the dataset, so consecutive iterations see different tasks and a rerun plans the same rollouts.
 Broken tasks are skipped with a warning on stderr; exit code 2 when no task can be loaded.
@@ -34,6 +35,8 @@ class PlannedRollout:
     rollout_id: str
     image: str
     deadline_s: int
+    cpus: int
+    memory_mb: int
 
 
 def pick_tasks(tasks: list[Task], iteration: int, count: int, seed: int) -> list[Task]:
@@ -63,9 +66,11 @@ def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_pe
         folder = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
         image = task.config.docker_image or f"{image_prefix}{task.name}:{image_tag}"
         deadline = int(task.config.agent_timeout_s + task.config.verifier_timeout_s + SETUP_MARGIN_S)
+        resources = task.config.resources
         for sample in range(samples_per_task):
             planned.append(PlannedRollout(task=folder, sample=sample, rollout_id=f"it{iteration}-{task.name}-s{sample}",
-                                          image=image, deadline_s=deadline))
+                                          image=image, deadline_s=deadline, cpus=resources.cpus,
+                                          memory_mb=resources.memory_mb))
     return planned
 
 

@@ -33,7 +33,7 @@ from steps import manifest, plan
 from steps.tasks import load_dataset
 from workflows import commands, submit
 from workflows.config import ConfigError, load_config
-from workflows.iteration import iteration_workflow, workflow_name
+from workflows.iteration import PRIVATE, app_layout, iteration_workflow, workflow_name
 from workflows.lint import semantic_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,6 +164,7 @@ def test_plan_is_deterministic_and_covers_the_dataset() -> None:
     assert {r.task for r in first}.isdisjoint({r.task for r in second})
     hello = next(r for r in plan.plan(tasks, 0, len(tasks), 1, root=REPO) if r.task.endswith("hello-file"))
     assert hello.task == "steps/tasks/builtin/hello-file" and hello.deadline_s == 300 + 60 + plan.SETUP_MARGIN_S
+    assert (hello.cpus, hello.memory_mb) == (1, 1024)  # hello-file's [environment]
 
 
 def test_plan_cli_prints_only_json() -> None:
@@ -171,7 +172,8 @@ def test_plan_cli_prints_only_json() -> None:
     argv = commands.plan(cluster_config("run=t", "tasks_per_iteration=3", "samples_per_task=2"), 0, python=sys.executable)
     out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True, timeout=60).stdout
     items = json.loads(out)
-    assert len(items) == 6 and set(items[0]) == {"task", "sample", "rollout_id", "image", "deadline_s"}
+    assert len(items) == 6 and set(items[0]) == {"task", "sample", "rollout_id", "image", "deadline_s", "cpus",
+                                                 "memory_mb"}
     assert items[0]["image"].startswith("ghcr.io/openforge/task-")
 
 
@@ -197,6 +199,26 @@ def test_rollout_retries_only_infra_errors() -> None:
     assert rollout["activeDeadlineSeconds"] == "{{inputs.parameters.deadline}}"
     from steps.rollout import INFRA_EXIT_CODE
     assert INFRA_EXIT_CODE == 3
+
+
+def test_rollout_pod_is_the_sandbox() -> None:
+    """The rollout pod: pod isolation on the task read from the root-only copy, the task's own resources from
+    the plan item, no service account token, the image's WORKDIR kept, the layout from `app_layout`."""
+    spec = iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"]
+    rollout = next(t for t in spec["templates"] if t["name"] == "rollout")
+    argv = rollout["container"]["command"]
+    assert argv[argv.index("--isolation") + 1] == "pod" and "--agent-uid" not in argv
+    assert argv[argv.index("--task") + 1] == f"{PRIVATE}/app/{{{{inputs.parameters.task}}}}"
+    assert rollout["automountServiceAccountToken"] is False and "workingDir" not in rollout["container"]
+    quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
+    assert rollout["container"]["resources"] == {"requests": quantities, "limits": quantities}
+    assert {"name": "PYTHONSAFEPATH", "value": "1"} in rollout["container"]["env"]
+    assert app_layout() in rollout["initContainers"][0]["command"][-1]
+    collect = next(t for t in spec["templates"] if t["name"] == "collect")
+    fanout = next(t for t in collect["dag"]["tasks"] if t["name"] == "rollout")
+    passed = {p["name"]: p["value"] for p in fanout["arguments"]["parameters"]}
+    assert (passed["cpus"], passed["memory_mb"]) == ("{{item.cpus}}", "{{item.memory_mb}}")
+    assert set(passed) - {"proxy_url"} <= set(plan.PlannedRollout.__dataclass_fields__) | {"deadline"}
 
 
 # ---- config errors: one sentence, exit code 2, nothing submitted ----

@@ -63,10 +63,14 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python") -> lis
 
 
 def rollout(config: RunConfig, task: str, rollout_id: str, proxy_url: str, out: str,
-            python: str = "python") -> list[str]:
-    """One rollout of `task` through the proxy; exit code 3 means infra_error (`steps.rollout`)."""
+            python: str = "python", isolation: str = "bwrap") -> list[str]:
+    """One rollout of `task` through the proxy; exit code 3 means infra_error (`steps.rollout`).
+
+    `isolation`: "bwrap" (a local bubblewrap sandbox) or "pod" (the Kubernetes rollout pod is the sandbox).
+    """
     return [python, "-m", "steps.rollout", "--task", task, "--harness", config.harness, "--proxy-url", proxy_url,
-            "--rollout-id", rollout_id, "--out", out, "--model", config.model_name]
+            "--rollout-id", rollout_id, "--out", out, "--model", config.model_name,
+            *(["--isolation", isolation] if isolation != "bwrap" else [])]
 
 
 def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int | str,

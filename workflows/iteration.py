@@ -9,7 +9,9 @@ The outer DAG `iteration` runs `collect` then `update`. `collect` is a DAG of it
 done, before `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's
 /health answers; reached at `{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list),
 `rollout` (one pod per item of that list, in the task's image, with the harness and OpenForge copied
-in by init containers; retried only on exit code 3, infra_error), `trajectories` (Parquet to S3).
+in by init containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the
+harness as an unprivileged uid; the task's CPUs and memory; no service account token; retried only on
+exit code 3, infra_error), `trajectories` (Parquet to S3).
 `update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs
 no output from this workflow to chain the next one. The exit handler `record` writes the
 iteration's outcome to the run manifest. Every container command comes from `workflows.commands`;
@@ -21,8 +23,8 @@ from urllib.parse import urlparse
 
 from hera.workflows import (DAG, Container, EmptyDirVolume, Env, NoneArchiveStrategy, Parameter,
                             Resources, RetryStrategy, S3Artifact, SecretEnv, Task, UserContainer, Workflow)
-from hera.workflows.models import (Backoff, ContainerPort, HTTPGetAction, PodGC, Probe, SecretKeySelector,
-                                   TTLStrategy, VolumeMount)
+from hera.workflows.models import (Backoff, ContainerPort, HTTPGetAction, PodGC, Probe, ResourceRequirements,
+                                   SecretKeySelector, TTLStrategy, VolumeMount)
 
 from steps.harnesses import HARNESSES
 from steps.harnesses.base import NODE_VERSION
@@ -30,6 +32,7 @@ from workflows import commands
 from workflows.config import RunConfig
 
 SHARED = "/openforge"  # the emptyDir the init containers fill in a rollout pod
+PRIVATE = f"{SHARED}/private"  # root-only (0700): the tasks with their verifiers and oracles, for the runner alone
 MODEL_DIR = "/models/current"
 # The rollout exits 3 for infra_error and only that is retried; exitCode is a string in Argo expressions.
 RETRY_ON_INFRA_ERROR = "lastRetry.exitCode == '3'"
@@ -96,11 +99,25 @@ def plan_template(config: RunConfig, iteration: int) -> Container:
                      command=commands.plan(config, iteration), resources=Resources(cpu_request=0.5, memory_request="512Mi"))
 
 
+def app_layout(source: str = "/opt/openforge/app") -> str:
+    """Shell (run as root) laying out the repository `source` for the rollout pod, where the agent must not
+    see any task's verifier or oracle.
+
+    `PRIVATE/app` is the whole repository in a root-only folder: the runner reads its task there.
+    `SHARED/app` is the same without any task folder (a folder holding a task.toml): the code the
+    `direct` harness imports. `SHARED` itself ends root-owned 0755 (an emptyDir is world-writable).
+    """
+    return (f"mkdir -m 700 {PRIVATE} && cp -a {source} {PRIVATE}/app && cp -a {source} {SHARED}/app"
+            f" && find {SHARED}/app -type d -exec test -e '{{}}/task.toml' ';' -prune -exec rm -rf '{{}}' +"
+            f" && chmod 755 {SHARED}")
+
+
 def init_containers(config: RunConfig) -> list[UserContainer]:
-    """Copy OpenForge (Python and this repository) and the pinned harness into the shared emptyDir."""
+    """Copy OpenForge (Python and this repository, see `app_layout`) and the pinned harness into the shared emptyDir."""
     mount = [VolumeMount(name="openforge", mount_path=SHARED)]
-    copy_openforge = (f"mkdir -p {SHARED}/python {SHARED}/app && cp -a /usr/local/. {SHARED}/python/"
-                      f" && cp -a /opt/openforge/app/. {SHARED}/app/")
+    # The installed package carries the task folders' .py files (verifier checks): not for the agent's eyes.
+    copy_openforge = (f"mkdir -p {SHARED}/python && cp -a /usr/local/. {SHARED}/python/"
+                      f" && rm -rf {SHARED}/python/lib/python3*/site-packages/steps/tasks/*/ && {app_layout()}")
     copies = [UserContainer(name="openforge", image=image(config, "steps"), volume_mounts=mount,
                             command=["sh", "-c", copy_openforge])]
     harness = HARNESSES[config.harness]
@@ -114,22 +131,31 @@ def init_containers(config: RunConfig) -> list[UserContainer]:
 
 
 def rollout_template(config: RunConfig, iteration: int) -> Container:
-    """One rollout in the task's image; retried only on infra_error; its result.json goes to S3."""
+    """One rollout in the task's image, the pod as its sandbox; retried only on infra_error; result.json to S3.
+
+    No working_dir: the pod starts in the image's WORKDIR, which `--isolation pod` takes as the workspace
+    (PYTHONSAFEPATH keeps that folder off the runner's import path). The task's CPUs and memory are both
+    requests and limits, as a container runtime enforces them for Harbor.
+    """
     out = "/tmp/rollout"
     result_url = f"{commands.results_url(config, iteration)}/{{{{inputs.parameters.rollout_id}}}}/result.json"
+    quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
     return Container(
-        name="rollout", image="{{inputs.parameters.image}}", working_dir=f"{SHARED}/app",
-        inputs=[Parameter(name=n) for n in ("task", "rollout_id", "image", "deadline", "proxy_url")],
+        name="rollout", image="{{inputs.parameters.image}}",
+        inputs=[Parameter(name=n) for n in ("task", "rollout_id", "image", "deadline", "cpus", "memory_mb", "proxy_url")],
         init_containers=init_containers(config),
         volumes=[EmptyDirVolume(name="openforge", mount_path=SHARED)],
-        command=commands.rollout(config, "{{inputs.parameters.task}}", "{{inputs.parameters.rollout_id}}",
-                                 "{{inputs.parameters.proxy_url}}", out, python=f"{SHARED}/python/bin/python3"),
+        command=commands.rollout(config, f"{PRIVATE}/app/{{{{inputs.parameters.task}}}}",
+                                 "{{inputs.parameters.rollout_id}}", "{{inputs.parameters.proxy_url}}", out,
+                                 python=f"{SHARED}/python/bin/python3", isolation="pod"),
         env=admin_env(config) + [Env(name="PYTHONPATH", value=f"{SHARED}/app"),
+                                 Env(name="PYTHONSAFEPATH", value="1"),
                                  Env(name="LD_LIBRARY_PATH", value=f"{SHARED}/python/lib"),
                                  Env(name="OPENFORGE_CACHE", value=SHARED)],
         # optional: a rollout that died before writing result.json must fail by its exit code, not the upload
         outputs=[s3_artifact(config, "result", result_url, f"{out}/result.json", single_file=True, optional=True)],
-        resources=Resources(cpu_request=1, memory_request="2Gi"),
+        resources=ResourceRequirements(requests=quantities, limits=quantities),
+        automount_service_account_token=False,  # the agent has no business with the Kubernetes API
         active_deadline_seconds="{{inputs.parameters.deadline}}",
         retry_strategy=RetryStrategy(limit=config.rollout_retries, retry_policy="Always",
                                      expression=RETRY_ON_INFRA_ERROR,
@@ -169,8 +195,8 @@ def record_template(config: RunConfig, iteration: int) -> Container:
 def collect_dag(config: RunConfig) -> DAG:
     """serve -> plan -> rollout x N -> trajectories; the daemon stops when this DAG ends."""
     proxy_url = f"http://{{{{tasks.serve.ip}}}}:{commands.PROXY_PORT}"
-    item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("rollout_id", "rollout_id"),
-                                                 ("image", "image"), ("deadline", "deadline_s"))}
+    item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("rollout_id", "rollout_id"), ("image", "image"),
+                                                 ("deadline", "deadline_s"), ("cpus", "cpus"), ("memory_mb", "memory_mb"))}
     return DAG(
         name="collect", parallelism=config.parallel_rollouts + 1,  # + 1: the serve daemon holds a slot
         tasks=[
