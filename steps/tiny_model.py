@@ -1,13 +1,14 @@
 """A tiny Qwen2-style model built locally in seconds: no download, same files for the same seed.
 
-    python -m steps.tiny_model OUT_DIR [--seed 0]
+    python -m steps.tiny_model OUT_DIR [--seed 0] [--whitespace-penalty 80]
 
 The model is random (2 layers, hidden size 128), so it says nothing useful, but it has everything
 the serving path touches: a byte-level BPE tokenizer trained on the Python standard library's own
 source, Qwen's special tokens, and a hermes / Qwen2.5-style chat template with tools, so that vLLM's
 `--tool-call-parser hermes` parses its forced tool calls. One deliberate bias: whitespace-only tokens
 are strongly disfavoured, so that grammar-forced tool calls finish instead of padding the JSON with
-whitespace until max_tokens. The tests and the embedded default serve it.
+whitespace until max_tokens (`--whitespace-penalty 0` builds the model without it). The tests and the
+embedded default serve it.
 
 Determinism: the tokenizer depends only on the training text (this Python's standard library, so
 the same Python version gives the same vocabulary) and the weights only on the seed.
@@ -140,7 +141,7 @@ def discourage_whitespace(model, whitespace_ids: list[int], channel: float = 2.0
 
 
 def build_model(out_dir: Path, vocab_size: int, eos_id: int, pad_id: int, seed: int,
-                whitespace_ids: list[int]) -> None:
+                whitespace_ids: list[int], whitespace_penalty: float = 80.0) -> None:
     """Saves a randomly initialised 2-layer Qwen2 causal LM (bf16 safetensors)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -155,20 +156,26 @@ def build_model(out_dir: Path, vocab_size: int, eos_id: int, pad_id: int, seed: 
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
-    discourage_whitespace(model, whitespace_ids)
+    if whitespace_penalty:
+        discourage_whitespace(model, whitespace_ids, penalty=whitespace_penalty)
     model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=pad_id)
     model.save_pretrained(out_dir, safe_serialization=True)
 
 
-def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
-    """Builds the tiny model and tokenizer into `out_dir` (created if needed) and returns it."""
+def build_tiny_model(out_dir: Path, seed: int = 0, whitespace_penalty: float = 80.0) -> Path:
+    """Builds the tiny model and tokenizer into `out_dir` (created if needed) and returns it.
+
+    `whitespace_penalty` 0 leaves whitespace tokens unbiased. The bias hangs on one residual channel, so
+    a large learning rate that rescales the residual can flip it and flood replies with whitespace;
+    `benchmarks/learning_signal.py`, which trains at such a rate and forces no tool calls, uses 0.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir)
     whitespace_ids = [i for i in range(len(tokenizer)) if tokenizer.decode([i]).isspace()]
     build_model(out_dir, len(tokenizer), tokenizer.convert_tokens_to_ids(EOS_TOKEN),
-                tokenizer.convert_tokens_to_ids(PAD_TOKEN), seed, whitespace_ids)
+                tokenizer.convert_tokens_to_ids(PAD_TOKEN), seed, whitespace_ids, whitespace_penalty)
     return out_dir
 
 
@@ -177,9 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m steps.tiny_model", description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir", type=Path)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--whitespace-penalty", type=float, default=80.0,
+                   help="logit penalty on whitespace-only tokens (0: none)")
     args = p.parse_args(argv)
-    path = build_tiny_model(args.out_dir, args.seed)
-    print(json.dumps({"model_dir": str(path.resolve()), "seed": args.seed}))
+    path = build_tiny_model(args.out_dir, args.seed, args.whitespace_penalty)
+    print(json.dumps({"model_dir": str(path.resolve()), "seed": args.seed,
+                      "whitespace_penalty": args.whitespace_penalty}))
 
 
 if __name__ == "__main__":

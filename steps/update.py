@@ -8,13 +8,16 @@ schema in `docs/trajectories.md`); `--checkpoint` a Hugging Face model folder. T
 advantages per rollout with veRL's estimator grouped per task (GRPO by default), corrects for the
 sampler with the recorded logprobs (bypass or truncated IS), runs veRL's FSDP2 update, and writes
 `{out}/model.safetensors` + the input's config and tokenizer files (a folder vLLM loads or reloads)
-and `{out}/metrics.json`. The same code runs on GPU and CPU; the CPU-only adjustments are in
-`steps.update_cpu` and apply only without a GPU.
+and `{out}/metrics.json`. When every rollout's advantage is 0 (each task's rollouts earned the same
+reward) there is no gradient: the worker is not built, the input weights are copied to `--out` unchanged
+and `metrics.json` says `"skipped": "no advantage"`. The same code runs on GPU and CPU; the CPU-only
+adjustments are in `steps.update_cpu` and apply only without a GPU.
 """
 
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -26,6 +29,8 @@ from steps import update_batch, update_cpu
 from steps.update_batch import Batch, Sample, read_samples
 from steps.update_config import ConfigError, UpdateConfig, load_config
 
+# `metrics.json`'s "skipped" value when no step was taken: every rollout's advantage was 0.
+NO_ADVANTAGE = "no advantage"
 # Files copied from the input checkpoint so the output folder is a complete model for vLLM.
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt",
@@ -108,13 +113,27 @@ def train(worker, batch: Batch, config: UpdateConfig) -> dict:
     return tu.get(worker.train_mini_batch(td), "metrics")
 
 
+def no_gradient(advantages: dict[str, float], config: UpdateConfig) -> bool:
+    """True when the loss has no gradient: every advantage is 0 and no entropy bonus is trained.
+
+    >>> no_gradient({"a": 0.0, "b": 0.0}, UpdateConfig()), no_gradient({"a": 0.5, "b": -0.5}, UpdateConfig())
+    (True, False)
+    """
+    return config.entropy_coeff == 0 and all(value == 0 for value in advantages.values())
+
+
 def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
-    """Advantages, correction and veRL's update on `samples`. Returns (worker, metrics) for saving."""
+    """Advantages, correction and veRL's update on `samples`. Returns (worker, metrics) for saving;
+    the worker is None when there was nothing to train (`no_gradient`)."""
     if len(samples) % config.mini_batches:
         raise ConfigError(f"mini_batches={config.mini_batches} must divide the number of samples ({len(samples)})")
     prepare_runtime()
     started = time.perf_counter()
     advantages = update_batch.rollout_advantages(samples, config)
+    if no_gradient(advantages, config):
+        return None, {"skipped": NO_ADVANTAGE, "reward_mean": update_batch.reward_mean(samples),
+                      "samples": len(samples), "optimizer_steps": 0, "tokens_trained": 0,
+                      "total_s": time.perf_counter() - started}
     worker, _ = build_worker(checkpoint, config)
     batch = update_batch.pad(samples, advantages)
     trainer_lp, entropy = trainer_logprobs(worker, batch, config.temperature)
@@ -156,6 +175,17 @@ def save_checkpoint(worker, checkpoint: Path, out: Path) -> Path:
     for name in CHECKPOINT_FILES:
         if (checkpoint / name).exists():
             (out / name).write_bytes((checkpoint / name).read_bytes())
+    return out
+
+
+def copy_checkpoint(checkpoint: Path, out: Path) -> Path:
+    """The input checkpoint's weights, config and tokenizer files in `out`, unchanged (a skipped update)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted(checkpoint.glob("*.safetensors*")) + [checkpoint / name for name in CHECKPOINT_FILES]:
+        if path.is_file():
+            partial = out / f".{path.name}.partial"  # as in save_checkpoint: never half a file under its name
+            shutil.copyfile(path, partial)
+            os.replace(partial, out / path.name)
     return out
 
 
@@ -210,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"steps.update: {error}", file=sys.stderr)
             return 2
         local_out = Path(tmp) / "out" if _is_remote(args.out) else _fetch(args.out, Path(tmp))
-        save_checkpoint(worker, checkpoint, local_out)
+        if worker is None:
+            print(f"steps.update: {NO_ADVANTAGE}: every task's rollouts earned the same reward, so there is "
+                  "no gradient; the weights are copied unchanged", file=sys.stderr)
+            copy_checkpoint(checkpoint, local_out)
+        else:
+            save_checkpoint(worker, checkpoint, local_out)
         (local_out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if _is_remote(args.out):
             _publish(local_out, args.out)

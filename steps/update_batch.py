@@ -16,6 +16,11 @@ SAMPLE_COLUMNS = ["rollout_id", "task", "prompt_token_ids", "response_token_ids"
                   "response_logprobs", "reward", "loss_weight"]
 
 
+# The estimators whose advantages are relative to the task's group (all but reinforce_plus_plus, which
+# whitens over the whole batch): a group whose rewards are all equal must get exactly 0.
+GROUP_BASELINE_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "gpg")
+
+
 class SampleError(ValueError):
     """Unusable samples input: the message names the file or column."""
 
@@ -114,7 +119,25 @@ def rollout_advantages(samples: list[Sample], config: UpdateConfig) -> dict[str,
     kwargs = {"norm_adv_by_std_in_grpo": config.norm_adv_by_std_in_grpo} if config.adv_estimator == "grpo" else {}
     advantages, _ = estimator(token_level_rewards=rewards, response_mask=torch.ones_like(rewards), index=groups,
                               config=algo, **kwargs)
-    return {rollout_id: float(advantages[row, 0]) for row, rollout_id in enumerate(ids)}
+    grouped = config.adv_estimator in GROUP_BASELINE_ESTIMATORS
+    flat = flat_groups(groups, rewards[:, 0].tolist()) if grouped else set()
+    return {rollout_id: 0.0 if groups[row] in flat else float(advantages[row, 0])
+            for row, rollout_id in enumerate(ids)}
+
+
+def flat_groups(groups, rewards: list[float]) -> set:
+    """The groups whose rollouts all earned the same reward: under a group baseline they carry no signal.
+
+    veRL's float32 group mean leaves rounding there (8 rewards of 0.6 gave each rollout +0.056 once divided
+    by std + 1e-6), which AdamW's first step, normalised per parameter, turns into a full-size step.
+
+    >>> sorted(flat_groups(["a", "a", "b", "b"], [0.6, 0.6, 0.0, 0.2]))
+    ['a']
+    """
+    seen: dict = {}
+    for group, reward in zip(groups, rewards):
+        seen.setdefault(group, set()).add(reward)
+    return {group for group, values in seen.items() if len(values) == 1}
 
 
 def _pad(rows: list[list], width: int, left: bool, dtype: torch.dtype) -> torch.Tensor:

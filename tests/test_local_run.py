@@ -77,7 +77,8 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(tiny_m
         partition = partition_url(str(run / "trajectories"), "loop", iteration)
         assert read_table(partition, "rollouts").num_rows == 8 and read_table(partition, "samples").num_rows >= 8
         metrics = json.loads((run / "checkpoints" / f"iteration-{iteration + 1}" / "metrics.json").read_text())
-        assert metrics["tokens_trained"] > 0
+        # All 8 rewards equal (rare with a random model) means no advantage: the update is skipped, by design.
+        assert metrics["tokens_trained"] > 0 or metrics.get("skipped") == "no advantage"
 
     # Iteration 1 was served the weights iteration 0's update wrote, stamped with their version.
     versions = {}
@@ -87,4 +88,6 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(tiny_m
     assert versions == {"it0": {"0"}, "it1": {"1"}}
     base, updated = load_file(tiny_model / "model.safetensors"), load_file(run / "checkpoints" / "iteration-1" / "model.safetensors")
     assert base.keys() == updated.keys()
-    assert any(not base[name].float().equal(updated[name].float()) for name in base)
+    changed = any(not base[name].float().equal(updated[name].float()) for name in base)
+    first_update = json.loads((run / "checkpoints" / "iteration-1" / "metrics.json").read_text())
+    assert changed != bool(first_update.get("skipped"))

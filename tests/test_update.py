@@ -61,6 +61,16 @@ def test_grpo_advantages_are_per_rollout_grouped_by_task(samples) -> None:
         assert abs(sum(group)) < 1e-5 and max(group) > 0 > min(group)
 
 
+def test_a_group_whose_rewards_are_all_equal_gets_exactly_no_advantage() -> None:
+    """8 rewards of 0.6: veRL's float32 group mean alone would leave +0.056 on each (rounding / (std + 1e-6))."""
+    samples = [update_batch.Sample(f"t{task}-r{i}", str(task), [1], [2], [1], None, reward)
+               for task, rewards in ((0, [0.6] * 8), (1, [0.0, 0.2, 0.4, 0.4])) for i, reward in enumerate(rewards)]
+    for estimator in update_batch.GROUP_BASELINE_ESTIMATORS:
+        advantages = update_batch.rollout_advantages(samples, load_config(None, [f"adv_estimator={estimator}"]))
+        assert [advantages[f"t0-r{i}"] for i in range(8)] == [0.0] * 8, estimator
+    assert update.no_gradient({k: v for k, v in advantages.items() if k.startswith("t0-")}, load_config(None, []))
+
+
 def test_worker_update_equals_reference_loop(updated: dict) -> None:
     """Loss, grad norm and updated weights of veRL's worker match the plain loop's."""
     metrics, reference = updated["metrics"], updated["reference"]
@@ -163,3 +173,20 @@ def test_cli_trains_on_samples_parquet(checkpoint: Path, samples, tmp_path: Path
     assert (tmp_path / "out" / "model.safetensors").exists()
     assert update.main(["--trajectories", str(tmp_path), "--checkpoint", str(checkpoint), "--out",
                         str(tmp_path / "bad"), "correction=nope"]) == 2
+
+
+def test_cli_skips_the_step_when_no_rollout_has_an_advantage(checkpoint: Path, samples, tmp_path: Path) -> None:
+    """Every task's rollouts earned the same reward: no gradient, so no worker; the weights are copied unchanged."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{**{name: getattr(sample, name) for name in update_batch.SAMPLE_COLUMNS}, "reward": 0.5}
+            for sample in samples]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "samples.parquet")
+    assert update.main(["--trajectories", str(tmp_path), "--checkpoint", str(checkpoint), "--out",
+                        str(tmp_path / "out")]) == 0
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["skipped"] == update.NO_ADVANTAGE and metrics["optimizer_steps"] == 0
+    assert metrics["reward_mean"] == pytest.approx(0.5)
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (checkpoint / name).read_bytes()

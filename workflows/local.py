@@ -137,6 +137,9 @@ def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: 
     run_step("update", commands.update(config, commands.partition_url(config, iteration), checkpoint, next_checkpoint,
                                        python=train_python()), env, logs / f"update-{iteration}.log")
     timings["update_s"] = time.monotonic() - started - timings["rollouts_s"] - timings["trajectories_s"]
+    if skipped := (manifest.read_metrics(next_checkpoint) or {}).get("skipped"):
+        say(f"iteration {iteration}: update skipped ({skipped}: every task's rollouts earned the same reward); "
+            "the next iteration serves the same weights")
     swap_weights(proxy_url, admin_key, next_checkpoint, iteration + 1)
     timings["reload_s"] = time.monotonic() - started - sum(timings.values())
     return summarize(iteration, results, next_checkpoint, timings)

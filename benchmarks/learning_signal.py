@@ -1,0 +1,180 @@
+"""Learning signal: does the whole local loop make the tiny model better at a task it can partly solve?
+
+    .venv/bin/python benchmarks/learning_signal.py [--factor 2] [--window 3] [--baseline] [key=value ...]
+
+Runs `python workflows/submit.py --config configs/learning-signal.yaml [key=value ...]`: the embedded
+default with the `direct` harness on the toy `target-word` task (reward = longest prefix of "hello" in the
+reply, / 5), so every iteration is the real loop: vLLM on CPU serving the tiny model, the recording proxy,
+rollouts, grading, Parquet, the veRL update (skipped when all 8 rollouts earned the same reward: no
+gradient), the new weights reloaded into the running vLLM. The config's model, when missing, is built
+first: the tiny model without its whitespace bias (`steps.tiny_model --whitespace-penalty 0`). Prints each
+iteration's mean reward and seconds per phase (rollouts, trajectories, update, reload) as they come, then
+the curve as a text plot, the phase table, and a verdict: the mean reward of the first `--window`
+iterations against the last `--window`. Exit code 0 when the last window is at least `--factor` times the
+first, 1 when not, 2 when the run failed. `--baseline` then runs the same settings with
+`learning_rate=0` (same sampling, no learning) and compares the last windows, which shows the rise
+comes from the update. Every figure goes to `<store>/<run>/learning-signal.json`.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from steps.tiny_model import build_tiny_model  # noqa: E402
+from workflows.config import ConfigError, RunConfig, load_config  # noqa: E402
+
+PHASES = ("rollouts", "trajectories", "update", "reload")
+PLOT_WIDTH = 40
+
+
+def run_loop(config_path: str, overrides: list[str]) -> tuple[list[dict], int, float]:
+    """Runs the loop through submit.py; returns its per-iteration summaries, its exit code and its seconds.
+
+    submit.py's progress lines (stderr) pass through; its stdout is one JSON summary per iteration.
+    """
+    argv = [sys.executable, "workflows/submit.py", "--config", config_path, *overrides]
+    print(f"$ {' '.join(argv[1:])}", flush=True)
+    started = time.monotonic()
+    summaries = []
+    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True) as driver:
+        for line in driver.stdout:
+            summary = json.loads(line)
+            summaries.append(summary)
+            print(f"iteration {summary['iteration']}: mean reward {summary['metrics']['mean_reward']:.3f}; "
+                  + ", ".join(f"{p} {summary['timings_s'][p + '_s']:.1f} s" for p in PHASES)
+                  + (f"; update skipped ({summary['update']['skipped']})" if skipped(summary) else ""), flush=True)
+    return summaries, driver.returncode, time.monotonic() - started
+
+
+def skipped(summary: dict) -> bool:
+    """True when the iteration's update took no step (every advantage was 0)."""
+    return bool((summary.get("update") or {}).get("skipped"))
+
+
+def served_versions(run_url: str, iteration: int) -> set[str]:
+    """The weight versions that served an iteration's rollouts (from their result.json files)."""
+    versions: set[str] = set()
+    for result in Path(run_url, "results", f"iteration-{iteration}").glob("*/result.json"):
+        versions.update(json.loads(result.read_text()).get("weight_versions") or [])
+    return versions
+
+
+def figures(config: RunConfig, summaries: list[dict], wall_s: float, window: int) -> dict:
+    """The run's curve, phase seconds, served weight versions and first/last window means."""
+    rewards = [s["metrics"]["mean_reward"] for s in summaries]
+    first, last = mean(rewards[:window]), mean(rewards[-window:])
+    return {
+        "run": config.run, "learning_rate": config.learning_rate, "iterations": len(summaries),
+        "samples_per_task": config.samples_per_task, "max_tokens_cap": config.max_tokens_cap,
+        "mean_reward": rewards,
+        "phases_s": {p: [s["timings_s"][p + "_s"] for s in summaries] for p in PHASES},
+        "updates_skipped": [s["iteration"] for s in summaries if skipped(s)],
+        "weight_versions_ok": all(served_versions(config.run_url, s["iteration"]) == {str(s["iteration"])}
+                                  for s in summaries),
+        "window": window, "first_window_mean": first, "last_window_mean": last,
+        "ratio": last / first if first else float("inf"), "wall_s": round(wall_s, 1),
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def mean(values: list[float]) -> float:
+    """Arithmetic mean; 0 for no values.
+
+    >>> mean([0.1, 0.3]), mean([])
+    (0.2, 0.0)
+    """
+    return sum(values) / len(values) if values else 0.0
+
+
+def plot(rewards: list[float]) -> str:
+    """The curve as text: one bar per iteration, full width = reward 1.
+
+    >>> print(plot([0.0, 0.5]))
+     0 0.000 |
+     1 0.500 |####################
+    """
+    return "\n".join(f"{i:>2} {r:.3f} |{'#' * round(r * PLOT_WIDTH)}" for i, r in enumerate(rewards))
+
+
+def report(result: dict, factor: float, baseline: dict | None) -> bool:
+    """Prints the plot, the phase table and the verdict; returns whether the reward rose by `factor`."""
+    print(f"\nmean reward per iteration (run {result['run']}, learning_rate {result['learning_rate']}):")
+    print(plot(result["mean_reward"]))
+    print(f"\n{'phase':<14}{'mean s':>8}{'min s':>8}{'max s':>8}")
+    for phase, seconds in result["phases_s"].items():
+        print(f"{phase:<14}{mean(seconds):>8.1f}{min(seconds):>8.1f}{max(seconds):>8.1f}")
+    per_iteration = sum(mean(seconds) for seconds in result["phases_s"].values())
+    print(f"{'iteration':<14}{per_iteration:>8.1f}   (whole run {result['wall_s']:.0f} s, with vLLM's start)")
+    if result["updates_skipped"]:
+        print(f"updates skipped (no advantage) in iterations {result['updates_skipped']}")
+    if not result["weight_versions_ok"]:
+        print("WARNING: some rollouts were not served the weights their iteration should have")
+    window, rose = result["window"], result["ratio"] >= factor
+    print(f"\nmean reward first {window} its {result['first_window_mean']:.3f} -> last {window} its "
+          f"{result['last_window_mean']:.3f} ({result['ratio']:.1f}x; goal {factor:g}x): {'PASS' if rose else 'FAIL'}")
+    if baseline:
+        print(f"baseline learning_rate 0, mean reward per iteration: "
+              f"{' '.join(f'{r:.2f}' for r in baseline['mean_reward'])} (mean {mean(baseline['mean_reward']):.3f})")
+        print(f"baseline learning_rate 0: first {window} its {baseline['first_window_mean']:.3f} -> last {window} its "
+              f"{baseline['last_window_mean']:.3f} ({baseline['ratio']:.1f}x); last {window} its trained / baseline: "
+              f"{result['last_window_mean'] / max(baseline['last_window_mean'], 1e-9):.1f}x")
+    return rose
+
+
+def plain_model(config: RunConfig) -> None:
+    """Builds the config's model when it is missing: the tiny model without its whitespace bias, which a
+    large learning rate flips (`steps.tiny_model.build_tiny_model`)."""
+    path = Path(config.model) if Path(config.model).is_absolute() else REPO / config.model
+    if not path.exists():
+        print(f"building the tiny model without whitespace bias in {path}", flush=True)
+        build_tiny_model(path, seed=config.seed, whitespace_penalty=0)
+
+
+def measure(config_path: str, overrides: list[str], window: int) -> dict | None:
+    """One run start to end; its figures, written next to it, or None when it failed."""
+    config = load_config(config_path, overrides)
+    plain_model(config)
+    summaries, code, wall_s = run_loop(config_path, overrides)
+    if code != 0 or len(summaries) < config.iterations:
+        print(f"error: run {config.run} failed (exit code {code}) after {len(summaries)} iterations; "
+              f"see {config.run_url}/logs", file=sys.stderr)
+        return None
+    result = figures(config, summaries, wall_s, window)
+    Path(config.run_url, "learning-signal.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main() -> int:
+    """Parse, run (and the baseline), report; exit code 0 when the reward rose by the factor."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/learning-signal.yaml", help="the run config (flat YAML)")
+    p.add_argument("--factor", type=float, default=2.0, help="last window / first window needed to pass")
+    p.add_argument("--window", type=int, default=3, help="iterations averaged at each end of the curve")
+    p.add_argument("--baseline", action="store_true", help="also run with learning_rate=0 and compare")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="run config overrides, e.g. iterations=20")
+    args = p.parse_args()
+    names = [item.partition("=")[2] for item in args.overrides if item.startswith("run=")]
+    name = names[-1] if names else f"learning-signal-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    overrides = [item for item in args.overrides if not item.startswith("run=")]
+    try:
+        if load_config(args.config, overrides).iterations < 2 * args.window:
+            raise ConfigError(f"iterations must be at least 2 x --window ({2 * args.window})")
+        result = measure(args.config, [f"run={name}", *overrides], args.window)
+        baseline = measure(args.config, [f"run={name}-lr0", *overrides, "learning_rate=0"], args.window) \
+            if result and args.baseline else None
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if result is None or (args.baseline and baseline is None):
+        return 2
+    return 0 if report(result, args.factor, baseline) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
