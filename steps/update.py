@@ -7,11 +7,12 @@
 schema in `docs/trajectories.md`); `--checkpoint` a Hugging Face model folder. The step computes
 advantages per rollout with veRL's estimator grouped per task (GRPO by default), corrects for the
 sampler with the recorded logprobs (bypass or truncated IS), runs veRL's FSDP2 update, and writes
-`{out}/model.safetensors` + the input's config and tokenizer files (a folder vLLM loads or reloads)
-and `{out}/metrics.json`. When every rollout's advantage is 0 (each task's rollouts earned the same
-reward) there is no gradient: the worker is not built, the input weights are copied to `--out` unchanged
-and `metrics.json` says `"skipped": "no advantage"`. The same code runs on GPU and CPU; the CPU-only
-adjustments are in `steps.update_cpu` and apply only without a GPU.
+`{out}/model.safetensors` + the input's config and tokenizer files (a folder vLLM loads or reloads),
+`{out}/optimizer/` (AdamW's state, so the next update continues this one; `carry_optimizer`) and
+`{out}/metrics.json`. When every rollout's advantage is 0 (each task's rollouts earned the same
+reward) there is no gradient: the worker is not built, the input weights and optimiser state are copied
+to `--out` unchanged and `metrics.json` says `"skipped": "no advantage"`. The same code runs on GPU and
+CPU; the CPU-only adjustments are in `steps.update_cpu` and apply only without a GPU.
 """
 
 import argparse
@@ -35,6 +36,11 @@ NO_ADVANTAGE = "no advantage"
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt",
                     "added_tokens.json"]
+# The checkpoint's subfolder holding the optimiser state in veRL's own format (`optim_world_size_*_rank_*.pt`:
+# AdamW's moments and step count; `extra_state_*.pt`: lr scheduler and RNG) plus our `state.json`.
+OPTIMIZER_DIR = "optimizer"
+# What veRL's checkpoint manager saves and loads there: the weights travel as model.safetensors instead.
+OPTIMIZER_CONTENTS = ["optimizer", "extra"]
 
 
 def prepare_runtime() -> None:
@@ -60,6 +66,7 @@ def build_worker(checkpoint: Path, config: UpdateConfig):
     """
     from functools import partial
 
+    from verl.trainer.config import CheckpointConfig
     from verl.workers.config import (FSDPActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig,
                                      TrainingWorkerConfig)
     from verl.workers.engine_workers import TrainingWorker
@@ -81,8 +88,10 @@ def build_worker(checkpoint: Path, config: UpdateConfig):
         clip_ratio_high=config.clip_ratio_high, clip_ratio_c=config.clip_ratio_c,
         loss_agg_mode=config.loss_agg_mode, entropy_coeff=config.entropy_coeff,
         policy_loss={"loss_mode": config.policy_loss}, use_torch_compile=engine.use_torch_compile)
+    contents = CheckpointConfig(save_contents=OPTIMIZER_CONTENTS, load_contents=OPTIMIZER_CONTENTS)
     worker = TrainingWorker(TrainingWorkerConfig(model_type="language_model", model_config=model,
-                                                 engine_config=engine, optimizer_config=optim))
+                                                 engine_config=engine, optimizer_config=optim,
+                                                 checkpoint_config=contents))
     worker.reset()
     worker.set_loss_fn(partial(ppo_loss, config=actor))
     return worker, actor
@@ -122,6 +131,36 @@ def no_gradient(advantages: dict[str, float], config: UpdateConfig) -> bool:
     return config.entropy_coeff == 0 and all(value == 0 for value in advantages.values())
 
 
+def optimizer_settings(config: UpdateConfig) -> dict:
+    """What a saved optimiser state must have been saved with to be carried: AdamW's hyperparameters and the
+    world size (veRL's files are one shard per rank).
+
+    >>> optimizer_settings(UpdateConfig())["betas"]
+    [0.9, 0.999]
+    """
+    return {"lr": config.lr, "betas": list(config.betas), "weight_decay": config.weight_decay,
+            "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+
+
+def saved_optimizer(checkpoint: Path, config: UpdateConfig) -> tuple[dict | None, str]:
+    """The checkpoint's `state.json` when its optimiser state is to be carried, else None; and, for metrics,
+    "carried" or "fresh: " and why.
+
+    A state saved with another lr, betas or weight decay starts fresh: veRL's load would restore the saved
+    values and silently override the config's.
+    """
+    if not config.carry_optimizer:
+        return None, "fresh: carry_optimizer is off"
+    path = checkpoint / OPTIMIZER_DIR / "state.json"
+    if not path.is_file():
+        return None, "fresh: the checkpoint has no optimizer state"
+    saved, wanted = json.loads(path.read_text()), optimizer_settings(config)
+    changed = [name for name, value in wanted.items() if saved.get(name) != value]
+    if changed:
+        return None, f"fresh: saved with another {', '.join(changed)}"
+    return saved, "carried"
+
+
 def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
     """Advantages, correction and veRL's update on `samples`. Returns (worker, metrics) for saving;
     the worker is None when there was nothing to train (`no_gradient`)."""
@@ -130,11 +169,16 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
     prepare_runtime()
     started = time.perf_counter()
     advantages = update_batch.rollout_advantages(samples, config)
+    saved, optimizer_state = saved_optimizer(checkpoint, config)
+    steps_before = saved["optimizer_steps_total"] if saved else 0
     if no_gradient(advantages, config):
         return None, {"skipped": NO_ADVANTAGE, "reward_mean": update_batch.reward_mean(samples),
                       "samples": len(samples), "optimizer_steps": 0, "tokens_trained": 0,
-                      "total_s": time.perf_counter() - started}
+                      "optimizer_state": "copied unchanged" if saved else optimizer_state,
+                      "optimizer_steps_total": steps_before, "total_s": time.perf_counter() - started}
     worker, _ = build_worker(checkpoint, config)
+    if saved:
+        worker.load_checkpoint(str(checkpoint / OPTIMIZER_DIR))
     batch = update_batch.pad(samples, advantages)
     trainer_lp, entropy = trainer_logprobs(worker, batch, config.temperature)
     correction = update_batch.correct(batch, trainer_lp, config)
@@ -149,6 +193,8 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
         "reward_mean": update_batch.reward_mean(samples),
         "logprob_gap": correction.pop("logprob_gap"),
         "samples": len(samples), "optimizer_steps": config.epochs * config.mini_batches,
+        "optimizer_state": optimizer_state,
+        "optimizer_steps_total": steps_before + config.epochs * config.mini_batches,
         "tokens_trained": tokens * config.epochs,
         "train_s": train_s, "tokens_per_s": tokens * config.epochs / train_s, **correction,
         "total_s": time.perf_counter() - started,
@@ -178,14 +224,39 @@ def save_checkpoint(worker, checkpoint: Path, out: Path) -> Path:
     return out
 
 
-def copy_checkpoint(checkpoint: Path, out: Path) -> Path:
-    """The input checkpoint's weights, config and tokenizer files in `out`, unchanged (a skipped update)."""
+def save_optimizer(worker, out: Path, config: UpdateConfig, steps_total: int) -> Path:
+    """Write the optimiser state to `out/optimizer/` with veRL's checkpoint manager, plus `state.json`
+    (`optimizer_settings` and the optimiser steps taken since the base model)."""
+    partial = out / f".{OPTIMIZER_DIR}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    worker.save_checkpoint(str(partial))
+    state = {**optimizer_settings(config), "optimizer_steps_total": steps_total}
+    (partial / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    return _replace_folder(partial, out / OPTIMIZER_DIR)
+
+
+def _replace_folder(partial: Path, target: Path) -> Path:
+    """Move a finished folder under its name, so a reader never sees half of it."""
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(partial, target)
+    return target
+
+
+def copy_checkpoint(checkpoint: Path, out: Path, optimizer: bool = True) -> Path:
+    """The input checkpoint's weights, config, tokenizer files and (`optimizer`) optimiser state in `out`,
+    unchanged (a skipped update)."""
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(checkpoint.glob("*.safetensors*")) + [checkpoint / name for name in CHECKPOINT_FILES]:
         if path.is_file():
             partial = out / f".{path.name}.partial"  # as in save_checkpoint: never half a file under its name
             shutil.copyfile(path, partial)
             os.replace(partial, out / path.name)
+    if optimizer and (checkpoint / OPTIMIZER_DIR).is_dir():
+        partial = out / f".{OPTIMIZER_DIR}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(checkpoint / OPTIMIZER_DIR, partial)
+        _replace_folder(partial, out / OPTIMIZER_DIR)
     return out
 
 
@@ -242,10 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         local_out = Path(tmp) / "out" if _is_remote(args.out) else _fetch(args.out, Path(tmp))
         if worker is None:
             print(f"steps.update: {NO_ADVANTAGE}: every task's rollouts earned the same reward, so there is "
-                  "no gradient; the weights are copied unchanged", file=sys.stderr)
-            copy_checkpoint(checkpoint, local_out)
+                  "no gradient; the weights and optimizer state are copied unchanged", file=sys.stderr)
+            copy_checkpoint(checkpoint, local_out, optimizer=config.carry_optimizer)
         else:
             save_checkpoint(worker, checkpoint, local_out)
+            if config.carry_optimizer:
+                save_optimizer(worker, local_out, config, metrics["optimizer_steps_total"])
         (local_out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         if _is_remote(args.out):
             _publish(local_out, args.out)

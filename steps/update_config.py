@@ -24,6 +24,7 @@ class UpdateConfig:
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0
+    carry_optimizer: bool = True
     epochs: int = 1
     mini_batches: int = 1
     policy_loss: str = "vanilla"

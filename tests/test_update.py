@@ -43,13 +43,42 @@ def updated(checkpoint: Path, samples, tmp_path_factory: pytest.TempPathFactory)
     config = load_config(None, OVERRIDES)
     worker, metrics = update.run_update(samples, checkpoint, config)
     out = update.save_checkpoint(worker, checkpoint, tmp_path_factory.mktemp("updated"))
-    params = {name: tensor.detach().clone() for name, tensor in worker.engine.get_per_tensor_param()[0]}
+    update.save_optimizer(worker, out, config, metrics["optimizer_steps_total"])
+    params = parameters(worker)
     batch = update_batch.pad(samples, update_batch.rollout_advantages(samples, config))
     update_batch.correct(batch, torch.zeros_like(batch.rollout_log_probs), config)  # bypass: rollout logprobs
     model = load_model(checkpoint)
     reference = reference_update(model, batch, config)
     return {"metrics": metrics, "out": out, "params": params, "reference": reference, "model": model,
-            "config": config, "batch": batch}
+            "config": config, "batch": batch, "adam": adam_state(worker)}
+
+
+def parameters(worker) -> dict[str, torch.Tensor]:
+    """The worker's parameters by HF name, copied."""
+    return {name: tensor.detach().clone() for name, tensor in worker.engine.get_per_tensor_param()[0]}
+
+
+def adam_state(worker) -> list[dict[str, torch.Tensor]]:
+    """AdamW's per-parameter state (step, exp_avg, exp_avg_sq) of the worker's optimiser, copied, in order."""
+    state = worker.engine.optimizer.state_dict()["state"]
+    return [{key: (value.to_local() if hasattr(value, "to_local") else value).detach().clone()
+             for key, value in state[index].items()} for index in sorted(state)]
+
+
+@pytest.fixture(scope="module")
+def continued(updated: dict, checkpoint: Path, samples) -> dict:
+    """A second update from the first's checkpoint, with and without its optimiser state, and one continuous
+    worker that takes both steps in a row on the same batch."""
+    config = updated["config"]
+    carried, carried_metrics = update.run_update(samples, updated["out"], config)
+    off = load_config(None, [*OVERRIDES, "carry_optimizer=false"])
+    fresh, fresh_metrics = update.run_update(samples, updated["out"], off)
+    continuous, _ = update.build_worker(checkpoint, config)
+    for _ in range(2):
+        update.train(continuous, updated["batch"], config)
+    return {"carried": parameters(carried), "carried_adam": adam_state(carried), "carried_metrics": carried_metrics,
+            "fresh": parameters(fresh), "fresh_adam": adam_state(fresh), "fresh_metrics": fresh_metrics,
+            "continuous": parameters(continuous), "continuous_adam": adam_state(continuous)}
 
 
 def test_grpo_advantages_are_per_rollout_grouped_by_task(samples) -> None:
@@ -83,6 +112,44 @@ def test_worker_update_equals_reference_loop(updated: dict) -> None:
     assert metrics["tokens_trained"] == int(updated["batch"].response_mask.sum())
     assert metrics["reward_mean"] == pytest.approx(3 / 7)
     assert metrics["entropy"] > 0
+
+
+def test_the_first_update_starts_a_fresh_optimizer_and_saves_it(updated: dict) -> None:
+    """The base model has no optimiser state; the update saves AdamW's, as it was after the step."""
+    assert updated["metrics"]["optimizer_state"] == "fresh: the checkpoint has no optimizer state"
+    assert updated["metrics"]["optimizer_steps_total"] == 1
+    folder = updated["out"] / update.OPTIMIZER_DIR
+    assert json.loads((folder / "state.json").read_text())["optimizer_steps_total"] == 1
+    saved = torch.load(folder / "optim_world_size_1_rank_0.pt", weights_only=False)["state"]
+    assert len(saved) == len(updated["adam"])
+    for index, state in enumerate(updated["adam"]):
+        assert torch.equal(saved[index]["exp_avg"].to_local(), state["exp_avg"]) and state["exp_avg"].abs().sum() > 0
+        assert int(state["step"]) == 1
+
+
+def test_a_second_update_continues_the_optimizer_like_one_run(continued: dict) -> None:
+    """Carried: step count 2 and the same moments and weights as two steps of one worker; off: neither."""
+    assert continued["carried_metrics"]["optimizer_state"] == "carried"
+    assert continued["carried_metrics"]["optimizer_steps_total"] == 2
+    assert continued["fresh_metrics"]["optimizer_state"] == "fresh: carry_optimizer is off"
+    for carried, continuous in zip(continued["carried_adam"], continued["continuous_adam"], strict=True):
+        assert int(carried["step"]) == int(continuous["step"]) == 2
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(carried[key], continuous[key], rtol=1e-4, atol=1e-9), key
+    assert all(int(state["step"]) == 1 for state in continued["fresh_adam"])
+    carried_gap = max((continued["carried"][name] - tensor).abs().max().item()
+                      for name, tensor in continued["continuous"].items())
+    fresh_gap = max((continued["fresh"][name] - tensor).abs().max().item()
+                    for name, tensor in continued["continuous"].items())
+    assert carried_gap < 1e-5  # after two AdamW steps of lr 1e-3
+    assert fresh_gap > 1e-4  # a fresh optimiser's first step is ~lr on every parameter
+
+
+def test_an_optimizer_state_saved_with_another_lr_is_not_carried(updated: dict) -> None:
+    """veRL's load would bring back the saved lr over the config's, so a changed lr starts fresh."""
+    saved, why = update.saved_optimizer(updated["out"], load_config(None, [*OVERRIDES, "lr=2e-3"]))
+    assert saved is None and why == "fresh: saved with another lr"
+    assert update.saved_optimizer(updated["out"], updated["config"])[1] == "carried"
 
 
 def test_parameters_change(updated: dict, checkpoint: Path) -> None:
@@ -175,18 +242,23 @@ def test_cli_trains_on_samples_parquet(checkpoint: Path, samples, tmp_path: Path
                         str(tmp_path / "bad"), "correction=nope"]) == 2
 
 
-def test_cli_skips_the_step_when_no_rollout_has_an_advantage(checkpoint: Path, samples, tmp_path: Path) -> None:
-    """Every task's rollouts earned the same reward: no gradient, so no worker; the weights are copied unchanged."""
+def test_cli_skips_the_step_when_no_rollout_has_an_advantage(updated: dict, samples, tmp_path: Path) -> None:
+    """Every task's rollouts earned the same reward: no gradient, so no worker; the weights and the optimiser
+    state are copied unchanged."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows = [{**{name: getattr(sample, name) for name in update_batch.SAMPLE_COLUMNS}, "reward": 0.5}
             for sample in samples]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "samples.parquet")
+    checkpoint = updated["out"]
     assert update.main(["--trajectories", str(tmp_path), "--checkpoint", str(checkpoint), "--out",
-                        str(tmp_path / "out")]) == 0
+                        str(tmp_path / "out"), *OVERRIDES]) == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["skipped"] == update.NO_ADVANTAGE and metrics["optimizer_steps"] == 0
+    assert metrics["optimizer_state"] == "copied unchanged" and metrics["optimizer_steps_total"] == 1
     assert metrics["reward_mean"] == pytest.approx(0.5)
-    for name in ("model.safetensors", "config.json", "tokenizer.json"):
-        assert (tmp_path / "out" / name).read_bytes() == (checkpoint / name).read_bytes()
+    optimizer = [f"{update.OPTIMIZER_DIR}/{path.name}" for path in (checkpoint / update.OPTIMIZER_DIR).glob("*.*")]
+    assert len(optimizer) >= 3  # optim_*.pt, extra_state_*.pt, state.json
+    for name in ("model.safetensors", "config.json", "tokenizer.json", *optimizer):
+        assert (tmp_path / "out" / name).read_bytes() == (checkpoint / name).read_bytes(), name
