@@ -218,46 +218,49 @@ def save_checkpoint(worker, checkpoint: Path, out: Path) -> Path:
     partial = out / ".model.safetensors.partial"  # renamed when complete: a reader never sees half a file
     save_file(tensors, str(partial), metadata={"format": "pt"})
     os.replace(partial, out / "model.safetensors")
-    for name in CHECKPOINT_FILES:
-        if (checkpoint / name).exists():
-            (out / name).write_bytes((checkpoint / name).read_bytes())
+    _copy_files([checkpoint / name for name in CHECKPOINT_FILES], out)
     return out
 
 
 def save_optimizer(worker, out: Path, config: UpdateConfig, steps_total: int) -> Path:
     """Write the optimiser state to `out/optimizer/` with veRL's checkpoint manager, plus `state.json`
     (`optimizer_settings` and the optimiser steps taken since the base model)."""
-    partial = out / f".{OPTIMIZER_DIR}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    worker.save_checkpoint(str(partial))
-    state = {**optimizer_settings(config), "optimizer_steps_total": steps_total}
-    (partial / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-    return _replace_folder(partial, out / OPTIMIZER_DIR)
+    def fill(folder: Path) -> None:
+        worker.save_checkpoint(str(folder))
+        state = {**optimizer_settings(config), "optimizer_steps_total": steps_total}
+        (folder / "state.json").write_text(json.dumps(state, indent=2) + "\n")
 
-
-def _replace_folder(partial: Path, target: Path) -> Path:
-    """Move a finished folder under its name, so a reader never sees half of it."""
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(partial, target)
-    return target
+    return _write_folder(out / OPTIMIZER_DIR, fill)
 
 
 def copy_checkpoint(checkpoint: Path, out: Path, optimizer: bool = True) -> Path:
     """The input checkpoint's weights, config, tokenizer files and (`optimizer`) optimiser state in `out`,
     unchanged (a skipped update)."""
     out.mkdir(parents=True, exist_ok=True)
-    for path in sorted(checkpoint.glob("*.safetensors*")) + [checkpoint / name for name in CHECKPOINT_FILES]:
+    _copy_files(sorted(checkpoint.glob("*.safetensors*")) + [checkpoint / name for name in CHECKPOINT_FILES], out)
+    if optimizer and (checkpoint / OPTIMIZER_DIR).is_dir():
+        _write_folder(out / OPTIMIZER_DIR, lambda folder: shutil.copytree(checkpoint / OPTIMIZER_DIR, folder))
+    return out
+
+
+def _copy_files(paths: list[Path], out: Path) -> None:
+    """Copies those of `paths` that exist into `out`, each under a partial name renamed when complete."""
+    for path in paths:
         if path.is_file():
-            partial = out / f".{path.name}.partial"  # as in save_checkpoint: never half a file under its name
+            partial = out / f".{path.name}.partial"
             shutil.copyfile(path, partial)
             os.replace(partial, out / path.name)
-    if optimizer and (checkpoint / OPTIMIZER_DIR).is_dir():
-        partial = out / f".{OPTIMIZER_DIR}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(checkpoint / OPTIMIZER_DIR, partial)
-        _replace_folder(partial, out / OPTIMIZER_DIR)
-    return out
+
+
+def _write_folder(target: Path, fill) -> Path:
+    """`fill` writes a fresh partial folder, which then replaces `target`: a reader never sees half of it."""
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    fill(partial)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(partial, target)
+    return target
 
 
 def _is_remote(url: str) -> bool:
