@@ -2,33 +2,47 @@
 
     python benchmarks/fake_vllm.py --port 8000 [--delay-ms 0]
 
-It answers every `/v1/chat/completions` instantly with one canned vLLM-shaped body (token ids and
-logprobs included) so that a benchmark times the proxy, not a model. Bare ASGI: no framework cost.
+It answers every `/v1/chat/completions` instantly with a canned vLLM-shaped body (token ids and
+logprobs included) so that a benchmark times the proxy, not a model. As vLLM's do, the answer carries
+one prompt token id per ~4 bytes of the request (an agent's 30-80 KB request is 8-20k tokens). Bare ASGI: no framework cost.
 `--delay-ms` (or `POST /delay {"ms": N}`) makes each completion take that long, like a model
 generating, without using CPU.
 """
 
 import argparse
 import asyncio
+import functools
 
 import orjson
 import uvicorn
 
 RESPONSE_TOKENS = 64
-BODY = orjson.dumps({
-    "id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": "fake",
-    "prompt_token_ids": list(range(2000)),
-    "choices": [{
-        "index": 0, "finish_reason": "tool_calls", "stop_reason": None,
-        "token_ids": list(range(RESPONSE_TOKENS)),
-        "logprobs": {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}
-                                 for _ in range(RESPONSE_TOKENS)]},
-        "message": {"role": "assistant", "content": "Let me look.", "reasoning_content": None,
-                    "tool_calls": [{"id": "call_1", "type": "function",
-                                    "function": {"name": "exec_command", "arguments": "{\"cmd\": \"ls -la\"}"}}]},
-    }],
-    "usage": {"prompt_tokens": 2000, "completion_tokens": RESPONSE_TOKENS, "total_tokens": 2000 + RESPONSE_TOKENS},
-})
+BYTES_PER_TOKEN = 4
+
+
+def completion(prompt_tokens: int) -> bytes:
+    """The canned answer to a prompt of `prompt_tokens` tokens."""
+    return orjson.dumps({
+        "id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": "fake",
+        "prompt_token_ids": [1000 + i % 50000 for i in range(prompt_tokens)],
+        "choices": [{
+            "index": 0, "finish_reason": "tool_calls", "stop_reason": None,
+            "token_ids": list(range(RESPONSE_TOKENS)),
+            "logprobs": {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}
+                                     for _ in range(RESPONSE_TOKENS)]},
+            "message": {"role": "assistant", "content": "Let me look.", "reasoning_content": None,
+                        "tool_calls": [{"id": "call_1", "type": "function",
+                                        "function": {"name": "exec_command", "arguments": "{\"cmd\": \"ls -la\"}"}}]},
+        }],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": RESPONSE_TOKENS,
+                  "total_tokens": prompt_tokens + RESPONSE_TOKENS},
+    })
+
+
+@functools.lru_cache(maxsize=64)
+def answer_for(request_bytes: int) -> bytes:
+    """The answer to a request of that size (a benchmark sends a few fixed requests: built once each)."""
+    return completion(max(1, request_bytes // BYTES_PER_TOKEN))
 MODELS = orjson.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
 
@@ -48,12 +62,15 @@ def make_app(delay_s: float = 0.0):
             message = await receive()
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
-        body = MODELS if scope["path"].endswith("/models") else BODY
-        if scope["path"] == "/delay":
+        if scope["path"].endswith("/models"):
+            body = MODELS
+        elif scope["path"] == "/delay":
             settings["delay_s"] = orjson.loads(b"".join(chunks))["ms"] / 1000
             body = b"{}"
-        elif settings["delay_s"] and body is BODY:
-            await asyncio.sleep(settings["delay_s"])
+        else:
+            body = answer_for(sum(map(len, chunks)))
+            if settings["delay_s"]:
+                await asyncio.sleep(settings["delay_s"])
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})

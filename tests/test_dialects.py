@@ -6,11 +6,19 @@ the translation rules whose breakage would silently change what the model sees o
 
 import json
 
+import msgspec
+import orjson
 import pytest
 
 from steps.proxy import chat, messages, responses
 from steps.proxy.errors import ProxyError
+from steps.proxy.protocol import decode
 from steps.proxy.upstream import Completion, ToolCall, parse_completion
+
+
+def request(dialect, body: dict):
+    """The dialect's checked request, decoded from the JSON bytes as the proxy does."""
+    return decode(orjson.dumps(body), dialect.Request)[0]
 
 
 def completion(**overrides) -> Completion:
@@ -23,7 +31,7 @@ def completion(**overrides) -> Completion:
 
 # --- Responses -------------------------------------------------------------------------------------
 def test_responses_merges_one_model_turn_into_one_assistant_message():
-    req = responses.Request.model_validate({"model": "m", "instructions": "be brief", "input": [
+    req = request(responses, {"model": "m", "instructions": "be brief", "input": [
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox rules"}]},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
         {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
@@ -43,7 +51,7 @@ def test_responses_merges_one_model_turn_into_one_assistant_message():
 
 
 def test_responses_custom_tools_round_trip_through_a_string_argument():
-    req = responses.Request.model_validate({"model": "m", "input": "patch it", "tools": [
+    req = request(responses, {"model": "m", "input": "patch it", "tools": [
         {"type": "custom", "name": "apply_patch", "description": "patch", "format": {"type": "grammar"}},
         {"type": "web_search"},
     ]})
@@ -61,14 +69,14 @@ def test_responses_custom_tools_round_trip_through_a_string_argument():
     ({"type": "message", "role": "tool", "content": "x"}, "input.0.role"),
 ])
 def test_responses_refuses_items_it_cannot_render(item, field):
-    req = responses.Request.model_validate({"model": "m", "input": [item]})
+    req = request(responses, {"model": "m", "input": [item]})
     with pytest.raises(ProxyError) as err:
         responses.to_messages(req)
     assert err.value.status == 400 and err.value.param == field
 
 
 def test_responses_stream_gives_each_item_done_then_completed():
-    req = responses.Request.model_validate({"model": "m", "input": "hi", "stream": True})
+    req = request(responses, {"model": "m", "input": "hi", "stream": True})
     events = responses.to_events(completion(reasoning="hmm"), req, "r", 0)
     names = [name for name, _ in events]
     assert names[:2] == ["response.created", "response.in_progress"] and names[-1] == "response.completed"
@@ -79,7 +87,7 @@ def test_responses_stream_gives_each_item_done_then_completed():
 
 
 def test_responses_length_limit_is_incomplete():
-    req = responses.Request.model_validate({"model": "m", "input": "hi", "max_output_tokens": 2})
+    req = request(responses, {"model": "m", "input": "hi", "max_output_tokens": 2})
     assert responses.to_upstream(req, {})["max_tokens"] == 2
     events = responses.to_events(completion(finish_reason="length", tool_calls=[]), req, "r", 0)
     assert events[-1][0] == "response.incomplete"
@@ -88,7 +96,7 @@ def test_responses_length_limit_is_incomplete():
 
 # --- Anthropic Messages ----------------------------------------------------------------------------
 def test_messages_tool_use_and_results_become_chat_tool_calls():
-    req = messages.Request.model_validate({"model": "m", "max_tokens": 50, "system": [{"type": "text", "text": "sys"}],
+    req = request(messages, {"model": "m", "max_tokens": 50, "system": [{"type": "text", "text": "sys"}],
         "messages": [
             {"role": "system", "content": "more sys"},
             {"role": "user", "content": "write a file"},
@@ -117,7 +125,7 @@ def test_messages_tool_use_and_results_become_chat_tool_calls():
 
 
 def test_messages_stream_fills_every_block_with_deltas():
-    req = messages.Request.model_validate({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+    req = request(messages, {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
     c = completion(reasoning="hmm", tool_calls=[ToolCall("t1", "Bash", '{"command": "ls"}')])
     events = messages.to_events(c, req, "r", 0)
     names = [name for name, _ in events]
@@ -130,8 +138,8 @@ def test_messages_stream_fills_every_block_with_deltas():
 
 
 def test_messages_stop_sequence_is_reported():
-    req = messages.Request.model_validate({"model": "m", "max_tokens": 5, "stop_sequences": ["END"],
-                                           "messages": [{"role": "user", "content": "x"}]})
+    req = request(messages, {"model": "m", "max_tokens": 5, "stop_sequences": ["END"],
+                             "messages": [{"role": "user", "content": "x"}]})
     body = messages.to_body(completion(finish_reason="stop", stop_reason="END", tool_calls=[]), req, "r", 0)
     assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "END")
 
@@ -140,19 +148,20 @@ def test_messages_stop_sequence_is_reported():
 def test_chat_forwards_the_harness_request_less_streaming_options():
     raw = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
            "stream_options": {"include_usage": True}, "max_completion_tokens": 9, "temperature": 0.3, "vendor": 1}
-    body = chat.to_upstream(chat.Request.model_validate(raw), raw)
+    req, fields = decode(orjson.dumps(raw), chat.Request)  # fields stay raw JSON and are copied upstream
+    body = orjson.loads(msgspec.json.encode(chat.to_upstream(req, fields)))
     assert body == {"messages": raw["messages"], "max_tokens": 9, "temperature": 0.3, "vendor": 1}
 
 
 def test_chat_stream_options_need_stream():
     raw = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}
     with pytest.raises(ProxyError, match="stream_options"):
-        chat.to_upstream(chat.Request.model_validate(raw), raw)
+        chat.to_upstream(request(chat, raw), raw)
 
 
 def test_chat_stream_ends_with_usage_and_done():
-    req = chat.Request.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
-                                       "stream_options": {"include_usage": True}})
+    req = request(chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                         "stream_options": {"include_usage": True}})
     events = chat.to_events(completion(), req, "r", 0)
     assert events[-1] == (None, "[DONE]")
     assert events[-2][1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
@@ -163,7 +172,7 @@ def test_chat_stream_ends_with_usage_and_done():
 def test_upstream_answer_without_token_ids_is_refused():
     body = {"prompt_token_ids": None, "choices": [{"message": {"content": "x"}, "token_ids": None}]}
     with pytest.raises(ProxyError) as err:
-        parse_completion(body)
+        parse_completion(orjson.dumps(body))
     assert err.value.status == 502 and "token ids" in err.value.message
 
 
@@ -171,4 +180,4 @@ def test_upstream_logprobs_must_cover_every_sampled_token():
     body = {"prompt_token_ids": [1], "choices": [{"message": {"content": "x"}, "token_ids": [5, 6],
                                                   "logprobs": {"content": [{"logprob": -1.0}]}}]}
     with pytest.raises(ProxyError, match="1 logprobs for 2 sampled tokens"):
-        parse_completion(body)
+        parse_completion(orjson.dumps(body))

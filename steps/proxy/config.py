@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from steps.proxy.protocol import plain
+
 
 @dataclass
 class ProxyConfig:
@@ -26,5 +28,6 @@ class ProxyConfig:
         """Applies the run config's sampling overrides and token cap to an upstream chat body."""
         body.update(self.overrides)
         if self.max_tokens_cap is not None:
-            body["max_tokens"] = min(body.get("max_tokens") or self.max_tokens_cap, self.max_tokens_cap)
+            asked = plain(body.get("max_tokens"))
+            body["max_tokens"] = min(asked or self.max_tokens_cap, self.max_tokens_cap)
         return body

@@ -12,12 +12,12 @@ import time
 from types import ModuleType
 
 import orjson
-import pydantic
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from steps.logs import now
-from steps.proxy.errors import ProxyError, validation_message
+from steps.proxy.errors import ProxyError
+from steps.proxy.protocol import decode, plain
 from steps.proxy.sessions import Rollout
 
 # Response ids: a random per-process prefix and a counter (uuid4 read os.urandom on every call).
@@ -113,12 +113,7 @@ async def serve_call(request: Request, rollout_id: str, dialect: ModuleType) -> 
     state = request.app.state
     rollout = await state.sessions.authorize(rollout_id, api_key(request))
     data = await read_body(request, state.config.max_body_bytes)
-    raw = parse_object(data)
-    try:
-        req = dialect.Request.model_validate(raw)
-    except pydantic.ValidationError as exc:
-        message, field = validation_message(exc)
-        raise ProxyError(400, message, param=field) from None
+    req, raw = decode(data, dialect.Request)
     upstream_body = state.config.sampling(dialect.to_upstream(req, raw))
     record = _new_record(rollout, dialect.NAME, req.stream, data, upstream_body)
     try:
@@ -171,7 +166,7 @@ def _new_record(rollout: Rollout, dialect: str, stream: bool, data: bytes, upstr
         "response_token_ids": None,
         "response_logprobs": None,
         "finish_reason": None,
-        "sampling": {key: upstream_body[key] for key in SAMPLING_KEYS if key in upstream_body},
+        "sampling": {key: plain(upstream_body[key]) for key in SAMPLING_KEYS if key in upstream_body},
         "timings": {"received_at": now()},
         "request": stored_json(data),
         "response": None,

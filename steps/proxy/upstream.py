@@ -9,13 +9,18 @@ through a tool parser). Dialects stream the finished result to the harness thems
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-import aiohttp
+import msgspec
 import orjson
+from msgspec import Raw, Struct
 
 from steps.proxy.errors import ProxyError
+from steps.proxy.http_pool import HttpPool, NotSent, UpstreamFailed, UpstreamTimeout
 
 log = logging.getLogger("openforge.proxy.upstream")
+_ENCODE = msgspec.json.Encoder().encode  # plain values and raw JSON fields (forwarded verbatim) alike
+_JSON = {"content-type": "application/json"}
 
 
 @dataclass
@@ -29,56 +34,108 @@ class ToolCall:
 
 @dataclass
 class Completion:
-    """vLLM's answer to one call, independent of the dialect the harness speaks."""
+    """vLLM's answer to one call, independent of the dialect the harness speaks.
+
+    Read from vLLM's answer, the prompt token ids (10-30k per agent call) and the logprob entries are
+    vLLM's own JSON bytes (orjson fragments): stored and passed on verbatim, never decoded here."""
 
     content: str | None
     reasoning: str | None
     tool_calls: list[ToolCall]
     finish_reason: str
     stop_reason: str | int | None
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | orjson.Fragment
     response_token_ids: list[int]
     response_logprobs: list[float]
-    logprob_entries: list[dict] = field(default_factory=list, repr=False)
+    prompt_count: int | None = None  # vLLM's count of the prompt tokens, when they are kept as bytes
+    logprob_entries: list[dict] | orjson.Fragment = field(default_factory=list, repr=False)
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        return len(self.prompt_token_ids) if self.prompt_count is None else self.prompt_count
 
     @property
     def completion_tokens(self) -> int:
         return len(self.response_token_ids)
 
 
-def parse_completion(body: dict) -> Completion:
+# vLLM's chat completion, as far as the proxy reads it (unknown fields are skipped, not decoded).
+class _Function(Struct):
+    name: str
+    arguments: str | None = None
+
+
+class _ToolCall(Struct):
+    function: _Function
+    id: str | None = None
+
+
+class _Message(Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Logprobs(Struct):
+    content: Raw = Raw(b"null")
+
+
+class _Logprob(Struct):
+    logprob: float
+
+
+class _Choice(Struct):
+    message: _Message
+    token_ids: list[int] | None = None
+    logprobs: _Logprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class _Usage(Struct):
+    prompt_tokens: int | None = None
+
+
+class _Answer(Struct):
+    choices: list[_Choice]
+    prompt_token_ids: Raw = Raw(b"null")
+    usage: _Usage | None = None
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
+_LOGPROBS = msgspec.json.Decoder(list[_Logprob] | None)
+
+
+def parse_completion(data: bytes) -> Completion:
     """Reads vLLM's chat completion, insisting on the token fields the proxy exists to record."""
     try:
-        choice = body["choices"][0]
-        message = choice["message"]
-        prompt_ids = body["prompt_token_ids"]
-        token_ids = choice["token_ids"]
-        entries = (choice.get("logprobs") or {}).get("content") or []
-    except (KeyError, IndexError, TypeError) as exc:
-        raise ProxyError(502, f"upstream answered without the expected chat completion fields ({exc!r})") from None
-    if prompt_ids is None or token_ids is None:
+        answer = _ANSWER.decode(data)
+        choice = answer.choices[0]
+        logprobs = Raw(b"null") if choice.logprobs is None else choice.logprobs.content
+        entries = _LOGPROBS.decode(logprobs) or []
+    except (msgspec.DecodeError, IndexError) as exc:
+        raise ProxyError(502, f"upstream answered without the expected chat completion fields ({exc})") from None
+    prompt_ids = bytes(answer.prompt_token_ids)
+    if not prompt_ids.startswith(b"[") or choice.token_ids is None:
         raise ProxyError(502, "upstream returned no token ids: is it vLLM with return_token_ids support?")
-    if len(entries) != len(token_ids):
-        raise ProxyError(502, f"upstream returned {len(entries)} logprobs for {len(token_ids)} sampled tokens")
-    calls = [
-        ToolCall(id=call.get("id") or f"call_{i}", name=call["function"]["name"],
-                 arguments=call["function"].get("arguments") or "{}")
-        for i, call in enumerate(message.get("tool_calls") or [])
-    ]
+    if len(entries) != len(choice.token_ids):
+        raise ProxyError(502, f"upstream returned {len(entries)} logprobs for {len(choice.token_ids)} sampled tokens")
+    message = choice.message
+    calls = [ToolCall(id=call.id or f"call_{i}", name=call.function.name, arguments=call.function.arguments or "{}")
+             for i, call in enumerate(message.tool_calls or [])]
+    counted = answer.usage.prompt_tokens if answer.usage is not None else None
     return Completion(
-        content=message.get("content"),
-        reasoning=message.get("reasoning_content") or message.get("reasoning"),
+        content=message.content,
+        reasoning=message.reasoning_content or message.reasoning,
         tool_calls=calls,
-        finish_reason=choice.get("finish_reason") or "stop",
-        stop_reason=choice.get("stop_reason"),
-        prompt_token_ids=prompt_ids,
-        response_token_ids=token_ids,
-        response_logprobs=[entry["logprob"] for entry in entries],
-        logprob_entries=entries,
+        finish_reason=choice.finish_reason or "stop",
+        stop_reason=choice.stop_reason,
+        prompt_token_ids=orjson.Fragment(prompt_ids),
+        response_token_ids=choice.token_ids,
+        response_logprobs=[entry.logprob for entry in entries],
+        prompt_count=counted if counted is not None else prompt_ids.count(b",") + (prompt_ids != b"[]"),
+        logprob_entries=orjson.Fragment(bytes(logprobs)) if entries else [],
     )
 
 
@@ -87,20 +144,21 @@ class Upstream:
 
     def __init__(self, url: str, timeout_s: float = 600.0, connect_retries: int = 3, model: str | None = None):
         self.url = url.rstrip("/")
+        parts = urlsplit(self.url)
+        self._origin, self._prefix = f"{parts.scheme}://{parts.netloc}", parts.path  # vLLM may sit under a path
         self.timeout_s = timeout_s
         self.connect_retries = connect_retries
         self.model = model
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: HttpPool | None = None
 
     async def start(self) -> None:
         """Opens the connection pool."""
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(connector=connector, json_serialize=lambda o: orjson.dumps(o).decode())
+        self._pool = HttpPool(self._origin)
 
     async def close(self) -> None:
         """Closes the connection pool."""
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            await self._pool.close()
 
     async def served_model(self) -> str:
         """The model name vLLM serves (from `/v1/models`, asked once)."""
@@ -116,40 +174,52 @@ class Upstream:
         """Runs one non-streaming chat completion with token ids and logprobs."""
         chat_body = {**chat_body, "model": await self.served_model(), "stream": False,
                      "return_token_ids": True, "logprobs": True}
-        return parse_completion(await self.request("POST", "/v1/chat/completions", chat_body))
+        return parse_completion(await self.send("POST", "/v1/chat/completions", chat_body))
 
     async def request(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None,
                       retries: int | None = None) -> dict:
-        """Sends one request; maps every failure to a ProxyError (400 passes vLLM's own message)."""
-        data = None if body is None else orjson.dumps(body)
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
+        """Sends one request and decodes the JSON answer (see `send`)."""
+        raw = await self.send(method, path, body, timeout_s, retries)
+        try:
+            return orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            raise ProxyError(502, f"upstream {path} answered malformed JSON: {raw[:200]!r}") from None
+
+    async def send(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None,
+                   retries: int | None = None) -> bytes:
+        """Sends one request, returns the answer's bytes; maps every failure to a ProxyError (400 passes
+        vLLM's own message)."""
+        data = None if body is None else _ENCODE(body)
+        timeout_s = timeout_s or self.timeout_s
         retries = self.connect_retries if retries is None else retries
         for attempt in range(retries + 1):
             try:
-                async with self._session.request(method, self.url + path, data=data, timeout=timeout,
-                                                 headers={"content-type": "application/json"}) as resp:
-                    raw = await resp.read()
-                    return _decode(resp.status, raw, path)
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-                # Nothing reached vLLM (or it closed a stale keep-alive connection): safe to send again.
+                status, raw = await self._pool.request(method, self._prefix + path, data, headers=_JSON, timeout_s=timeout_s)
+            except NotSent as exc:  # nothing reached vLLM: safe to send again
                 if attempt == retries:
                     raise ProxyError(502, f"upstream {self.url} is unreachable: {exc}") from None
                 log.warning("upstream unreachable, retrying", extra={"attempt": attempt + 1, "error": str(exc)})
                 await asyncio.sleep(0.2 * 2**attempt)
-            except asyncio.TimeoutError:
-                raise ProxyError(504, f"upstream {self.url} did not answer within {timeout.total:.0f} s") from None
-            except aiohttp.ClientError as exc:
+                continue
+            except UpstreamTimeout:
+                raise ProxyError(504, f"upstream {self.url} did not answer within {timeout_s:.0f} s") from None
+            except UpstreamFailed as exc:
                 raise ProxyError(502, f"upstream {self.url} failed: {exc}") from None
+            if status >= 400:
+                _raise_for(status, raw, path)
+            return raw
         raise AssertionError("unreachable")
 
 
-def _decode(status: int, raw: bytes, path: str) -> dict:
+def _raise_for(status: int, raw: bytes, path: str) -> None:
+    """vLLM's error answer as a ProxyError: 400 with vLLM's own message (over the context window too),
+    anything else 502."""
     try:
         body = orjson.loads(raw) if raw else {}
     except orjson.JSONDecodeError:
         body = {"message": raw[:500].decode(errors="replace")}
-    if status < 400:
-        return body
+    if not isinstance(body, dict):
+        body = {"message": str(body)[:500]}
     error = body.get("error") if isinstance(body.get("error"), dict) else body
     message = str(error.get("message") or body)
     if status == 400 or status == 422:
