@@ -181,3 +181,30 @@ def test_upstream_logprobs_must_cover_every_sampled_token():
                                                   "logprobs": {"content": [{"logprob": -1.0}]}}]}
     with pytest.raises(ProxyError, match="1 logprobs for 2 sampled tokens"):
         parse_completion(orjson.dumps(body))
+
+
+def stored(value) -> object:
+    """A completion field as the store writes it (prompt ids stay vLLM's own JSON bytes)."""
+    return orjson.loads(orjson.dumps({"value": value}))["value"]
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt_token_ids": [1, 2, 3], "choices": [{"message": {"content": "x"}, "token_ids": [5],
+                                                 "logprobs": {"content": [{"logprob": -1.0}]}}]},
+    # The key inside the model's text (escaped quotes) and as a nested key: the top-level ids still win.
+    {"choices": [{"message": {"content": '"prompt_token_ids":[9]', "extra": {"prompt_token_ids": [7, 8]}},
+                  "token_ids": [5], "logprobs": {"content": [{"logprob": -1.0}]}}], "prompt_token_ids": [1, 2, 3]},
+    {"prompt_token_ids": [1, 2, 3], "choices": [{"message": {"content": "x"}, "token_ids": [5],
+                                                 "logprobs": {"content": [{"logprob": -1.0}]}}],
+     "usage": {"prompt_tokens": 3}},
+])
+def test_upstream_prompt_ids_are_kept_exactly_as_vllm_sent_them(body):
+    c = parse_completion(orjson.dumps(body))
+    assert stored(c.prompt_token_ids) == [1, 2, 3] and c.prompt_tokens == 3
+    assert (c.response_token_ids, c.response_logprobs) == ([5], [-1.0])
+
+
+def test_upstream_prompt_ids_that_are_not_numbers_are_decoded_not_cut():
+    body = {"prompt_token_ids": ["a]", "b"], "choices": [{"message": {"content": "x"}, "token_ids": [],
+                                                           "logprobs": {"content": []}}]}
+    assert stored(parse_completion(orjson.dumps(body)).prompt_token_ids) == ["a]", "b"]

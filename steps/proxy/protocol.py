@@ -94,9 +94,13 @@ class ChatMessage(Struct, kw_only=True):
         raw_type_is(self.content, "content", b'"[n', "a string, an array of parts or null")
 
 
+class ChatFunction(Struct, kw_only=True):
+    name: str  # description and parameters are forwarded as sent, not decoded here
+
+
 class ChatTool(Struct, kw_only=True):
     type: Literal["function"] = "function"
-    function: dict[str, Any]
+    function: ChatFunction
 
 
 class ChatRequest(Sampling, kw_only=True):

@@ -105,18 +105,51 @@ class _Answer(Struct):
 
 _ANSWER = msgspec.json.Decoder(_Answer)
 _LOGPROBS = msgspec.json.Decoder(list[_Logprob] | None)
+_PROMPT_IDS = b'"prompt_token_ids":['
+
+
+def _cut_prompt_ids(data: bytes) -> tuple[bytes, bytes | None]:
+    """vLLM's answer with its prompt token ids replaced by null, and those ids as vLLM's JSON bytes.
+
+    A JSON decoder spends ~0.1 ms a call just skipping 10-30k numbers; finding the array's two ends
+    takes a few microseconds. Unescaped quotes around the key mean it is a key, not text in a string,
+    and an array without quotes ends at its first `]`. The caller decodes what is left: if the cut
+    was anything but the top-level array, that fails or still shows prompt ids, and the whole answer
+    is decoded instead."""
+    start = data.find(_PROMPT_IDS)
+    close = data.find(b"]", start) + 1 if start >= 0 else 0
+    if close == 0:
+        return data, None
+    open_ = start + len(_PROMPT_IDS) - 1
+    ids = data[open_:close]
+    if b'"' in ids:
+        return data, None
+    return data[:open_] + b"null" + data[close:], ids
+
+
+def _decode_answer(data: bytes) -> tuple[_Answer, bytes]:
+    """vLLM's answer, and its prompt token ids as JSON bytes."""
+    rest, ids = _cut_prompt_ids(data)
+    if ids is not None:
+        try:
+            answer = _ANSWER.decode(rest)
+            if bytes(answer.prompt_token_ids) == b"null":
+                return answer, ids
+        except msgspec.DecodeError:
+            pass
+    answer = _ANSWER.decode(data)
+    return answer, bytes(answer.prompt_token_ids)
 
 
 def parse_completion(data: bytes) -> Completion:
     """Reads vLLM's chat completion, insisting on the token fields the proxy exists to record."""
     try:
-        answer = _ANSWER.decode(data)
+        answer, prompt_ids = _decode_answer(data)
         choice = answer.choices[0]
         logprobs = Raw(b"null") if choice.logprobs is None else choice.logprobs.content
         entries = _LOGPROBS.decode(logprobs) or []
     except (msgspec.DecodeError, IndexError) as exc:
         raise ProxyError(502, f"upstream answered without the expected chat completion fields ({exc})") from None
-    prompt_ids = bytes(answer.prompt_token_ids)
     if not prompt_ids.startswith(b"[") or choice.token_ids is None:
         raise ProxyError(502, "upstream returned no token ids: is it vLLM with return_token_ids support?")
     if len(entries) != len(choice.token_ids):
