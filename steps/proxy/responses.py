@@ -164,7 +164,18 @@ def output_items(c: Completion, req: Request, response_id: str) -> list[dict]:
     return items
 
 
-def _response(c: Completion | None, req: Request, response_id: str, created: int, output: list[dict]) -> dict:
+def _echoed(req: Request) -> dict:
+    """The request fields a response object repeats. Instructions and tools are often 10-30 KB and are
+    repeated in three events and the stored call: they are encoded once per call."""
+    return {"instructions": orjson.Fragment(orjson.dumps(req.instructions)), "max_output_tokens": req.max_output_tokens,
+            "parallel_tool_calls": bool(req.parallel_tool_calls), "temperature": req.temperature,
+            "top_p": req.top_p, "tool_choice": req.tool_choice or "auto",
+            "tools": orjson.Fragment(orjson.dumps(req.tools or [])),
+            "store": False, "text": req.text or {"format": {"type": "text"}}}
+
+
+def _response(c: Completion | None, req: Request, response_id: str, created: int, output: list[dict],
+              echoed: dict) -> dict:
     incomplete = c is not None and c.finish_reason == "length"
     status = "in_progress" if c is None else ("incomplete" if incomplete else "completed")
     usage = None if c is None else {
@@ -174,17 +185,13 @@ def _response(c: Completion | None, req: Request, response_id: str, created: int
     return {
         "id": f"resp_{response_id}", "object": "response", "created_at": created, "status": status,
         "model": req.model, "output": output, "usage": usage, "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-        "parallel_tool_calls": bool(req.parallel_tool_calls), "temperature": req.temperature,
-        "top_p": req.top_p, "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
-        "store": False, "text": req.text or {"format": {"type": "text"}},
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None, **echoed,
     }
 
 
 def to_body(c: Completion, req: Request, response_id: str, created: int) -> dict:
     """The non-streaming `response` object."""
-    return _response(c, req, response_id, created, output_items(c, req, response_id))
+    return _response(c, req, response_id, created, output_items(c, req, response_id), _echoed(req))
 
 
 def _item_events(item: dict, index: int) -> list[tuple[str, dict]]:
@@ -218,11 +225,12 @@ def _item_events(item: dict, index: int) -> list[tuple[str, dict]]:
 def to_events(c: Completion, req: Request, response_id: str, created: int) -> list[tuple[str, dict]]:
     """created, in_progress, each item's events, then completed (or incomplete at the token limit)."""
     items = output_items(c, req, response_id)
-    start = _response(None, req, response_id, created, [])
+    echoed = _echoed(req)
+    start = _response(None, req, response_id, created, [], echoed)
     events = [("response.created", {"response": start}), ("response.in_progress", {"response": start})]
     for index, item in enumerate(items):
         events.extend(_item_events(item, index))
-    final = _response(c, req, response_id, created, items)
+    final = _response(c, req, response_id, created, items, echoed)
     events.append(("response.incomplete" if final["status"] == "incomplete" else "response.completed",
                    {"response": final}))
     return [(name, {"type": name, "sequence_number": n, **data}) for n, (name, data) in enumerate(events)]
