@@ -208,3 +208,23 @@ def test_upstream_prompt_ids_that_are_not_numbers_are_decoded_not_cut():
     body = {"prompt_token_ids": ["a]", "b"], "choices": [{"message": {"content": "x"}, "token_ids": [],
                                                            "logprobs": {"content": []}}]}
     assert stored(parse_completion(orjson.dumps(body)).prompt_token_ids) == ["a]", "b"]
+
+
+@pytest.mark.parametrize("body, field, says", [
+    ({"model": "m", "messages": [{"role": "robot"}]}, "messages.0.role", "Invalid enum value 'robot'"),
+    ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages.0.content", "must be a string"),
+    ({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]},
+     "messages.0.tool_calls.0.function.name", "missing required field"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature", "<= 2"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "model", "missing required field"),
+])
+def test_a_bad_request_field_is_named(body, field, says):
+    with pytest.raises(ProxyError) as err:
+        decode(orjson.dumps(body), chat.Request)
+    assert (err.value.status, err.value.param) == (400, field) and says in err.value.message
+
+
+def test_a_body_that_is_not_a_json_object_is_400():
+    for data, says in ((b"{not json", "not valid JSON"), (b"[1]", "must be a JSON object")):
+        with pytest.raises(ProxyError, match=says):
+            decode(data, chat.Request)

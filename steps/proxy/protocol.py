@@ -57,12 +57,6 @@ def invalid_field(exc: msgspec.ValidationError) -> tuple[str, str]:
     return f"invalid request field '{field}': {what}", field
 
 
-def raw_type_is(raw: Raw, field: str, first: bytes, expected: str) -> None:
-    """Checks the JSON type of a field kept raw by its first byte (b'"' string, b'[' array, b'n' null)."""
-    if bytes(memoryview(raw)[:1]) not in first:
-        raise ValueError(f"`{field}` must be {expected}")
-
-
 class Sampling(Struct, kw_only=True):
     """Sampling settings shared by all dialects."""
 
@@ -91,7 +85,8 @@ class ChatMessage(Struct, kw_only=True):
     tool_call_id: str | None = None
 
     def __post_init__(self) -> None:
-        raw_type_is(self.content, "content", b'"[n', "a string, an array of parts or null")
+        if bytes(memoryview(self.content)[:1]) not in b'"[n':  # a JSON string, array or null, by its first byte
+            raise ValueError("`content` must be a string, an array of parts or null")
 
 
 class ChatFunction(Struct, kw_only=True):
