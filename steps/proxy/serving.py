@@ -101,11 +101,20 @@ async def until_disconnect(request: Request, work):
         watcher.cancel()
 
 
-def sse(event: str | None, data) -> bytes:
-    """One server-sent event; `event: NAME` only for dialects that name their events."""
-    payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
-    head = b"" if event is None else b"event: " + event.encode() + b"\n"
-    return head + b"data: " + payload + b"\n\n"
+def event_stream(events: list[tuple[str | None, object]]) -> tuple[bytes, list[dict]]:
+    """A dialect's events as the SSE body sent to the harness and as the stored `response`; each payload
+    is encoded once, for both. `event: NAME` lines only for dialects that name their events."""
+    wire, stored = [], []
+    for name, data in events:
+        if isinstance(data, str):  # a bare sentinel such as Chat's [DONE]
+            payload, kept = data.encode(), data
+        else:
+            payload = orjson.dumps(data)
+            kept = orjson.Fragment(payload)
+        wire.append(b"data: " + payload + b"\n\n" if name is None else
+                    b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n")
+        stored.append({"event": name, "data": kept})
+    return b"".join(wire), stored
 
 
 async def serve_call(request: Request, rollout_id: str, dialect: ModuleType) -> Response:
@@ -131,9 +140,9 @@ async def serve_call(request: Request, rollout_id: str, dialect: ModuleType) -> 
         body = dialect.to_body(completion, req, response_id, created)
         await _finish(state, record, "ok", response=body)
         return Response(orjson.dumps(body), media_type="application/json")
-    events = dialect.to_events(completion, req, response_id, created)
-    await _finish(state, record, "ok", response=[{"event": name, "data": data} for name, data in events])
-    return EventStream(b"".join(sse(name, data) for name, data in events))
+    body, stored = event_stream(dialect.to_events(completion, req, response_id, created))
+    await _finish(state, record, "ok", response=stored)
+    return EventStream(body)
 
 
 class EventStream(StreamingResponse):
