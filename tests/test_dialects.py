@@ -21,6 +21,11 @@ def request(dialect, body: dict):
     return decode(orjson.dumps(body), dialect.Request)[0]
 
 
+def sent(dialect, body: dict, raw: dict | None = None) -> dict:
+    """The chat body vLLM receives for a harness request, as JSON (raw texts and schemas included)."""
+    return orjson.loads(msgspec.json.encode(dialect.to_upstream(request(dialect, body), raw or {})))
+
+
 def completion(**overrides) -> Completion:
     fields = dict(content="Let me look.", reasoning=None, finish_reason="tool_calls", stop_reason=None,
                   tool_calls=[ToolCall("call_1", "exec_command", '{"cmd": "ls"}')],
@@ -31,7 +36,7 @@ def completion(**overrides) -> Completion:
 
 # --- Responses -------------------------------------------------------------------------------------
 def test_responses_merges_one_model_turn_into_one_assistant_message():
-    req = request(responses, {"model": "m", "instructions": "be brief", "input": [
+    body = sent(responses, {"model": "m", "instructions": "be brief", "input": [
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox rules"}]},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
         {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
@@ -40,7 +45,7 @@ def test_responses_merges_one_model_turn_into_one_assistant_message():
         {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
     ]})
-    assert responses.to_messages(req) == [
+    assert body["messages"] == [
         {"role": "system", "content": "be brief\n\nsandbox rules"},
         {"role": "user", "content": "list files"},
         {"role": "assistant", "content": "Let me look.", "reasoning_content": "think",
@@ -55,7 +60,7 @@ def test_responses_custom_tools_round_trip_through_a_string_argument():
         {"type": "custom", "name": "apply_patch", "description": "patch", "format": {"type": "grammar"}},
         {"type": "web_search"},
     ]})
-    body = responses.to_upstream(req, {})
+    body = orjson.loads(msgspec.json.encode(responses.to_upstream(req, {})))
     assert body["tools"] == [{"type": "function", "function": {"name": "apply_patch", "description": "patch",
                                                                "parameters": responses._CUSTOM_PARAMS}}]
     c = completion(content=None, tool_calls=[ToolCall("c9", "apply_patch", '{"input": "*** Begin Patch"}')])
@@ -73,6 +78,50 @@ def test_responses_refuses_items_it_cannot_render(item, field):
     with pytest.raises(ProxyError) as err:
         responses.to_messages(req)
     assert err.value.status == 400 and err.value.param == field
+
+
+def test_responses_texts_arrive_as_sent_whatever_their_escapes():
+    # Instructions and tool outputs go to vLLM as the JSON the harness sent, joined as JSON to the
+    # developer messages that follow the instructions: vLLM must decode the Python join of the texts.
+    parts = [{"type": "input_text", "text": text} for text in TRICKY]
+    for encoded in (json.dumps, orjson.dumps, lambda b: json.dumps(b, ensure_ascii=False)):
+        data = encoded({"model": "m", "instructions": TRICKY[0], "input": [
+            {"type": "message", "role": "developer", "content": parts},
+            {"type": "message", "role": "user", "content": TRICKY[1]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": t} for t in TRICKY]},
+            {"type": "message", "role": "assistant", "content": TRICKY[3]},
+            {"type": "function_call", "call_id": "c", "name": "sh", "arguments": '{"cmd": "echo \\"é\\""}'},
+            {"type": "function_call_output", "call_id": "c", "output": parts}]})
+        req, raw = decode(data if isinstance(data, bytes) else data.encode(), responses.Request)
+        body = orjson.loads(msgspec.json.encode(responses.to_upstream(req, raw)))
+        assert [m["content"] for m in body["messages"]] == [
+            TRICKY[0] + "\n\n" + "".join(TRICKY), TRICKY[1], "".join(TRICKY) + TRICKY[3], "".join(TRICKY)]
+        assert body["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"cmd": "echo \\"é\\""}'
+
+
+def test_responses_echo_copies_instructions_and_tools_as_sent_on_one_line():
+    tools = [{"type": "function", "name": "sh", "parameters": {"type": "object"}, "vendor": [1, 2]}]
+    data = json.dumps({"model": "m", "input": "hi", "instructions": "line\none", "tools": tools}, indent=2).encode()
+    req, _ = decode(data, responses.Request)
+    for _, event in responses.to_events(completion(), req, "r", 0)[:1]:
+        wire = orjson.dumps(event)
+        assert b"\n" not in wire
+        echoed = orjson.loads(wire)["response"]
+        assert (echoed["instructions"], echoed["tools"]) == ("line\none", tools)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": 1}]}]},
+     "input.0.content.0.text"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": 3}]}, "input.0.output"),
+    ({"input": "hi", "tools": [{"type": "function", "parameters": {}}]}, "tools.0.name"),
+    ({"input": "hi", "tools": [{"type": "function", "name": "x", "parameters": []}]}, "tools.0.parameters"),
+    ({"input": "hi", "tools": {"type": "function"}}, "tools"),
+])
+def test_responses_names_the_bad_field_inside_items_and_tools(body, field):
+    with pytest.raises(ProxyError) as err:
+        sent(responses, {"model": "m", **body})
+    assert err.value.status == 400 and err.value.param == field and f"'{field}'" in err.value.message
 
 
 def test_responses_stream_gives_each_item_done_then_completed():
@@ -96,7 +145,7 @@ def test_responses_length_limit_is_incomplete():
 
 # --- Anthropic Messages ----------------------------------------------------------------------------
 def test_messages_tool_use_and_results_become_chat_tool_calls():
-    req = request(messages, {"model": "m", "max_tokens": 50, "system": [{"type": "text", "text": "sys"}],
+    body = sent(messages, {"model": "m", "max_tokens": 50, "system": [{"type": "text", "text": "sys"}],
         "messages": [
             {"role": "system", "content": "more sys"},
             {"role": "user", "content": "write a file"},
@@ -109,8 +158,7 @@ def test_messages_tool_use_and_results_become_chat_tool_calls():
                 {"type": "text", "text": "thanks"}]},
         ],
         "tools": [{"name": "Bash", "input_schema": {"type": "object"}}, {"type": "web_search_20250305", "name": "ws"}],
-        "tool_choice": {"type": "any"}, "stop_sequences": ["END"], "top_k": 5})
-    body = messages.to_upstream(req, {"top_k": 5})
+        "tool_choice": {"type": "any"}, "stop_sequences": ["END"], "top_k": 5}, {"top_k": 5})
     assert body["messages"] == [
         {"role": "system", "content": "sys\n\nmore sys"},
         {"role": "user", "content": "write a file"},
@@ -122,6 +170,42 @@ def test_messages_tool_use_and_results_become_chat_tool_calls():
     assert [t["function"]["name"] for t in body["tools"]] == ["Bash"]
     assert body["tool_choice"] == "required" and body["stop"] == ["END"] and body["top_k"] == 5
     assert body["max_tokens"] == 50
+
+
+TRICKY = ['quote " backslash \\ tab \t', "line\nbreak \u2028 é 😀", "", "\\u0041 is not an escape here"]
+
+
+def test_messages_texts_arrive_as_sent_whatever_their_escapes():
+    # Tool results go to vLLM as the JSON the harness sent (an error's gets "Error: " joined on as JSON):
+    # what vLLM decodes must be the Python join of the texts, whatever escapes the harness's encoder chose.
+    blocks = [{"type": "text", "text": text} for text in TRICKY]
+    for encoded in (json.dumps, orjson.dumps, lambda b: json.dumps(b, ensure_ascii=False)):
+        data = encoded({"model": "m", "max_tokens": 5, "system": blocks[:2], "messages": [
+            {"role": "user", "content": blocks},
+            {"role": "assistant", "content": [*blocks[2:], {"type": "tool_use", "id": "t", "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": True, "content": blocks},
+                                         {"type": "tool_result", "tool_use_id": "t", "content": TRICKY[1]}]}]})
+        req, raw = decode(data if isinstance(data, bytes) else data.encode(), messages.Request)
+        body = orjson.loads(msgspec.json.encode(messages.to_upstream(req, raw)))
+        assert [m["content"] for m in body["messages"]] == [
+            "".join(TRICKY[:2]), "".join(TRICKY), "".join(TRICKY[2:]), "Error: " + "".join(TRICKY), TRICKY[1]]
+
+
+def test_messages_names_a_bad_block_inside_a_tool_result():
+    with pytest.raises(ProxyError) as err:
+        sent(messages, {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "hi"},
+            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": 7}]}]}]})
+    assert err.value.status == 400 and err.value.param == "messages.0.content.1.content.0.text"
+    assert "'messages.0.content.1.content.0.text'" in err.value.message and "Expected `str`" in err.value.message
+
+
+@pytest.mark.parametrize("tool, field", [({"name": "x", "input_schema": "object"}, "tools.0.input_schema"),
+                                         ({"name": "x", "description": 3}, "tools.0.description")])
+def test_messages_tool_schemas_are_checked_though_forwarded_as_sent(tool, field):
+    with pytest.raises(ProxyError) as err:
+        sent(messages, {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [tool]})
+    assert err.value.param == field
 
 
 def test_messages_stream_fills_every_block_with_deltas():

@@ -9,6 +9,7 @@ from steps.proxy.protocol import ChatRequest as Request
 from steps.proxy.upstream import Completion
 
 NAME = "chat_completions"
+RAW_FIELDS = True  # to_upstream forwards the request's own top-level fields, kept as raw JSON
 ID_PREFIX = "chatcmpl-"
 _NOT_FORWARDED = {"stream", "stream_options", "n", "model", "logprobs", "top_logprobs", "return_token_ids"}
 

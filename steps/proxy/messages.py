@@ -11,64 +11,73 @@ import json
 import orjson
 
 from steps.proxy.errors import ProxyError, anthropic_error_body as error_body  # noqa: F401 (dialect interface)
+from steps.proxy.protocol import NULL, AnthropicBlock, AnthropicTool, Raw, decode_part, expect, join_text
 from steps.proxy.protocol import MessagesRequest as Request
 from steps.proxy.upstream import Completion
 
 NAME = "messages"
+RAW_FIELDS = False  # to_upstream builds vLLM's body from the checked request alone
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
 
-def _text(content) -> str:
+def _text(content: str | list[AnthropicBlock]) -> str:
     if isinstance(content, str):
         return content
-    return "".join(block.get("text", "") for block in content or [] if block.get("type") == "text")
+    return "".join(block.text for block in content or [] if block.type == "text")
 
 
-def _image(block: dict) -> dict:
-    source = block.get("source") or {}
+def _result_text(block: AnthropicBlock, index: int, at: int) -> str | Raw:
+    """A tool_result's text: its content string (forwarded as sent), or the text of its blocks."""
+    kind = expect(block.content, '"[n', "a string, an array of blocks or null", "messages", index, "content", at, "content")
+    if kind == "[":
+        return _text(decode_part(block.content, list[AnthropicBlock], f"messages.{index}.content.{at}.content"))
+    return "" if kind == "n" else block.content
+
+
+def _image(block: AnthropicBlock) -> dict:
+    source = block.source or {}
     url = source.get("url") or f"data:{source.get('media_type')};base64,{source.get('data')}"
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _user(blocks: list[dict], messages: list[dict], index: int) -> None:
+def _user(blocks: list[AnthropicBlock], messages: list[dict], index: int) -> None:
     """A user turn: tool results first (they answer the previous turn), then text and images."""
     rest = []
-    for block in blocks:
-        kind = block.get("type")
-        if kind == "tool_result":
-            text = _text(block.get("content"))
-            messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
-                             "content": f"Error: {text}" if block.get("is_error") else text})
-        elif kind in ("text", "image"):
+    for j, block in enumerate(blocks):
+        if block.type == "tool_result":
+            text = _result_text(block, index, j)
+            messages.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                             "content": join_text(["Error: ", text]) if block.is_error else text})
+        elif block.type in ("text", "image"):
             rest.append(block)
-        elif kind == "document" and (block.get("source") or {}).get("type") == "text":
-            rest.append({"type": "text", "text": block["source"].get("data", "")})
+        elif block.type == "document" and (block.source or {}).get("type") == "text":
+            rest.append(AnthropicBlock(type="text", text=block.source.get("data") or ""))
         else:
-            raise ProxyError(400, f"messages[{index}] has a content block of type {kind!r} that the proxy "
+            raise ProxyError(400, f"messages[{index}] has a content block of type {block.type!r} that the proxy "
                                   "cannot pass to the model (text, image, tool_result and text documents can be)",
                              f"messages.{index}.content")
     if not rest:
         return
-    if any(block["type"] == "image" for block in rest):
-        content = [_image(b) if b["type"] == "image" else {"type": "text", "text": b.get("text", "")} for b in rest]
+    if any(block.type == "image" for block in rest):
+        content = [_image(b) if b.type == "image" else {"type": "text", "text": b.text} for b in rest]
     else:
-        content = "".join(block.get("text", "") for block in rest)
+        content = _text(rest)
     messages.append({"role": "user", "content": content})
 
 
-def _assistant(blocks: list[dict]) -> dict:
+def _assistant(blocks: list[AnthropicBlock]) -> dict:
     message = {"role": "assistant", "content": None}
     for block in blocks:
-        kind = block.get("type")
-        if kind == "text":
-            message["content"] = (message["content"] or "") + block.get("text", "")
-        elif kind == "thinking":
-            message["reasoning_content"] = block.get("thinking", "")
-        elif kind == "tool_use":
+        if block.type == "text":
+            message["content"] = (message["content"] or "") + block.text
+        elif block.type == "thinking":
+            message["reasoning_content"] = block.thinking
+        elif block.type == "tool_use":
             # json.dumps with default separators is how vLLM's tool parsers serialise arguments.
-            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            arguments = json.dumps(block.input or {}, ensure_ascii=False)
             message.setdefault("tool_calls", []).append(
-                {"id": block.get("id"), "type": "function", "function": {"name": block.get("name"), "arguments": arguments}})
+                {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
     return message
 
 
@@ -77,7 +86,7 @@ def to_messages(req: Request) -> list[dict]:
     system = [_text(req.system)] if req.system else []
     messages = []
     for i, message in enumerate(req.messages):
-        blocks = [{"type": "text", "text": message.content}] if isinstance(message.content, str) else message.content
+        blocks = [AnthropicBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
         if message.role == "system" and not messages:
             system.append(_text(blocks))
         elif message.role == "system":
@@ -90,10 +99,13 @@ def to_messages(req: Request) -> list[dict]:
     return head + messages
 
 
-def _function(tool) -> dict:
-    fn = {"name": tool.name, "description": tool.description or "",
-          "parameters": tool.input_schema or {"type": "object", "properties": {}}}
-    if getattr(tool, "strict", None) is not None:  # vLLM then enforces the schema on the arguments
+def _function(tool: AnthropicTool, i: int) -> dict:
+    """A chat function tool; the description and schema are forwarded as sent."""
+    described = expect(tool.description, '"n', "a string or null", "tools", i, "description") == '"'
+    schema = expect(tool.input_schema, "{n", "an object or null", "tools", i, "input_schema") == "{"
+    fn = {"name": tool.name, "description": tool.description if described else "",
+          "parameters": tool.input_schema if schema else _EMPTY_SCHEMA}
+    if tool.strict is not None:  # vLLM then enforces the schema on the arguments
         fn["strict"] = tool.strict
     return {"type": "function", "function": fn}
 
@@ -101,7 +113,7 @@ def _function(tool) -> dict:
 def to_upstream(req: Request, raw: dict) -> dict:
     """The chat body for vLLM."""
     body = {"messages": to_messages(req), "max_tokens": req.max_tokens}
-    tools = [_function(t) for t in req.tools or [] if t.input_schema is not None or t.type in (None, "custom")]
+    tools = [_function(t, i) for i, t in enumerate(req.tools or []) if t.input_schema != NULL or t.type in (None, "custom")]
     if tools:
         if (req.tool_choice or {}).get("disable_parallel_tool_use"):
             body["parallel_tool_calls"] = False
@@ -114,8 +126,8 @@ def to_upstream(req: Request, raw: dict) -> dict:
         elif choice in ("auto", "none"):
             body["tool_choice"] = choice
     for key in ("temperature", "top_p", "top_k", "seed"):
-        if raw.get(key) is not None:
-            body[key] = raw[key]
+        if getattr(req, key) is not None:
+            body[key] = getattr(req, key)
     if req.stop_sequences:
         body["stop"] = req.stop_sequences
     return body

@@ -3,6 +3,10 @@
 They type what the proxy reads and bound what it forwards; unknown fields are allowed (harnesses
 send many vendor extras) and ignored. Responses are built as plain dicts by each dialect module.
 
+Texts and schemas that the proxy only passes on (tool outputs, prompts, tool schemas: most of an
+agent's request) are typed `Raw`: their JSON type is checked, their bytes are copied into the body
+for vLLM, and texts that must be joined are joined as JSON (`join_text`), never decoded.
+
 msgspec Structs rather than pydantic models (STYLE.md 6), for the hot path: one pass over an agent's
 30-80 KB request decodes and checks it 2-3x faster than orjson + pydantic, and `decode` keeps the
 top-level fields as raw JSON, so what is forwarded to vLLM is copied, never decoded and re-encoded.
@@ -19,30 +23,73 @@ from steps.proxy.errors import ProxyError
 T = TypeVar("T")
 _FIELDS = msgspec.json.Decoder(dict[str, Raw])
 _DECODERS: dict[type, msgspec.json.Decoder] = {}
+_ENCODE = msgspec.json.Encoder().encode
+NULL = Raw(b"null")
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _NAMED = re.compile(r"^(?:Object missing required field )?`(?P<name>[^`]+)`")
 
 
-def decode(data: bytes, kind: type[T]) -> tuple[T, dict[str, Raw]]:
-    """The request body checked against `kind`, and its top-level fields as raw JSON; 400 naming the
-    field if it is not valid JSON or not a valid request."""
+def decode(data: bytes, kind: type[T], fields: bool = True) -> tuple[T, dict[str, Raw]]:
+    """The request body checked against `kind`, and its top-level fields as raw JSON (if `fields`: one
+    more pass over the body); 400 naming the field if it is not valid JSON or not a valid request."""
+    raw = {}
     try:
-        fields = _FIELDS.decode(data)
-    except msgspec.ValidationError:
-        raise ProxyError(400, "request body must be a JSON object") from None
-    except msgspec.DecodeError as exc:
-        raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
-    decoder = _DECODERS.get(kind) or _DECODERS.setdefault(kind, msgspec.json.Decoder(kind))
-    try:
-        return decoder.decode(data), fields
+        if fields:
+            raw = _FIELDS.decode(data)
+        decoder = _DECODERS.get(kind) or _DECODERS.setdefault(kind, msgspec.json.Decoder(kind))
+        return decoder.decode(data), raw
     except msgspec.ValidationError as exc:
+        if str(exc).startswith("Expected `object`, got") and " - at `" not in str(exc):  # the body itself
+            raise ProxyError(400, "request body must be a JSON object") from None
         message, field = invalid_field(exc)
         raise ProxyError(400, message, param=field) from None
+    except msgspec.DecodeError as exc:
+        raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
+
+
+def decode_part(raw: Raw, kind: type[T], field: str) -> T:
+    """A raw field of a checked request decoded as `kind`; 400 naming `field` and the path inside it."""
+    decoder = _DECODERS.get(kind) or _DECODERS.setdefault(kind, msgspec.json.Decoder(kind))
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        message, inner = invalid_field(exc)
+        name = field if inner == "body" else f"{field}.{inner}"
+        raise ProxyError(400, message.replace(f"'{inner}'", f"'{name}'", 1), param=name) from None
 
 
 def plain(value):
     """A value as Python data, decoding it if it was kept as raw JSON."""
     return msgspec.json.decode(value) if isinstance(value, Raw) else value
+
+
+def expect(raw: Raw, kinds: str, what: str, *field) -> str:
+    """The JSON type of a raw value by its first character ('"' a string, "[" an array, "{" an object,
+    "n" null...); 400 naming the field (its path, joined by dots) if it is none of `kinds`."""
+    kind = chr(memoryview(raw)[0])
+    if kind not in kinds:
+        name = ".".join(map(str, field))
+        raise ProxyError(400, f"invalid request field '{name}': must be {what}", param=name)
+    return kind
+
+
+def join_text(pieces: list, sep: str = "") -> str | Raw:
+    """Texts joined. Each piece is a str or a raw JSON string, joined without being decoded: `"ab"`
+    and `"cd"` give `"abcd"` (inside its quotes a JSON string is a run of whole characters and
+    escapes, so the insides of two strings concatenate)."""
+    if all(isinstance(piece, str) for piece in pieces):
+        return sep.join(pieces)
+    if len(pieces) == 1:
+        return pieces[0]
+    insides = [bytes(memoryview(piece)[1:-1]) if isinstance(piece, Raw) else _ENCODE(piece)[1:-1] for piece in pieces]
+    return Raw(b'"' + _ENCODE(sep)[1:-1].join(insides) + b'"')
+
+
+def one_line(data) -> bytes:
+    """JSON bytes on one line, to embed in an SSE event or a log record: line breaks between tokens
+    become spaces (inside strings they are always escaped)."""
+    data = bytes(data)
+    return data.replace(b"\n", b" ").replace(b"\r", b" ") if b"\n" in data or b"\r" in data else data
 
 
 def invalid_field(exc: msgspec.ValidationError) -> tuple[str, str]:
@@ -114,12 +161,44 @@ class ChatRequest(Sampling, kw_only=True):
 
 
 # --- OpenAI Responses ----------------------------------------------------------------------------
+class ResponsesPart(Struct, kw_only=True):
+    """A content part: text (input_text, output_text, reasoning_text, summary_text), refusal, image."""
+
+    type: str = ""
+    text: str | None = None
+    refusal: str | None = None
+    image_url: str | None = None
+    file_id: str | None = None
+
+
+class ResponsesItem(Struct, kw_only=True):
+    """An input item of any type; each type reads its own fields."""
+
+    type: str = "message"
+    role: str | None = None  # message
+    content: str | list[ResponsesPart] | None = None  # message; reasoning
+    summary: list[ResponsesPart] | None = None  # reasoning
+    call_id: str | None = None  # function_call, custom_tool_call and their outputs
+    name: str | None = None
+    arguments: str | None = None  # function_call
+    input: str | None = None  # custom_tool_call
+    output: Raw = NULL  # a string (forwarded as sent) or parts
+
+
+class ResponsesTool(Struct, kw_only=True):
+    type: str
+    name: str | None = None
+    description: Raw = NULL  # forwarded as sent
+    parameters: Raw = NULL
+    strict: bool | None = None
+
+
 class ResponsesRequest(Sampling, kw_only=True):
     model: str
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
+    input: str | list[ResponsesItem]
+    instructions: Raw = NULL  # a string, sent on as (part of) the system message; echoed as sent
     stream: bool = False
-    tools: list[dict[str, Any]] | None = None
+    tools: Raw = NULL  # an array, decoded by `responses.to_upstream`; echoed as sent
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
     parallel_tool_calls: bool | None = None
@@ -128,16 +207,31 @@ class ResponsesRequest(Sampling, kw_only=True):
 
 
 # --- Anthropic Messages --------------------------------------------------------------------------
+class AnthropicBlock(Struct, kw_only=True):
+    """A content block of any type; each type reads its own fields."""
+
+    type: str
+    text: str = ""  # text
+    thinking: str = ""  # thinking
+    id: str | None = None  # tool_use
+    name: str | None = None
+    input: Any = None
+    tool_use_id: str | None = None  # tool_result
+    content: Raw = NULL  # a string (forwarded as sent) or blocks
+    is_error: bool | None = None
+    source: dict[str, Any] | None = None  # image, document
+
+
 class AnthropicMessage(Struct, kw_only=True):
     # "system" is not in Anthropic's API, but Claude Code sends it inside `messages`.
     role: Literal["user", "assistant", "system"]
-    content: str | list[dict[str, Any]]
+    content: str | list[AnthropicBlock]
 
 
 class AnthropicTool(Struct, kw_only=True):
     name: str
-    description: str | None = None
-    input_schema: dict[str, Any] | None = None
+    description: Raw = NULL  # forwarded as sent
+    input_schema: Raw = NULL
     type: str | None = None
     strict: bool | None = None
 
@@ -146,7 +240,7 @@ class MessagesRequest(Sampling, kw_only=True):
     model: str
     messages: Annotated[list[AnthropicMessage], Meta(min_length=1)]
     max_tokens: Annotated[int, Meta(ge=1)]
-    system: str | list[dict[str, Any]] | None = None
+    system: str | list[AnthropicBlock] | None = None
     stream: bool = False
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None

@@ -9,30 +9,37 @@ are streamed as Codex requires: every item in `response.output_item.done`, then 
 import orjson
 
 from steps.proxy.errors import ProxyError, openai_error_body as error_body  # noqa: F401 (dialect interface)
+from steps.proxy.protocol import (NULL, Raw, ResponsesItem, ResponsesPart, ResponsesTool, decode_part, expect, join_text,
+                                  one_line)
 from steps.proxy.protocol import ResponsesRequest as Request
 from steps.proxy.upstream import Completion, ToolCall
 
 NAME = "responses"
+RAW_FIELDS = False  # to_upstream builds vLLM's body from the checked request alone
 _CUSTOM_PARAMS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+_EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
 
-def _text(content) -> str:
+def _text(content: str | list[ResponsesPart] | None) -> str:
     if isinstance(content, str):
         return content
-    return "".join(part.get("text") or part.get("refusal") or "" for part in content or [])
+    return "".join(part.text or part.refusal or "" for part in content or [])
 
 
-def _content(content):
+def _output(item: ResponsesItem, field: str) -> str | Raw:
+    """A tool output's text: its string (forwarded as sent), or the text of its parts."""
+    kind = expect(item.output, '"[n', "a string or an array of parts", field)
+    if kind == "[":
+        return _text(decode_part(item.output, list[ResponsesPart], field))
+    return "" if kind == "n" else item.output
+
+
+def _content(content: str | list[ResponsesPart] | None):
     """Message content for vLLM: a string, or parts when images are present."""
-    if isinstance(content, str) or not any(p.get("type") == "input_image" for p in content or []):
+    if isinstance(content, str) or not any(part.type == "input_image" for part in content or []):
         return _text(content)
-    parts = []
-    for part in content:
-        if part.get("type") == "input_image":
-            parts.append({"type": "image_url", "image_url": {"url": part.get("image_url") or part.get("file_id")}})
-        else:
-            parts.append({"type": "text", "text": part.get("text") or ""})
-    return parts
+    return [{"type": "image_url", "image_url": {"url": part.image_url or part.file_id}} if part.type == "input_image"
+            else {"type": "text", "text": part.text or ""} for part in content]
 
 
 def _assistant(messages: list[dict]) -> dict:
@@ -46,65 +53,79 @@ def _assistant(messages: list[dict]) -> dict:
 
 def to_messages(req: Request) -> list[dict]:
     """Chat messages for the instructions and input items."""
-    messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    items = [{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+    instructions = expect(req.instructions, '"n', "a string or null", "instructions") == '"'
+    messages = [{"role": "system", "content": req.instructions}] if instructions else []
+    items = [ResponsesItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     for i, item in enumerate(items):
-        kind = item.get("type", "message")
+        kind, field = item.type, f"input.{i}"
         if kind == "message":
-            role = {"developer": "system"}.get(item.get("role"), item.get("role"))
+            role = {"developer": "system"}.get(item.role, item.role)
             if role not in ("system", "user", "assistant"):
-                raise ProxyError(400, f"input[{i}].role must be user, assistant, system or developer", f"input.{i}.role")
+                raise ProxyError(400, f"input[{i}].role must be user, assistant, system or developer", f"{field}.role")
             if role == "assistant":
                 turn = _assistant(messages)
                 if turn.get("tool_calls"):  # text after a tool call starts a new model turn
                     turn = {"role": "assistant", "content": None}
                     messages.append(turn)
-                turn["content"] = (turn["content"] or "") + _text(item.get("content"))
+                turn["content"] = (turn["content"] or "") + _text(item.content)
             else:
-                messages.append({"role": role, "content": _content(item.get("content"))})
+                messages.append({"role": role, "content": _content(item.content)})
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
+            parts = (item.content if isinstance(item.content, list) else None) or item.summary or []
             turn = _assistant(messages)
             if turn["content"] is not None or turn.get("tool_calls"):
                 turn = {"role": "assistant", "content": None}
                 messages.append(turn)
-            turn["reasoning_content"] = "".join(p.get("text", "") for p in parts)
+            turn["reasoning_content"] = "".join(part.text or "" for part in parts)
         elif kind in ("function_call", "custom_tool_call"):
-            arguments = item.get("arguments") if kind == "function_call" else orjson.dumps({"input": item.get("input", "")}).decode()
-            call = {"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": arguments or "{}"}}
+            if kind == "custom_tool_call":
+                arguments = orjson.dumps({"input": item.input or ""}).decode()
+            else:
+                arguments = item.arguments or "{}"
+            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": arguments}}
             _assistant(messages).setdefault("tool_calls", []).append(call)
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": _text(item.get("output"))})
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _output(item, f"{field}.output")})
         elif kind == "item_reference":
-            raise ProxyError(400, f"input[{i}] is an item_reference: the proxy keeps no server-side state; send items in full", f"input.{i}")
+            raise ProxyError(400, f"input[{i}] is an item_reference: the proxy keeps no server-side state; send items in full", field)
         else:
             raise ProxyError(400, f"input[{i}].type {kind!r} is not supported (message, reasoning, function_call, "
-                                  "function_call_output, custom_tool_call, custom_tool_call_output are)", f"input.{i}.type")
+                                  "function_call_output, custom_tool_call, custom_tool_call_output are)", f"{field}.type")
     return _merge_leading_system(messages)
 
 
 def _merge_leading_system(messages: list[dict]) -> list[dict]:
     """Instructions and developer messages at the start become one system message (templates expect one)."""
     lead = 0
-    while lead < len(messages) and messages[lead]["role"] == "system" and isinstance(messages[lead]["content"], str):
+    while lead < len(messages) and messages[lead]["role"] == "system" and not isinstance(messages[lead]["content"], list):
         lead += 1
     if lead <= 1:
         return messages
-    return [{"role": "system", "content": "\n\n".join(m["content"] for m in messages[:lead])}] + messages[lead:]
+    return [{"role": "system", "content": join_text([m["content"] for m in messages[:lead]], "\n\n")}] + messages[lead:]
+
+
+def _declared_tools(req: Request) -> list[ResponsesTool]:
+    if expect(req.tools, "[n", "an array or null", "tools") == "n":
+        return []
+    return decode_part(req.tools, list[ResponsesTool], "tools")
 
 
 def _tools(req: Request) -> list[dict]:
     tools = []
-    for tool in req.tools or []:
-        if tool.get("type") == "function":
-            fn = {"name": tool["name"], "description": tool.get("description") or "",
-                  "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
-            if tool.get("strict") is not None:  # vLLM then enforces the schema on the arguments
-                fn["strict"] = tool["strict"]
-        elif tool.get("type") == "custom":
-            fn = {"name": tool["name"], "description": tool.get("description") or "", "parameters": _CUSTOM_PARAMS}
-        else:
+    for i, tool in enumerate(_declared_tools(req)):
+        if tool.type not in ("function", "custom"):
             continue  # hosted tools (web_search, file_search, ...) run on OpenAI's side; a local model has none
+        if not tool.name:
+            raise ProxyError(400, f"invalid request field 'tools.{i}.name': a {tool.type} tool needs a name", f"tools.{i}.name")
+        described = expect(tool.description, '"n', "a string or null", "tools", i, "description") == '"'
+        description = tool.description if described else ""
+        if tool.type == "function":
+            schema = expect(tool.parameters, "{n", "an object or null", "tools", i, "parameters") == "{"
+            fn = {"name": tool.name, "description": description, "parameters": tool.parameters if schema else _EMPTY_SCHEMA}
+            if tool.strict is not None:  # vLLM then enforces the schema on the arguments
+                fn["strict"] = tool.strict
+        else:
+            fn = {"name": tool.name, "description": description, "parameters": _CUSTOM_PARAMS}
         tools.append({"type": "function", "function": fn})
     return tools
 
@@ -123,8 +144,8 @@ def to_upstream(req: Request, raw: dict) -> dict:
         if req.parallel_tool_calls is not None:
             body["parallel_tool_calls"] = req.parallel_tool_calls
     for key in ("temperature", "top_p", "seed"):
-        if raw.get(key) is not None:
-            body[key] = raw[key]
+        if getattr(req, key) is not None:
+            body[key] = getattr(req, key)
     if req.max_output_tokens is not None:
         body["max_tokens"] = req.max_output_tokens
     fmt = (req.text or {}).get("format") or {}
@@ -134,7 +155,9 @@ def to_upstream(req: Request, raw: dict) -> dict:
 
 
 def _custom_names(req: Request) -> set[str]:
-    return {tool["name"] for tool in req.tools or [] if tool.get("type") == "custom"}
+    if b'"custom"' not in bytes(req.tools):  # no need to decode the tools again
+        return set()
+    return {tool.name for tool in _declared_tools(req) if tool.type == "custom"}
 
 
 def _call_item(call: ToolCall, index: int, custom: set[str], response_id: str) -> dict:
@@ -166,11 +189,11 @@ def output_items(c: Completion, req: Request, response_id: str) -> list[dict]:
 
 def _echoed(req: Request) -> dict:
     """The request fields a response object repeats. Instructions and tools are often 10-30 KB and are
-    repeated in three events and the stored call: they are encoded once per call."""
-    return {"instructions": orjson.Fragment(orjson.dumps(req.instructions)), "max_output_tokens": req.max_output_tokens,
+    repeated in three events and the stored call: they are copied as sent, never decoded."""
+    return {"instructions": orjson.Fragment(one_line(req.instructions)), "max_output_tokens": req.max_output_tokens,
             "parallel_tool_calls": bool(req.parallel_tool_calls), "temperature": req.temperature,
             "top_p": req.top_p, "tool_choice": req.tool_choice or "auto",
-            "tools": orjson.Fragment(orjson.dumps(req.tools or [])),
+            "tools": orjson.Fragment(b"[]" if req.tools == NULL else one_line(req.tools)),
             "store": False, "text": req.text or {"format": {"type": "text"}}}
 
 

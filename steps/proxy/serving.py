@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from steps.logs import now
 from steps.proxy.errors import ProxyError
-from steps.proxy.protocol import decode, plain
+from steps.proxy.protocol import decode, one_line, plain
 from steps.proxy.sessions import Rollout
 
 # Response ids: a random per-process prefix and a counter (uuid4 read os.urandom on every call).
@@ -71,11 +71,9 @@ async def read_json(request: Request, limit: int) -> dict:
 
 
 def stored_json(data: bytes) -> orjson.Fragment:
-    """Checked JSON bytes, kept as sent inside a stored record (orjson copies them, no re-encoding).
-    Line breaks between JSON tokens become spaces (inside strings they are always escaped), so the
-    record stays on one line of the store's log."""
-    return orjson.Fragment(data.replace(b"\n", b" ").replace(b"\r", b" ") if b"\n" in data or b"\r" in data
-                           else data)
+    """Checked JSON bytes, kept as sent inside a stored record (orjson copies them, no re-encoding), on
+    one line of the store's log."""
+    return orjson.Fragment(one_line(data))
 
 
 async def until_disconnect(request: Request, work):
@@ -122,7 +120,7 @@ async def serve_call(request: Request, rollout_id: str, dialect: ModuleType) -> 
     state = request.app.state
     rollout = await state.sessions.authorize(rollout_id, api_key(request))
     data = await read_body(request, state.config.max_body_bytes)
-    req, raw = decode(data, dialect.Request)
+    req, raw = decode(data, dialect.Request, fields=dialect.RAW_FIELDS)
     upstream_body = state.config.sampling(dialect.to_upstream(req, raw))
     record = _new_record(rollout, dialect.NAME, req.stream, data, upstream_body)
     try:
