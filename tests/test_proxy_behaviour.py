@@ -6,6 +6,7 @@ serving the tiny model. Error cases that need no answer point the proxy at a por
 
 import asyncio
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -97,6 +98,19 @@ def test_bad_input_gets_a_clear_error_in_the_dialects_shape(dead_upstream_proxy)
     status, body = post(f"{base}/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x" * 30000}]}, key)
     assert status == 413 and "20000 bytes" in body["error"]["message"]
     assert dead_upstream_proxy.calls("bad") == []  # refused before they became calls
+
+
+def test_a_harness_that_hangs_up_mid_request_leaves_no_call_and_no_error(dead_upstream_proxy):
+    rollout = dead_upstream_proxy.register("cut")
+    with socket.create_connection(("127.0.0.1", dead_upstream_proxy.port)) as conn:
+        conn.sendall(b"POST /rollouts/cut/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"authorization: Bearer " + rollout["api_key"].encode() + b"\r\ncontent-length: 5000\r\n\r\n"
+                     b'{"model": "tiny", "messages": [')
+    status, body = post(f"{rollout['openai_base_url']}/chat/completions", {"model": "tiny", "messages": "x"},
+                        bearer(rollout["api_key"]))
+    assert status == 400 and body["error"]["param"] == "messages"  # still serving, in order
+    assert dead_upstream_proxy.calls("cut") == []
+    assert "Traceback" not in dead_upstream_proxy.log_tail() and "unexpected" not in dead_upstream_proxy.log_tail()
 
 
 def test_a_dead_upstream_is_502_and_the_call_is_kept(dead_upstream_proxy):

@@ -11,6 +11,7 @@ import logging
 import re
 from contextlib import asynccontextmanager
 
+import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -20,7 +21,7 @@ from starlette.exceptions import HTTPException
 from steps.proxy import chat, messages, responses
 from steps.proxy.config import ProxyConfig
 from steps.proxy.errors import ProxyError, anthropic_error_body, openai_error_body, validation_message
-from steps.proxy.serving import api_key, read_json, serve_call
+from steps.proxy.serving import ClientGone, api_key, read_json, serve_call
 from steps.proxy.sessions import Sessions, WeightGate
 from steps.proxy.store import CallStore
 from steps.proxy.upstream import Upstream
@@ -134,9 +135,9 @@ MODEL_ROUTE = re.compile(r"/rollouts/([^/]+)/v1/(chat/completions|responses|mess
 class ModelCalls:
     """The model-call routes as bare ASGI in front of FastAPI, which serves every other route.
 
-    A call is answered with the same handler and error bodies the framework would use, without its four
-    middleware layers, route scan and per-request dependency solving, which ran on every call
-    (benchmarks/proxy_overhead.py measures what the proxy costs per call).
+    A call is answered with the same error bodies the framework would use, without its four middleware
+    layers, route scan, per-request dependency solving and request and response objects, which ran on
+    every call (benchmarks/proxy_overhead.py measures what the proxy costs per call).
     """
 
     def __init__(self, app: FastAPI):
@@ -146,26 +147,45 @@ class ModelCalls:
         match = MODEL_ROUTE.fullmatch(scope["path"]) if scope["type"] == "http" else None
         if match is None or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        scope["app"] = self.app
-        request = Request(scope, receive, send)
         try:
-            response = await serve_call(request, match[1], MODEL_ROUTES[match[2]])
+            status, headers, body = await serve_call(self.app.state, scope, receive, match[1], MODEL_ROUTES[match[2]])
         except ProxyError as err:
-            response = await _on_proxy_error(request, err)
+            _log_failure(scope["path"], err)
+            status, headers, body = _error_answer(scope["path"], err)
+        except ClientGone:  # hung up while sending its request: nothing was recorded, nobody hears the answer
+            status, headers, body = 499, [(b"content-length", b"0")], b""
         except Exception as exc:  # the client gets the dialect's error shape, the log gets the traceback
-            response = await _on_unexpected(request, exc)
-        await response(scope, receive, send)
+            status, headers, body = _error_answer(scope["path"], _unexpected(scope["path"], exc))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _error_body(path: str, err: ProxyError) -> dict:
+    """The error in the shape of the dialect called at `path`."""
+    return anthropic_error_body(err) if "/v1/messages" in path else openai_error_body(err)
+
+
+def _log_failure(path: str, err: ProxyError) -> None:
+    if err.status >= 500:  # the proxy's or the upstream's fault, not the caller's
+        log.warning("call failed", extra={"path": path, "status": err.status, "error": err.message})
+
+
+def _error_answer(path: str, err: ProxyError) -> tuple[int, list, bytes]:
+    body = orjson.dumps(_error_body(path, err))
+    return err.status, [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))], body
+
+
+def _unexpected(path: str, exc: Exception) -> ProxyError:
+    log.error("unexpected error", exc_info=exc, extra={"path": path})
+    return ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the proxy log")
 
 
 def _error_response(request: Request, err: ProxyError) -> JSONResponse:
-    anthropic = "/v1/messages" in request.url.path
-    body = anthropic_error_body(err) if anthropic else openai_error_body(err)
-    return JSONResponse(body, status_code=err.status)
+    return JSONResponse(_error_body(request.url.path, err), status_code=err.status)
 
 
 async def _on_proxy_error(request: Request, err: ProxyError) -> JSONResponse:
-    if err.status >= 500:
-        log.warning("call failed", extra={"path": request.url.path, "status": err.status, "error": err.message})
+    _log_failure(request.url.path, err)
     return _error_response(request, err)
 
 
@@ -177,8 +197,7 @@ async def _on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.error("unexpected error", exc_info=exc, extra={"path": request.url.path})
-    return _error_response(request, ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the proxy log"))
+    return _error_response(request, _unexpected(request.url.path, exc))
 
 
 def create_app(config: ProxyConfig) -> ModelCalls:

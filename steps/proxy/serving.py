@@ -12,8 +12,7 @@ import time
 from types import ModuleType
 
 import orjson
-from fastapi import Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi import Request
 
 from steps.logs import now
 from steps.proxy.errors import ProxyError
@@ -32,26 +31,45 @@ class ClientGone(Exception):
     """The harness closed its connection before the answer was ready."""
 
 
+def read_headers(scope: dict) -> tuple[str | None, bytes | None]:
+    """The key a harness sent (`Authorization: Bearer`, else `x-api-key`) and the declared body length,
+    in one pass over the ASGI scope's headers."""
+    bearer = x_api_key = length = None
+    for name, value in scope["headers"]:
+        if name == b"authorization" and value[:7].lower() == b"bearer ":
+            bearer = value[7:].strip().decode("latin-1")
+        elif name == b"x-api-key":
+            x_api_key = value.decode("latin-1")
+        elif name == b"content-length":
+            length = value
+    return bearer or x_api_key, length
+
+
 def api_key(request: Request) -> str | None:
     """The key a harness sent, as `Authorization: Bearer` or `x-api-key`."""
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return request.headers.get("x-api-key")
+    return read_headers(request.scope)[0]
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body; 413 past `limit` bytes."""
-    declared = request.headers.get("content-length")
+async def receive_body(receive, declared: bytes | None, limit: int) -> bytes:
+    """An ASGI request's body; 413 past `limit` bytes, ClientGone if the client hangs up first."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ProxyError(413, f"request body of {int(declared)} bytes is over the proxy's limit of {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
+    chunks, size, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk, more = message.get("body", b""), message.get("more_body", False)
         size += len(chunk)
         if size > limit:
             raise ProxyError(413, f"request body is over the proxy's limit of {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body; 413 past `limit` bytes."""
+    return await receive_body(request.receive, read_headers(request.scope)[1], limit)
 
 
 def parse_object(data: bytes) -> dict:
@@ -76,13 +94,13 @@ def stored_json(data: bytes) -> orjson.Fragment:
     return orjson.Fragment(one_line(data))
 
 
-async def until_disconnect(request: Request, work):
-    """Awaits `work` in this task; if the client disconnects first, cancels it and raises ClientGone."""
+async def until_disconnect(receive, work):
+    """Awaits `work` in this task; if the ASGI client disconnects first, cancels it and raises ClientGone."""
     this, gone = asyncio.current_task(), False
 
     async def watch():
         nonlocal gone
-        while (await request.receive())["type"] != "http.disconnect":
+        while (await receive())["type"] != "http.disconnect":
             pass
         gone = True
         this.cancel()
@@ -115,19 +133,26 @@ def event_stream(events: list[tuple[str | None, object]]) -> tuple[bytes, list[d
     return b"".join(wire), stored
 
 
-async def serve_call(request: Request, rollout_id: str, dialect: ModuleType) -> Response:
-    """Answers one model call of a rollout in `dialect`, recording it token-exactly."""
-    state = request.app.state
-    rollout = await state.sessions.authorize(rollout_id, api_key(request))
-    data = await read_body(request, state.config.max_body_bytes)
+JSON_HEADERS = [(b"content-type", b"application/json")]
+# What a StreamingResponse sends: no content-length, so the server sends the stream chunked.
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+async def serve_call(state, scope: dict, receive, rollout_id: str, dialect: ModuleType) -> tuple[int, list, bytes]:
+    """Answers one model call of a rollout in `dialect`, recording it token-exactly: (status, headers,
+    body) of the answer, a JSON object or the dialect's whole SSE stream. Raises ProxyError, or
+    ClientGone if the harness hung up before its request was read."""
+    key, declared = read_headers(scope)
+    rollout = await state.sessions.authorize(rollout_id, key)
+    data = await receive_body(receive, declared, state.config.max_body_bytes)
     req, raw = decode(data, dialect.Request, fields=dialect.RAW_FIELDS)
     upstream_body = state.config.sampling(dialect.to_upstream(req, raw))
     record = _new_record(rollout, dialect.NAME, req.stream, data, upstream_body)
     try:
-        completion = await until_disconnect(request, _complete(state, upstream_body, record))
+        completion = await until_disconnect(receive, _complete(state, upstream_body, record))
     except ClientGone:
         await _finish(state, record, "aborted", error={"status": 499, "message": "client disconnected"})
-        return Response(status_code=499)
+        return 499, [(b"content-length", b"0")], b""
     except ProxyError as err:
         await _finish(state, record, "error", error={"status": err.status, "message": err.message})
         raise
@@ -135,30 +160,12 @@ async def serve_call(request: Request, rollout_id: str, dialect: ModuleType) -> 
     record.update(prompt_token_ids=completion.prompt_token_ids, response_token_ids=completion.response_token_ids,
                   response_logprobs=completion.response_logprobs, finish_reason=completion.finish_reason)
     if not req.stream:
-        body = dialect.to_body(completion, req, response_id, created)
-        await _finish(state, record, "ok", response=body)
-        return Response(orjson.dumps(body), media_type="application/json")
+        body = orjson.dumps(dialect.to_body(completion, req, response_id, created))
+        await _finish(state, record, "ok", response=orjson.Fragment(body))
+        return 200, [*JSON_HEADERS, (b"content-length", b"%d" % len(body))], body
     body, stored = event_stream(dialect.to_events(completion, req, response_id, created))
     await _finish(state, record, "ok", response=stored)
-    return EventStream(body)
-
-
-class EventStream(StreamingResponse):
-    """A dialect's SSE stream, complete (and stored) before it is sent. The bytes on the wire are those
-    of a StreamingResponse (chunked, no content-length), written at once: no thread to iterate the body
-    in, no task group listening for a disconnect meanwhile (uvicorn drops sends to a closed connection)."""
-
-    def __init__(self, body: bytes):
-        super().__init__(_once(body), media_type="text/event-stream", headers={"cache-control": "no-cache"})
-        self.body = body
-
-    async def __call__(self, scope, receive, send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": self.body, "more_body": False})
-
-
-async def _once(chunk: bytes):
-    yield chunk
+    return 200, SSE_HEADERS, body
 
 
 def _new_record(rollout: Rollout, dialect: str, stream: bool, data: bytes, upstream_body: dict) -> dict:
