@@ -1,20 +1,26 @@
 """What the recording proxy adds to a model call: latency, throughput and CPU, at 1 to 256 rollouts.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--levels 1,16,64,256] [--seconds 4] \
-        [--dialect chat|responses|messages] [--paced-ms 500] [--store-dir DIR] [--client-procs 1]
+        [--dialect chat|responses|messages] [--paced-ms 500] [--store-dir DIR] [--client-procs 1] [--no-pin]
 
 Starts `benchmarks/fake_vllm.py` (answers with a canned vLLM body) and the real proxy
 (`python -m steps.proxy`) as subprocesses on 127.0.0.1. For each level C it registers C rollouts and
 runs C sessions, each sending agent-sized calls (~50 KB: the real first requests of the harnesses in
 `tests/data/harness_requests/`, streamed) back to back, first straight to the fake upstream (the same
-body, not streamed), then through the proxy. It prints, per C, p50/p99 latency of both paths, what the
-proxy adds, calls/s of both, and the CPU each process spent, then whether the goals of issue 2 are met.
-Progress goes to stderr, the table to stdout.
+body, not streamed: a small answer, as vLLM gives a harness that asks for no token ids), then through
+the proxy (which asks for token ids and logprobs: a 40-110 KB answer). It prints, per C, p50/p99
+latency of both paths, what the proxy adds, calls/s of both, and the CPU each process spent, then
+whether the goals of issue 2 are met. Progress goes to stderr, the table to stdout.
 
 With an instant upstream the sessions saturate the machine, so latency there is mostly queueing
 (Little's law: p50 ~ C / calls/s) and those rows measure throughput. One more row runs 64 sessions
 against an upstream that takes `--paced-ms` per call, as a model does: that row measures the latency
 the proxy adds to a call when it is not the bottleneck.
+
+With two or more cores the proxy gets one of its own and the load (client sessions, fake upstream)
+the rest, as in a deployment, where the proxy shares a pod with vLLM and the harnesses run in
+their own pods: on shared cores, much of the "added" latency was the proxy waiting for a core the
+benchmark's own client held. `--no-pin` runs everything on every core.
 """
 
 from __future__ import annotations
@@ -109,9 +115,26 @@ def cpu_seconds(proc: int | str) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    with open(log_path, "wb") as log:  # the child keeps its own copy of the handle
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+def start(cmd: list[str], log_path: Path, cpus: set[int] | None = None) -> subprocess.Popen:
+    """Starts `cmd` in the repository root, output to `log_path`; on `cpus` only, if given (the child
+    inherits this process's CPU set, which is switched for the moment of the start)."""
+    mine = os.sched_getaffinity(0)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    try:
+        with open(log_path, "wb") as log:  # the child keeps its own copy of the handle
+            return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        os.sched_setaffinity(0, mine)
+
+
+def split_cpus(pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(the proxy's CPU, the load's CPUs): one core for the proxy and the rest for everything else, or
+    (None, None) when not pinning or with a single core."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return None, None
+    return {cpus[-1]}, set(cpus[:-1])
 
 
 async def wait_ready(http: aiohttp.ClientSession, url: str, proc: subprocess.Popen, log_path: Path) -> None:
@@ -293,10 +316,16 @@ def row(sessions: int, upstream_ms: float, direct: Phase, proxied: Phase) -> dic
     }
 
 
+def _placement(args) -> str:
+    load = f"fake upstream and {args.client_procs} client process(es)"
+    if args.proxy_cpus:
+        return f"proxy pinned to CPU {min(args.proxy_cpus)}, {load} on the other {len(os.sched_getaffinity(0))}"
+    return f"{len(os.sched_getaffinity(0))} cores shared by proxy, {load}"
+
+
 def print_table(rows: list[dict], args, workload: Workload) -> None:
     print(f"\nproxy overhead, {args.dialect} dialect [{workload.source}], streamed through the proxy; "
-          f"{args.seconds:g} s per path and level; {os.cpu_count()} cores shared by proxy, fake upstream and "
-          f"{args.client_procs} client process(es)")
+          f"{args.seconds:g} s per path and level; {_placement(args)}")
     print("| sessions | upstream ms | direct p50 / p99 ms | proxy p50 / p99 ms | added p50 / p99 ms "
           "| direct calls/s | proxy calls/s | proxy / direct | proxy CPU ms/call: all / loop "
           "| CPU % direct: fake / client | CPU % proxied: proxy / fake / client | errors |")
@@ -356,7 +385,7 @@ async def run(args, workload: Workload, pool) -> list[dict]:
     upstream, proxy = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
     fake = start([sys.executable, "benchmarks/fake_vllm.py", "--port", upstream.rsplit(":", 1)[1]], tmp / "fake.log")
     prox = start([sys.executable, "-m", "steps.proxy", "--upstream", upstream, "--port", proxy.rsplit(":", 1)[1],
-                  "--store", str(tmp / "store"), "--admin-key", ADMIN_KEY], tmp / "proxy.log")
+                  "--store", str(tmp / "store"), "--admin-key", ADMIN_KEY], tmp / "proxy.log", args.proxy_cpus)
     levels = [(c, 0.0) for c in args.levels] + ([(GOAL_C, args.paced_ms)] if args.paced_ms > 0 else [])
     try:
         async with aiohttp.ClientSession() as http:
@@ -380,6 +409,8 @@ def main() -> None:
                    help=f"upstream answer time of the extra {GOAL_C}-session row (0: no such row)")
     p.add_argument("--store-dir", help="folder to put the proxy's store in (default: the system's temp folder)")
     p.add_argument("--client-procs", type=int, default=1, help="load-generating processes (1: this one)")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                   help="give the proxy a core of its own and the load the others (default; needs 2+ cores)")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
     try:
@@ -391,6 +422,9 @@ def main() -> None:
     if not 0.5 <= args.seconds <= 60 or not 0 <= args.paced_ms <= 10_000 or not 1 <= args.client_procs <= 16:
         p.error("--seconds must be 0.5..60, --paced-ms 0..10000 and --client-procs 1..16")
     workload = load_workload(args.dialect)
+    args.proxy_cpus, load_cpus = split_cpus(args.pin)
+    if load_cpus:
+        os.sched_setaffinity(0, load_cpus)  # the client processes and the fake upstream inherit it
     pool = multiprocessing.get_context("spawn").Pool(args.client_procs) if args.client_procs > 1 else None
     try:
         rows = uvloop.run(run(args, workload, pool))
@@ -400,7 +434,7 @@ def main() -> None:
     print_table(rows, args, workload)
     print_goals(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=sorted))
 
 
 if __name__ == "__main__":
