@@ -33,6 +33,7 @@ class IterationRecord:
     status: str = "Pending"  # Pending | Running | Succeeded | Failed | Error (Argo's phases)
     updated: float = 0.0  # unix time of the last write
     metrics: dict | None = None
+    attempt: int = 0  # local runner: how many earlier starts of this iteration died or failed
 
     @property
     def done(self) -> bool:

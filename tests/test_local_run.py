@@ -63,21 +63,26 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(tiny_m
     log = open(tmp_path / "driver.log", "w")
     driver = subprocess.Popen([sys.executable, "workflows/submit.py", "--harness", "direct", *settings],
                               cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    run = store / "loop"
     try:
         first = wait_for(lambda: (r := iteration_record(store, 0)) and r["status"] == "Succeeded" and r,
                          600, "iteration 0 to succeed")
+        # Killed in the middle of iteration 1, with some of its rollouts done and others running.
+        wait_for(lambda: list((run / "results" / "iteration-1").glob("*/result.json")), 300, "a rollout of iteration 1")
     finally:
-        driver.kill()  # the driver dies mid-run; serve (and its vLLM) must go with it
+        driver.kill()  # the driver dies mid-run; serve (and its vLLM) and the rollouts must go with it
         driver.wait()
-    wait_for(lambda: not processes_mentioning(str(store)), 60, "serve and vLLM to stop after the driver died")
+    wait_for(lambda: not processes_mentioning(str(store)), 60, "serve, vLLM and rollouts to stop after the driver died")
 
     resumed = subprocess.run([sys.executable, "workflows/submit.py", "resume", "--run", "loop", *settings[:1]],
                              cwd=REPO, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert iteration_record(store, 0)["updated"] == first["updated"]  # iteration 0 was not run again
-    assert iteration_record(store, 1)["status"] == "Succeeded"
-
-    run = store / "loop"
+    assert iteration_record(store, 1)["status"] == "Succeeded" and iteration_record(store, 1)["attempt"] == 1
+    # The dead start's results are kept aside; the new start's rollouts have new ids (the proxy's store
+    # still holds the dead start's registrations, which would refuse the old ids).
+    assert list((run / "results" / "iteration-1-attempt-0").glob("*/result.json"))
+    assert all(p.parent.name.endswith("-a1") for p in (run / "results" / "iteration-1").glob("*/result.json"))
     for iteration in (0, 1):
         results = [json.loads(p.read_text()) for p in (run / "results" / f"iteration-{iteration}").glob("*/result.json")]
         assert len(results) == 8 and {r["status"] for r in results} == {"ok"}

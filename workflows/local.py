@@ -32,6 +32,13 @@ from workflows.config import REPO_ROOT, RunConfig
 
 SERVE_START_TIMEOUT_S = 900
 PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: a forked child of a threaded driver must not load it
+
+
+def _die_with_driver() -> None:
+    """In a child between fork and exec: SIGTERM when the thread that started it ends, even by SIGKILL,
+    so nothing a run started outlives its driver."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class StepFailed(RuntimeError):
@@ -67,7 +74,7 @@ def start_serve(config: RunConfig, model_dir: str, version: int, env: dict, logs
     # SIGTERM to serve (which then stops vLLM) if this driver dies, even by SIGKILL: nothing outlives a run.
     process = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                                stdout=open(logs / "serve.log", "ab"), stderr=subprocess.STDOUT,
-                               preexec_fn=lambda: ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
+                               preexec_fn=_die_with_driver)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + SERVE_START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -101,7 +108,9 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
             rollout_id = item["rollout_id"] if attempt == 0 else f"{item['rollout_id']}-r{attempt}"
             out = results_dir / rollout_id
             argv = commands.rollout(config, item["task"], rollout_id, proxy_url, str(out), python=sys.executable)
-            done = subprocess.run(argv, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+            # A rollout dies with the driver too (its sandbox dies with it): none writes into a restarted iteration.
+            done = subprocess.run(argv, env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                                  preexec_fn=_die_with_driver)
             result_file = out / "result.json"
             result = json.loads(result_file.read_text()) if result_file.exists() else \
                 {"rollout_id": rollout_id, "task": item["task"], "status": "infra_error", "error": done.stderr[-500:]}
@@ -120,11 +129,25 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
         return list(pool.map(one, planned))
 
 
-def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path) -> dict:
+def fresh_attempt(config: RunConfig, iteration: int, attempt: int, planned: list[dict]) -> list[dict]:
+    """An iteration started again after an earlier start died or failed: that start's results move aside
+    (to `iteration-N-attempt-K`, for inspection) and the rollouts get new ids, as the proxy's store keeps
+    the earlier rollouts' registrations and calls (a reused id would be refused, 409)."""
+    if attempt == 0:
+        return planned
+    results = Path(commands.results_url(config, iteration))
+    if results.exists():
+        results.rename(results.with_name(f"{results.name}-attempt-{attempt - 1}"))
+    return [{**item, "rollout_id": f"{item['rollout_id']}-a{attempt}"} for item in planned]
+
+
+def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
+                  attempt: int = 0) -> dict:
     """plan, rollouts, trajectories, update, weight swap; returns the iteration's summary."""
     timings, started = {}, time.monotonic()
     planned = json.loads(run_step("plan", commands.plan(config, iteration, python=sys.executable), env,
                                   logs / f"plan-{iteration}.log"))
+    planned = fresh_attempt(config, iteration, attempt, planned)
     say(f"iteration {iteration}: {len(planned)} rollouts planned with harness {config.harness}")
     results = run_rollouts(config, iteration, planned, proxy_url, env)
     timings["rollouts_s"] = time.monotonic() - started
@@ -195,7 +218,8 @@ def run_local(config: RunConfig) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     if manifest.read_run_config(config.run_url) is None:
         manifest.write_run_config(config.run_url, config.to_dict())
-    done = {i for i, entry in manifest.read_iterations(config.run_url).items() if entry.status == "Succeeded"}
+    recorded = manifest.read_iterations(config.run_url)
+    done = {i for i, entry in recorded.items() if entry.status == "Succeeded"}
     first = min(set(range(config.iterations)) - done, default=config.iterations)
     if first == config.iterations:
         say(f"run {config.run}: all {config.iterations} iterations are done")
@@ -207,11 +231,13 @@ def run_local(config: RunConfig) -> int:
     serve, proxy_url = start_serve(config, model, first, env, logs)
     try:
         for iteration in range(first, config.iterations):
+            earlier = recorded.get(iteration)
             entry = manifest.IterationRecord(iteration, "local", config.checkpoint_url(iteration),
-                                             config.checkpoint_url(iteration + 1), "Running")
+                                             config.checkpoint_url(iteration + 1), "Running",
+                                             attempt=0 if earlier is None else earlier.attempt + 1)
             manifest.record(config.run_url, entry)
             try:
-                summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs)
+                summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs, entry.attempt)
             except (StepFailed, OSError) as exc:
                 entry.status = "Failed"
                 manifest.record(config.run_url, entry)
