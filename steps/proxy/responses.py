@@ -182,7 +182,7 @@ def output_items(c: Completion, req: Request, response_id: str) -> list[dict]:
     if c.content:
         items.append({"type": "message", "id": f"msg_{response_id}", "status": "completed", "role": "assistant",
                       "content": [{"type": "output_text", "text": c.content, "annotations": [], "logprobs": []}]})
-    custom = _custom_names(req)
+    custom = _custom_names(req) if c.tool_calls else set()
     items.extend(_call_item(call, i, custom, response_id) for i, call in enumerate(c.tool_calls))
     return items
 
