@@ -3,9 +3,10 @@
 They type what the proxy reads and bound what it forwards; unknown fields are allowed (harnesses
 send many vendor extras) and ignored. Responses are built as plain dicts by each dialect module.
 
-Texts and schemas that the proxy only passes on (tool outputs, prompts, tool schemas: most of an
-agent's request) are typed `Raw`: their JSON type is checked, their bytes are copied into the body
-for vLLM, and texts that must be joined are joined as JSON (`join_text`), never decoded.
+What the translating dialects only pass on (tool schemas and descriptions, tool outputs, the
+instructions: much of an agent's request) is typed `Raw`: its JSON type is checked where it is used
+(`expect`), its bytes are copied into the body for vLLM, and a raw text that must be joined to others
+is joined as JSON (`join_text`), never decoded.
 
 msgspec Structs rather than pydantic models (STYLE.md 6), for the hot path: one pass over an agent's
 30-80 KB request decodes and checks it 2-3x faster than orjson + pydantic, and `decode` keeps the
