@@ -4,7 +4,8 @@ the task's verifier grades what it left behind.
     OPENFORGE_ADMIN_KEY=... python -m steps.rollout --task steps/tasks/builtin/hello-file \
         --harness codex --proxy-url http://127.0.0.1:8100 --rollout-id it0-hello-file-s0 --out runs/r0
 
-Steps: register the rollout with the proxy (the harness gets that rollout's key, never the admin key);
+Steps: register the rollout with the proxy (the harness gets that rollout's key, never the admin key;
+a retried step whose failed attempt holds the id registers as `ID-a2`, `ID-a3`, ...);
 build a fresh sandbox from the task's environment; run the harness headless on the instruction under
 the task's agent timeout; close the rollout; copy `tests/` in (the agent never saw it) and run the
 verifier; write `OUT/result.json`. Exit code 0 for `ok` and `agent_timeout`, 3 for `infra_error`
@@ -25,7 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from steps.harnesses import HARNESSES, Endpoint, InstallError, default_prefix
@@ -36,10 +37,15 @@ from steps.tasks.verify import run_verifier
 
 INFRA_EXIT_CODE = 3
 ISOLATIONS = ("bwrap", "pod")  # a bubblewrap sandbox built from the Dockerfile, or the Kubernetes pod itself
+MAX_ATTEMPTS = 20  # ids a rollout tries when earlier attempts of its step registered theirs
 
 
 class InfraError(Exception):
     """Something other than the agent failed; the rollout is retried, never scored."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status  # the proxy's HTTP status, when it answered with an error
 
 
 @dataclass
@@ -89,9 +95,26 @@ def admin_call(spec: RolloutSpec, method: str, path: str, body: dict | None = No
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as err:
-        raise InfraError(f"proxy answered {err.code} to {method} {path}: {err.read()[:300].decode(errors='replace')}") from None
+        detail = err.read()[:300].decode(errors="replace")
+        raise InfraError(f"proxy answered {err.code} to {method} {path}: {detail}", status=err.code) from None
     except (urllib.error.URLError, OSError) as err:
         raise InfraError(f"proxy at {spec.proxy_url} is unreachable: {err}") from None
+
+
+def register(spec: RolloutSpec, metadata: dict) -> tuple[str, dict]:
+    """Registers the rollout with the proxy: (the id it got, the proxy's answer with its key and URLs).
+
+    A retried step finds its id taken by the attempt that failed (Argo reruns a step with the same
+    parameters, and the proxy's store keeps that attempt's registration and calls): it registers as
+    `ID-a2`, `ID-a3`, ... instead, and its result names the id it ran under."""
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        rollout_id = spec.rollout_id if attempt == 1 else f"{spec.rollout_id}-a{attempt}"
+        try:
+            return rollout_id, admin_call(spec, "POST", "/rollouts", {"rollout_id": rollout_id, "metadata": metadata})
+        except InfraError as exc:
+            if exc.status != 409:
+                raise
+    raise InfraError(f"rollout ids {spec.rollout_id} to {spec.rollout_id}-a{MAX_ATTEMPTS} are all taken in the proxy")
 
 
 def in_sandbox(env: dict[str, str], box: Sandbox) -> dict[str, str]:
@@ -169,8 +192,9 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
             raise InfraError(f"unknown harness {spec.harness!r}; choose from {', '.join(HARNESSES)}")
         task = load_task(spec.task)
         result.task = task.name
-        rollout = admin_call(spec, "POST", "/rollouts", {"rollout_id": spec.rollout_id,
-                                                         "metadata": {"task": task.name, "harness": spec.harness, **spec.metadata}})
+        taken, rollout = register(spec, {"task": task.name, "harness": spec.harness, **spec.metadata})
+        spec = replace(spec, rollout_id=taken)
+        result.rollout_id = taken
         box = (PodSandbox.create(spec.out, task, agent_uid=spec.agent_uid) if spec.isolation == "pod"
                else Sandbox.create(spec.out / "sandbox", task))
         result.notes = list(box.notes)

@@ -86,6 +86,18 @@ def test_a_wrong_answer_earns_0_through_the_cli(scripted, scripted_proxy, tmp_pa
     assert Path(result["paths"]["verifier_output"], "reward.txt").read_text().strip() == "0"
 
 
+def test_a_retried_step_runs_under_a_new_id_when_its_failed_attempt_holds_the_old_one(scripted, scripted_proxy, tmp_path):
+    # Argo reruns a failed rollout step with the same parameters; the failed attempt's registration and
+    # calls stay in the proxy's store, which refuses the id (409): the retry registers as ID-a2.
+    scripted.set_commands([oracle("hello-file")])
+    spec = spec_for(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path)
+    scripted_proxy.register(spec.rollout_id)  # the failed attempt
+    result = run_rollout(spec)
+    assert (result.rollout_id, result.status, result.reward) == (f"{spec.rollout_id}-a2", "ok", 1.0)
+    assert json.loads((spec.out / "result.json").read_text())["rollout_id"] == f"{spec.rollout_id}-a2"
+    assert scripted_proxy.calls(spec.rollout_id) == [] and len(scripted_proxy.calls(result.rollout_id)) == result.num_calls
+
+
 def test_the_agent_cannot_see_the_verifier(scripted, scripted_proxy, tmp_path):
     scripted.set_commands(["ls -la /tests; cat /tests/test.sh; ls /logs/verifier; find / -name test.sh 2>/dev/null | head"])
     spec = spec_for(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path)
