@@ -79,10 +79,11 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(tiny_m
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert iteration_record(store, 0)["updated"] == first["updated"]  # iteration 0 was not run again
     assert iteration_record(store, 1)["status"] == "Succeeded" and iteration_record(store, 1)["attempt"] == 1
-    # The dead start's results are kept aside; the new start's rollouts have new ids (the proxy's store
-    # still holds the dead start's registrations, which would refuse the old ids).
+    # The dead start's results are kept aside. The proxy's store still holds that start's registrations:
+    # the rollouts it had registered ran again under new ids instead of failing on the old ones (409).
     assert list((run / "results" / "iteration-1-attempt-0").glob("*/result.json"))
-    assert all(p.parent.name.endswith("-a1") for p in (run / "results" / "iteration-1").glob("*/result.json"))
+    again = [json.loads(p.read_text()) for p in (run / "results" / "iteration-1").glob("*/result.json")]
+    assert any(result["rollout_id"].endswith("-a2") for result in again)
     for iteration in (0, 1):
         results = [json.loads(p.read_text()) for p in (run / "results" / f"iteration-{iteration}").glob("*/result.json")]
         assert len(results) == 8 and {r["status"] for r in results} == {"ok"}

@@ -129,16 +129,13 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
         return list(pool.map(one, planned))
 
 
-def fresh_attempt(config: RunConfig, iteration: int, attempt: int, planned: list[dict]) -> list[dict]:
-    """An iteration started again after an earlier start died or failed: that start's results move aside
-    (to `iteration-N-attempt-K`, for inspection) and the rollouts get new ids, as the proxy's store keeps
-    the earlier rollouts' registrations and calls (a reused id would be refused, 409)."""
-    if attempt == 0:
-        return planned
+def set_aside_earlier_results(config: RunConfig, iteration: int, attempt: int) -> None:
+    """An iteration started again after an earlier start died or failed: that start's results move to
+    `iteration-N-attempt-K` (kept for inspection), so that only this start's results are collected. (A
+    rollout whose id that start registered runs as `ID-a2`: see `steps.rollout.register`.)"""
     results = Path(commands.results_url(config, iteration))
-    if results.exists():
+    if attempt > 0 and results.exists():
         results.rename(results.with_name(f"{results.name}-attempt-{attempt - 1}"))
-    return [{**item, "rollout_id": f"{item['rollout_id']}-a{attempt}"} for item in planned]
 
 
 def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
@@ -147,7 +144,7 @@ def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: 
     timings, started = {}, time.monotonic()
     planned = json.loads(run_step("plan", commands.plan(config, iteration, python=sys.executable), env,
                                   logs / f"plan-{iteration}.log"))
-    planned = fresh_attempt(config, iteration, attempt, planned)
+    set_aside_earlier_results(config, iteration, attempt)
     say(f"iteration {iteration}: {len(planned)} rollouts planned with harness {config.harness}")
     results = run_rollouts(config, iteration, planned, proxy_url, env)
     timings["rollouts_s"] = time.monotonic() - started

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from steps.proxy import chat, messages, responses
 from steps.proxy.config import ProxyConfig
 from steps.proxy.errors import ProxyError, anthropic_error_body, openai_error_body, validation_message
-from steps.proxy.serving import ClientGone, api_key, read_json, serve_call
+from steps.proxy.serving import GONE, ClientGone, api_key, json_answer, read_json, serve_call
 from steps.proxy.sessions import Sessions, WeightGate
 from steps.proxy.store import CallStore
 from steps.proxy.upstream import Upstream
@@ -153,7 +153,7 @@ class ModelCalls:
             _log_failure(scope["path"], err)
             status, headers, body = _error_answer(scope["path"], err)
         except ClientGone:  # hung up while sending its request: nothing was recorded, nobody hears the answer
-            status, headers, body = 499, [(b"content-length", b"0")], b""
+            status, headers, body = GONE
         except Exception as exc:  # the client gets the dialect's error shape, the log gets the traceback
             status, headers, body = _error_answer(scope["path"], _unexpected(scope["path"], exc))
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -171,8 +171,7 @@ def _log_failure(path: str, err: ProxyError) -> None:
 
 
 def _error_answer(path: str, err: ProxyError) -> tuple[int, list, bytes]:
-    body = orjson.dumps(_error_body(path, err))
-    return err.status, [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))], body
+    return json_answer(err.status, orjson.dumps(_error_body(path, err)))
 
 
 def _unexpected(path: str, exc: Exception) -> ProxyError:

@@ -11,14 +11,13 @@ import json
 import orjson
 
 from steps.proxy.errors import ProxyError, anthropic_error_body as error_body  # noqa: F401 (dialect interface)
-from steps.proxy.protocol import NULL, AnthropicBlock, AnthropicTool, Raw, decode_part, expect, join_text
+from steps.proxy.protocol import NULL, AnthropicBlock, Raw, decode_part, expect, function_tool, join_text
 from steps.proxy.protocol import MessagesRequest as Request
 from steps.proxy.upstream import Completion
 
 NAME = "messages"
 RAW_FIELDS = False  # to_upstream builds vLLM's body from the checked request alone
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-_EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
 
 def _text(content: str | list[AnthropicBlock]) -> str:
@@ -99,21 +98,11 @@ def to_messages(req: Request) -> list[dict]:
     return head + messages
 
 
-def _function(tool: AnthropicTool, i: int) -> dict:
-    """A chat function tool; the description and schema are forwarded as sent."""
-    described = expect(tool.description, '"n', "a string or null", "tools", i, "description") == '"'
-    schema = expect(tool.input_schema, "{n", "an object or null", "tools", i, "input_schema") == "{"
-    fn = {"name": tool.name, "description": tool.description if described else "",
-          "parameters": tool.input_schema if schema else _EMPTY_SCHEMA}
-    if tool.strict is not None:  # vLLM then enforces the schema on the arguments
-        fn["strict"] = tool.strict
-    return {"type": "function", "function": fn}
-
-
 def to_upstream(req: Request, raw: dict) -> dict:
     """The chat body for vLLM."""
     body = {"messages": to_messages(req), "max_tokens": req.max_tokens}
-    tools = [_function(t, i) for i, t in enumerate(req.tools or []) if t.input_schema != NULL or t.type in (None, "custom")]
+    tools = [function_tool(t.name, t.description, t.input_schema, t.strict, i, "input_schema")
+             for i, t in enumerate(req.tools or []) if t.input_schema != NULL or t.type in (None, "custom")]
     if tools:
         if (req.tool_choice or {}).get("disable_parallel_tool_use"):
             body["parallel_tool_calls"] = False

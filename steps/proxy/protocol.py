@@ -86,6 +86,20 @@ def join_text(pieces: list, sep: str = "") -> str | Raw:
     return Raw(b'"' + _ENCODE(sep)[1:-1].join(insides) + b'"')
 
 
+def function_tool(name: str, description: Raw, parameters: Raw | dict, strict: bool | None, index: int,
+                  schema_field: str) -> dict:
+    """A chat function tool for vLLM whose description and schema (raw) are forwarded as sent, null
+    meaning none; 400 naming `tools.N.description` or `tools.N.<schema_field>` if one has the wrong type."""
+    described = expect(description, '"n', "a string or null", "tools", index, "description") == '"'
+    if isinstance(parameters, Raw):
+        typed = expect(parameters, "{n", "an object or null", "tools", index, schema_field) == "{"
+        parameters = parameters if typed else {"type": "object", "properties": {}}
+    fn = {"name": name, "description": description if described else "", "parameters": parameters}
+    if strict is not None:  # vLLM then enforces the schema on the arguments
+        fn["strict"] = strict
+    return {"type": "function", "function": fn}
+
+
 def one_line(data) -> bytes:
     """JSON bytes on one line, to embed in an SSE event or a log record: line breaks between tokens
     become spaces (inside strings they are always escaped)."""

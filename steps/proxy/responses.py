@@ -9,15 +9,14 @@ are streamed as Codex requires: every item in `response.output_item.done`, then 
 import orjson
 
 from steps.proxy.errors import ProxyError, openai_error_body as error_body  # noqa: F401 (dialect interface)
-from steps.proxy.protocol import (NULL, Raw, ResponsesItem, ResponsesPart, ResponsesTool, decode_part, expect, join_text,
-                                  one_line)
+from steps.proxy.protocol import (NULL, Raw, ResponsesItem, ResponsesPart, ResponsesTool, decode_part, expect,
+                                  function_tool, join_text, one_line)
 from steps.proxy.protocol import ResponsesRequest as Request
 from steps.proxy.upstream import Completion, ToolCall
 
 NAME = "responses"
 RAW_FIELDS = False  # to_upstream builds vLLM's body from the checked request alone
 _CUSTOM_PARAMS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
-_EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
 
 def _text(content: str | list[ResponsesPart] | None) -> str:
@@ -26,11 +25,11 @@ def _text(content: str | list[ResponsesPart] | None) -> str:
     return "".join(part.text or part.refusal or "" for part in content or [])
 
 
-def _output(item: ResponsesItem, field: str) -> str | Raw:
+def _output(item: ResponsesItem, index: int) -> str | Raw:
     """A tool output's text: its string (forwarded as sent), or the text of its parts."""
-    kind = expect(item.output, '"[n', "a string or an array of parts", field)
+    kind = expect(item.output, '"[n', "a string or an array of parts", "input", index, "output")
     if kind == "[":
-        return _text(decode_part(item.output, list[ResponsesPart], field))
+        return _text(decode_part(item.output, list[ResponsesPart], f"input.{index}.output"))
     return "" if kind == "n" else item.output
 
 
@@ -57,11 +56,11 @@ def to_messages(req: Request) -> list[dict]:
     messages = [{"role": "system", "content": req.instructions}] if instructions else []
     items = [ResponsesItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     for i, item in enumerate(items):
-        kind, field = item.type, f"input.{i}"
+        kind = item.type
         if kind == "message":
             role = {"developer": "system"}.get(item.role, item.role)
             if role not in ("system", "user", "assistant"):
-                raise ProxyError(400, f"input[{i}].role must be user, assistant, system or developer", f"{field}.role")
+                raise ProxyError(400, f"input[{i}].role must be user, assistant, system or developer", f"input.{i}.role")
             if role == "assistant":
                 turn = _assistant(messages)
                 if turn.get("tool_calls"):  # text after a tool call starts a new model turn
@@ -85,12 +84,12 @@ def to_messages(req: Request) -> list[dict]:
             call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": arguments}}
             _assistant(messages).setdefault("tool_calls", []).append(call)
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _output(item, f"{field}.output")})
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _output(item, i)})
         elif kind == "item_reference":
-            raise ProxyError(400, f"input[{i}] is an item_reference: the proxy keeps no server-side state; send items in full", field)
+            raise ProxyError(400, f"input[{i}] is an item_reference: the proxy keeps no server-side state; send items in full", f"input.{i}")
         else:
             raise ProxyError(400, f"input[{i}].type {kind!r} is not supported (message, reasoning, function_call, "
-                                  "function_call_output, custom_tool_call, custom_tool_call_output are)", f"{field}.type")
+                                  "function_call_output, custom_tool_call, custom_tool_call_output are)", f"input.{i}.type")
     return _merge_leading_system(messages)
 
 
@@ -117,16 +116,10 @@ def _tools(req: Request) -> list[dict]:
             continue  # hosted tools (web_search, file_search, ...) run on OpenAI's side; a local model has none
         if not tool.name:
             raise ProxyError(400, f"invalid request field 'tools.{i}.name': a {tool.type} tool needs a name", f"tools.{i}.name")
-        described = expect(tool.description, '"n', "a string or null", "tools", i, "description") == '"'
-        description = tool.description if described else ""
         if tool.type == "function":
-            schema = expect(tool.parameters, "{n", "an object or null", "tools", i, "parameters") == "{"
-            fn = {"name": tool.name, "description": description, "parameters": tool.parameters if schema else _EMPTY_SCHEMA}
-            if tool.strict is not None:  # vLLM then enforces the schema on the arguments
-                fn["strict"] = tool.strict
+            tools.append(function_tool(tool.name, tool.description, tool.parameters, tool.strict, i, "parameters"))
         else:
-            fn = {"name": tool.name, "description": description, "parameters": _CUSTOM_PARAMS}
-        tools.append({"type": "function", "function": fn})
+            tools.append(function_tool(tool.name, tool.description, _CUSTOM_PARAMS, None, i, "parameters"))
     return tools
 
 

@@ -133,9 +133,14 @@ def event_stream(events: list[tuple[str | None, object]]) -> tuple[bytes, list[d
     return b"".join(wire), stored
 
 
-JSON_HEADERS = [(b"content-type", b"application/json")]
+GONE = (499, [(b"content-length", b"0")], b"")  # the harness hung up: nobody reads this answer
 # What a StreamingResponse sends: no content-length, so the server sends the stream chunked.
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+def json_answer(status: int, body: bytes) -> tuple[int, list, bytes]:
+    """(status, headers, body) of a JSON answer."""
+    return status, [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))], body
 
 
 async def serve_call(state, scope: dict, receive, rollout_id: str, dialect: ModuleType) -> tuple[int, list, bytes]:
@@ -152,7 +157,7 @@ async def serve_call(state, scope: dict, receive, rollout_id: str, dialect: Modu
         completion = await until_disconnect(receive, _complete(state, upstream_body, record))
     except ClientGone:
         await _finish(state, record, "aborted", error={"status": 499, "message": "client disconnected"})
-        return 499, [(b"content-length", b"0")], b""
+        return GONE
     except ProxyError as err:
         await _finish(state, record, "error", error={"status": err.status, "message": err.message})
         raise
@@ -162,7 +167,7 @@ async def serve_call(state, scope: dict, receive, rollout_id: str, dialect: Modu
     if not req.stream:
         body = orjson.dumps(dialect.to_body(completion, req, response_id, created))
         await _finish(state, record, "ok", response=orjson.Fragment(body))
-        return 200, [*JSON_HEADERS, (b"content-length", b"%d" % len(body))], body
+        return json_answer(200, body)
     body, stored = event_stream(dialect.to_events(completion, req, response_id, created))
     await _finish(state, record, "ok", response=stored)
     return 200, SSE_HEADERS, body
