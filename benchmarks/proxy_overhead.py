@@ -385,7 +385,8 @@ async def run(args, workload: Workload, pool) -> list[dict]:
     upstream, proxy = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
     fake = start([sys.executable, "benchmarks/fake_vllm.py", "--port", upstream.rsplit(":", 1)[1]], tmp / "fake.log")
     prox = start([sys.executable, "-m", "steps.proxy", "--upstream", upstream, "--port", proxy.rsplit(":", 1)[1],
-                  "--store", str(tmp / "store"), "--admin-key", ADMIN_KEY], tmp / "proxy.log", args.proxy_cpus)
+                  "--store", str(tmp / "store"), "--admin-key", ADMIN_KEY, *args.proxy_arg], tmp / "proxy.log",
+                 args.proxy_cpus)
     levels = [(c, 0.0) for c in args.levels] + ([(GOAL_C, args.paced_ms)] if args.paced_ms > 0 else [])
     try:
         async with aiohttp.ClientSession() as http:
@@ -411,6 +412,8 @@ def main() -> None:
     p.add_argument("--client-procs", type=int, default=1, help="load-generating processes (1: this one)")
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                    help="give the proxy a core of its own and the load the others (default; needs 2+ cores)")
+    p.add_argument("--proxy-arg", action="append", default=[], metavar="ARG",
+                   help="passed on to the proxy, e.g. --proxy-arg=--http-server=uvicorn (repeatable)")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
     try:

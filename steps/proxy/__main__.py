@@ -17,6 +17,7 @@ import yaml
 from steps import logs
 from steps.proxy.app import create_app
 from steps.proxy.config import ProxyConfig
+from steps.proxy.http_server import ProxyProtocol
 
 
 def parse_args(argv: list[str] | None = None) -> ProxyConfig:
@@ -37,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     p.add_argument("--upstream-timeout", type=float, default=1800.0, help="seconds for one upstream call")
     p.add_argument("--fsync", action="store_true", help="fsync each stored call (survives a machine crash)")
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--http-server", choices=("openforge", "uvicorn"), default="openforge",
+                   help="the proxy's own HTTP/1.1 server (fast), or uvicorn's httptools protocol")
     args = p.parse_args(argv)
     if not args.admin_key:
         p.error("an admin key is required: pass --admin-key or set OPENFORGE_ADMIN_KEY")
@@ -51,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         public_url=args.public_url, model=args.model, weight_version=args.weight_version, overrides=overrides,
         max_tokens_cap=args.max_tokens_cap, max_body_bytes=args.max_body_bytes,
         upstream_timeout_s=args.upstream_timeout, fsync=args.fsync, log_level=args.log_level,
+        http_server=args.http_server,
     )
 
 
@@ -67,9 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     # Stored calls complete on worker threads that need the GIL back from the busy event loop; a 1 ms
     # switch interval instead of CPython's 5 ms roughly halved the latency the proxy adds at 64 paced sessions.
     sys.setswitchinterval(0.001)
-    # No proxy-headers middleware: nothing in front of the proxy rewrites client addresses.
+    # uvicorn binds, runs the lifespan and shuts down gracefully; the proxy's own protocol serves the
+    # requests (http_server.py). No proxy-headers middleware: nothing in front rewrites client addresses.
+    http = ProxyProtocol if config.http_server == "openforge" else "httptools"
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
-                loop="auto", http="auto", timeout_keep_alive=75, log_config=None, proxy_headers=False,
+                loop="auto", http=http, timeout_keep_alive=75, log_config=None, proxy_headers=False,
                 server_header=False)
 
 

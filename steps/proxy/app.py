@@ -10,6 +10,7 @@ import hmac
 import logging
 import re
 from contextlib import asynccontextmanager
+from types import ModuleType
 
 import orjson
 from fastapi import APIRouter, FastAPI, Request
@@ -20,8 +21,23 @@ from starlette.exceptions import HTTPException
 
 from steps.proxy import chat, messages, responses
 from steps.proxy.config import ProxyConfig
-from steps.proxy.errors import ProxyError, anthropic_error_body, openai_error_body, validation_message
-from steps.proxy.serving import GONE, ClientGone, api_key, json_answer, read_json, serve_call
+from steps.proxy.errors import (
+    ProxyError,
+    anthropic_error_body,
+    openai_error_body,
+    validation_message,
+)
+from steps.proxy.serving import (
+    GONE,
+    ClientGone,
+    api_key,
+    json_answer,
+    read_headers,
+    read_json,
+    receive_body,
+    serve_call,
+    until_disconnect,
+)
 from steps.proxy.sessions import Sessions, WeightGate
 from steps.proxy.store import CallStore
 from steps.proxy.upstream import Upstream
@@ -133,31 +149,47 @@ MODEL_ROUTE = re.compile(r"/rollouts/([^/]+)/v1/(chat/completions|responses|mess
 
 
 class ModelCalls:
-    """The model-call routes as bare ASGI in front of FastAPI, which serves every other route.
+    """The model-call routes in front of FastAPI, which serves every other route.
 
-    A call is answered with the same error bodies the framework would use, without its four middleware
-    layers, route scan, per-request dependency solving and request and response objects, which ran on
-    every call (benchmarks/proxy_overhead.py measures what the proxy costs per call).
+    The proxy's own HTTP server (`http_server.py`) hands model calls to `answer` straight from the
+    socket; under any ASGI server they arrive as bare ASGI. Either way a call is answered with the same
+    error bodies the framework would use, without its four middleware layers, route scan, per-request
+    dependency solving and request and response objects (benchmarks/proxy_overhead.py measures what the
+    proxy costs per call).
     """
 
     def __init__(self, app: FastAPI):
         self.app = app
 
+    @staticmethod
+    def route(method: str, path: str) -> tuple[str, ModuleType] | None:
+        """(rollout id, dialect) if `method path` is a model call, else None."""
+        match = MODEL_ROUTE.fullmatch(path) if method == "POST" else None
+        return None if match is None else (match[1], MODEL_ROUTES[match[2]])
+
     async def __call__(self, scope, receive, send) -> None:
-        match = MODEL_ROUTE.fullmatch(scope["path"]) if scope["type"] == "http" else None
-        if match is None or scope["method"] != "POST":
+        call = self.route(scope["method"], scope["path"]) if scope["type"] == "http" else None
+        if call is None:
             return await self.app(scope, receive, send)
-        try:
-            status, headers, body = await serve_call(self.app.state, scope, receive, match[1], MODEL_ROUTES[match[2]])
-        except ProxyError as err:
-            _log_failure(scope["path"], err)
-            status, headers, body = _error_answer(scope["path"], err)
-        except ClientGone:  # hung up while sending its request: nothing was recorded, nobody hears the answer
-            status, headers, body = GONE
-        except Exception as exc:  # the client gets the dialect's error shape, the log gets the traceback
-            status, headers, body = _error_answer(scope["path"], _unexpected(scope["path"], exc))
+        key, declared = read_headers(scope["headers"])
+        limit = self.app.state.config.max_body_bytes
+        status, headers, body = await self.answer(*call, key, lambda: receive_body(receive, declared, limit),
+                                                  lambda work: until_disconnect(receive, work))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    async def answer(self, rollout_id: str, dialect: ModuleType, key: str | None, read, guard) -> tuple[int, list, bytes]:
+        """(status, headers, body) for one model call (see `serving.serve_call`); never raises."""
+        try:
+            return await serve_call(self.app.state, rollout_id, dialect, key, read, guard)
+        except ProxyError as err:
+            _log_failure(f"/rollouts/{rollout_id}/v1 ({dialect.NAME})", err)
+            return json_answer(err.status, orjson.dumps(dialect.error_body(err)))
+        except ClientGone:  # hung up while sending its request: nothing was recorded, nobody hears the answer
+            return GONE
+        except Exception as exc:  # the client gets the dialect's error shape, the log gets the traceback
+            err = _unexpected(f"/rollouts/{rollout_id}/v1 ({dialect.NAME})", exc)
+            return json_answer(err.status, orjson.dumps(dialect.error_body(err)))
 
 
 def _error_body(path: str, err: ProxyError) -> dict:
@@ -168,10 +200,6 @@ def _error_body(path: str, err: ProxyError) -> dict:
 def _log_failure(path: str, err: ProxyError) -> None:
     if err.status >= 500:  # the proxy's or the upstream's fault, not the caller's
         log.warning("call failed", extra={"path": path, "status": err.status, "error": err.message})
-
-
-def _error_answer(path: str, err: ProxyError) -> tuple[int, list, bytes]:
-    return json_answer(err.status, orjson.dumps(_error_body(path, err)))
 
 
 def _unexpected(path: str, exc: Exception) -> ProxyError:

@@ -23,6 +23,7 @@ class ProxyConfig:
     upstream_timeout_s: float = 1800.0
     fsync: bool = False
     log_level: str = "warning"
+    http_server: str = "openforge"  # or "uvicorn": its httptools protocol instead of http_server.py
 
     def sampling(self, body: dict) -> dict:
         """Applies the run config's sampling overrides and token cap to an upstream chat body."""

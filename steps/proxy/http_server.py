@@ -1,0 +1,312 @@
+"""The proxy's HTTP/1.1 server: model calls go from the socket straight to `ModelCalls.answer`; every
+other request goes to the ASGI app.
+
+uvicorn runs it (`uvicorn.run(app, http=ProxyProtocol)`) and keeps what it does well: binding, the
+lifespan, signals and graceful shutdown. Only the per-request work is replaced. uvicorn's own protocol
+spent ~0.14 ms of CPU on every request besides the app's work (a scope, an event, an ASGI task and
+message dicts, header checks on every send), 15% of one core at 1,000 calls/s; this one spends ~0.05
+(benchmarks/proxy_overhead.py). A connection answers its requests one at a time and in order
+(pipelined requests wait, with reading paused); a request's body is read whole before it is served,
+up to `--max-body-bytes`. Answers carry a content-length, SSE streams too, since the proxy sends a
+stream only once it is complete.
+"""
+
+import asyncio
+import http
+import logging
+from collections import deque
+from urllib.parse import unquote
+
+import httptools
+import orjson
+
+from steps.proxy.errors import ProxyError, openai_error_body
+from steps.proxy.serving import ClientGone, json_answer, read_headers, too_large
+
+log = logging.getLogger("openforge.proxy.http")
+
+_STATUS = {status: f"HTTP/1.1 {status} {phrase}\r\n".encode() for status, phrase in
+           ((s.value, s.phrase) for s in http.HTTPStatus)}
+_NO_BODY_STATUS = {204, 304}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_FRAMING = (b"content-length", b"transfer-encoding", b"connection")
+
+
+class _Request:
+    """One parsed request; its body is read whole before it is served."""
+
+    __slots__ = ("chunks", "declared", "expects_continue", "headers", "http_version", "keep_alive", "method",
+                 "path", "query", "raw_path", "size", "too_large", "url")
+
+    def __init__(self):
+        self.url, self.headers, self.chunks, self.size = b"", [], [], 0
+        self.declared: bytes | None = None
+        self.too_large = self.expects_continue = False
+
+    def body(self) -> bytes:
+        return self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+
+
+class ProxyProtocol(asyncio.Protocol):
+    """One client connection. uvicorn makes one per connection, as it does its own protocols."""
+
+    def __init__(self, config, server_state, app_state: dict, _loop=None):
+        if not config.loaded:
+            config.load()
+        self.calls = config.app  # steps.proxy.app.ModelCalls: the fast path's `route` and `answer`
+        self.asgi = config.loaded_app
+        self.server_state, self.app_state = server_state, app_state
+        self.keep_alive_s = config.timeout_keep_alive
+        self.limit = self.calls.app.state.config.max_body_bytes
+        self.loop = _loop or asyncio.get_running_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # data after `Connection: close`
+        self.transport: asyncio.Transport | None = None
+        self.request: _Request | None = None  # being parsed
+        self.waiting: deque[_Request] = deque()  # parsed, behind the one being answered
+        self.task: asyncio.Task | None = None  # answering a request
+        self.guarding = False  # the task awaits its upstream call: a hang-up cancels it
+        self.lost: asyncio.Future | None = None  # set when the client is gone (for the ASGI app)
+        self.gone = False  # the client hung up
+        self.closing = False  # no further request is taken (`Connection: close`, a refused request, ...)
+        self.shutting_down = False  # the answer in progress is the last
+        self.refusal: str | None = None  # why the parser refused the client's last bytes (answered with 400)
+        self.writing_paused = False
+        self.idle_timer: asyncio.TimerHandle | None = None
+
+    # --- the connection -------------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.server_state.connections.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self.gone = self.closing = True
+        self.server_state.connections.discard(self)
+        self.waiting.clear()
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+        if self.lost is not None and not self.lost.done():
+            self.lost.set_result(None)
+        if self.task is not None and self.guarding:
+            self.task.cancel()  # the upstream call is abandoned; `guard` turns this into ClientGone
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse("upgrades (WebSocket, h2c) are not served")
+        except httptools.HttpParserError as exc:
+            self._refuse(f"invalid HTTP request: {exc}")
+
+    def eof_received(self) -> None:
+        """The client stopped sending: treat it as gone (the transport then closes)."""
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._update_reading()
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: close when idle, else after the answer being prepared."""
+        self.closing = self.shutting_down = True
+        self.waiting.clear()
+        if self.task is None:
+            self.transport.close()
+
+    # --- parsing (httptools callbacks) ----------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.request = _Request()
+
+    def on_url(self, url: bytes) -> None:
+        self.request.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length":
+            self.request.declared = value
+        elif name == b"expect" and value.lower() == b"100-continue":
+            self.request.expects_continue = True
+        self.request.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        req, parser = self.request, self.parser
+        req.method = parser.get_method().decode("ascii")
+        req.http_version = parser.get_http_version()
+        req.keep_alive = parser.should_keep_alive()
+        url = httptools.parse_url(req.url)
+        req.raw_path, req.query = url.path, url.query or b""
+        req.path = req.raw_path.decode("latin-1")
+        if "%" in req.path:
+            req.path = unquote(req.path)
+        if req.declared is not None and req.declared.isdigit() and int(req.declared) > self.limit:
+            req.too_large = True
+        elif req.expects_continue and self.task is None and not self.waiting:
+            self.transport.write(_CONTINUE)  # mid-answer it would corrupt that answer; the client goes on anyway
+
+    def on_body(self, body: bytes) -> None:
+        req = self.request
+        if req.too_large:
+            return
+        req.size += len(body)
+        if req.size > self.limit:
+            req.too_large, req.chunks = True, []
+        else:
+            req.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        req, self.request = self.request, None
+        if self.closing:
+            return  # after `Connection: close`, a refused request or shutdown nothing more is answered
+        self.closing = not req.keep_alive or req.too_large  # answered, then the connection closes
+        if self.task is None:
+            self._start(req)
+        else:
+            self.waiting.append(req)
+            self._update_reading()
+
+    # --- answering ------------------------------------------------------------------------------
+    def _start(self, req: _Request) -> None:
+        call = self.calls.route(req.method, req.path)
+        work = self._model_call(req, *call) if call is not None else self._asgi_call(req)
+        self.task = self.loop.create_task(work)
+        self.server_state.tasks.add(self.task)
+        self.task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.server_state.tasks.discard(task)
+        if task.cancelled() or task.exception() is not None:  # cancelled at shutdown, or a bug: never hang
+            if not task.cancelled():
+                log.error("unexpected error answering a request", exc_info=task.exception())
+            self.task = None
+            self.transport.close()
+
+    async def _model_call(self, req: _Request, rollout_id: str, dialect) -> None:
+        async def read() -> bytes:
+            if req.too_large:
+                raise too_large(req.declared, self.limit)
+            return req.body()
+
+        key = read_headers(req.headers)[0]
+        status, headers, body = await self.calls.answer(rollout_id, dialect, key, read, self._guard)
+        self._answer(req, status, headers, body)
+
+    async def _guard(self, work):
+        """Awaits a call's upstream work; ClientGone if the client hangs up meanwhile."""
+        self.guarding = True
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not self.gone:
+                raise
+            asyncio.current_task().uncancel()
+            raise ClientGone() from None
+        finally:
+            self.guarding = False
+
+    async def _asgi_call(self, req: _Request) -> None:
+        """Any other route, through the ASGI app; its answer is collected, then sent whole."""
+        if req.too_large:
+            err = too_large(req.declared, self.limit)
+            return self._answer(req, *json_answer(err.status, orjson.dumps(openai_error_body(err))))
+        transport = self.transport
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": req.http_version,
+                 "method": req.method, "scheme": "http", "path": req.path, "raw_path": req.raw_path,
+                 "query_string": req.query, "root_path": "", "headers": req.headers,
+                 "client": _address(transport, "peername"), "server": _address(transport, "sockname"),
+                 "state": self.app_state.copy()}
+        received, answer, parts = False, {}, []
+        self.lost = self.loop.create_future() if not self.gone else None
+
+        async def receive() -> dict:
+            nonlocal received
+            if not received:
+                received = True
+                return {"type": "http.request", "body": req.body(), "more_body": False}
+            if self.lost is not None:
+                await self.lost
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                answer.update(message)
+            elif message["type"] == "http.response.body":
+                parts.append(message.get("body", b""))
+
+        try:
+            await self.asgi(scope, receive, send)
+        except Exception as exc:  # the app's handlers log what they answered; the rest is logged here
+            if not answer:
+                log.error("unexpected error", exc_info=exc, extra={"path": req.path})
+        if not answer:
+            err = ProxyError(500, "internal proxy error; see the proxy log")
+            return self._answer(req, *json_answer(500, orjson.dumps(openai_error_body(err))))
+        headers = [(name.lower(), value) for name, value in answer.get("headers", [])]
+        self._answer(req, answer["status"], [h for h in headers if h[0] not in _FRAMING], b"".join(parts))
+
+    def _answer(self, req: _Request, status: int, headers: list, body: bytes) -> None:
+        """Sends an answer whole, then serves the next waiting request or waits for one."""
+        self.task = None
+        if self.gone:
+            return
+        last = not req.keep_alive or req.too_large or self.shutting_down
+        if status in _NO_BODY_STATUS:
+            body, length = b"", []
+        else:
+            length = [b"content-length: %d\r\n" % len(body)]
+            body = b"" if req.method == "HEAD" else body
+        head = [_STATUS.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        head += [b"%s: %s\r\n" % pair for pair in headers if pair[0] != b"content-length"]
+        head += [b"%s: %s\r\n" % pair for pair in self.server_state.default_headers]
+        head += length
+        head.append(b"connection: close\r\n\r\n" if last else b"\r\n")
+        self.transport.writelines([b"".join(head), body])
+        if last:
+            self.transport.close()
+        elif self.waiting:
+            self._start(self.waiting.popleft())
+            self._update_reading()
+        elif self.refusal is not None:
+            self._send_refusal()
+        else:
+            self.idle_timer = self.loop.call_later(self.keep_alive_s, self._close_idle)
+
+    def _refuse(self, reason: str) -> None:
+        """Bytes the parser rejects get a 400, after any answer due, and the connection closes."""
+        log.info("refused a request", extra={"reason": reason})
+        self.refusal, self.closing = reason, True
+        self.waiting.clear()
+        self.transport.pause_reading()
+        if self.task is None:
+            self._send_refusal()
+
+    def _send_refusal(self) -> None:
+        body = orjson.dumps(openai_error_body(ProxyError(400, self.refusal)))
+        self.transport.write(b"%sconnection: close\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                             % (_STATUS[400], len(body), body))
+        self.transport.close()
+
+    def _close_idle(self) -> None:
+        self.idle_timer = None
+        if self.task is None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _update_reading(self) -> None:
+        """Reads while nothing waits behind the answer in progress and the client takes its answers."""
+        if self.transport.is_closing():
+            return
+        if self.waiting or self.writing_paused:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
+
+
+def _address(transport, which: str) -> tuple[str, int] | None:
+    """(host, port) of a socket's end, as ASGI has it (an IPv6 address comes with two more fields)."""
+    address = transport.get_extra_info(which)
+    return tuple(address[:2]) if isinstance(address, tuple) else None
