@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from steps import update_batch, update_cpu
+from steps.checkpoint import OPTIMIZER_DIR, fetch, is_remote, publish
 from steps.update_batch import Batch, Sample, read_samples
 from steps.update_config import ConfigError, UpdateConfig, load_config
 
@@ -36,10 +37,10 @@ NO_ADVANTAGE = "no advantage"
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt",
                     "added_tokens.json"]
-# The checkpoint's subfolder holding the optimiser state in veRL's own format (`optim_world_size_*_rank_*.pt`:
-# AdamW's moments and step count; `extra_state_*.pt`: lr scheduler and RNG) plus our `state.json`.
-OPTIMIZER_DIR = "optimizer"
-# What veRL's checkpoint manager saves and loads there: the weights travel as model.safetensors instead.
+# The checkpoint's subfolder `OPTIMIZER_DIR` holds the optimiser state in veRL's own format
+# (`optim_world_size_*_rank_*.pt`: AdamW's moments and step count; `extra_state_*.pt`: lr scheduler and
+# RNG) plus our `state.json`. What veRL's checkpoint manager saves and loads there (the weights travel
+# as model.safetensors instead):
 OPTIMIZER_CONTENTS = ["optimizer", "extra"]
 
 
@@ -263,27 +264,8 @@ def _write_folder(target: Path, fill) -> Path:
     return target
 
 
-def _is_remote(url: str) -> bool:
-    return "://" in url and not url.startswith("file://")
-
-
-def _fetch(url: str, local: Path) -> Path:
-    """A local folder holding `url`'s files: the folder itself when local, else a download through fsspec."""
-    if not _is_remote(url):
-        return Path(url.removeprefix("file://"))
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.get(path.rstrip("/") + "/", str(local), recursive=True)
-    return local
-
-
-def _publish(local: Path, url: str) -> None:
-    """Upload the finished folder to a remote `url` (each file one PUT, so readers never see half a file)."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.put(str(local).rstrip("/") + "/", path, recursive=True)
+def _progress(line: str) -> None:
+    print(f"steps.update: {line}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -307,13 +289,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steps.update: {error}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="openforge-update-") as tmp:
-        checkpoint = _fetch(args.checkpoint, Path(tmp) / "in")
+        checkpoint = fetch(args.checkpoint, Path(tmp) / "in", progress=_progress)
         try:
             worker, metrics = run_update(samples, checkpoint, config)
         except ConfigError as error:
             print(f"steps.update: {error}", file=sys.stderr)
             return 2
-        local_out = Path(tmp) / "out" if _is_remote(args.out) else _fetch(args.out, Path(tmp))
+        local_out = Path(tmp) / "out" if is_remote(args.out) else fetch(args.out, Path(tmp))
         if worker is None:
             print(f"steps.update: {NO_ADVANTAGE}: every task's rollouts earned the same reward, so there is "
                   "no gradient; the weights and optimizer state are copied unchanged", file=sys.stderr)
@@ -323,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             if config.carry_optimizer:
                 save_optimizer(worker, local_out, config, metrics["optimizer_steps_total"])
         (local_out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        if _is_remote(args.out):
-            _publish(local_out, args.out)
+        if is_remote(args.out):
+            publish(local_out, args.out)
     print(json.dumps(metrics))
     return 0
 

@@ -46,12 +46,14 @@ def update_overrides(config: RunConfig) -> list[str]:
 
 # ---- the commands ----
 
-def serve(config: RunConfig, model_dir: str, store: str, weight_version: str | int, host: str = "127.0.0.1",
-          device: str = "cpu", port: int = PROXY_PORT, python: str = "python") -> list[str]:
-    """vLLM on `model_dir` plus the recording proxy on `host:port` (`steps.serve`)."""
-    return [python, "-m", "steps.serve", "--model", model_dir, "--name", config.model_name, "--port", str(port),
-            "--store", store, "--host", host, "--device", device, "--gpus", str(config.serve_gpus),
-            "--max-tokens-cap", str(config.max_tokens_cap), "--weight-version", str(weight_version)]
+def serve(config: RunConfig, model: str, store: str, weight_version: str | int, host: str = "127.0.0.1",
+          device: str = "cpu", port: int = PROXY_PORT, python: str = "python", model_dir: str | None = None) -> list[str]:
+    """vLLM on `model` (a folder, or a URL fetched to `model_dir`) plus the recording proxy on
+    `host:port` (`steps.serve`)."""
+    return [python, "-m", "steps.serve", "--model", model, *(["--model-dir", model_dir] if model_dir else []),
+            "--name", config.model_name, "--port", str(port), "--store", store, "--host", host, "--device", device,
+            "--gpus", str(config.serve_gpus), "--max-tokens-cap", str(config.max_tokens_cap),
+            "--weight-version", str(weight_version)]
 
 
 def plan(config: RunConfig, iteration: int | str, python: str = "python") -> list[str]:

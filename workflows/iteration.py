@@ -33,7 +33,8 @@ from workflows.config import RunConfig
 
 SHARED = "/openforge"  # the emptyDir the init containers fill in a rollout pod
 PRIVATE = f"{SHARED}/private"  # root-only (0700): the tasks with their verifiers and oracles, for the runner alone
-MODEL_DIR = "/models/current"
+MODELS_VOLUME = "/models"  # the serve pod's emptyDir: the checkpoint it serves
+MODEL_DIR = f"{MODELS_VOLUME}/current"
 # The rollout exits 3 for infra_error and only that is retried; exitCode is a string in Argo expressions.
 RETRY_ON_INFRA_ERROR = "lastRetry.exitCode == '3'"
 
@@ -80,11 +81,15 @@ def s3_artifact(config: RunConfig, name: str, url: str, path: str, single_file: 
 
 
 def serve_template(config: RunConfig, iteration: int) -> Container:
-    """vLLM on this iteration's checkpoint plus the proxy: a daemon, ready when the proxy's /health answers."""
+    """vLLM on this iteration's checkpoint plus the proxy: a daemon, ready when the proxy's /health answers.
+
+    The step fetches the checkpoint itself, without the optimizer state the update keeps beside the
+    weights (twice their size); an Argo input artifact would download the whole folder."""
     return Container(
         name="serve", image=image(config, "serve"), daemon=True,
-        command=commands.serve(config, MODEL_DIR, commands.calls_url(config), iteration, host="0.0.0.0", device="gpu"),
-        inputs=[s3_artifact(config, "checkpoint", config.checkpoint_url(iteration), MODEL_DIR)],
+        command=commands.serve(config, config.checkpoint_url(iteration), commands.calls_url(config), iteration,
+                               host="0.0.0.0", device="gpu", model_dir=MODEL_DIR),
+        volumes=[EmptyDirVolume(name="models", mount_path=MODELS_VOLUME)],
         env=admin_env(config) + s3_env(config),
         resources=Resources(gpus=config.serve_gpus, cpu_request=4, memory_request="32Gi"),
         ports=[ContainerPort(name="proxy", container_port=commands.PROXY_PORT)],

@@ -1,0 +1,51 @@
+"""Checkpoint folders, local or in an object store (`s3://...`): fetched before a step reads them,
+published after it wrote them.
+
+A checkpoint written by `steps.update` holds the model vLLM serves (safetensors, config, tokenizer),
+`optimizer/` (AdamW's state, 2x the weights in fp32, read only by the next update) and
+`metrics.json`. The serve step fetches the model alone.
+"""
+
+from collections.abc import Callable
+from pathlib import Path
+
+OPTIMIZER_DIR = "optimizer"
+TRAINING_ONLY = (OPTIMIZER_DIR, "metrics.json")  # what serving a checkpoint does not need
+
+
+def is_remote(url: str) -> bool:
+    """Whether `url` names an object store (or any fsspec protocol) rather than a local folder."""
+    return "://" in url and not url.startswith("file://")
+
+
+def fetch(url: str, local: Path, skip: tuple[str, ...] = (), progress: Callable[[str], None] | None = None) -> Path:
+    """A local folder holding `url`'s files: the folder itself when local, else a download through
+    fsspec into `local`, file by file (a line to `progress` after each), leaving out the top-level
+    entries named in `skip`."""
+    if not is_remote(url):
+        return Path(url.removeprefix("file://"))
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    root = root.rstrip("/")
+    files = {path: info["size"] or 0 for path, info in fs.find(root, detail=True).items()
+             if path[len(root) + 1:].split("/", 1)[0] not in skip}
+    if not files:
+        raise FileNotFoundError(f"no checkpoint files at {url}")
+    total, done = sum(files.values()), 0
+    for number, (path, size) in enumerate(sorted(files.items()), 1):
+        target = local / path[len(root) + 1:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(path, str(target))
+        done += size
+        if progress is not None:
+            progress(f"fetched {number}/{len(files)} files, {done / 1e6:.0f}/{total / 1e6:.0f} MB, from {url}")
+    return local
+
+
+def publish(local: Path, url: str) -> None:
+    """Uploads a finished folder to a remote `url` (each file one PUT, so readers never see half a file)."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.put(str(local).rstrip("/") + "/", path, recursive=True)
