@@ -95,6 +95,8 @@ class ProxyProtocol(asyncio.Protocol):
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
+        if self.refusal is not None:
+            return  # the parser stopped at bytes that were not HTTP: nothing after them is read
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -301,7 +303,7 @@ class ProxyProtocol(asyncio.Protocol):
         """Reads while nothing waits behind the answer in progress and the client takes its answers."""
         if self.transport.is_closing():
             return
-        if self.waiting or self.writing_paused:
+        if self.waiting or self.writing_paused or self.refusal is not None:
             self.transport.pause_reading()
         else:
             self.transport.resume_reading()
