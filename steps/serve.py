@@ -7,9 +7,9 @@
 `--model` is a checkpoint folder, a hub name or an `s3://` URL; a URL is fetched to `--model-dir` first,
 without what only training reads (`optimizer/`, AdamW's state: twice the weights). Starts vLLM on the
 loopback interface, waits until it answers `/health`, then runs the proxy on `--host` (0.0.0.0 in a
-pod) until stopped. The proxy only listens once vLLM is ready, so a readiness
-probe on the proxy's `/health` means the whole server is ready; that is what the Argo daemon step
-waits for before any rollout starts. vLLM is stopped when the proxy exits.
+pod) until stopped. The proxy only listens once vLLM is ready, so a readiness probe on the proxy's
+`/health` means the whole server is ready; that is what the Argo daemon step waits for before any
+rollout starts. vLLM is stopped when the proxy exits.
 """
 
 import argparse

@@ -6,10 +6,10 @@ lifespan, signals and graceful shutdown. Only the per-request work is replaced: 
 builds a scope, an event, an ASGI task and message dicts per request and checks headers on every
 send. Answering a 40 KB request with a 58 KB stream cost it ~0.2 ms of CPU against ~0.06 for a bare
 asyncio + httptools protocol; in the proxy this one saves ~0.06 ms a call (benchmarks/proxy_overhead.py,
-`--proxy-arg=--http-server=uvicorn` for the other). A connection answers its requests one at a time and in order
-(pipelined requests wait, with reading paused); a request's body is read whole before it is served,
-up to `--max-body-bytes`. Answers carry a content-length, SSE streams too, since the proxy sends a
-stream only once it is complete.
+`--proxy-arg=--http-server=uvicorn` for the other). A connection answers its requests one at a time
+and in order (pipelined requests wait, with reading paused); a request's body is read whole before it
+is served, up to `--max-body-bytes`. Answers carry a content-length, SSE streams too, since the proxy
+sends a stream only once it is complete.
 """
 
 import asyncio
@@ -250,7 +250,7 @@ class ProxyProtocol(asyncio.Protocol):
             err = ProxyError(500, "internal proxy error; see the proxy log")
             return self._answer(req, *json_answer(500, orjson.dumps(openai_error_body(err))))
         headers = [(name.lower(), value) for name, value in answer.get("headers", [])]
-        self._answer(req, answer["status"], [h for h in headers if h[0] not in _FRAMING], b"".join(parts))
+        self._answer(req, answer["status"], headers, b"".join(parts))
 
     def _answer(self, req: _Request, status: int, headers: list, body: bytes) -> None:
         """Sends an answer whole, then serves the next waiting request or waits for one."""
@@ -258,17 +258,7 @@ class ProxyProtocol(asyncio.Protocol):
         if self.gone:
             return
         last = not req.keep_alive or req.too_large or self.shutting_down
-        if status in _NO_BODY_STATUS:
-            body, length = b"", []
-        else:
-            length = [b"content-length: %d\r\n" % len(body)]
-            body = b"" if req.method == "HEAD" else body
-        head = [_STATUS.get(status) or b"HTTP/1.1 %d \r\n" % status]
-        head += [b"%s: %s\r\n" % pair for pair in headers if pair[0] != b"content-length"]
-        head += [b"%s: %s\r\n" % pair for pair in self.server_state.default_headers]
-        head += length
-        head.append(b"connection: close\r\n\r\n" if last else b"\r\n")
-        self.transport.writelines([b"".join(head), body])
+        self._write(status, headers, body, last, head_only=req.method == "HEAD")
         if last:
             self.transport.close()
         elif self.waiting:
@@ -289,10 +279,23 @@ class ProxyProtocol(asyncio.Protocol):
             self._send_refusal()
 
     def _send_refusal(self) -> None:
-        body = orjson.dumps(openai_error_body(ProxyError(400, self.refusal)))
-        self.transport.write(b"%sconnection: close\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                             % (_STATUS[400], len(body), body))
+        self._write(*json_answer(400, orjson.dumps(openai_error_body(ProxyError(400, self.refusal)))), last=True)
         self.transport.close()
+
+    def _write(self, status: int, headers: list, body: bytes, last: bool, head_only: bool = False) -> None:
+        """One answer on the wire: its own framing (content-length, `connection: close` when `last`)
+        replaces whatever framing `headers` carry."""
+        if status in _NO_BODY_STATUS:
+            body, length = b"", []
+        else:
+            length = [b"content-length: %d\r\n" % len(body)]
+            body = b"" if head_only else body
+        head = [_STATUS.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        head += [b"%s: %s\r\n" % pair for pair in headers if pair[0] not in _FRAMING]
+        head += [b"%s: %s\r\n" % pair for pair in self.server_state.default_headers]
+        head += length
+        head.append(b"connection: close\r\n\r\n" if last else b"\r\n")
+        self.transport.writelines([b"".join(head), body])
 
     def _close_idle(self) -> None:
         self.idle_timer = None

@@ -143,7 +143,7 @@ def event_stream(events: list[tuple[str | None, object]]) -> tuple[bytes, list[d
 
 
 GONE = (499, [(b"content-length", b"0")], b"")  # the harness hung up: nobody reads this answer
-# What a StreamingResponse sends: no content-length, so the server sends the stream chunked.
+# No content-length: uvicorn's protocol sends the stream chunked; the proxy's own server adds one.
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
