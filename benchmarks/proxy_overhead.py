@@ -115,6 +115,12 @@ def cpu_seconds(proc: int | str) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor gave other guests while this VM's vCPUs wanted to run (all vCPUs)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 def start(cmd: list[str], log_path: Path, cpus: set[int] | None = None) -> subprocess.Popen:
     """Starts `cmd` in the repository root, output to `log_path`; on `cpus` only, if given (the child
     inherits this process's CPU set, which is switched for the moment of the start)."""
@@ -171,6 +177,7 @@ class Phase:
     first_error: str = ""
     window_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)
+    steal_s: float = 0.0  # the VM's stolen CPU time in the window: a noisy neighbour, not the proxy
 
     @property
     def calls_s(self) -> float:
@@ -228,11 +235,12 @@ async def run_phase(load: Load, pids: dict[str, int | str]) -> Phase:
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
         async def meter():
             await asyncio.sleep(max(0.0, start_at - clock()))
-            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            before, steal = {name: cpu_seconds(pid) for name, pid in pids.items()}, steal_seconds()
             t0 = clock()
             await asyncio.sleep(max(0.0, end_at - clock()))
             phase.window_s = clock() - t0
             phase.cpu_s = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+            phase.steal_s = steal_seconds() - steal
 
         await asyncio.gather(meter(), *(session(http, url, headers, load, i, (start_at, end_at), phase)
                                         for i, (url, headers) in enumerate(load.targets)))
@@ -312,6 +320,7 @@ def row(sessions: int, upstream_ms: float, direct: Phase, proxied: Phase) -> dic
         "proxy_cpu_ms_per_call": 1000 * proxied.cpu_s.get("proxy", 0.0) / calls,
         "loop_cpu_ms_per_call": 1000 * proxied.cpu_s.get("proxy_loop", 0.0) / calls,
         "cpu_pct_direct": _cpu_pct(direct), "cpu_pct_proxy": _cpu_pct(proxied),
+        "steal_pct": round(100 * proxied.steal_s / (proxied.window_s * os.cpu_count()), 1) if proxied.window_s else 0.0,
         "errors": direct.errors + proxied.errors, "first_error": proxied.first_error or direct.first_error,
     }
 
@@ -328,8 +337,8 @@ def print_table(rows: list[dict], args, workload: Workload) -> None:
           f"{args.seconds:g} s per path and level; {_placement(args)}")
     print("| sessions | upstream ms | direct p50 / p99 ms | proxy p50 / p99 ms | added p50 / p99 ms "
           "| direct calls/s | proxy calls/s | proxy / direct | proxy CPU ms/call: all / loop "
-          "| CPU % direct: fake / client | CPU % proxied: proxy / fake / client | errors |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| CPU % direct: fake / client | CPU % proxied: proxy / fake / client | VM steal % | errors |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         d, p = r["cpu_pct_direct"], r["cpu_pct_proxy"]
         print(f"| {r['sessions']} | {r['upstream_ms']:g} | {r['direct_p50_ms']:.2f} / {r['direct_p99_ms']:.2f} "
@@ -337,7 +346,7 @@ def print_table(rows: list[dict], args, workload: Workload) -> None:
               f"| {r['added_p50_ms']:.2f} / {r['added_p99_ms']:.2f} "
               f"| {r['direct_calls_s']:.0f} | {r['proxy_calls_s']:.0f} | {r['ratio']:.2f} "
               f"| {r['proxy_cpu_ms_per_call']:.2f} / {r['loop_cpu_ms_per_call']:.2f} | {d['fake']} / {d['client']} "
-              f"| {p['proxy']} / {p['fake']} / {p['client']} | {r['errors']} |")
+              f"| {p['proxy']} / {p['fake']} / {p['client']} | {r['steal_pct']:g} | {r['errors']} |")
 
 
 def print_goals(rows: list[dict]) -> None:
