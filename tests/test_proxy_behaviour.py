@@ -180,6 +180,34 @@ def test_calls_and_keys_survive_a_restart(vllm_server, tmp_path):
         stop_proxy(proxy)
 
 
+def test_a_growing_prompt_is_stored_as_what_it_adds_and_read_back_whole(vllm_server, tmp_path):
+    """An agent's context grows by appending, so each stored call keeps only the prompt ids it adds to the
+    rollout's last call; the calls route still gives each call its whole prompt, equal to vLLM's own."""
+    turn = [{"role": "user", "content": "hello"}]
+    conversations = [turn, turn, turn + [{"role": "assistant", "content": "hi there"}, {"role": "user", "content": "and?"}],
+                     [{"role": "user", "content": "something else"}]]
+    with serve_proxy(vllm_server, str(tmp_path / "store"), ADMIN) as proxy:
+        rollout = proxy.register("grows")
+        client = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"])
+        for messages in conversations:
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+        calls = proxy.calls("grows")
+    vllm_ids = [post(f"{vllm_server}/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 1,
+                                                            "return_token_ids": True})[1]["prompt_token_ids"]
+                for messages in conversations]
+    assert [call["prompt_token_ids"] for call in calls] == vllm_ids and "prompt_shared" not in calls[0]
+    log = tmp_path / "store" / "rollouts" / "grows" / "calls.jsonl"
+    stored = [(r["prompt_shared"], r["prompt_token_ids"]) for r in map(json.loads, log.read_bytes().splitlines())]
+    assert stored[0] == (None, vllm_ids[0])  # the first call has nothing to extend
+    assert stored[1] == ({"call_index": 0, "tokens": len(vllm_ids[0])}, [])  # the same prompt again
+    grown, before = vllm_ids[2], vllm_ids[1]
+    # The chat template appends the new turns after the whole last prompt (special tokens keep the token
+    # boundaries where they were), so the third call keeps only the new turns' ids.
+    assert grown[:len(before)] == before
+    assert stored[2] == ({"call_index": 1, "tokens": len(before)}, grown[len(before):])
+    assert stored[3] == (None, vllm_ids[3])  # another conversation: stored whole
+
+
 def test_64_concurrent_rollouts_each_get_all_their_calls(live_proxy):
     rollouts = [live_proxy.register(f"many-{i}") for i in range(64)]
 

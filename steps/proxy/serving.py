@@ -19,6 +19,7 @@ from steps.logs import now
 from steps.proxy.errors import ProxyError
 from steps.proxy.protocol import decode, one_line, plain
 from steps.proxy.sessions import Rollout
+from steps.proxy.store import share_prompt
 
 # Response ids: a random per-process prefix and a counter (uuid4 read os.urandom on every call).
 _ID_PREFIX = secrets.token_hex(8)
@@ -174,15 +175,25 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
         await _finish(state, record, "error", error={"status": err.status, "message": err.message})
         raise
     response_id, created = f"{_ID_PREFIX}{next(_ID_COUNTER):08x}", int(time.time())
-    record.update(prompt_token_ids=completion.prompt_token_ids, response_token_ids=completion.response_token_ids,
-                  response_logprobs=completion.response_logprobs, finish_reason=completion.finish_reason)
+    ids, base = completion.prompt_ids_json, None
+    if ids is None:  # a completion not read from vLLM's bytes: stored whole
+        record["prompt_token_ids"] = completion.prompt_token_ids
+    else:  # only what this prompt adds to the rollout's last stored one, when it starts with all of it
+        kept, record["prompt_shared"], base = share_prompt(rollout.prompt_base, ids, record["call_index"])
+        record["prompt_token_ids"] = orjson.Fragment(kept) if kept is not ids else completion.prompt_token_ids
+    record.update(response_token_ids=completion.response_token_ids, response_logprobs=completion.response_logprobs,
+                  finish_reason=completion.finish_reason)
     if not req.stream:
         body = orjson.dumps(dialect.to_body(completion, req, response_id, created))
         await _finish(state, record, "ok", response=orjson.Fragment(body))
-        return json_answer(200, body)
-    body, stored = event_stream(dialect.to_events(completion, req, response_id, created))
-    await _finish(state, record, "ok", response=stored)
-    return 200, SSE_HEADERS, body
+        answer = json_answer(200, body)
+    else:
+        body, stored = event_stream(dialect.to_events(completion, req, response_id, created))
+        await _finish(state, record, "ok", response=stored)
+        answer = 200, SSE_HEADERS, body
+    if base is not None:  # stored: the rollout's next call may extend this prompt
+        rollout.prompt_base = base
+    return answer
 
 
 def _new_record(rollout: Rollout, dialect: str, stream: bool, data: bytes, upstream_body: dict) -> dict:
@@ -194,6 +205,7 @@ def _new_record(rollout: Rollout, dialect: str, stream: bool, data: bytes, upstr
         "status": "pending",
         "weight_version": None,
         "prompt_token_ids": None,
+        "prompt_shared": None,
         "response_token_ids": None,
         "response_logprobs": None,
         "finish_reason": None,

@@ -6,6 +6,12 @@ Layout:
     {root}/rollouts/{rollout_id}/calls.jsonl             local folder: one call record per line, appended
     {root}/rollouts/{rollout_id}/calls/{index:06d}.json  object store: one object per call
 
+A call's prompt usually starts with the prompt of the rollout's call before it (an agent's context
+grows by appending), so a stored record keeps only what is new: `prompt_shared` = {"call_index": k,
+"tokens": n} says its prompt is the first n prompt token ids of call k followed by its own
+`prompt_token_ids`. Without it a rollout's stored ids grow with the square of its length. Readers
+(`list_calls`) give every call its whole prompt back.
+
 A local call is one `write` to a file opened with O_APPEND; a record that a crash cut short has no
 final newline, was never answered (the answer leaves after the write), and is dropped by readers and
 cut off when a restarted proxy takes the rollout up again. Appending costs ~50 us per 90 KB record
@@ -16,11 +22,65 @@ stores put whole objects.
 import asyncio
 import os
 import uuid
+from dataclasses import dataclass
 
 import fsspec
 import orjson
 
 CALL_LOG = "calls.jsonl"
+
+
+class StoreCorrupt(Exception):
+    """A stored record refers to a call the store does not hold."""
+
+
+@dataclass(frozen=True)
+class PromptBase:
+    """The prompt of a rollout's last stored call: its index, its ids as vLLM's JSON, how many."""
+
+    call_index: int
+    ids: bytes
+    tokens: int
+
+
+def _count(ids: bytes) -> int:
+    """How many ids a JSON array of them holds (bytes.count runs ~1.5 GB/s: kept to short arrays)."""
+    return ids.count(b",") + 1 if len(ids) > 2 else 0
+
+
+def share_prompt(base: PromptBase | None, ids: bytes, call_index: int) -> tuple[bytes, dict | None, PromptBase]:
+    """What to store of call `call_index`'s prompt ids (vLLM's JSON array): the ids after those it shares
+    with `base` and the `prompt_shared` reference, or all of them and None when it does not start with
+    the whole of base's prompt; and this prompt, as the base of the rollout's next call. One comparison
+    of bytes, without a copy; only the new ids are counted."""
+    n = len(base.ids) - 1 if base is not None else 0  # base's ids without the closing bracket
+    if base is None or len(ids) <= n or not ids.startswith(memoryview(base.ids)[:n]) or ids[n] not in b",]":
+        return ids, None, PromptBase(call_index, ids, _count(ids))  # ids[n]: else "3" may only start "34"
+    shared = {"call_index": base.call_index, "tokens": base.tokens}
+    kept = b"[]" if ids[n] == 0x5D else b"[" + ids[n + 1:]  # "]": the same prompt again
+    return kept, shared, PromptBase(call_index, ids, base.tokens + _count(kept))
+
+
+def expand_prompts(records: list[dict]) -> list[dict]:
+    """Gives every record its whole `prompt_token_ids` back (in place) and drops `prompt_shared`; raises
+    StoreCorrupt if a record extends a call that is not among them."""
+    by_index = {record["call_index"]: record for record in records}
+    for record in records:
+        chain, at = [], record
+        while at.get("prompt_shared") is not None:  # walk back to a call whose prompt is whole
+            chain.append(at)
+            ref = at["prompt_shared"]
+            at = by_index.get(ref["call_index"])
+            if at is None or at.get("prompt_token_ids") is None or len(chain) > len(by_index):
+                raise StoreCorrupt(f"rollout {record['rollout_id']} call {chain[-1]['call_index']} extends the "
+                                   f"prompt of call {ref['call_index']}, which the store does not hold")
+        for extended in reversed(chain):  # the earliest first: each extends a prompt made whole already
+            ref = extended.pop("prompt_shared")
+            shared = by_index[ref["call_index"]]["prompt_token_ids"][:ref["tokens"]]
+            extended["prompt_token_ids"] = shared + extended["prompt_token_ids"]
+    for record in records:
+        record.pop("prompt_shared", None)
+    return records
 
 
 class CallStore:
@@ -131,7 +191,7 @@ class CallStore:
             contents = self.fs.cat(paths) if paths else {}
             records = [orjson.loads(contents[path]) for path in paths]
         # Calls of one rollout finish out of order when a harness runs several at once.
-        return sorted(records, key=lambda record: record["call_index"])
+        return expand_prompts(sorted(records, key=lambda record: record["call_index"]))
 
     def _write_whole(self, path: str, data: bytes) -> None:
         """Writes a small file atomically: a temporary name renamed into place (a put on object stores)."""

@@ -48,6 +48,7 @@ class Completion:
     response_token_ids: list[int]
     response_logprobs: list[float]
     prompt_count: int | None = None  # vLLM's count of the prompt tokens, when they are kept as bytes
+    prompt_ids_json: bytes | None = None  # those bytes (the fragment's contents cannot be read back)
     logprob_entries: list[dict] | orjson.Fragment = field(default_factory=list, repr=False)
 
     @property
@@ -168,6 +169,7 @@ def parse_completion(data: bytes) -> Completion:
         response_token_ids=choice.token_ids,
         response_logprobs=[entry.logprob for entry in entries],
         prompt_count=counted if counted is not None else prompt_ids.count(b",") + (prompt_ids != b"[]"),
+        prompt_ids_json=prompt_ids,
         logprob_entries=orjson.Fragment(bytes(logprobs)) if entries else [],
     )
 
