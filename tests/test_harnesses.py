@@ -21,12 +21,16 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
+import orjson
 import pytest
 from scripted_model import ScriptedModel
 
 from steps.harnesses import HARNESSES, Endpoint, default_prefix
 from steps.harnesses.base import installed_version, node_bin_dir
+from steps.proxy import chat, messages, responses
 from steps.proxy.launch import ProxyProcess
+from steps.proxy.protocol import decode
 
 pytestmark = pytest.mark.harness
 
@@ -81,6 +85,13 @@ def run_harness(argv: list[str], env: dict[str, str], workdir: Path) -> subproce
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
+def upstream_messages(dialect: str, request: dict) -> bytes:
+    """The messages the proxy sends vLLM for a recorded request, as canonical JSON."""
+    module = {module.NAME: module for module in (chat, messages, responses)}[dialect]
+    req, raw = decode(orjson.dumps(request), module.Request, fields=module.RAW_FIELDS)
+    return orjson.dumps(orjson.loads(msgspec.json.encode(module.to_upstream(req, raw)))["messages"])
+
+
 def token_record(ids: list[int], response_ids: list[int], logprobs: list[float]) -> tuple:
     """A hashable summary of one call's tokens, to compare recorded calls with upstream answers."""
     return tuple(ids), tuple(response_ids), tuple(logprobs)
@@ -128,4 +139,9 @@ def test_harness_completes_task_through_proxy(name: str, scripted: ScriptedModel
                      [entry["logprob"] for entry in exchange["response"]["choices"][0]["logprobs"]["content"]])
         for exchange in scripted.exchanges)
     assert recorded == upstream, context
+
+    # Each recorded request (stored as the bytes it adds to the call before) is whole again: translated
+    # anew, it gives exactly the messages the upstream received for one of the exchanges.
+    assert (collections.Counter(upstream_messages(harness.DIALECT, call["request"]) for call in calls)
+            == collections.Counter(orjson.dumps(exchange["request"]["messages"]) for exchange in scripted.exchanges)), context
     print(f"{name}: {len(calls)} calls in {seconds:.1f} s")

@@ -181,8 +181,9 @@ def test_calls_and_keys_survive_a_restart(vllm_server, tmp_path):
 
 
 def test_a_growing_prompt_is_stored_as_what_it_adds_and_read_back_whole(vllm_server, tmp_path):
-    """An agent's context grows by appending, so each stored call keeps only the prompt ids it adds to the
-    rollout's last call; the calls route still gives each call its whole prompt, equal to vLLM's own."""
+    """An agent's context grows by appending, so each stored call keeps only the prompt ids (and request
+    bytes) it adds to the rollout's last call; the calls route still gives each call its whole prompt,
+    equal to vLLM's own, and its request as sent."""
     turn = [{"role": "user", "content": "hello"}]
     conversations = [turn, turn, turn + [{"role": "assistant", "content": "hi there"}, {"role": "user", "content": "and?"}],
                      [{"role": "user", "content": "something else"}]]
@@ -196,8 +197,12 @@ def test_a_growing_prompt_is_stored_as_what_it_adds_and_read_back_whole(vllm_ser
                                                             "return_token_ids": True})[1]["prompt_token_ids"]
                 for messages in conversations]
     assert [call["prompt_token_ids"] for call in calls] == vllm_ids and "prompt_shared" not in calls[0]
+    assert [call["request"]["messages"] for call in calls] == conversations  # as the SDK sent them
     log = tmp_path / "store" / "rollouts" / "grows" / "calls.jsonl"
-    stored = [(r["prompt_shared"], r["prompt_token_ids"]) for r in map(json.loads, log.read_bytes().splitlines())]
+    records = list(map(json.loads, log.read_bytes().splitlines()))
+    assert records[0]["request_shared"] is None and records[1]["request"] == ""  # the same request again
+    assert records[2]["request_shared"]["call_index"] == 1 and '"hi there"' in records[2]["request"]
+    stored = [(r["prompt_shared"], r["prompt_token_ids"]) for r in records]
     assert stored[0] == (None, vllm_ids[0])  # the first call has nothing to extend
     assert stored[1] == ({"call_index": 0, "tokens": len(vllm_ids[0])}, [])  # the same prompt again
     grown, before = vllm_ids[2], vllm_ids[1]

@@ -19,7 +19,7 @@ from steps.logs import now
 from steps.proxy.errors import ProxyError
 from steps.proxy.protocol import decode, one_line, plain
 from steps.proxy.sessions import Rollout
-from steps.proxy.store import share_prompt
+from steps.proxy.store import share_prompt, share_request
 
 # Response ids: a random per-process prefix and a counter (uuid4 read os.urandom on every call).
 _ID_PREFIX = secrets.token_hex(8)
@@ -97,12 +97,6 @@ async def read_json(request: Request, limit: int) -> dict:
     return parse_object(await read_body(request, limit))
 
 
-def stored_json(data: bytes) -> orjson.Fragment:
-    """Checked JSON bytes, kept as sent inside a stored record (orjson copies them, no re-encoding), on
-    one line of the store's log."""
-    return orjson.Fragment(one_line(data))
-
-
 async def until_disconnect(receive, work):
     """Awaits `work` in this task; if the ASGI client disconnects first, cancels it and raises ClientGone."""
     this, gone = asyncio.current_task(), False
@@ -165,7 +159,8 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
     data = await read()
     req, raw = decode(data, dialect.Request, fields=dialect.RAW_FIELDS)
     upstream_body = state.config.sampling(dialect.to_upstream(req, raw))
-    record = _new_record(rollout, dialect.NAME, req.stream, data, upstream_body)
+    line = one_line(data)  # the request as stored
+    record = _new_record(rollout, dialect.NAME, req.stream, line, upstream_body)
     try:
         completion = await guard(_complete(state, upstream_body, record))
     except ClientGone:
@@ -175,11 +170,16 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
         await _finish(state, record, "error", error={"status": err.status, "message": err.message})
         raise
     response_id, created = f"{_ID_PREFIX}{next(_ID_COUNTER):08x}", int(time.time())
-    ids, base = completion.prompt_ids_json, None
+    # Stored: only what this request and prompt add to those of the rollout's last stored call.
+    between, record["request_shared"], request_base = share_request(rollout.request_base, line, record["call_index"])
+    if record["request_shared"] is not None:
+        record["request"] = between
+    ids, prompt_base = completion.prompt_ids_json, None
     if ids is None:  # a completion not read from vLLM's bytes: stored whole
         record["prompt_token_ids"] = completion.prompt_token_ids
-    else:  # only what this prompt adds to the rollout's last stored one, when it starts with all of it
-        kept, record["prompt_shared"], base = share_prompt(rollout.prompt_base, ids, record["call_index"])
+    else:
+        kept, record["prompt_shared"], prompt_base = share_prompt(rollout.prompt_base, ids, record["call_index"],
+                                                                  completion.prompt_tokens)
         record["prompt_token_ids"] = orjson.Fragment(kept) if kept is not ids else completion.prompt_token_ids
     record.update(response_token_ids=completion.response_token_ids, response_logprobs=completion.response_logprobs,
                   finish_reason=completion.finish_reason)
@@ -191,12 +191,13 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
         body, stored = event_stream(dialect.to_events(completion, req, response_id, created))
         await _finish(state, record, "ok", response=stored)
         answer = 200, SSE_HEADERS, body
-    if base is not None:  # stored: the rollout's next call may extend this prompt
-        rollout.prompt_base = base
+    rollout.request_base = request_base  # stored: the rollout's next call may extend them
+    if prompt_base is not None:
+        rollout.prompt_base = prompt_base
     return answer
 
 
-def _new_record(rollout: Rollout, dialect: str, stream: bool, data: bytes, upstream_body: dict) -> dict:
+def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, upstream_body: dict) -> dict:
     return {
         "rollout_id": rollout.rollout_id,
         "call_index": rollout.take_index(),
@@ -211,7 +212,8 @@ def _new_record(rollout: Rollout, dialect: str, stream: bool, data: bytes, upstr
         "finish_reason": None,
         "sampling": {key: plain(upstream_body[key]) for key in SAMPLING_KEYS if key in upstream_body},
         "timings": {"received_at": now()},
-        "request": stored_json(data),
+        "request": orjson.Fragment(line),
+        "request_shared": None,
         "response": None,
         "error": None,
     }

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from steps.logs import now
 from steps.proxy.errors import ProxyError
-from steps.proxy.store import CallStore, PromptBase
+from steps.proxy.store import CallStore, PromptBase, RequestBase
 
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -27,8 +27,9 @@ def key_digest(api_key: str) -> str:
 
 @dataclass
 class Rollout:
-    """One registered rollout: its key digest, metadata, the next call index, and the prompt of its last
-    stored call, which the next call's stored prompt ids may extend (see store.share_prompt)."""
+    """One registered rollout: its key digest, metadata, the next call index, and the prompt and request
+    of its last stored call, which the next call's stored ones may extend (store.share_prompt and
+    share_request)."""
 
     rollout_id: str
     key_sha256: str
@@ -37,6 +38,7 @@ class Rollout:
     closed_at: float | None = None
     next_index: int = 0
     prompt_base: PromptBase | None = None
+    request_base: RequestBase | None = None
 
     def take_index(self) -> int:
         """Reserves the next call index (calls are numbered in arrival order)."""
@@ -105,7 +107,7 @@ class Sessions:
         """Ends a rollout's session: later calls with its key are refused."""
         rollout = await self.get(rollout_id)
         if rollout.closed_at is None:
-            rollout.closed_at, rollout.prompt_base = now(), None
+            rollout.closed_at, rollout.prompt_base, rollout.request_base = now(), None, None
             await self.store.put_rollout(rollout.info())
         return rollout
 

@@ -8,9 +8,11 @@ Layout:
 
 A call's prompt usually starts with the prompt of the rollout's call before it (an agent's context
 grows by appending), so a stored record keeps only what is new: `prompt_shared` = {"call_index": k,
-"tokens": n} says its prompt is the first n prompt token ids of call k followed by its own
-`prompt_token_ids`. Without it a rollout's stored ids grow with the square of its length. Readers
-(`list_calls`) give every call its whole prompt back.
+"tokens": n} says its prompt is call k's whole prompt (n ids) followed by its own `prompt_token_ids`. Its request likewise starts (and usually ends: tools, settings) as the request of
+the call before: `request_shared` = {"call_index": k, "head": h, "tail": t} says its request's bytes are
+the first h bytes of call k's, then its own `request` (a string: the bytes between), then the last t
+bytes of call k's. Without them a rollout's store grows with the square of its length. Readers
+(`list_calls`) give every call its whole prompt and request back.
 
 A local call is one `write` to a file opened with O_APPEND; a record that a crash cut short has no
 final newline, was never answered (the answer leaves after the write), and is dropped by readers and
@@ -25,6 +27,7 @@ import uuid
 from dataclasses import dataclass
 
 import fsspec
+import msgspec
 import orjson
 
 CALL_LOG = "calls.jsonl"
@@ -36,29 +39,25 @@ class StoreCorrupt(Exception):
 
 @dataclass(frozen=True)
 class PromptBase:
-    """The prompt of a rollout's last stored call: its index, its ids as vLLM's JSON, how many."""
+    """The prompt of a rollout's last stored call: its index, its ids as vLLM's JSON, how many (vLLM's
+    count: told to readers, never used to cut)."""
 
     call_index: int
     ids: bytes
     tokens: int
 
 
-def _count(ids: bytes) -> int:
-    """How many ids a JSON array of them holds (bytes.count runs ~1.5 GB/s: kept to short arrays)."""
-    return ids.count(b",") + 1 if len(ids) > 2 else 0
-
-
-def share_prompt(base: PromptBase | None, ids: bytes, call_index: int) -> tuple[bytes, dict | None, PromptBase]:
-    """What to store of call `call_index`'s prompt ids (vLLM's JSON array): the ids after those it shares
-    with `base` and the `prompt_shared` reference, or all of them and None when it does not start with
-    the whole of base's prompt; and this prompt, as the base of the rollout's next call. One comparison
-    of bytes, without a copy; only the new ids are counted."""
+def share_prompt(base: PromptBase | None, ids: bytes, call_index: int, tokens: int) -> tuple[bytes, dict | None, PromptBase]:
+    """What to store of call `call_index`'s prompt ids (vLLM's JSON array of `tokens` ids): the ids after
+    base's whole prompt and the `prompt_shared` reference, or all of them and None when the prompt does
+    not start with all of base's; and this prompt, as the base of the rollout's next call. One comparison
+    of bytes, without a copy."""
+    following = PromptBase(call_index, ids, tokens)
     n = len(base.ids) - 1 if base is not None else 0  # base's ids without the closing bracket
     if base is None or len(ids) <= n or not ids.startswith(memoryview(base.ids)[:n]) or ids[n] not in b",]":
-        return ids, None, PromptBase(call_index, ids, _count(ids))  # ids[n]: else "3" may only start "34"
-    shared = {"call_index": base.call_index, "tokens": base.tokens}
+        return ids, None, following  # ids[n]: else base's last id "3" may only start this one's "34"
     kept = b"[]" if ids[n] == 0x5D else b"[" + ids[n + 1:]  # "]": the same prompt again
-    return kept, shared, PromptBase(call_index, ids, base.tokens + _count(kept))
+    return kept, {"call_index": base.call_index, "tokens": base.tokens}, following
 
 
 def expand_prompts(records: list[dict]) -> list[dict]:
@@ -76,10 +75,113 @@ def expand_prompts(records: list[dict]) -> list[dict]:
                                    f"prompt of call {ref['call_index']}, which the store does not hold")
         for extended in reversed(chain):  # the earliest first: each extends a prompt made whole already
             ref = extended.pop("prompt_shared")
-            shared = by_index[ref["call_index"]]["prompt_token_ids"][:ref["tokens"]]
-            extended["prompt_token_ids"] = shared + extended["prompt_token_ids"]
+            extended["prompt_token_ids"] = by_index[ref["call_index"]]["prompt_token_ids"] + extended["prompt_token_ids"]
     for record in records:
         record.pop("prompt_shared", None)
+    return records
+
+
+@dataclass(frozen=True)
+class RequestBase:
+    """The request of a rollout's last stored call: its index and its bytes as stored (one line)."""
+
+    call_index: int
+    data: bytes
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """How many leading bytes `a` and `b` share: a binary search, each step comparing only the bytes it
+    adds (~n bytes compared in all, in C, without a copy)."""
+    low, high, view = 0, min(len(a), len(b)), memoryview(a)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if b.startswith(view[low:mid], low):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _common_suffix(a: bytes, b: bytes, limit: int) -> int:
+    """How many trailing bytes `a` and `b` share, at most `limit`."""
+    low, high, view, end_a, end_b = 0, limit, memoryview(a), len(a), len(b)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if b.endswith(view[end_a - mid:end_a - low], 0, end_b - low):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def share_request(base: RequestBase | None, data: bytes, call_index: int) -> tuple[bytes | str, dict | None, RequestBase]:
+    """What to store of call `call_index`'s request (its bytes on one line): the bytes between those it
+    shares with the start and the end of `base`'s, as a string, and the `request_shared` reference; or
+    all of it and None when that would not save half of it (or the bytes between are not whole UTF-8).
+    And this request, as the base of the rollout's next call."""
+    following = RequestBase(call_index, data)
+    if base is None:
+        return data, None, following
+    if data == base.data:
+        return "", {"call_index": base.call_index, "head": len(data), "tail": 0}, following
+    head = _common_prefix(base.data, data)
+    limit, need = min(len(base.data), len(data)) - head, len(data) // 2 - head  # the tail that saves half
+    if need > 0 and (need > limit or not data.endswith(memoryview(base.data)[len(base.data) - need:])):
+        return data, None, following
+    tail = _common_suffix(base.data, data, limit)
+    while head < len(data) and 0x80 <= data[head] < 0xC0:  # never split a character
+        head -= 1
+    while tail and 0x80 <= data[len(data) - tail] < 0xC0:
+        tail -= 1
+    if head + tail < len(data) // 2:
+        return data, None, following
+    try:
+        between = data[head:len(data) - tail].decode()
+    except UnicodeDecodeError:
+        return data, None, following
+    return between, {"call_index": base.call_index, "head": head, "tail": tail}, following
+
+
+class _StoredRequest(msgspec.Struct):
+    request: msgspec.Raw
+
+
+_STORED_REQUEST = msgspec.json.Decoder(_StoredRequest)
+
+
+def expand_requests(records: list[dict], lines: dict[int, bytes]) -> list[dict]:
+    """Gives every record whose request is stored as shared its whole request back (in place), from the
+    stored bytes of the calls it extends (`lines`: each call's stored record); drops `request_shared`.
+    Raises StoreCorrupt if a record extends a call that is not among them."""
+    by_index = {record["call_index"]: record for record in records}
+    whole: dict[int, bytes] = {}  # each call's request bytes, once known
+
+    def request_bytes(index: int) -> bytes:
+        chain, at = [], index
+        while at not in whole:
+            record = by_index.get(at)
+            if record is None or len(chain) > len(by_index):
+                raise StoreCorrupt(f"rollout {by_index[index]['rollout_id']} call {chain[-1]} extends the request "
+                                   f"of call {at}, which the store does not hold")
+            ref = record.get("request_shared")
+            if ref is None:
+                whole[at] = bytes(_STORED_REQUEST.decode(lines[at]).request)
+                break
+            chain.append(at)
+            at = ref["call_index"]
+        for at in reversed(chain):  # the earliest first: each extends a request known already
+            record = by_index[at]
+            ref, middle = record["request_shared"], record["request"].encode()
+            base = whole[ref["call_index"]]
+            whole[at] = base[:ref["head"]] + middle + base[len(base) - ref["tail"]:]
+        return whole[index]
+
+    for record in records:
+        if record.get("request_shared") is not None:
+            request = request_bytes(record["call_index"])
+            record["request"] = orjson.loads(request)
+    for record in records:
+        record.pop("request_shared", None)
     return records
 
 
@@ -185,13 +287,16 @@ class CallStore:
 
     def _list_calls(self, rollout_id: str) -> list[dict]:
         if self.local:
-            records = [orjson.loads(line) for line in self._log_lines(rollout_id)]
+            stored = self._log_lines(rollout_id)
         else:
             paths = self._object_paths(rollout_id)
             contents = self.fs.cat(paths) if paths else {}
-            records = [orjson.loads(contents[path]) for path in paths]
+            stored = [contents[path] for path in paths]
+        records = [orjson.loads(data) for data in stored]
+        lines = {record["call_index"]: data for record, data in zip(records, stored)}
         # Calls of one rollout finish out of order when a harness runs several at once.
-        return expand_prompts(sorted(records, key=lambda record: record["call_index"]))
+        records.sort(key=lambda record: record["call_index"])
+        return expand_requests(expand_prompts(records), lines)
 
     def _write_whole(self, path: str, data: bytes) -> None:
         """Writes a small file atomically: a temporary name renamed into place (a put on object stores)."""
