@@ -6,13 +6,14 @@ Layout:
     {root}/rollouts/{rollout_id}/calls.jsonl             local folder: one call record per line, appended
     {root}/rollouts/{rollout_id}/calls/{index:06d}.json  object store: one object per call
 
-A call's prompt usually starts with the prompt of the rollout's call before it (an agent's context
-grows by appending), so a stored record keeps only what is new: `prompt_shared` = {"call_index": k,
-"tokens": n} says its prompt is call k's whole prompt (n ids) followed by its own `prompt_token_ids`. Its request likewise starts (and usually ends: tools, settings) as the request of
-the call before: `request_shared` = {"call_index": k, "head": h, "tail": t} says its request's bytes are
-the first h bytes of call k's, then its own `request` (a string: the bytes between), then the last t
-bytes of call k's. Without them a rollout's store grows with the square of its length. Readers
-(`list_calls`) give every call its whole prompt and request back.
+A call's prompt usually starts with the prompt of the rollout's call before it (an agent's context grows
+by appending), so a stored record keeps only what is new: `prompt_shared` = {"call_index": k, "tokens":
+n} says its prompt is call k's whole prompt (n ids) followed by its own `prompt_token_ids`. Its request
+likewise starts (and usually ends: tools, settings) as the request of the call before: `request_shared`
+= {"call_index": k, "head": h, "tail": t} says its request's bytes are the first h bytes of call k's,
+then its own `request` (a string: the bytes between), then the last t bytes of call k's. Without them a
+rollout's store grows with the square of its length. Readers (`list_calls`) give every call its whole
+prompt and request back.
 
 A local call is one `write` to a file opened with O_APPEND; a record that a crash cut short has no
 final newline, was never answered (the answer leaves after the write), and is dropped by readers and
