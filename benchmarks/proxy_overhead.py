@@ -1,7 +1,8 @@
 """What the recording proxy adds to a model call: latency, throughput and CPU, at 1 to 256 rollouts.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--levels 1,16,64,256] [--seconds 4] \
-        [--dialect chat|responses|messages] [--paced-ms 500] [--store-dir DIR] [--client-procs 1] [--no-pin]
+        [--dialect chat|responses|messages] [--paced-ms 500] [--paced-rounds 3] [--store-dir DIR] \
+        [--client-procs 1] [--no-pin]
 
 Starts `benchmarks/fake_vllm.py` (answers with a canned vLLM body) and the real proxy
 (`python -m steps.proxy`) as subprocesses on 127.0.0.1. For each level C it registers C rollouts and
@@ -15,7 +16,8 @@ whether the goals of issue 2 are met. Progress goes to stderr, the table to stdo
 With an instant upstream the sessions saturate the machine, so latency there is mostly queueing
 (Little's law: p50 ~ C / calls/s) and those rows measure throughput. One more row runs 64 sessions
 against an upstream that takes `--paced-ms` per call, as a model does: that row measures the latency
-the proxy adds to a call when it is not the bottleneck.
+the proxy adds to a call when it is not the bottleneck; its direct and proxied windows take turns over
+`--paced-rounds` rounds, so that a shared VM's drifting load falls on both paths alike.
 
 With two or more cores the proxy gets one of its own and the load (client sessions, fake upstream)
 the rest, as in a deployment, where the proxy shares a pod with vLLM and the harnesses run in
@@ -183,6 +185,16 @@ class Phase:
     def calls_s(self) -> float:
         return len(self.latencies_ms) / self.window_s if self.window_s else 0.0
 
+    def add(self, other: Phase) -> None:
+        """Takes in another window of the same path: its calls, errors, time and CPU."""
+        self.latencies_ms += other.latencies_ms
+        self.errors += other.errors
+        self.first_error = self.first_error or other.first_error
+        self.window_s += other.window_s
+        self.steal_s += other.steal_s
+        for name, seconds in other.cpu_s.items():
+            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + seconds
+
     def pct(self, q: float) -> float:
         if not self.latencies_ms:
             return float("nan")
@@ -306,11 +318,12 @@ def _cpu_pct(phase: Phase) -> dict[str, int]:
     return {name: round(100 * seconds / phase.window_s) for name, seconds in cpu.items()}
 
 
-def row(sessions: int, upstream_ms: float, direct: Phase, proxied: Phase) -> dict:
-    """The figures of one level, as printed and as --json writes them."""
+def row(sessions: int, upstream_ms: float, direct: Phase, proxied: Phase, rounds: list[float]) -> dict:
+    """The figures of one level, as printed and as --json writes them; `rounds`: the added p50 of each
+    round of a level measured in alternating rounds."""
     calls = len(proxied.latencies_ms) or float("nan")
     return {
-        "sessions": sessions, "upstream_ms": upstream_ms,
+        "sessions": sessions, "upstream_ms": upstream_ms, "added_p50_ms_by_round": rounds,
         "direct_p50_ms": direct.pct(50), "direct_p99_ms": direct.pct(99),
         "proxy_p50_ms": proxied.pct(50), "proxy_p99_ms": proxied.pct(99),
         "added_p50_ms": proxied.pct(50) - direct.pct(50), "added_p99_ms": proxied.pct(99) - direct.pct(99),
@@ -334,7 +347,7 @@ def _placement(args) -> str:
 
 def print_table(rows: list[dict], args, workload: Workload) -> None:
     print(f"\nproxy overhead, {args.dialect} dialect [{workload.source}], streamed through the proxy; "
-          f"{args.seconds:g} s per path and level; {_placement(args)}")
+          f"{args.seconds:g} s per path and level (and round); {_placement(args)}")
     print("| sessions | upstream ms | direct p50 / p99 ms | proxy p50 / p99 ms | added p50 / p99 ms "
           "| direct calls/s | proxy calls/s | proxy / direct | proxy CPU ms/call: all / loop "
           "| CPU % direct: fake / client | CPU % proxied: proxy / fake / client | VM steal % | errors |")
@@ -347,6 +360,11 @@ def print_table(rows: list[dict], args, workload: Workload) -> None:
               f"| {r['direct_calls_s']:.0f} | {r['proxy_calls_s']:.0f} | {r['ratio']:.2f} "
               f"| {r['proxy_cpu_ms_per_call']:.2f} / {r['loop_cpu_ms_per_call']:.2f} | {d['fake']} / {d['client']} "
               f"| {p['proxy']} / {p['fake']} / {p['client']} | {r['steal_pct']:g} | {r['errors']} |")
+    for r in rows:
+        if r["added_p50_ms_by_round"]:
+            print(f"{r['sessions']} sessions, upstream {r['upstream_ms']:g} ms: direct and proxied windows took turns "
+                  f"in {len(r['added_p50_ms_by_round'])} rounds of {args.seconds:g} s each (the row pools them); "
+                  f"added p50 by round: {', '.join(f'{x:.2f}' for x in r['added_p50_ms_by_round'])} ms")
 
 
 def print_goals(rows: list[dict]) -> None:
@@ -377,12 +395,21 @@ async def run_level(http, urls: tuple[str, str], level: tuple[int, int, float], 
     targets = await register(http, proxy, name, sessions, workload, args.dialect)
     direct_targets = [(f"{upstream}/v1/chat/completions", {"content-type": "application/json"})] * sessions
     stagger_s = upstream_ms / 1000  # independent agents are not in step: spread their first calls over one answer time
-    print(f"[{name}] direct for {args.seconds:g} s ...", file=sys.stderr, flush=True)
-    direct = await measure(Load(direct_targets, workload.direct_bodies, None, args.seconds, stagger_s), pids, pool)
-    print(f"[{name}] proxy for {args.seconds:g} s ...", file=sys.stderr, flush=True)
-    proxied = await measure(Load(targets, workload.proxy_bodies, STREAM_END[args.dialect], args.seconds, stagger_s),
-                            pids, pool)
-    r = row(sessions, upstream_ms, direct, proxied)
+    # A paced row's added latency is a millisecond against 500: a VM's neighbours drifting between one
+    # direct and one proxied window would move it by as much, so its paths take turns over several rounds.
+    rounds = args.paced_rounds if upstream_ms else 1
+    direct, proxied, added = Phase(), Phase(), []
+    for n in range(rounds):
+        of = f" (round {n + 1} of {rounds})" if rounds > 1 else ""
+        print(f"[{name}] direct for {args.seconds:g} s{of} ...", file=sys.stderr, flush=True)
+        d = await measure(Load(direct_targets, workload.direct_bodies, None, args.seconds, stagger_s), pids, pool)
+        print(f"[{name}] proxy for {args.seconds:g} s{of} ...", file=sys.stderr, flush=True)
+        p = await measure(Load(targets, workload.proxy_bodies, STREAM_END[args.dialect], args.seconds, stagger_s),
+                          pids, pool)
+        added.append(round(p.pct(50) - d.pct(50), 3))
+        direct.add(d)
+        proxied.add(p)
+    r = row(sessions, upstream_ms, direct, proxied, added if rounds > 1 else [])
     print(f"[{name}] direct {r['direct_calls_s']:.0f} calls/s, proxy {r['proxy_calls_s']:.0f} calls/s, "
           f"added p50 {r['added_p50_ms']:.2f} ms, errors {r['errors']} {r['first_error']}", file=sys.stderr, flush=True)
     return r
@@ -417,6 +444,8 @@ def main() -> None:
     p.add_argument("--dialect", choices=sorted(DIALECT_PATHS), default="chat")
     p.add_argument("--paced-ms", type=float, default=500.0,
                    help=f"upstream answer time of the extra {GOAL_C}-session row (0: no such row)")
+    p.add_argument("--paced-rounds", type=int, default=3,
+                   help="rounds in which the paced row's direct and proxied windows take turns")
     p.add_argument("--store-dir", help="folder to put the proxy's store in (default: the system's temp folder)")
     p.add_argument("--client-procs", type=int, default=1, help="load-generating processes (1: this one)")
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
@@ -433,6 +462,8 @@ def main() -> None:
         p.error("--levels must be between 1 and 4096 sessions")
     if not 0.5 <= args.seconds <= 60 or not 0 <= args.paced_ms <= 10_000 or not 1 <= args.client_procs <= 16:
         p.error("--seconds must be 0.5..60, --paced-ms 0..10000 and --client-procs 1..16")
+    if not 1 <= args.paced_rounds <= 20:
+        p.error("--paced-rounds must be 1..20")
     workload = load_workload(args.dialect)
     args.proxy_cpus, load_cpus = split_cpus(args.pin)
     if load_cpus:
