@@ -19,6 +19,7 @@ import path.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ from steps.tasks import Task, TaskError, load_task
 from steps.tasks.verify import run_verifier
 
 INFRA_EXIT_CODE = 3
+RESULT_FILE = "result.json"  # in OUT: the step's output
 ISOLATIONS = ("bwrap", "pod")  # a bubblewrap sandbox built from the Dockerfile, or the Kubernetes pod itself
 MAX_ATTEMPTS = 20  # ids a rollout tries when earlier attempts of its step registered theirs
 
@@ -182,12 +184,16 @@ def grade(spec: RolloutSpec, task: Task, box: Sandbox, result: RolloutResult, ti
 
 
 def run_rollout(spec: RolloutSpec) -> RolloutResult:
-    """Runs one rollout end to end and writes `OUT/result.json`; never raises for a failed rollout."""
+    """Runs one rollout end to end and writes `OUT/result.json`; never raises for a failed rollout.
+
+    Any exception, the runner's own bugs included, makes the rollout an `infra_error`: it is retried,
+    never scored. When `result.json` cannot be written (a full disk) the result says so, and no
+    `result.json` is left in `OUT` (`write_result`)."""
     started = time.monotonic()
-    spec.out.mkdir(parents=True, exist_ok=True)
     result = RolloutResult(rollout_id=spec.rollout_id, task=spec.task.name, harness=spec.harness,
                            status="infra_error", reward=None, metadata=spec.metadata)
     try:
+        spec.out.mkdir(parents=True, exist_ok=True)
         if spec.harness not in HARNESSES:
             raise InfraError(f"unknown harness {spec.harness!r}; choose from {', '.join(HARNESSES)}")
         task = load_task(spec.task)
@@ -206,9 +212,36 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
         result.status, result.reward, result.error = "infra_error", None, str(exc)
     except OSError as exc:  # e.g. a pod whose runner may not write /logs: the setup's fault, never the agent's
         result.status, result.reward, result.error = "infra_error", None, f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a bug in the runner: retried like any infrastructure failure
+        result.status, result.reward = "infra_error", None
+        result.error = f"the rollout runner crashed ({type(exc).__name__}: {exc})"
     result.durations["total_s"] = round(time.monotonic() - started, 3)
-    (spec.out / "result.json").write_text(json.dumps(asdict(result), indent=2))
+    unwritten = write_result(spec.out, result)
+    if unwritten:
+        earlier = f"; before that: {result.error}" if result.error else ""
+        result.status, result.reward = "infra_error", None
+        result.error = f"{spec.out / RESULT_FILE} could not be written ({unwritten}){earlier}"
     return result
+
+
+def write_result(out: Path, result: RolloutResult) -> str | None:
+    """Writes `OUT/result.json` whole or not at all: a temporary file, flushed to disk, renamed over it.
+
+    Returns None, or why it could not be written; then no `result.json` is left in `OUT`, not even an
+    earlier attempt's, so no reader takes an old result (or half a file) for this rollout's."""
+    path, partial = out / RESULT_FILE, out / f".{RESULT_FILE}.{os.getpid()}.partial"
+    try:
+        with open(partial, "w") as handle:
+            json.dump(asdict(result), handle, indent=2)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+        return None
+    except (OSError, TypeError, ValueError) as exc:  # TypeError/ValueError: metadata json cannot encode
+        for leftover in (partial, path):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+        return f"{type(exc).__name__}: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +268,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = RolloutSpec(task=args.task, harness=args.harness, proxy_url=args.proxy_url, rollout_id=args.rollout_id,
                        out=args.out, model=args.model, admin_key=admin_key, agent_timeout_s=args.agent_timeout,
                        metadata=args.metadata, isolation=args.isolation, agent_uid=args.agent_uid)
-    result = run_rollout(spec)
+    try:
+        result = run_rollout(spec)
+    except Exception as exc:  # noqa: BLE001 - run_rollout catches its own; this is a bug outside its guard
+        result = RolloutResult(rollout_id=spec.rollout_id, task=spec.task.name, harness=spec.harness,
+                               status="infra_error", reward=None, metadata=spec.metadata,
+                               error=f"the rollout runner crashed ({type(exc).__name__}: {exc})")
+        unwritten = write_result(spec.out, result)
+        if unwritten:
+            result.error += f"; {spec.out / RESULT_FILE} could not be written ({unwritten})"
+    if not (spec.out / RESULT_FILE).is_file():
+        print(f"steps.rollout: infra_error: {' '.join(str(result.error).split())}", file=sys.stderr)  # one line
     print(json.dumps({k: getattr(result, k) for k in ("rollout_id", "task", "harness", "status", "reward", "num_calls", "error")}))
     return INFRA_EXIT_CODE if result.status == "infra_error" else 0
 
