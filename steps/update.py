@@ -17,6 +17,7 @@ CPU; the CPU-only adjustments are in `steps.update_cpu` and apply only without a
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -162,11 +163,37 @@ def saved_optimizer(checkpoint: Path, config: UpdateConfig) -> tuple[dict | None
     return saved, "carried"
 
 
+def check_inputs(samples: list[Sample], checkpoint: Path, config: UpdateConfig) -> None:
+    """Refuses, before any model is loaded, samples the checkpoint cannot train on (`check_sample` with its
+    vocabulary: a `SampleError`) and a config that does not fit them (a `ConfigError`)."""
+    vocab = vocab_size(checkpoint)
+    for sample in samples:
+        update_batch.check_sample(sample, vocab)
+    if len(samples) % config.mini_batches:
+        raise ConfigError(f"mini_batches={config.mini_batches} must divide the number of samples ({len(samples)})")
+    longest = max(samples, key=lambda s: len(s.prompt_token_ids) + len(s.response_token_ids))
+    tokens = len(longest.prompt_token_ids) + len(longest.response_token_ids)
+    if tokens > config.max_tokens_per_micro_batch:  # veRL's micro-batching asserts it, after the model loaded
+        raise ConfigError(f"max_tokens_per_micro_batch={config.max_tokens_per_micro_batch} is less than "
+                          f"{update_batch.describe(longest)}'s {tokens} tokens; set it to at least {tokens}")
+
+
+def vocab_size(checkpoint: Path) -> int | None:
+    """The checkpoint's vocabulary size from its `config.json` (a multimodal one's `text_config`); None if
+    it names none, and then token ids are only checked to be >= 0."""
+    try:
+        config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"--checkpoint {checkpoint}: no readable config.json ({error}); give a Hugging Face "
+                          "model folder") from None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
 def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
     """Advantages, correction and veRL's update on `samples`. Returns (worker, metrics) for saving;
     the worker is None when there was nothing to train (`no_gradient`)."""
-    if len(samples) % config.mini_batches:
-        raise ConfigError(f"mini_batches={config.mini_batches} must divide the number of samples ({len(samples)})")
+    check_inputs(samples, checkpoint, config)
     prepare_runtime()
     started = time.perf_counter()
     advantages = update_batch.rollout_advantages(samples, config)
@@ -201,6 +228,19 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
         "total_s": time.perf_counter() - started,
     }
     return worker, metrics
+
+
+def strict_metrics(metrics: dict) -> dict:
+    """`metrics` as strict JSON holds them: a number that is not finite (a NaN loss, an infinite grad norm,
+    whose step veRL skips) becomes null and is named in `"not_finite"`.
+
+    >>> strict_metrics({"loss": float("nan"), "grad_norm": 1.5, "samples": 2})
+    {'loss': None, 'grad_norm': 1.5, 'samples': 2, 'not_finite': ['loss']}
+    """
+    bad = sorted(key for key, value in metrics.items() if isinstance(value, float) and not math.isfinite(value))
+    if not bad:
+        return metrics
+    return {**{key: None if key in bad else value for key, value in metrics.items()}, "not_finite": bad}
 
 
 def _mean(values) -> float:
@@ -280,7 +320,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Load samples and config, update, write the checkpoint and metrics; 2 on a bad config or input."""
+    """Load samples and config, update, write the checkpoint and metrics; 2 on a bad config or input (one
+    sentence on stderr, before any model is loaded)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         config = load_config(args.config, args.overrides)
@@ -292,9 +333,13 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = fetch(args.checkpoint, Path(tmp) / "in", progress=_progress)
         try:
             worker, metrics = run_update(samples, checkpoint, config)
-        except ConfigError as error:
+        except (ConfigError, update_batch.SampleError) as error:
             print(f"steps.update: {error}", file=sys.stderr)
             return 2
+        metrics = strict_metrics(metrics)
+        if "not_finite" in metrics:
+            print(f"steps.update: warning: {', '.join(metrics['not_finite'])} not finite, written as null",
+                  file=sys.stderr)
         local_out = Path(tmp) / "out" if is_remote(args.out) else fetch(args.out, Path(tmp))
         if worker is None:
             print(f"steps.update: {NO_ADVANTAGE}: every task's rollouts earned the same reward, so there is "
@@ -304,10 +349,10 @@ def main(argv: list[str] | None = None) -> int:
             save_checkpoint(worker, checkpoint, local_out)
             if config.carry_optimizer:
                 save_optimizer(worker, local_out, config, metrics["optimizer_steps_total"])
-        (local_out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (local_out / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n")
         if is_remote(args.out):
             publish(local_out, args.out)
-    print(json.dumps(metrics))
+    print(json.dumps(metrics, allow_nan=False))
     return 0
 
 

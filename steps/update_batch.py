@@ -37,6 +37,54 @@ class Sample:
     response_logprobs: list[float] | None  # the sampler's, aligned with response_token_ids; None if unknown
     reward: float
     loss_weight: float = 1.0
+    sample_index: int | str | None = None  # its position among the rollout's samples ("row N" if unknown)
+
+
+def describe(sample: Sample) -> str:
+    """How a message names a sample: its rollout and sample index.
+
+    >>> describe(Sample("it0-a", "a", [1], [2], [1], None, 1.0, sample_index=2))
+    "rollout 'it0-a' sample 2"
+    """
+    return f"rollout {sample.rollout_id!r} sample {'?' if sample.sample_index is None else sample.sample_index}"
+
+
+def check_sample(sample: Sample, vocab_size: int | None = None) -> None:
+    """Refuses a sample the update cannot train on honestly, naming it and the field (a `SampleError`):
+    a reward, loss weight or logprob that is not a finite number, a mask value other than 0 or 1, a token
+    id that is not a whole number in [0, vocab_size) (only >= 0 when `vocab_size` is None)."""
+    where = describe(sample)
+    if not _is_finite(sample.reward):
+        raise SampleError(f"{where}: reward is {sample.reward!r}; the update trains only on finite rewards")
+    if not _is_finite(sample.loss_weight) or sample.loss_weight < 0:
+        raise SampleError(f"{where}: loss_weight is {sample.loss_weight!r}; expected a finite number >= 0")
+    limit = vocab_size if vocab_size is not None else float("inf")
+    accepted = f"in [0, {vocab_size}), the checkpoint's vocabulary" if vocab_size is not None else ">= 0"
+    for name in ("prompt_token_ids", "response_token_ids", "response_mask"):
+        if getattr(sample, name) is None:
+            raise SampleError(f"{where}: {name} is null; expected a list")
+    for name in ("prompt_token_ids", "response_token_ids"):
+        ids = getattr(sample, name)
+        bad = next((i for i, token in enumerate(ids) if not (_is_whole(token) and 0 <= token < limit)), None)
+        if bad is not None:
+            raise SampleError(f"{where}: {name}[{bad}] is {ids[bad]!r}; token ids must be whole numbers {accepted}")
+    bad = next((i for i, value in enumerate(sample.response_mask) if not (_is_whole(value) and value in (0, 1))), None)
+    if bad is not None:
+        raise SampleError(f"{where}: response_mask[{bad}] is {sample.response_mask[bad]!r}; expected 0 or 1")
+    logprobs = sample.response_logprobs or []
+    bad = next((i for i, value in enumerate(logprobs) if not _is_finite(value)), None)
+    if bad is not None:
+        raise SampleError(f"{where}: response_logprobs[{bad}] is {logprobs[bad]!r}; the sampler's logprobs must "
+                          "be finite numbers (or the whole list null)")
+
+
+def _is_whole(value) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _is_finite(value) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool) and \
+        bool(np.isfinite(value))
 
 
 def read_samples(url: str) -> list[Sample]:
@@ -54,16 +102,23 @@ def read_samples(url: str) -> list[Sample]:
     missing = [name for name in SAMPLE_COLUMNS if name not in table.column_names]
     if missing:
         raise SampleError(f"{url}: missing column(s) {', '.join(missing)}; needs {', '.join(SAMPLE_COLUMNS)}")
+    columns = SAMPLE_COLUMNS + (["sample_index"] if "sample_index" in table.column_names else [])
     samples = []
-    for row in table.select(SAMPLE_COLUMNS).to_pylist():
+    for number, row in enumerate(table.select(columns).to_pylist()):
+        row.setdefault("sample_index", f"row {number}")
         if not row["response_token_ids"]:
             continue
         if len(row["response_mask"] or []) != len(row["response_token_ids"]):
-            raise SampleError(f"{url}: rollout {row['rollout_id']}: response_mask is not aligned with "
-                              "response_token_ids")
+            raise SampleError(f"{url}: rollout {row['rollout_id']!r} sample {row['sample_index']}: response_mask is "
+                              "not aligned with response_token_ids")
         if row["response_logprobs"] is not None and len(row["response_logprobs"]) != len(row["response_token_ids"]):
             row["response_logprobs"] = None  # unaligned: treated as unknown (trainer logprobs stand in)
-        samples.append(Sample(**row))
+        sample = Sample(**row)
+        try:
+            check_sample(sample)
+        except SampleError as error:
+            raise SampleError(f"{url}: {error}") from None
+        samples.append(sample)
     if not samples:
         raise SampleError(f"{url}: no samples with response tokens")
     return samples
@@ -112,7 +167,7 @@ def rollout_advantages(samples: list[Sample], config: UpdateConfig) -> dict[str,
 
     rollouts = {sample.rollout_id: sample for sample in samples}
     ids = list(rollouts)
-    rewards = torch.tensor([[float(rollouts[i].reward or 0.0)] for i in ids], dtype=torch.float32)
+    rewards = torch.tensor([[float(rollouts[i].reward)] for i in ids], dtype=torch.float32)
     groups = np.array([rollouts[i].task or f"rollout:{i}" for i in ids], dtype=object)
     algo = AlgoConfig(adv_estimator=config.adv_estimator, norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo)
     estimator = get_adv_estimator_fn(config.adv_estimator)
@@ -162,8 +217,7 @@ def pad(samples: list[Sample], advantages: dict[str, float]) -> Batch:
     prompt_real = _pad([[1] * len(s.prompt_token_ids) for s in samples], prompt_width, True, torch.long)
     response_real = _pad([[1] * len(s.response_token_ids) for s in samples], response_width, False, torch.long)
     response_mask = _pad([s.response_mask for s in samples], response_width, False, torch.float32)
-    logprobs = [[x if x is not None and np.isfinite(x) else 0.0 for x in (s.response_logprobs or [])]
-                for s in samples]
+    logprobs = [s.response_logprobs or [] for s in samples]  # finite: `check_sample`
     rollout_log_probs = _pad(logprobs, response_width, False, torch.float32) * response_mask
     advantage = torch.tensor([advantages[s.rollout_id] for s in samples], dtype=torch.float32)
     return Batch(
@@ -205,5 +259,5 @@ def correct(batch: Batch, trainer_log_probs: torch.Tensor, config: UpdateConfig)
 
 def reward_mean(samples: list[Sample]) -> float:
     """Mean reward over rollouts (each rollout once, however many samples it gave)."""
-    rewards = {s.rollout_id: float(s.reward or 0.0) for s in samples}
+    rewards = {s.rollout_id: float(s.reward) for s in samples}
     return sum(rewards.values()) / len(rewards)

@@ -262,3 +262,193 @@ def test_cli_skips_the_step_when_no_rollout_has_an_advantage(updated: dict, samp
     assert len(optimizer) >= 3  # optim_*.pt, extra_state_*.pt, state.json
     for name in ("model.safetensors", "config.json", "tokenizer.json", *optimizer):
         assert (tmp_path / "out" / name).read_bytes() == (checkpoint / name).read_bytes(), name
+
+
+# ---- inputs and config refused before a model is loaded (fast: no worker is built) ----
+
+def simple_samples() -> list[update_batch.Sample]:
+    """4 one-sample rollouts in 2 tasks with mixed rewards, token ids well inside the tiny vocabulary."""
+    return [update_batch.Sample(f"t{task}-r{i}", f"task-{task}", [11, 12, 13], [21, 22, 23], [1, 0, 1],
+                                [-0.5, 0.0, -1.25], float(i), 1.0, sample_index=0)
+            for task in range(2) for i in range(2)]
+
+
+def write_samples(samples: list[update_batch.Sample], folder: Path) -> Path:
+    """`samples` as a samples.parquet in `folder` (the update's columns plus sample_index)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = [*update_batch.SAMPLE_COLUMNS, "sample_index"]
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([{name: getattr(s, name) for name in columns} for s in samples]),
+                   folder / "samples.parquet")
+    return folder
+
+
+@pytest.fixture
+def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails the test if the update gets as far as building veRL's worker (loading the model)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was refused")
+
+    monkeypatch.setattr(update, "build_worker", refuse)
+    monkeypatch.setattr(update, "prepare_runtime", refuse)
+
+
+def run_cli(trajectories: Path, checkpoint: Path, out: Path, *overrides: str, config: str = "configs/update.yaml"):
+    return update.main(["--trajectories", str(trajectories), "--checkpoint", str(checkpoint), "--out", str(out),
+                        "--config", config, *overrides])
+
+
+BAD_SAMPLES = [  # (field, bad value, index in the list or None, what the message says)
+    ("reward", float("nan"), None, "reward is nan; the update trains only on finite rewards"),
+    ("reward", float("inf"), None, "reward is inf"),
+    ("reward", None, None, "reward is None"),
+    ("response_logprobs", float("nan"), 2, "response_logprobs[2] is nan; the sampler's logprobs must be finite"),
+    ("response_logprobs", float("-inf"), 0, "response_logprobs[0] is -inf"),
+    ("response_token_ids", "vocab", 1, "response_token_ids[1] is {vocab}; token ids must be whole numbers in [0, {vocab})"),
+    ("prompt_token_ids", -1, 0, "prompt_token_ids[0] is -1; token ids must be whole numbers >= 0"),
+    ("response_mask", 2, 0, "response_mask[0] is 2; expected 0 or 1"),
+    ("loss_weight", float("nan"), None, "loss_weight is nan"),
+]
+
+
+@pytest.mark.parametrize("name, value, index, message", BAD_SAMPLES, ids=[f"{c[0]}={c[1]}" for c in BAD_SAMPLES])
+def test_a_sample_that_cannot_be_trained_on_is_refused_by_name(name, value, index, message, checkpoint: Path,
+                                                               tmp_path: Path, capsys, no_model) -> None:
+    """NaN/inf rewards and logprobs, token ids outside the checkpoint's vocabulary, a mask of 2: exit 2 and one
+    sentence naming the rollout, the sample and the field, before a model is loaded."""
+    vocab = update.vocab_size(checkpoint)
+    samples = simple_samples()
+    bad = samples[2]
+    value = vocab if value == "vocab" else value
+    if index is None:
+        setattr(bad, name, value)
+    else:
+        getattr(bad, name)[index] = value
+    code = run_cli(write_samples(samples, tmp_path / "bad"), checkpoint, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert f"rollout 't1-r0' sample 0: {message.format(vocab=vocab)}" in line, line
+    assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_the_same_samples_with_valid_values_pass_the_checks(checkpoint: Path, tmp_path: Path) -> None:
+    """Control: the valid samples, with token ids up to vocab_size - 1, pass every check the bad ones fail."""
+    samples = simple_samples()
+    samples[2].response_token_ids[1] = update.vocab_size(checkpoint) - 1
+    loaded = update_batch.read_samples(str(write_samples(samples, tmp_path)))
+    update.check_inputs(loaded, checkpoint, load_config(None, []))
+    assert [s.reward for s in loaded] == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_an_out_of_vocabulary_id_would_crash_the_model_and_nan_poisons_the_advantages(checkpoint: Path) -> None:
+    """Why the checks matter (control with them out of the way): the model's embedding raises on the id, and
+    one NaN reward makes every advantage of its group NaN."""
+    model = load_model(checkpoint)
+    with pytest.raises(IndexError):
+        model(input_ids=torch.tensor([[update.vocab_size(checkpoint)]]))
+    samples = simple_samples()
+    samples[2].reward = float("nan")
+    advantages = update_batch.rollout_advantages(samples, load_config(None, []))
+    assert all(torch.isnan(torch.tensor(advantages[f"t1-r{i}"])) for i in range(2))
+
+
+BAD_CONFIGS = [  # (the YAML line or override, what the message says)
+    ("epochs: '2'", "epochs='2': expected a whole number >= 1 (written without quotes)"),
+    ("policy_loss: vanila", "policy_loss='vanila': use one of vanilla, "),
+    ("lr: -1", "lr=-1: expected a number > 0"),
+    ("carry_optimizer: 'no'", "carry_optimizer='no': expected true or false (a YAML boolean, unquoted)"),
+    ("lr: .nan", "lr=nan: expected a number > 0"),
+    ("grad_clip: .inf", "grad_clip=inf: expected a number > 0"),
+    ("betas: [0.9]", "betas=[0.9]: expected a list of two numbers in [0, 1)"),
+    ("clip_ratio_c: 1.0", "clip_ratio_c=1.0: expected a number > 1"),
+    ("loss_agg_mode: mean", "loss_agg_mode='mean': use one of token-mean, "),
+    ("mini_batches: true", "mini_batches=True: expected a whole number >= 1"),
+    ("seed: -3", "seed=-3: expected a whole number in [0, 2**32)"),
+    ("learning_rate: 1.0e-6", "unknown config key 'learning_rate'"),
+    ("compute_dtype: fp16", "compute_dtype='fp16': use one of bf16, fp32"),
+]
+
+
+@pytest.mark.parametrize("line, message", BAD_CONFIGS, ids=[case[0] for case in BAD_CONFIGS])
+def test_a_bad_config_key_is_refused_in_one_sentence_before_a_model_is_loaded(line, message, checkpoint: Path,
+                                                                            tmp_path: Path, capsys, no_model) -> None:
+    """In the YAML file and as an override alike: exit 2, one line naming the key and what it accepts."""
+    trajectories = write_samples(simple_samples(), tmp_path / "samples")
+    config = tmp_path / "update.yaml"
+    config.write_text(Path("configs/update.yaml").read_text() + line + "\n")
+    key, _, value = line.partition(": ")
+    for argv in ([], [f"{key}={value}"]):
+        code = run_cli(trajectories, checkpoint, tmp_path / "out", *argv,
+                       config=str(config) if not argv else "configs/update.yaml")
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err
+        (said,) = err.strip().splitlines()
+        assert message in said, said
+
+
+def test_valid_spellings_of_the_same_keys_are_accepted(tmp_path: Path) -> None:
+    """Control: the same keys written as their types want them load, and YAML's unquoted no is false."""
+    config = tmp_path / "update.yaml"
+    config.write_text("epochs: 2\npolicy_loss: vanilla\nlr: 3e-6\ncarry_optimizer: no\nbetas: [0.9, 0.95]\n")
+    loaded = load_config(config, ["seed=7", "correction=tis", "norm_adv_by_std_in_grpo=false"])
+    assert (loaded.epochs, loaded.policy_loss, loaded.lr, loaded.carry_optimizer) == (2, "vanilla", 3e-6, False)
+    assert (loaded.betas, loaded.seed, loaded.correction, loaded.norm_adv_by_std_in_grpo) == ([0.9, 0.95], 7, "tis",
+                                                                                             False)
+    assert load_config(None, ["carry_optimizer=true"]).carry_optimizer is True
+
+
+def test_the_accepted_choices_are_veRLs_own() -> None:
+    """The policy losses, loss aggregations and estimators the config accepts are the ones veRL 0.9.1 has."""
+    from verl.trainer.ppo import core_algos
+
+    from steps.update_config import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+
+    assert set(POLICY_LOSSES) == set(core_algos.POLICY_LOSS_REGISTRY) - {"bypass_mode"}
+    for name in ADV_ESTIMATORS:
+        core_algos.get_adv_estimator_fn(name)
+    loss, mask = torch.ones(2, 3), torch.ones(2, 3)
+    for mode in LOSS_AGG_MODES:
+        assert torch.isfinite(core_algos.agg_loss(loss, mask, mode))
+    with pytest.raises(ValueError):
+        core_algos.agg_loss(loss, mask, "mean")
+
+
+def test_a_sample_longer_than_a_micro_batch_is_refused_before_a_model_is_loaded(checkpoint: Path, tmp_path: Path,
+                                                                               capsys, no_model) -> None:
+    """veRL asserts it only after the model loaded; here it is one sentence naming the key and the sample."""
+    code = run_cli(write_samples(simple_samples(), tmp_path / "s"), checkpoint, tmp_path / "out",
+                   "max_tokens_per_micro_batch=5")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and line == ("steps.update: max_tokens_per_micro_batch=5 is less than rollout 't0-r0' "
+                                  "sample 0's 6 tokens; set it to at least 6")
+
+
+def test_metrics_json_is_strict_json_when_a_metric_is_not_finite(checkpoint: Path, tmp_path: Path, monkeypatch,
+                                                                 capsys) -> None:
+    """A NaN loss (veRL skips such a step) is written as null and named in "not_finite"; the plain
+    `json.dumps` wrote a bare NaN that strict JSON readers refuse (control)."""
+    metrics = {"skipped": update.NO_ADVANTAGE, "loss": float("nan"), "grad_norm": float("inf"), "samples": 4}
+    with pytest.raises(ValueError):
+        json.dumps(metrics, allow_nan=False)
+    assert "NaN" in json.dumps(metrics)
+    monkeypatch.setattr(update, "run_update", lambda samples, checkpoint, config: (None, dict(metrics)))
+    assert run_cli(write_samples(simple_samples(), tmp_path / "s"), checkpoint, tmp_path / "out") == 0
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    written = json.loads((tmp_path / "out" / "metrics.json").read_text(), parse_constant=refuse)
+    assert (written["loss"], written["grad_norm"], written["not_finite"]) == (None, None, ["grad_norm", "loss"])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1], parse_constant=refuse) == written
+
+
+def test_a_checkpoint_without_config_json_is_refused_before_a_model_is_loaded(tmp_path: Path, capsys,
+                                                                             no_model) -> None:
+    """--checkpoint naming an empty folder: one sentence, exit 2."""
+    (tmp_path / "empty").mkdir()
+    assert run_cli(write_samples(simple_samples(), tmp_path / "s"), tmp_path / "empty", tmp_path / "out") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "no readable config.json" in line and "give a Hugging Face model folder" in line, line
