@@ -531,3 +531,20 @@ def test_exit_handler_command_writes_the_manifest(tmp_path: Path) -> None:
     entry = manifest.read_iterations(config.run_url)[1]
     assert (entry.workflow, entry.status, entry.done) == ("openforge-exit-it1", "Failed", True)
     assert entry.next_checkpoint == str(tmp_path / "exit" / "checkpoints" / "iteration-2")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("learning_rate=nan", "config key 'learning_rate' must be a finite number, got 'nan'"),
+    ("learning_rate=.inf", "config key 'learning_rate' must be a finite number, got inf"),
+    ("learning_rate=-1", "config key 'learning_rate' must be more than 0, got -1.0"),
+    ("learning_rate=true", "config key 'learning_rate' must be a number, got True"),
+    ("algorithm=grpoo", "adv_estimator='grpoo': use one of grpo, "),
+])
+def test_a_run_config_the_update_would_refuse_is_refused_before_the_run(override: str, expected: str) -> None:
+    """NaN, infinity, a negative rate or a misspelt estimator stop the run at load, not at the first update;
+    the valid spellings of the same keys load (control)."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, [override, "run=x"])
+    assert expected in str(refused.value) and len(str(refused.value).splitlines()) == 1
+    valid = load_config(None, ["learning_rate=1e-5", "algorithm=rloo", "run=x"])
+    assert (valid.learning_rate, valid.algorithm) == (1e-5, "rloo")

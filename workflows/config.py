@@ -10,6 +10,7 @@ anything starts.
 
 import dataclasses
 import difflib
+import math
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -142,9 +143,13 @@ def _coerce(key: str, type_name: object, value: object) -> object:
         return ""
     if expected is float and not isinstance(value, bool):
         try:  # YAML 1.1 reads 1e-5 (no dot) as a string
-            return float(value)  # type: ignore[arg-type]
+            number = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            pass
+            number = None
+        if number is not None and not math.isfinite(number):  # float() also reads "nan" and "inf"; YAML .nan, .inf
+            raise ConfigError(f"config key {key!r} must be a finite number, got {value!r}")
+        if number is not None:
+            return number
     if expected is None or (isinstance(value, expected) and not isinstance(value, bool)):
         return value
     words = {int: "a whole number", float: "a number", str: "a string"}
@@ -164,14 +169,30 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed"):
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
+    if config.learning_rate <= 0:
+        raise ConfigError(f"config key 'learning_rate' must be more than 0, got {config.learning_rate}")
     if not config.store:
         raise ConfigError("config key 'store' is empty; give a local folder or an s3:// URL")
     if not (REPO_ROOT / config.update_config).is_file():
         raise ConfigError(f"update_config {config.update_config!r} is not a file; give the update step's flat YAML, "
                           f"relative to the repository (e.g. configs/update.yaml)")
+    check_update_config(config)
     if check_dataset and not dataset_path(config).exists():
         raise ConfigError(f"dataset {config.dataset!r} does not exist (looked in {dataset_path(config)}); "
                           f"give a task folder, a folder of task folders, or a .txt/.yaml list")
+
+
+def check_update_config(config: RunConfig) -> None:
+    """The update step's own checks of its config file with the run's overrides, now rather than after the
+    first iteration's rollouts (`steps.update_config`)."""
+    from steps import update_config
+    from workflows.commands import update_overrides  # here: commands imports this module
+
+    try:
+        update_config.load_config(REPO_ROOT / config.update_config, update_overrides(config))
+    except update_config.ConfigError as exc:
+        raise ConfigError(f"the update's config ({config.update_config} with the run's algorithm, learning_rate, "
+                          f"epochs and seed): {exc}") from None
 
 
 def dataset_path(config: RunConfig) -> Path:
