@@ -293,6 +293,16 @@ def _copy_files(paths: list[Path], out: Path) -> None:
             os.replace(partial, out / path.name)
 
 
+def _write_text(path: Path, text: str) -> None:
+    """`path` holds `text` whole or is untouched: written under a partial name, renamed when complete."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def _write_folder(target: Path, fill) -> Path:
     """`fill` writes a fresh partial folder, which then replaces `target`: a reader never sees half of it."""
     partial = target.with_name(f".{target.name}.partial")
@@ -308,6 +318,20 @@ def _progress(line: str) -> None:
     print(f"steps.update: {line}", file=sys.stderr, flush=True)
 
 
+def write_output(worker, checkpoint: Path, out: Path, metrics: dict, config: UpdateConfig) -> None:
+    """The new checkpoint in `out`: the trained weights and optimiser state, or the input's unchanged when
+    nothing was trained (`worker` None); then `metrics.json`, strict JSON, last."""
+    if worker is None:
+        print(f"steps.update: {NO_ADVANTAGE}: every task's rollouts earned the same reward, so there is "
+              "no gradient; the weights and optimizer state are copied unchanged", file=sys.stderr)
+        copy_checkpoint(checkpoint, out, optimizer=config.carry_optimizer)
+    else:
+        save_checkpoint(worker, checkpoint, out)
+        if config.carry_optimizer:
+            save_optimizer(worker, out, config, metrics["optimizer_steps_total"])
+    _write_text(out / "metrics.json", json.dumps(metrics, indent=2, allow_nan=False) + "\n")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The CLI: URLs, the config file, and `key=value` overrides."""
     parser = argparse.ArgumentParser(prog="python -m steps.update", description=__doc__.split("\n\n")[0])
@@ -320,8 +344,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Load samples and config, update, write the checkpoint and metrics; 2 on a bad config or input (one
-    sentence on stderr, before any model is loaded)."""
+    """Load samples and config, update, write the checkpoint and metrics. Exit code 2 on a bad config or input
+    (one sentence on stderr, before any model is loaded), 1 when the output cannot be written."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         config = load_config(args.config, args.overrides)
@@ -341,17 +365,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"steps.update: warning: {', '.join(metrics['not_finite'])} not finite, written as null",
                   file=sys.stderr)
         local_out = Path(tmp) / "out" if is_remote(args.out) else fetch(args.out, Path(tmp))
-        if worker is None:
-            print(f"steps.update: {NO_ADVANTAGE}: every task's rollouts earned the same reward, so there is "
-                  "no gradient; the weights and optimizer state are copied unchanged", file=sys.stderr)
-            copy_checkpoint(checkpoint, local_out, optimizer=config.carry_optimizer)
-        else:
-            save_checkpoint(worker, checkpoint, local_out)
-            if config.carry_optimizer:
-                save_optimizer(worker, local_out, config, metrics["optimizer_steps_total"])
-        (local_out / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n")
-        if is_remote(args.out):
-            publish(local_out, args.out)
+        try:
+            write_output(worker, checkpoint, local_out, metrics, config)
+            if is_remote(args.out):
+                publish(local_out, args.out)
+        except OSError as error:  # a full disk, a lost store: the infrastructure's, retried like one
+            print(f"steps.update: cannot write the new checkpoint to {args.out} ({type(error).__name__}: {error})",
+                  file=sys.stderr)
+            return 1
     print(json.dumps(metrics, allow_nan=False))
     return 0
 

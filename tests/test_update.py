@@ -452,3 +452,43 @@ def test_a_checkpoint_without_config_json_is_refused_before_a_model_is_loaded(tm
     assert run_cli(write_samples(simple_samples(), tmp_path / "s"), tmp_path / "empty", tmp_path / "out") == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "no readable config.json" in line and "give a Hugging Face model folder" in line, line
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):
+    """A 2 MiB tmpfs at tmp_path/disk, filled to the last byte; unmounted at teardown (needs root)."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)]).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        with open(disk / "filler", "wb", buffering=0) as handle, pytest.raises(OSError):
+            while True:
+                handle.write(b"\0" * 65536)
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_full_output_disk_is_one_sentence_and_exit_1_not_a_traceback(checkpoint: Path, tmp_path: Path, capsys,
+                                                                      full_disk: Path, monkeypatch) -> None:
+    """The skipped update (no advantage: nothing to train, so no model) copying onto a full disk: exit 1 and one
+    line naming --out; no metrics.json, so nobody takes the half-copied folder for a checkpoint. Control: the
+    same update into a folder with room writes its metrics."""
+    monkeypatch.setattr(update, "build_worker", lambda *args: pytest.fail("no model is needed to copy a checkpoint"))
+    samples = simple_samples()
+    for sample in samples:
+        sample.reward = 1.0
+    trajectories = write_samples(samples, tmp_path / "s")
+    assert run_cli(trajectories, checkpoint, full_disk / "out") == 1
+    (line,) = [said for said in capsys.readouterr().err.strip().splitlines() if NO_ADVANTAGE_LINE not in said]
+    assert line.startswith(f"steps.update: cannot write the new checkpoint to {full_disk / 'out'}") and \
+        "No space left on device" in line, line
+    assert not (full_disk / "out" / "metrics.json").exists()
+    assert run_cli(trajectories, checkpoint, tmp_path / "room") == 0
+    assert json.loads((tmp_path / "room" / "metrics.json").read_text())["skipped"] == update.NO_ADVANTAGE
+
+
+NO_ADVANTAGE_LINE = f"steps.update: {update.NO_ADVANTAGE}: "
