@@ -12,7 +12,8 @@ sampler with the recorded logprobs (bypass or truncated IS), runs veRL's FSDP2 u
 `{out}/metrics.json`. When every rollout's advantage is 0 (each task's rollouts earned the same
 reward) there is no gradient: the worker is not built, the input weights and optimiser state are copied
 to `--out` unchanged and `metrics.json` says `"skipped": "no advantage"`. The same code runs on GPU and
-CPU; the CPU-only adjustments are in `steps.update_cpu` and apply only without a GPU.
+CPU; the CPU-only adjustments are in `steps.update_cpu` and apply only without a GPU. A bad sample or
+config key is refused in one sentence (exit code 2) before any model is loaded (`docs/update.md`).
 """
 
 import argparse
@@ -166,9 +167,15 @@ def saved_optimizer(checkpoint: Path, config: UpdateConfig) -> tuple[dict | None
 def check_inputs(samples: list[Sample], checkpoint: Path, config: UpdateConfig) -> None:
     """Refuses, before any model is loaded, samples the checkpoint cannot train on (`check_sample` with its
     vocabulary: a `SampleError`) and a config that does not fit them (a `ConfigError`)."""
-    vocab = vocab_size(checkpoint)
+    vocab, first = vocab_size(checkpoint), {}
     for sample in samples:
         update_batch.check_sample(sample, vocab)
+        other = first.setdefault(sample.rollout_id, sample)
+        for name in ("reward", "task"):  # the advantage is per rollout: one reward in one task group
+            if getattr(sample, name) != getattr(other, name):
+                raise update_batch.SampleError(
+                    f"{update_batch.describe(sample)}: {name} is {getattr(sample, name)!r} but "
+                    f"{update_batch.describe(other)} has {getattr(other, name)!r}; a rollout's samples share one")
     if len(samples) % config.mini_batches:
         raise ConfigError(f"mini_batches={config.mini_batches} must divide the number of samples ({len(samples)})")
     longest = max(samples, key=lambda s: len(s.prompt_token_ids) + len(s.response_token_ids))

@@ -492,3 +492,18 @@ def test_a_full_output_disk_is_one_sentence_and_exit_1_not_a_traceback(checkpoin
 
 
 NO_ADVANTAGE_LINE = f"steps.update: {update.NO_ADVANTAGE}: "
+
+
+def test_samples_of_one_rollout_that_disagree_on_its_reward_are_refused(checkpoint: Path, tmp_path: Path) -> None:
+    """The advantage is per rollout: two samples of it with different rewards (or tasks) are refused; the
+    same two samples agreeing pass (control)."""
+    samples = simple_samples()
+    split = update_batch.Sample("t1-r1", "task-1", [11], [21], [1], None, 1.0, 1.0, sample_index=1)
+    update.check_inputs([*samples, split], checkpoint, load_config(None, []))
+    for name, value in (("reward", 0.0), ("task", "task-0")):
+        setattr(split, name, value)
+        with pytest.raises(update_batch.SampleError) as refused:
+            update.check_inputs([*samples, split], checkpoint, load_config(None, []))
+        assert str(refused.value).startswith(f"rollout 't1-r1' sample 1: {name} is {value!r} but rollout 't1-r1' "
+                                             "sample 0 has "), refused.value
+        setattr(split, name, {"reward": 1.0, "task": "task-1"}[name])
