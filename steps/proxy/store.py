@@ -281,7 +281,7 @@ def _by_fields(rollout_id: str, data: bytes) -> dict | None:
     record = {}
     for name, raw in fields.items():
         try:
-            record[name] = orjson.loads(raw)
+            record[name] = orjson.loads(memoryview(raw))
         except orjson.JSONDecodeError as exc:
             if name not in _WHOLE_FIELDS:
                 return None
