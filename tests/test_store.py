@@ -12,7 +12,6 @@ from steps.proxy.store import (
     CallStore,
     PromptBase,
     RequestBase,
-    StoreCorrupt,
     expand_prompts,
     expand_requests,
     share_prompt,
@@ -59,11 +58,14 @@ def test_readers_get_whole_prompts_back_across_chains_and_out_of_order_calls():
     assert all("prompt_shared" not in r for r in expanded)
 
 
-def test_a_record_that_extends_a_missing_call_is_refused_by_name():
-    with pytest.raises(StoreCorrupt, match="rollout r call 1 extends the prompt of call 0"):
-        expand_prompts([record(1, [3], {"call_index": 0, "tokens": 2})])
-    with pytest.raises(StoreCorrupt, match="call 0"):  # a loop, which no proxy writes
-        expand_prompts([record(0, [1], {"call_index": 1, "tokens": 1}), record(1, [2], {"call_index": 0, "tokens": 1})])
+def test_a_record_that_extends_a_missing_call_keeps_its_place_with_a_null_prompt_and_the_reason():
+    (kept,) = expand_prompts([record(1, [3], {"call_index": 0, "tokens": 2})])
+    assert kept["prompt_token_ids"] is None and "extends the prompt of call 0" in kept["store_error"]
+    looped = expand_prompts([record(0, [1], {"call_index": 1, "tokens": 1}), record(1, [2], {"call_index": 0, "tokens": 1})])
+    assert [r["prompt_token_ids"] for r in looped] == [None, None]  # a loop, which no proxy writes
+    # Control: the same record with its base present is made whole, without a store_error.
+    whole = expand_prompts([record(0, [1, 2]), record(1, [3], {"call_index": 0, "tokens": 2})])
+    assert whole[1]["prompt_token_ids"] == [1, 2, 3] and "store_error" not in whole[1]
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -136,6 +138,6 @@ def test_readers_get_whole_requests_back_across_chains():
     expanded = expand_requests(sorted(records, key=lambda r: r["call_index"]), lines)
     assert [r["request"] for r in expanded] == [orjson.loads(body) for body in bodies]
     assert all("request_shared" not in r for r in expanded)
-    with pytest.raises(StoreCorrupt, match="rollout r call 1 extends the request of call 0"):
-        expand_requests([{"rollout_id": "r", "call_index": 1, "request": "x",
-                          "request_shared": {"call_index": 0, "head": 1, "tail": 1}}], {})
+    (orphan,) = expand_requests([{"rollout_id": "r", "call_index": 1, "request": "x",
+                                  "request_shared": {"call_index": 0, "head": 1, "tail": 1}}], {})
+    assert orphan["request"] is None and "extends the request of call 0" in orphan["store_error"]

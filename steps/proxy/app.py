@@ -1,6 +1,6 @@
 """The recording proxy's HTTP app: admin routes, per-rollout dialect routes, one error handler.
 
-Admin routes (admin key): POST /rollouts, GET /rollouts, GET /rollouts/{id}/calls,
+Admin routes (admin key): POST /rollouts, GET /rollouts, GET /rollouts/{id}/calls (and the records skipped),
 POST /rollouts/{id}/close, GET|POST /weights[/pause|/resume|/update].
 Rollout routes (that rollout's key): /rollouts/{id}/v1/chat/completions, /v1/responses,
 /v1/messages, /v1/models.
@@ -102,9 +102,13 @@ async def list_rollouts(request: Request) -> dict:
 
 @admin.get("/rollouts/{rollout_id}/calls")
 async def list_calls(request: Request, rollout_id: str) -> dict:
+    """The rollout's readable calls, and the stored records skipped by the store's reading rule."""
     require_admin(request)
     await request.app.state.sessions.get(rollout_id)
-    return {"calls": await request.app.state.store.list_calls(rollout_id)}
+    stored = await request.app.state.store.read_calls(rollout_id)
+    for skipped in stored.skipped:
+        log.warning("stored record skipped", extra={"rollout_id": rollout_id, **skipped})
+    return {"calls": stored.calls, "skipped": stored.skipped}
 
 
 @admin.post("/rollouts/{rollout_id}/close")

@@ -11,6 +11,12 @@ is joined as JSON (`join_text`), never decoded.
 msgspec Structs rather than pydantic models (STYLE.md 6), for the hot path: one pass over an agent's
 30-80 KB request decodes and checks it 2-3x faster than orjson + pydantic, and `decode` keeps the
 top-level fields as raw JSON, so what is forwarded to vLLM is copied, never decoded and re-encoded.
+
+A request is stored as sent, so `decode` refuses what a reader of the store could not read back:
+bytes that are not UTF-8 (msgspec checks the strings it decodes, but not the raw JSON it skips: one
+`isascii`, then a strict decode of a body that is not plain ASCII), nesting deeper than msgspec's
+recursion limit, and integers that the store (64-bit) or vLLM's sampler (token counts: 32-bit) cannot
+take, each a 400 naming the field.
 """
 
 import re
@@ -30,10 +36,42 @@ _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _NAMED = re.compile(r"^(?:Object missing required field )?`(?P<name>[^`]+)`")
 
 
+INT32_MAX = 2**31 - 1  # vLLM's sampler keeps token counts and top-k as 32-bit integers
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1  # what the store (orjson, Parquet) and vLLM's seed take
+Count = Annotated[int, Meta(ge=1, le=INT32_MAX)]  # max_tokens and the like
+
+
+def check_utf8(data: bytes) -> None:
+    """400 if `data` is not UTF-8, naming the byte; plain ASCII (most bodies) is found in one fast pass."""
+    if data.isascii():
+        return
+    try:
+        data.decode()
+    except UnicodeDecodeError as exc:
+        raise ProxyError(400, f"request body is not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
+
+
+def too_large_integer(value, field: str) -> str | None:
+    """The path (from `field`, joined by dots) of the first integer in a decoded JSON value that the store
+    cannot take (outside 64 bits), or None."""
+    stack = [(value, field)]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((item, f"{at}.{key}") for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((item, f"{at}.{i}") for i, item in enumerate(value))
+        elif isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+            return at
+    return None
+
+
 def decode(data: bytes, kind: type[T], fields: bool = True) -> tuple[T, dict[str, Raw]]:
     """The request body checked against `kind`, and its top-level fields as raw JSON (if `fields`: one
-    more pass over the body); 400 naming the field if it is not valid JSON or not a valid request."""
+    more pass over the body); 400 naming the field if it is not UTF-8, not valid JSON, nested too deeply
+    or not a valid request."""
     raw = {}
+    check_utf8(data)
     try:
         if fields:
             raw = _FIELDS.decode(data)
@@ -46,6 +84,9 @@ def decode(data: bytes, kind: type[T], fields: bool = True) -> tuple[T, dict[str
         raise ProxyError(400, message, param=field) from None
     except msgspec.DecodeError as exc:
         raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProxyError(400, "request body is nested too deeply (arrays and objects nest at most a few "
+                              "hundred levels)") from None
 
 
 def decode_part(raw: Raw, kind: type[T], field: str) -> T:
@@ -53,6 +94,8 @@ def decode_part(raw: Raw, kind: type[T], field: str) -> T:
     decoder = _DECODERS.get(kind) or _DECODERS.setdefault(kind, msgspec.json.Decoder(kind))
     try:
         return decoder.decode(raw)
+    except RecursionError:
+        raise ProxyError(400, f"request field '{field}' is nested too deeply", param=field) from None
     except msgspec.ValidationError as exc:
         message, inner = invalid_field(exc)
         name = field if inner == "body" else f"{field}.{inner}"
@@ -119,18 +162,38 @@ def invalid_field(exc: msgspec.ValidationError) -> tuple[str, str]:
     return f"invalid request field '{field}': {what}", field
 
 
+_OUT_OF_RANGE = "holds an integer out of range (64 bits at most)"
+
+
+def _fits(value, field: str) -> None:
+    """For a struct's checks: ValueError naming `field` (msgspec adds the path to the struct) if a decoded
+    value holds an integer the store cannot take."""
+    at = too_large_integer(value, field)
+    if at is not None:
+        raise ValueError(f"`{at}` {_OUT_OF_RANGE}")
+
+
 class Sampling(Struct, kw_only=True):
     """Sampling settings shared by all dialects."""
 
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tool_choice", "stream_options", "text"):  # decoded as Python data: stored re-encoded
+            at = too_large_integer(getattr(self, name, None), name)
+            if at is not None:
+                raise ProxyError(400, f"invalid request field '{at}': {_OUT_OF_RANGE}", param=at)
 
 
 # --- OpenAI Chat Completions -------------------------------------------------------------------
 class ChatFunctionCall(Struct, kw_only=True):
     name: str
     arguments: str | dict = "{}"
+
+    def __post_init__(self) -> None:
+        _fits(self.arguments, "arguments")
 
 
 class ChatToolCall(Struct, kw_only=True):
@@ -167,12 +230,18 @@ class ChatRequest(Sampling, kw_only=True):
     stream_options: dict[str, Any] | None = None
     tools: list[ChatTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     stop: str | list[str] | None = None
     n: Literal[1] = 1
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    # vLLM's own integer settings, forwarded as sent: checked here so that vLLM gets only what it takes.
+    top_k: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | None = None
+    min_tokens: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
+    prompt_logprobs: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | None = None
+    priority: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
 
 
 # --- OpenAI Responses ----------------------------------------------------------------------------
@@ -215,7 +284,7 @@ class ResponsesRequest(Sampling, kw_only=True):
     stream: bool = False
     tools: Raw = NULL  # an array, decoded by `responses.to_upstream`; echoed as sent
     tool_choice: str | dict[str, Any] | None = None
-    max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_output_tokens: Count | None = None
     parallel_tool_calls: bool | None = None
     previous_response_id: None = None  # server-side state is not kept
     text: dict[str, Any] | None = None
@@ -236,6 +305,10 @@ class AnthropicBlock(Struct, kw_only=True):
     is_error: bool | None = None
     source: dict[str, Any] | None = None  # image, document
 
+    def __post_init__(self) -> None:
+        _fits(self.input, "input")
+        _fits(self.source, "source")
+
 
 class AnthropicMessage(Struct, kw_only=True):
     # "system" is not in Anthropic's API, but Claude Code sends it inside `messages`.
@@ -254,10 +327,10 @@ class AnthropicTool(Struct, kw_only=True):
 class MessagesRequest(Sampling, kw_only=True):
     model: str
     messages: Annotated[list[AnthropicMessage], Meta(min_length=1)]
-    max_tokens: Annotated[int, Meta(ge=1)]
+    max_tokens: Count
     system: str | list[AnthropicBlock] | None = None
     stream: bool = False
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
     stop_sequences: list[str] | None = None
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | None = None

@@ -3,13 +3,20 @@
 authorize -> read and check the request -> wait at the weight gate -> one upstream call (abandoned
 if the harness goes away) -> durably store the call -> answer as JSON or as the dialect's SSE stream.
 The call is stored before the first byte of the answer leaves, so nothing answered is ever lost.
+
+A call index is taken only once the request is found valid (a refused request takes none), and a call
+that took one is stored, whatever happens after: answered, failed upstream, aborted, or failed in the
+proxy itself. If the store cannot write it (a full disk), the harness gets a 503 in its dialect's shape
+and the index is handed back when no later call took one.
 """
 
 import asyncio
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from types import ModuleType
 
 import orjson
@@ -17,16 +24,18 @@ from fastapi import Request
 
 from steps.logs import now
 from steps.proxy.errors import ProxyError
-from steps.proxy.protocol import decode, one_line, plain
+from steps.proxy.protocol import Raw, decode, one_line
 from steps.proxy.sessions import Rollout
-from steps.proxy.store import share_prompt, share_request
+from steps.proxy.store import CallIndexTaken, StoreWriteFailed, share_prompt, share_request
 
+log = logging.getLogger("openforge.proxy")
 # Response ids: a random per-process prefix and a counter (uuid4 read os.urandom on every call).
 _ID_PREFIX = secrets.token_hex(8)
 _ID_COUNTER = itertools.count()
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "min_p", "tool_choice")
+INDEX_RETRIES = 3  # an object store's index held by another writer: take the next free one, this often
 
 
 class ClientGone(Exception):
@@ -164,13 +173,28 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
     try:
         completion = await guard(_complete(state, upstream_body, record))
     except ClientGone:
-        await _finish(state, record, "aborted", error={"status": 499, "message": "client disconnected"})
+        await _finish(state, rollout, record, "aborted", error={"status": 499, "message": "client disconnected"})
         return GONE
     except ProxyError as err:
-        await _finish(state, record, "error", error={"status": err.status, "message": err.message})
+        await _finish(state, rollout, record, "error", error={"status": err.status, "message": err.message})
         raise
+    except Exception as exc:  # the proxy's own failure: the call is kept all the same
+        await _finish(state, rollout, record, "error", error={"status": 500, "message": f"{type(exc).__name__}: {exc}"})
+        raise
+    try:
+        return await _answer(state, rollout, dialect, req, line, record, completion)
+    except (ProxyError, StoreWriteFailed):
+        raise
+    except Exception as exc:  # building the answer failed after the upstream call: kept as failed
+        _forget_shared(record, line)
+        await _finish(state, rollout, record, "error", error={"status": 500, "message": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+async def _answer(state, rollout: Rollout, dialect: ModuleType, req, line: bytes, record: dict, completion) -> tuple[int, list, bytes]:
+    """Stores the answered call (only what its request and prompt add to the rollout's last stored
+    call's) and gives the answer to send."""
     response_id, created = f"{_ID_PREFIX}{next(_ID_COUNTER):08x}", int(time.time())
-    # Stored: only what this request and prompt add to those of the rollout's last stored call.
     between, record["request_shared"], request_base = share_request(rollout.request_base, line, record["call_index"])
     if record["request_shared"] is not None:
         record["request"] = between
@@ -185,16 +209,23 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
                   finish_reason=completion.finish_reason)
     if not req.stream:
         body = orjson.dumps(dialect.to_body(completion, req, response_id, created))
-        await _finish(state, record, "ok", response=orjson.Fragment(body))
+        await _finish(state, rollout, record, "ok", response=orjson.Fragment(body))
         answer = json_answer(200, body)
     else:
         body, stored = event_stream(dialect.to_events(completion, req, response_id, created))
-        await _finish(state, record, "ok", response=stored)
+        await _finish(state, rollout, record, "ok", response=stored)
         answer = 200, SSE_HEADERS, body
-    rollout.request_base = request_base  # stored: the rollout's next call may extend them
+    # Stored: the rollout's next call may extend them (its index may have moved: see _finish).
+    rollout.request_base = replace(request_base, call_index=record["call_index"])
     if prompt_base is not None:
-        rollout.prompt_base = prompt_base
+        rollout.prompt_base = replace(prompt_base, call_index=record["call_index"])
     return answer
+
+
+def _forget_shared(record: dict, line: bytes) -> None:
+    """Undoes what `_answer` shared of a record that is stored as failed instead: its request whole."""
+    record.update(request=orjson.Fragment(line), request_shared=None, prompt_shared=None, prompt_token_ids=None,
+                  response_token_ids=None, response_logprobs=None)
 
 
 def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, upstream_body: dict) -> dict:
@@ -210,7 +241,7 @@ def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, upstr
         "response_token_ids": None,
         "response_logprobs": None,
         "finish_reason": None,
-        "sampling": {key: plain(upstream_body[key]) for key in SAMPLING_KEYS if key in upstream_body},
+        "sampling": {key: _stored(upstream_body[key]) for key in SAMPLING_KEYS if key in upstream_body},
         "timings": {"received_at": now()},
         "request": orjson.Fragment(line),
         "request_shared": None,
@@ -229,11 +260,33 @@ async def _complete(state, upstream_body: dict, record: dict):
             record["timings"]["upstream_ended_at"] = now()
 
 
-async def _finish(state, record: dict, status: str, response=None, error: dict | None = None) -> None:
+def _stored(value):
+    """A sampling setting as stored: raw JSON is copied as sent (on one line), never decoded."""
+    return orjson.Fragment(one_line(value)) if isinstance(value, Raw) else value
+
+
+async def _finish(state, rollout: Rollout, record: dict, status: str, response=None, error: dict | None = None) -> None:
+    """Stores the call with its outcome. A 503 if the store cannot write it (nothing of it is stored, the
+    harness is not answered); an object store's index that another writer holds is replaced by the next
+    free one."""
     timings = record["timings"]
     timings["responded_at"] = now()
     timings["total_s"] = round(timings["responded_at"] - timings["received_at"], 6)
     if "upstream_ended_at" in timings:
         timings["upstream_s"] = round(timings["upstream_ended_at"] - timings["upstream_started_at"], 6)
     record.update(status=status, response=response, error=error)
-    await state.store.put_call(record)
+    for _ in range(INDEX_RETRIES):
+        try:
+            return await state.store.put_call(record)
+        except CallIndexTaken:
+            log.warning("call index taken by another writer", extra={"rollout_id": rollout.rollout_id,
+                                                                     "call_index": record["call_index"]})
+            rollout.next_index = max(rollout.next_index, await state.store.resume_calls(rollout.rollout_id))
+            record["call_index"] = rollout.take_index()
+        except StoreWriteFailed as exc:
+            if rollout.next_index == record["call_index"] + 1:  # no later call took one: hand it back
+                rollout.next_index -= 1
+            raise ProxyError(503, f"the proxy could not store this call, so it was not answered ({exc}); "
+                                  "retry once the store has room") from None
+    raise ProxyError(503, f"the proxy found call indices of rollout {rollout.rollout_id!r} taken by another writer "
+                          f"{INDEX_RETRIES} times; is a second proxy serving it?")

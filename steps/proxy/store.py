@@ -12,30 +12,55 @@ n} says its prompt is call k's whole prompt (n ids) followed by its own `prompt_
 likewise starts (and usually ends: tools, settings) as the request of the call before: `request_shared`
 = {"call_index": k, "head": h, "tail": t} says its request's bytes are the first h bytes of call k's,
 then its own `request` (a string: the bytes between), then the last t bytes of call k's. Without them a
-rollout's store grows with the square of its length. Readers (`list_calls`) give every call its whole
-prompt and request back.
+rollout's store grows with the square of its length. Readers (`read_calls`, `list_calls`) give every
+call its whole prompt and request back.
 
-A local call is one `write` to a file opened with O_APPEND; a record that a crash cut short has no
-final newline, was never answered (the answer leaves after the write), and is dropped by readers and
-cut off when a restarted proxy takes the rollout up again. Appending costs ~50 us per 90 KB record
-where creating and renaming a file per call cost 0.2-1 ms (benchmarks/proxy_overhead.py). Object
-stores put whole objects.
+A local call is one `write` to a file opened with O_APPEND; appending costs ~50 us per 90 KB record
+where creating and renaming a file per call cost 0.2-1 ms (benchmarks/proxy_overhead.py). A write that
+fails (a full disk) is cut off again at once; a log found not to end with a line break (a crash, or a
+cut that failed) has the next record start on a line of its own, and a restarted proxy cuts the torn
+tail before appending. Object stores put whole objects, each created only if its name is free, so two
+writers never replace each other's call. Call indices never repeat: a restarted proxy goes on after
+the highest index the store holds.
+
+Readers never fail a rollout for one bad record. Their rule (docs/proxy.md, "Reading a store back"):
+a local log's last line without its line break (being written, or cut short: never answered) is left
+out; a record glued after a torn one is read from where it starts; a line or object that is no call
+record of the rollout, or that repeats an index already read, is skipped and named in `skipped`; a
+record whose request or response alone cannot be read keeps its place with that field null and
+`store_error` saying why, as does one whose prompt or request extends a call that cannot be read.
 """
 
 import asyncio
 import os
+import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fsspec
 import msgspec
 import orjson
 
 CALL_LOG = "calls.jsonl"
+RECORD_START = b'{"rollout_id":'  # how every record the proxy writes begins (its first key)
 
 
-class StoreCorrupt(Exception):
-    """A stored record refers to a call the store does not hold."""
+class StoreWriteFailed(Exception):
+    """A call record the store could not write (a full disk, an unreachable object store); nothing of
+    it is left readable."""
+
+
+class CallIndexTaken(Exception):
+    """Another writer already stored a call of the rollout under this index (object stores)."""
+
+
+@dataclass
+class StoredCalls:
+    """A rollout's calls as read back, in call order, and the stored records that were skipped, each
+    {"record": where it is stored, "error": why}."""
+
+    calls: list[dict]
+    skipped: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -61,22 +86,41 @@ def share_prompt(base: PromptBase | None, ids: bytes, call_index: int, tokens: i
     return kept, {"call_index": base.call_index, "tokens": base.tokens}, following
 
 
-def expand_prompts(records: list[dict]) -> list[dict]:
-    """Gives every record its whole `prompt_token_ids` back (in place) and drops `prompt_shared`; raises
-    StoreCorrupt if a record extends a call that is not among them."""
+def _unreadable(record: dict, name: str, why: str) -> None:
+    """Marks one field of a read record as not readable back: null, and why in `store_error`."""
+    record[name] = None
+    note = f"{name}: {why}"
+    record["store_error"] = note if record.get("store_error") is None else f"{record['store_error']}; {note}"
+
+
+def expand_prompts(records: list[dict], ambiguous: frozenset[int] = frozenset()) -> list[dict]:
+    """Gives every record its whole `prompt_token_ids` back (in place) and drops `prompt_shared`. A record
+    that extends a call the records lack (or one in `ambiguous`: an index that repeats), or a call whose
+    prompt is not whole, gets a null prompt and `store_error` naming that call."""
     by_index = {record["call_index"]: record for record in records}
+    whole: dict[int, list | None] = {}  # each call's whole prompt, once known (None: cannot be known)
     for record in records:
         chain, at = [], record
-        while at.get("prompt_shared") is not None:  # walk back to a call whose prompt is whole
-            chain.append(at)
-            ref = at["prompt_shared"]
-            at = by_index.get(ref["call_index"])
-            if at is None or at.get("prompt_token_ids") is None or len(chain) > len(by_index):
-                raise StoreCorrupt(f"rollout {record['rollout_id']} call {chain[-1]['call_index']} extends the "
-                                   f"prompt of call {ref['call_index']}, which the store does not hold")
+        while at["call_index"] not in whole and at.get("prompt_shared") is not None:
+            chain.append(at)  # walk back to a call whose prompt is whole
+            ref = at["prompt_shared"]["call_index"]
+            at = by_index.get(ref) if ref not in ambiguous else None
+            if at is None or len(chain) > len(by_index):  # missing, or a loop (which no proxy writes)
+                at = None
+                break
+        base = None if at is None else whole.get(at["call_index"], at.get("prompt_token_ids"))
+        base = base if isinstance(base, list) else None
+        if at is not None:
+            whole[at["call_index"]] = base
         for extended in reversed(chain):  # the earliest first: each extends a prompt made whole already
-            ref = extended.pop("prompt_shared")
-            extended["prompt_token_ids"] = by_index[ref["call_index"]]["prompt_token_ids"] + extended["prompt_token_ids"]
+            ref = extended["prompt_shared"]["call_index"]
+            if base is None:
+                _unreadable(extended, "prompt_token_ids", f"extends the prompt of call {ref}, which the store does "
+                                                          "not hold readable and whole")
+            else:
+                base = base + extended["prompt_token_ids"]
+                extended["prompt_token_ids"] = base
+            whole[extended["call_index"]] = base
     for record in records:
         record.pop("prompt_shared", None)
     return records
@@ -150,40 +194,141 @@ class _StoredRequest(msgspec.Struct):
 _STORED_REQUEST = msgspec.json.Decoder(_StoredRequest)
 
 
-def expand_requests(records: list[dict], lines: dict[int, bytes]) -> list[dict]:
+def expand_requests(records: list[dict], lines: dict[int, bytes], ambiguous: frozenset[int] = frozenset()) -> list[dict]:
     """Gives every record whose request is stored as shared its whole request back (in place), from the
     stored bytes of the calls it extends (`lines`: each call's stored record); drops `request_shared`.
-    Raises StoreCorrupt if a record extends a call that is not among them."""
+    A record that extends a call the records lack (or one in `ambiguous`), or whose whole request is
+    not JSON, gets a null request and `store_error` saying why."""
     by_index = {record["call_index"]: record for record in records}
-    whole: dict[int, bytes] = {}  # each call's request bytes, once known
+    whole: dict[int, bytes | None] = {}  # each call's request bytes, once known (None: cannot be known)
 
-    def request_bytes(index: int) -> bytes:
+    def request_bytes(index: int) -> bytes | None:
         chain, at = [], index
         while at not in whole:
-            record = by_index.get(at)
-            if record is None or len(chain) > len(by_index):
-                raise StoreCorrupt(f"rollout {by_index[index]['rollout_id']} call {chain[-1]} extends the request "
-                                   f"of call {at}, which the store does not hold")
+            record = by_index.get(at) if at not in ambiguous else None
+            if record is None or len(chain) > len(by_index):  # missing, or a loop (which no proxy writes)
+                break
             ref = record.get("request_shared")
             if ref is None:
-                whole[at] = bytes(_STORED_REQUEST.decode(lines[at]).request)
+                try:
+                    whole[at] = bytes(_STORED_REQUEST.decode(lines[at]).request)
+                except (msgspec.DecodeError, RecursionError):  # a record that holds no request
+                    whole[at] = None
                 break
             chain.append(at)
             at = ref["call_index"]
+        base = whole.get(at)
         for at in reversed(chain):  # the earliest first: each extends a request known already
             record = by_index[at]
-            ref, middle = record["request_shared"], record["request"].encode()
-            base = whole[ref["call_index"]]
-            whole[at] = base[:ref["head"]] + middle + base[len(base) - ref["tail"]:]
-        return whole[index]
+            ref, middle = record["request_shared"], record["request"]
+            if base is not None:
+                base = base[:ref["head"]] + middle.encode() + base[len(base) - ref["tail"]:]
+            else:
+                base = None
+            whole[at] = base
+        return whole.get(index)
 
     for record in records:
-        if record.get("request_shared") is not None:
-            request = request_bytes(record["call_index"])
+        ref = record.get("request_shared")
+        if ref is None:
+            continue
+        request = request_bytes(record["call_index"])
+        if request is None:
+            _unreadable(record, "request", f"extends the request of call {ref['call_index']}, which the store "
+                                           "does not hold readable and whole")
+            continue
+        try:
             record["request"] = orjson.loads(request)
+        except orjson.JSONDecodeError as exc:
+            _unreadable(record, "request", f"not readable back as JSON ({exc})")
     for record in records:
         record.pop("request_shared", None)
     return records
+
+
+class _Head(msgspec.Struct):
+    rollout_id: str
+    call_index: int
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_WHOLE_FIELDS = ("request", "response")  # holding what the harness sent: the rest is the proxy's own
+
+
+def _index(value) -> bool:
+    return type(value) is int and 0 <= value < 2**31
+
+
+def _call_record(rollout_id: str, record) -> bool:
+    """Whether a decoded line is a call record of this rollout, with references readers can follow."""
+    if not (isinstance(record, dict) and record.get("rollout_id") == rollout_id and _index(record.get("call_index"))):
+        return False
+    prompt, request = record.get("prompt_shared"), record.get("request_shared")
+    return ((prompt is None or isinstance(prompt, dict) and _index(prompt.get("call_index"))
+             and isinstance(record.get("prompt_token_ids"), list))
+            and (request is None or isinstance(request, dict) and isinstance(record.get("request"), str)
+                 and all(_index(request.get(key)) for key in ("call_index", "head", "tail"))))
+
+
+def _by_fields(rollout_id: str, data: bytes) -> dict | None:
+    """A record read field by field (msgspec skips what it cannot decode): the request or response that
+    orjson cannot read back becomes null with `store_error`; None if the rest is not a call record."""
+    try:
+        fields = _FIELDS.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    record = {}
+    for name, raw in fields.items():
+        try:
+            record[name] = orjson.loads(memoryview(raw))
+        except orjson.JSONDecodeError as exc:
+            if name not in _WHOLE_FIELDS:
+                return None
+            _unreadable(record, name, f"not readable back as JSON ({exc})")
+    return record if _call_record(rollout_id, record) else None
+
+
+def parse_record(rollout_id: str, data: bytes) -> tuple[dict | None, bytes, str | None]:
+    """One stored record read back by the rule in the module docstring: (the record or None, the bytes
+    it was read from, what is wrong with the stored bytes or None)."""
+    try:
+        record = orjson.loads(data)
+        if _call_record(rollout_id, record):
+            return record, data, None
+        return None, data, f"not a call record of rollout {rollout_id}"
+    except orjson.JSONDecodeError as exc:
+        error = f"not JSON ({exc})"
+    record = _by_fields(rollout_id, data)
+    if record is not None:
+        return record, data, None
+    at = data.find(RECORD_START, 1)
+    while at > 0:  # a record written after a torn one, on its line: the one start whose rest reads whole
+        record = _by_fields(rollout_id, data[at:])
+        if record is not None:
+            return record, data[at:], f"its first {at} bytes are a torn record ({error})"
+        at = data.find(RECORD_START, at + 1)
+    return None, data, error
+
+
+def read_records(rollout_id: str, stored: list[tuple[str, bytes]]) -> StoredCalls:
+    """A rollout's calls from its stored records ((where, bytes), in the order stored), with their whole
+    prompts and requests, in call order; the records skipped are named."""
+    records, lines, skipped, repeated = [], {}, [], set()
+    for where, data in stored:
+        record, used, error = parse_record(rollout_id, data)
+        if record is not None and record["call_index"] in lines:
+            repeated.add(record["call_index"])
+            record, error = None, f"repeats call index {record['call_index']}, read from an earlier record"
+        if error is not None:
+            skipped.append({"record": where, "error": error})
+        if record is not None:
+            records.append(record)
+            lines[record["call_index"]] = used
+    # Calls of one rollout finish out of order when a harness runs several at once.
+    records.sort(key=lambda record: record["call_index"])
+    ambiguous = frozenset(repeated)
+    return StoredCalls(expand_requests(expand_prompts(records, ambiguous), lines, ambiguous), skipped)
 
 
 class CallStore:
@@ -194,6 +339,7 @@ class CallStore:
         self.root = self.root.rstrip("/")
         self.local = "file" in _protocols(self.fs)
         self.fsync = fsync
+        self._appending: dict[str, threading.Lock] = {}  # per log: with fsync, appends run in threads
         if self.local:
             os.makedirs(self.root, exist_ok=True)
 
@@ -212,7 +358,9 @@ class CallStore:
         return None if data is None else orjson.loads(data)
 
     async def put_call(self, record: dict) -> None:
-        """Durably writes one call record; returns once it is readable by a restarted proxy.
+        """Durably writes one call record; returns once it is readable by a restarted proxy. Raises
+        StoreWriteFailed if it could not be written (nothing of it is left readable) and, on an object
+        store, CallIndexTaken if another writer holds its index.
 
         A local append without fsync is a page-cache copy, cheaper than a hop to a worker thread, so it
         runs on the event loop; object stores and fsync go to a thread.
@@ -223,19 +371,25 @@ class CallStore:
         elif self.local:
             await asyncio.to_thread(self._append, record["rollout_id"], data)
         else:
-            path = f"{self._rollout_dir(record['rollout_id'])}/calls/{record['call_index']:06d}.json"
-            await asyncio.to_thread(self.fs.pipe_file, path, data)
+            await asyncio.to_thread(self._put_object, self._object_path(record["rollout_id"], record["call_index"]), data)
+
+    async def read_calls(self, rollout_id: str) -> StoredCalls:
+        """Every readable call of a rollout, in call order, and the stored records skipped (see the
+        module docstring for the rule)."""
+        return await asyncio.to_thread(self._read_calls, rollout_id)
 
     async def list_calls(self, rollout_id: str) -> list[dict]:
-        """Every stored call of a rollout, in call order."""
-        return await asyncio.to_thread(self._list_calls, rollout_id)
+        """Every readable call of a rollout, in call order."""
+        return (await self.read_calls(rollout_id)).calls
 
     async def resume_calls(self, rollout_id: str) -> int:
-        """How many calls of a rollout are stored: the next call index when a restarted proxy takes the
-        rollout up again. A local log loses its torn last record here, before anything is appended."""
+        """The next call index when a restarted proxy takes the rollout up again: one past the highest
+        index the store holds, so an index taken by a call that was never stored leaves a gap, never a
+        repeat. A local log loses its torn last record here, before anything is appended."""
         if self.local:
             return await asyncio.to_thread(self._resume_log, rollout_id)
-        return len(await asyncio.to_thread(self._object_paths, rollout_id))
+        paths = await asyncio.to_thread(self._object_paths, rollout_id)
+        return max((_object_index(path) for path in paths), default=-1) + 1
 
     def list_rollouts(self) -> list[str]:
         """Ids of every rollout in the store."""
@@ -251,53 +405,83 @@ class CallStore:
 
     def _append(self, rollout_id: str, data: bytes) -> None:
         path = self._log_path(rollout_id)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        lock = self._appending.get(path) or self._appending.setdefault(path, threading.Lock())
+        with lock:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                start = os.fstat(fd).st_size
+                if start and os.pread(fd, 1, start - 1) != b"\n":  # a torn record: ours starts a line
+                    data = b"\n" + data
+                view = memoryview(data)
+                try:
+                    while view:
+                        view = view[os.write(fd, view):]
+                    if self.fsync:
+                        os.fsync(fd)
+                except OSError as exc:
+                    _undo_append(fd, start, len(data) - len(view))
+                    raise StoreWriteFailed(f"the call could not be written to {path}: {exc.strerror}") from None
+            finally:
+                os.close(fd)
 
     def _resume_log(self, rollout_id: str) -> int:
         _cut_torn_tail(self._log_path(rollout_id))
-        return len(self._log_lines(rollout_id))
+        highest = -1
+        for _, data in self._log_lines(rollout_id):
+            try:
+                head = _HEAD.decode(data)
+                index = head.call_index if head.rollout_id == rollout_id else -1
+            except (msgspec.DecodeError, RecursionError):
+                record = parse_record(rollout_id, data)[0]
+                index = -1 if record is None else record["call_index"]
+            highest = max(highest, index)
+        return highest + 1
 
-    def _log_lines(self, rollout_id: str) -> list[bytes]:
-        """The log's complete records (a torn last line, never answered, is left out)."""
+    def _log_lines(self, rollout_id: str) -> list[tuple[str, bytes]]:
+        """The log's complete lines, named by number (a torn last line, never answered, is left out)."""
         try:
             with open(self._log_path(rollout_id), "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             return []
-        return data[:data.rfind(b"\n") + 1].splitlines()
+        lines = data[:data.rfind(b"\n") + 1].split(b"\n")
+        return [(f"{CALL_LOG} line {n}", line) for n, line in enumerate(lines, 1) if line.strip()]
 
     # --- object stores: one object per call --------------------------------------------------------
+    def _object_path(self, rollout_id: str, call_index: int) -> str:
+        return f"{self._rollout_dir(rollout_id)}/calls/{call_index:06d}.json"
+
     def _object_paths(self, rollout_id: str) -> list[str]:
         try:
-            names = self.fs.ls(f"{self._rollout_dir(rollout_id)}/calls", detail=False)
+            names = self.fs.ls(f"{self._rollout_dir(rollout_id)}/calls", detail=False, refresh=True)
         except FileNotFoundError:
             return []
-        return sorted(name for name in names if name.endswith(".json"))
+        return sorted(name for name in names if _object_index(name) >= 0)
 
-    def _list_calls(self, rollout_id: str) -> list[dict]:
+    def _put_object(self, path: str, data: bytes) -> None:
+        """Creates the call's object, never replacing one: S3 keeps a PUT whole or not at all."""
+        try:
+            self.fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            raise CallIndexTaken(path) from None
+        except OSError as exc:
+            if "PreconditionFailed" in str(exc) or "412" in str(exc):
+                raise CallIndexTaken(path) from None
+            raise StoreWriteFailed(f"the call could not be written to {path}: {exc}") from None
+
+    def _read_calls(self, rollout_id: str) -> StoredCalls:
         if self.local:
             stored = self._log_lines(rollout_id)
         else:
             paths = self._object_paths(rollout_id)
-            contents = self.fs.cat(paths) if paths else {}
-            stored = [contents[path] for path in paths]
-        records = [orjson.loads(data) for data in stored]
-        lines = {record["call_index"]: data for record, data in zip(records, stored)}
-        # Calls of one rollout finish out of order when a harness runs several at once.
-        records.sort(key=lambda record: record["call_index"])
-        return expand_requests(expand_prompts(records), lines)
+            contents = self.fs.cat(paths, on_error="omit") if paths else {}
+            stored = [(path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1], contents[path])
+                      for path in paths if path in contents]
+        return read_records(rollout_id, stored)
 
     def _write_whole(self, path: str, data: bytes) -> None:
         """Writes a small file atomically: a temporary name renamed into place (a put on object stores)."""
@@ -306,18 +490,39 @@ class CallStore:
             return
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if self.fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):  # a failed write (a full disk) leaves no half file behind
+                os.remove(tmp)
 
     def _read(self, path: str) -> bytes | None:
         try:
             return self.fs.cat_file(path)
         except FileNotFoundError:
             return None
+
+
+def _object_index(path: str) -> int:
+    """The call index in an object's name (`calls/000012.json`), or -1 if it is no call's."""
+    name = path.rsplit("/", 1)[-1]
+    stem = name[:-5] if name.endswith(".json") else ""
+    return int(stem) if stem.isdigit() and stem.isascii() else -1
+
+
+def _undo_append(fd: int, start: int, written: int) -> None:
+    """Cuts off what a failed append wrote, unless another writer appended since (then the next append
+    starts a line of its own, and readers skip the torn bytes)."""
+    try:
+        if written and os.fstat(fd).st_size == start + written:
+            os.ftruncate(fd, start)
+    except OSError:
+        pass
 
 
 def _cut_torn_tail(path: str) -> None:

@@ -5,8 +5,11 @@
 
 `--results` holds one folder per rollout with its `result.json`; calls come from the proxy's admin
 route, or with `--store URL` straight from the proxy's store. Files land in
-`{out}/run={run}/iteration={iteration}/`. Prints a JSON summary (rows per table, and per harness the
-continuity rate and samples per rollout); progress goes to stderr. Exit code 2 on a usage or data error.
+`{out}/run={run}/iteration={iteration}/`. Prints a JSON summary (rows per table, per harness the
+continuity rate and samples per rollout, and the records `skipped`, each named with its rollout);
+progress and a warning per skipped record go to stderr. A bad record never stops the iteration
+(docs/trajectories.md, "Bad records"). Exit code 2 on a usage error or results or calls that cannot be
+gathered at all.
 """
 
 import argparse
@@ -50,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         results = load_results(args.results)
         ids = [r["rollout_id"] for r in results]
         print(f"trajectories: {len(ids)} rollout results; fetching their calls", file=sys.stderr, flush=True)
-        calls = fetch_calls_store(args.store, ids) if args.store else fetch_calls_http(args.proxy_url, args.admin_key, ids)
+        calls, skipped = (fetch_calls_store(args.store, ids) if args.store
+                          else fetch_calls_http(args.proxy_url, args.admin_key, ids))
+        for bad in skipped:
+            print(f"trajectories: warning: rollout {bad['rollout_id']}: stored record {bad['record']} skipped: "
+                  f"{bad['error']}", file=sys.stderr, flush=True)
         rows, harnesses = collect(results, calls, args.run, args.iteration)
         tables = rows.tables()
         files = write_tables(tables, partition_url(args.out, args.run, args.iteration))
@@ -59,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     summary = {"partition": partition_url(args.out, args.run, args.iteration), "files": files,
                "rows": {name: table.num_rows for name, table in tables.items()},
-               "harnesses": harnesses, "seconds": round(time.monotonic() - started, 3)}
+               "harnesses": harnesses, "skipped": skipped + rows.skipped,
+               "seconds": round(time.monotonic() - started, 3)}
     print(json.dumps(summary))
     return 0
 

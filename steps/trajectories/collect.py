@@ -3,6 +3,11 @@
 Results come from `{results}/*/result.json` (one folder per rollout, as `steps.rollout` writes them);
 calls come from the proxy's admin route or straight from its store. Infra-error rollouts keep their
 row in `rollouts` (and their calls in `calls`) but give no training samples.
+
+No bad record stops an iteration (docs/trajectories.md, "Bad records"): the store's reader skips what it
+cannot read, a call whose fields do not fit the tables is left out of `calls` and `samples`, and a
+rollout whose calls the proxy fails to give (a 5xx) keeps its row but gives no samples; each is named
+on stderr and in the summary's `skipped`, with its rollout.
 """
 
 import asyncio
@@ -14,7 +19,10 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from typing import Annotated
+
 import fsspec
+import msgspec
 import pyarrow as pa
 
 from steps.proxy.store import CallStore
@@ -28,6 +36,27 @@ from steps.trajectories.schema import (
 )
 
 TRAINABLE_STATUSES = ("ok", "agent_timeout")  # infra_error rollouts are never trained on
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]  # the tables' int32 columns
+
+
+class _Error(msgspec.Struct):
+    message: str | None = None
+
+
+class _CallFields(msgspec.Struct):
+    """What the tables take of a recorded call: a call whose fields do not fit is left out, named."""
+
+    call_index: TokenId
+    dialect: str | None = None
+    stream: bool | None = None
+    status: str | None = None
+    prompt_token_ids: list[TokenId] | None = None
+    response_token_ids: list[TokenId] | None = None
+    response_logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    weight_version: str | int | float | None = None
+    timings: dict[str, float | None] | None = None
+    error: _Error | None = None
 
 
 class CollectError(RuntimeError):
@@ -54,37 +83,64 @@ def load_results(results: str, storage_options: dict | None = None) -> list[dict
     return [loaded[rollout_id][1] for rollout_id in sorted(loaded)]
 
 
-def fetch_calls_http(proxy_url: str, admin_key: str, rollout_ids: list[str], workers: int = 16) -> dict[str, list[dict]]:
-    """Each rollout's recorded calls from the proxy's `GET /rollouts/{id}/calls`."""
-    def one(rollout_id: str) -> list[dict]:
+def fetch_calls_http(proxy_url: str, admin_key: str, rollout_ids: list[str],
+                     workers: int = 16) -> tuple[dict[str, list[dict]], list[dict]]:
+    """Each rollout's recorded calls from the proxy's `GET /rollouts/{id}/calls`, and the stored records
+    skipped ({"rollout_id", "record", "error"}; a rollout whose calls the proxy failed to give is one)."""
+    def one(rollout_id: str) -> tuple[list[dict], list[dict]]:
         req = urllib.request.Request(f"{proxy_url.rstrip('/')}/rollouts/{rollout_id}/calls",
                                      headers={"authorization": f"Bearer {admin_key}"})
         try:
             with urllib.request.urlopen(req, timeout=300) as resp:
-                return json.loads(resp.read())["calls"]
+                answer = json.loads(resp.read())
+            return answer["calls"], [{"rollout_id": rollout_id, **s} for s in answer.get("skipped") or []]
         except urllib.error.HTTPError as err:
             if err.code == 404:  # never registered (an infra error before the harness started)
-                return []
-            raise CollectError(f"proxy answered {err.code} to GET /rollouts/{rollout_id}/calls: "
-                               f"{err.read()[:300].decode(errors='replace')}") from None
+                return [], []
+            said = f"proxy answered {err.code} to GET /rollouts/{rollout_id}/calls: {err.read()[:300].decode(errors='replace')}"
+            if err.code >= 500:  # this rollout's calls, not the whole iteration
+                return [], [{"rollout_id": rollout_id, "record": "all its calls", "error": said}]
+            raise CollectError(said) from None
         except (urllib.error.URLError, OSError) as err:
             raise CollectError(f"proxy at {proxy_url} is unreachable: {err}") from None
 
     with ThreadPoolExecutor(workers) as pool:
-        return dict(zip(rollout_ids, pool.map(one, rollout_ids)))
+        answers = list(pool.map(one, rollout_ids))
+    return dict(zip(rollout_ids, (calls for calls, _ in answers))), [s for _, skipped in answers for s in skipped]
 
 
-def fetch_calls_store(store_url: str, rollout_ids: list[str]) -> dict[str, list[dict]]:
-    """Each rollout's recorded calls read straight from the proxy's store (local folder or s3://)."""
+def fetch_calls_store(store_url: str, rollout_ids: list[str]) -> tuple[dict[str, list[dict]], list[dict]]:
+    """Each rollout's recorded calls read straight from the proxy's store (local folder or s3://), and the
+    stored records skipped ({"rollout_id", "record", "error"})."""
     fs, root = fsspec.core.url_to_fs(store_url)
     if not fs.exists(f"{root.rstrip('/')}/rollouts"):
         raise CollectError(f"{store_url} is not a proxy store (it has no rollouts/ folder).")
     store = CallStore(store_url)
 
-    async def gather() -> list[list[dict]]:
-        return await asyncio.gather(*(store.list_calls(rid) for rid in rollout_ids))
+    async def gather() -> list:
+        return await asyncio.gather(*(store.read_calls(rid) for rid in rollout_ids))
 
-    return dict(zip(rollout_ids, asyncio.run(gather())))
+    stored = asyncio.run(gather())
+    skipped = [{"rollout_id": rid, **s} for rid, calls in zip(rollout_ids, stored) for s in calls.skipped]
+    return {rid: calls.calls for rid, calls in zip(rollout_ids, stored)}, skipped
+
+
+def fitting_calls(rollout_id: str, calls: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The calls whose fields fit the tables, each index once; and the rest as skipped records, named."""
+    kept, skipped, seen = [], [], set()
+    for n, call in enumerate(calls):
+        try:
+            index = msgspec.convert(call, _CallFields).call_index
+        except msgspec.ValidationError as exc:
+            where = call.get("call_index", f"number {n}") if isinstance(call, dict) else f"number {n}"
+            skipped.append({"rollout_id": rollout_id, "record": f"call {where}", "error": f"does not fit the tables: {exc}"})
+            continue
+        if index in seen:
+            skipped.append({"rollout_id": rollout_id, "record": f"call {index}", "error": "repeats a call index"})
+            continue
+        seen.add(index)
+        kept.append(call)
+    return kept, skipped
 
 
 def group_indices(results: list[dict]) -> dict[str, int]:
@@ -106,6 +162,7 @@ class Rows:
     calls: dict = field(default_factory=lambda: {name: [] for name in CALLS.names})
     rollouts: dict = field(default_factory=lambda: {name: [] for name in ROLLOUTS.names})
     samples: dict = field(default_factory=lambda: {name: [] for name in SAMPLES.names})
+    skipped: list[dict] = field(default_factory=list)  # calls left out: {"rollout_id", "record", "error"}
 
     def tables(self) -> dict[str, pa.Table]:
         """The filled columns as tables of the documented schemas."""
@@ -183,11 +240,16 @@ def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iterati
         keys = {"run": run, "iteration": iteration, "rollout_id": rid, "task": result.get("task"),
                 "sample": groups[rid], "harness": result.get("harness")}
         trainable = result.get("status") in TRAINABLE_STATUSES
-        built = build_samples(calls.get(rid, [])) if trainable else None
-        if trainable and len(calls.get(rid, [])) < (result.get("num_calls") or 0):
+        stored, skipped = fitting_calls(rid, calls.get(rid, []))
+        rows.skipped += skipped
+        for bad in skipped:
+            print(f"trajectories: warning: rollout {rid}: {bad['record']} left out: {bad['error']}",
+                  file=sys.stderr, flush=True)
+        built = build_samples(stored) if trainable else None
+        if trainable and len(stored) < (result.get("num_calls") or 0):
             print(f"trajectories: warning: rollout {rid} counted {result['num_calls']} calls but "
-                  f"{len(calls.get(rid, []))} are stored", file=sys.stderr, flush=True)
-        add_calls(rows, keys, calls.get(rid, []), built)
+                  f"{len(stored)} are stored and readable", file=sys.stderr, flush=True)
+        add_calls(rows, keys, stored, built)
         add_rollout(rows, keys, result, built)
         if built is not None:
             add_samples(rows, keys, built, result.get("reward"))
