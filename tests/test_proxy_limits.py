@@ -249,7 +249,7 @@ def test_a_request_that_does_not_arrive_in_time_gets_408(proxy, part):
     with conn:
         for piece in (b"GET /hea", b"lth HTTP/1.1\r\n", b"host: proxy\r\n", b"\r\n"):
             conn.sendall(piece)
-            time.sleep(0.2)
+            time.sleep(0.1)
         assert answer(conn)[0] == 200
 
 
@@ -262,9 +262,9 @@ def test_a_connection_that_sends_nothing_is_closed_silently(proxy):
 
 
 def test_an_answer_may_take_longer_than_every_timeout(tmp_path):
-    """The timeouts are for reading requests: a model that takes 2.5 s is waited for, under 1 s timeouts,
+    """The timeouts are for reading requests: a model that takes 1.5 s is waited for, under 1 s timeouts,
     on a new connection and on a kept-alive one."""
-    with FakeModel(delay_s=2.5) as slow, serve_proxy(
+    with FakeModel(delay_s=1.5) as slow, serve_proxy(
             slow.url, str(tmp_path / "store"), ADMIN, extra=["--model", "fake", "--head-timeout", "1",
                                                               "--body-timeout", "1", "--keep-alive-timeout", "1"]) as proxy:
         rollout = proxy.register("slow")
@@ -292,7 +292,7 @@ def test_a_client_over_its_connection_cap_sheds_an_idle_one_or_gets_503(model, t
         busy = idle[1:] + [conn]
         for c in busy:  # now none is idle: all three are sending a head
             c.sendall(b"GET /health HTTP/1.1\r\n")
-        time.sleep(0.2)
+        time.sleep(0.5)
         refused = connect(proxy)
         status, body = answer(refused)
         assert status == 503 and "too many connections from 127.0.0.1 (at most 3)" in json.loads(body)["error"]["message"]
