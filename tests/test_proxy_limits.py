@@ -210,7 +210,8 @@ def test_an_oversized_header_is_refused_without_being_buffered(proxy, tmp_path, 
         conn.sendall(HEALTH + b"x-big: " + b"a" * 60000 + b"\r\n\r\n")
         assert answer(conn)[0] == 200
     # control: without the limit the same kind of header is buffered whole (here 20 MiB) and answered
-    with serve_proxy(model.url, str(tmp_path / "store"), ADMIN, extra=["--model", "fake", "--max-head-bytes", "0"]) as unlimited:
+    with serve_proxy(model.url, str(tmp_path / "store"), ADMIN,
+                     extra=["--model", "fake", "--max-head-bytes", "0"]) as unlimited:
         before = peak_rss_mb(unlimited)
         conn = connect(unlimited)
         with conn:
@@ -264,13 +265,14 @@ def test_a_connection_that_sends_nothing_is_closed_silently(proxy):
 def test_an_answer_may_take_longer_than_every_timeout(tmp_path):
     """The timeouts are for reading requests: a model that takes 1.5 s is waited for, under 1 s timeouts,
     on a new connection and on a kept-alive one."""
-    with FakeModel(delay_s=1.5) as slow, serve_proxy(
-            slow.url, str(tmp_path / "store"), ADMIN, extra=["--model", "fake", "--head-timeout", "1",
-                                                              "--body-timeout", "1", "--keep-alive-timeout", "1"]) as proxy:
+    timeouts = ["--head-timeout", "1", "--body-timeout", "1", "--keep-alive-timeout", "1"]
+    with FakeModel(delay_s=1.5) as slow, \
+            serve_proxy(slow.url, str(tmp_path / "store"), ADMIN, extra=["--model", "fake", *timeouts]) as proxy:
         rollout = proxy.register("slow")
         body = json.dumps(CHAT).encode()
-        request = (b"POST /rollouts/slow/v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\n"
-                   b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s" % (rollout["api_key"].encode(), len(body), body))
+        request = (b"POST /rollouts/slow/v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n"
+                   b"content-type: application/json\r\nauthorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s"
+                   % (rollout["api_key"].encode(), len(body), body))
         conn = connect(proxy)
         with conn:
             for _ in range(2):
@@ -295,7 +297,8 @@ def test_a_client_over_its_connection_cap_sheds_an_idle_one_or_gets_503(model, t
         time.sleep(0.5)
         refused = connect(proxy)
         status, body = answer(refused)
-        assert status == 503 and "too many connections from 127.0.0.1 (at most 3)" in json.loads(body)["error"]["message"]
+        message = json.loads(body)["error"]["message"]
+        assert status == 503 and "too many connections from 127.0.0.1 (at most 3)" in message
         for c in busy:  # control: the three are still served
             c.sendall(b"host: proxy\r\n\r\n")
             assert answer(c)[0] == 200

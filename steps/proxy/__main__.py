@@ -55,8 +55,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     args = p.parse_args(argv)
     for name in ("max_head_bytes", "max_headers", "head_timeout", "body_timeout", "keep_alive_timeout",
                  "max_connections", "max_connections_per_client"):
-        if (getattr(args, name) or 0) < 0:
-            p.error(f"--{name.replace('_', '-')} takes a number >= 0 (0 turns the limit off), got {getattr(args, name)}")
+        if (value := getattr(args, name) or 0) < 0:
+            p.error(f"--{name.replace('_', '-')} takes a number >= 0 (0 turns the limit off), got {value}")
     if not args.admin_key:
         p.error("an admin key is required: pass --admin-key or set OPENFORGE_ADMIN_KEY")
     overrides = {}

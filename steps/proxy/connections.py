@@ -101,8 +101,8 @@ class Connections:
             client = self.clients[conn.host] = Client(conn.host)
         refusal = None
         if self.max_per_client and client.open >= self.max_per_client and not self._shed(client):
-            refusal = self.refused("client_connections", conn.host,
-                                   f"too many connections from {conn.host} (at most {self.max_per_client}); retry later")
+            refusal = self.refused("client_connections", conn.host, f"too many connections from {conn.host} "
+                                   f"(at most {self.max_per_client}); retry later")
         elif self.max_total and self.open >= self.max_total and not self._shed(self._most_idle()):
             refusal = self.refused("connections", conn.host,
                                    f"the proxy has too many open connections (at most {self.max_total}); retry later")

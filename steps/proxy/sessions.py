@@ -3,7 +3,8 @@
 A rollout's API key is random and known only to whoever registered it; the store keeps its SHA-256,
 so a restarted proxy still accepts the harness that holds it. Every call takes the next index of its
 rollout. Open rollouts stay in memory; a closed one leaves it (the store keeps it), except the last
-`closed_kept` closed ones, so that a harness still calling after its close gets its 403 without a store read. The weight gate holds new calls while weights are swapped and lets in-flight ones finish.
+`closed_kept` closed ones, so that a harness still calling after its close gets its 403 without a store
+read. The weight gate holds new calls while weights are swapped and lets in-flight ones finish.
 """
 
 import asyncio
