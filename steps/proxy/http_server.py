@@ -139,12 +139,11 @@ class ProxyProtocol(asyncio.Protocol):
             self._refuse(*exc.args)
         except httptools.HttpParserUpgrade:
             self._refuse(400, "upgrades (WebSocket, h2c) are not served", "upgrade")
-        except httptools.HttpParserCallbackError as exc:
-            if not isinstance(exc.__context__, _Refused):
-                raise
-            self._refuse(*exc.__context__.args)
         except httptools.HttpParserError as exc:
-            self._refuse(400, f"invalid HTTP request: {exc}", "invalid_http")
+            if isinstance(exc.__context__, _Refused):  # raised in a callback (on_headers_complete)
+                self._refuse(*exc.__context__.args)
+            else:
+                self._refuse(400, f"invalid HTTP request: {exc}", "invalid_http")
 
     def _feed_past(self, data: bytes) -> None:
         """Feeds bytes that run past what the head being read may still take: up to there, and on only
