@@ -166,3 +166,13 @@ def test_shutdown_lets_the_call_in_flight_finish(vllm_server, tmp_path, server):
         restarted.process.send_signal(signal.SIGTERM)
         restarted.process.wait(30)
     assert stored["status"] == "ok" and stored["timings"]["responded_at"] > stopped_at  # it was in flight
+
+
+def test_a_url_that_does_not_parse_gets_400_and_the_connection_closes(proxy):
+    conn, stream = connect(proxy)
+    with conn:
+        conn.sendall(b"GET http://[bad HTTP/1.1\r\nhost: proxy\r\n\r\n")
+        status, headers, body = read_answer(stream)
+        assert status == 400 and headers["connection"] == "close" and "invalid HTTP" in json.loads(body)["error"]["message"]
+        assert stream.read() == b""
+    assert "Traceback" not in proxy.log_tail()

@@ -17,7 +17,8 @@ import yaml
 from steps import logs
 from steps.proxy.app import create_app
 from steps.proxy.config import ProxyConfig
-from steps.proxy.http_server import ProxyProtocol
+from steps.proxy.connections import connection_cap, raise_open_file_limit
+from steps.proxy.http_server import protocol_factory
 
 
 def parse_args(argv: list[str] | None = None) -> ProxyConfig:
@@ -40,7 +41,22 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     p.add_argument("--log-level", default="warning")
     p.add_argument("--http-server", choices=("openforge", "uvicorn"), default="openforge",
                    help="the proxy's own HTTP/1.1 server (fast), or uvicorn's httptools protocol")
+    limits = p.add_argument_group("limits", "of the proxy's own HTTP server (docs/proxy.md, Limits); 0 turns one off")
+    limits.add_argument("--max-head-bytes", type=int, default=64 * 1024, help="request line and headers (431)")
+    limits.add_argument("--max-headers", type=int, default=128, help="headers in one request (431)")
+    limits.add_argument("--head-timeout", type=float, default=30.0,
+                        help="seconds for a request head to arrive, and for a new connection's first (408)")
+    limits.add_argument("--body-timeout", type=float, default=60.0, help="seconds for a request body to arrive (408)")
+    limits.add_argument("--keep-alive-timeout", type=float, default=75.0, help="seconds an idle connection stays open")
+    limits.add_argument("--max-connections", type=int,
+                        help="open client connections (503); default: half the open files the process may have")
+    limits.add_argument("--max-connections-per-client", type=int, default=1024,
+                        help="open connections from one client address (503)")
     args = p.parse_args(argv)
+    for name in ("max_head_bytes", "max_headers", "head_timeout", "body_timeout", "keep_alive_timeout",
+                 "max_connections", "max_connections_per_client"):
+        if (value := getattr(args, name) or 0) < 0:
+            p.error(f"--{name.replace('_', '-')} takes a number >= 0 (0 turns the limit off), got {value}")
     if not args.admin_key:
         p.error("an admin key is required: pass --admin-key or set OPENFORGE_ADMIN_KEY")
     overrides = {}
@@ -54,7 +70,9 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         public_url=args.public_url, model=args.model, weight_version=args.weight_version, overrides=overrides,
         max_tokens_cap=args.max_tokens_cap, max_body_bytes=args.max_body_bytes,
         upstream_timeout_s=args.upstream_timeout, fsync=args.fsync, log_level=args.log_level,
-        http_server=args.http_server,
+        http_server=args.http_server, max_head_bytes=args.max_head_bytes, max_headers=args.max_headers,
+        head_timeout_s=args.head_timeout, body_timeout_s=args.body_timeout, keep_alive_s=args.keep_alive_timeout,
+        max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
     )
 
 
@@ -72,11 +90,17 @@ def main(argv: list[str] | None = None) -> None:
     # switch interval instead of CPython's 5 ms roughly halved the latency the proxy adds at 64 paced sessions.
     sys.setswitchinterval(0.001)
     # uvicorn binds, runs the lifespan and shuts down gracefully; the proxy's own protocol serves the
-    # requests (http_server.py). No proxy-headers middleware: nothing in front rewrites client addresses.
-    http = ProxyProtocol if config.http_server == "openforge" else "httptools"
+    # requests (http_server.py) within its limits (connections.py). uvicorn's own protocol keeps only the
+    # keep-alive timeout and, as a 503 per request, the connection cap. No proxy-headers middleware:
+    # nothing in front rewrites client addresses.
+    open_files = raise_open_file_limit()
+    if config.http_server == "openforge":
+        http, concurrency = protocol_factory(config, open_files), None
+    else:
+        http, concurrency = "httptools", connection_cap(config.max_connections, open_files) or None
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
-                loop="auto", http=http, timeout_keep_alive=75, log_config=None, proxy_headers=False,
-                server_header=False)
+                loop="auto", http=http, timeout_keep_alive=config.keep_alive_s or 10**9, limit_concurrency=concurrency,
+                log_config=None, proxy_headers=False, server_header=False)
 
 
 if __name__ == "__main__":

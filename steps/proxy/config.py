@@ -24,6 +24,14 @@ class ProxyConfig:
     fsync: bool = False
     log_level: str = "warning"
     http_server: str = "openforge"  # or "uvicorn": its httptools protocol instead of http_server.py
+    # Limits of the proxy's own HTTP server (docs/proxy.md, "Limits"); 0 turns one off.
+    max_head_bytes: int = 64 * 1024
+    max_headers: int = 128
+    head_timeout_s: float = 30.0
+    body_timeout_s: float = 60.0
+    keep_alive_s: float = 75.0
+    max_connections: int | None = None  # None: half the open files the process may have (connections.py)
+    max_connections_per_client: int = 1024
 
     def sampling(self, body: dict) -> dict:
         """Applies the run config's sampling overrides and token cap to an upstream chat body."""

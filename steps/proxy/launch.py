@@ -9,6 +9,7 @@ The command is exactly `python -m steps.proxy ...`, the one the serve pod runs.
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -68,15 +69,18 @@ def proxy_command(upstream: str, store: str, port: int, extra: list[str] = ()) -
 
 
 def start_proxy(upstream: str, store: str, admin_key: str, port: int | None = None, extra: list[str] = (),
-                log_path: Path | None = None, env: dict | None = None, timeout_s: float = 30.0) -> ProxyProcess:
-    """Starts the proxy and returns once `/health` answers."""
+                log_path: Path | None = None, env: dict | None = None, timeout_s: float = 30.0,
+                open_files: int | None = None) -> ProxyProcess:
+    """Starts the proxy and returns once `/health` answers; `open_files` sets its limit on open files
+    (soft and hard, as a small container would), for tests of what the proxy does at that limit."""
     port = port or free_port()
     log_path = Path(log_path or Path(tempfile.gettempdir()) / f"openforge-proxy-{port}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {}), "OPENFORGE_ADMIN_KEY": admin_key}
     with open(log_path, "ab") as log:
         process = subprocess.Popen(proxy_command(upstream, store, port, list(extra)), env=full_env,
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   preexec_fn=None if open_files is None else lambda: _limit_open_files(open_files))
     proxy = ProxyProcess(process, port, admin_key, log_path, list(extra))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -89,6 +93,10 @@ def start_proxy(upstream: str, store: str, admin_key: str, port: int | None = No
             time.sleep(0.1)
     stop_proxy(proxy)
     raise RuntimeError(f"the proxy did not answer /health within {timeout_s:.0f} s; log:\n{proxy.log_tail()}")
+
+
+def _limit_open_files(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
 
 def stop_proxy(proxy: ProxyProcess, grace_s: float = 10.0) -> None:

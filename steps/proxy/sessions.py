@@ -2,7 +2,9 @@
 
 A rollout's API key is random and known only to whoever registered it; the store keeps its SHA-256,
 so a restarted proxy still accepts the harness that holds it. Every call takes the next index of its
-rollout. The weight gate holds new calls while weights are swapped and lets in-flight ones finish.
+rollout. Open rollouts stay in memory; a closed one leaves it (the store keeps it), except the last
+`closed_kept` closed ones, so that a harness still calling after its close gets its 403 without a store
+read. The weight gate holds new calls while weights are swapped and lets in-flight ones finish.
 """
 
 import asyncio
@@ -10,14 +12,16 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections import OrderedDict
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from steps.logs import now
 from steps.proxy.errors import ProxyError
 from steps.proxy.store import CallStore, PromptBase, RequestBase
 
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+CLOSED_KEPT = 1024
 
 
 def key_digest(api_key: str) -> str:
@@ -61,31 +65,60 @@ class Sessions:
     """Registered rollouts, backed by the store so that a restart loses none."""
 
     store: CallStore
-    rollouts: dict[str, Rollout] = field(default_factory=dict)
+    rollouts: dict[str, Rollout] = field(default_factory=dict)  # open ones
+    closed: OrderedDict[str, Rollout] = field(default_factory=OrderedDict)  # the last closed_kept closed ones
+    closed_kept: int = CLOSED_KEPT
+    registering: set[str] = field(default_factory=set)  # ids whose registration is under way
 
     async def register(self, rollout_id: str, metadata: dict) -> tuple[Rollout, str]:
-        """Registers a new rollout and returns it with its freshly made API key."""
+        """Registers a new rollout and returns it with its freshly made API key; 409 if the id is taken,
+        also by a registration still under way (only one of concurrent ones gets a key)."""
         if not ROLLOUT_ID.match(rollout_id):
             raise ProxyError(400, "rollout_id must be 1-128 characters of letters, digits, '.', '_' or '-', "
                              f"starting with a letter or digit; got {rollout_id!r}", param="rollout_id")
-        if await self.find(rollout_id) is not None:
-            raise ProxyError(409, f"rollout {rollout_id!r} is already registered", param="rollout_id")
-        api_key = "of-" + secrets.token_urlsafe(32)
-        rollout = Rollout(rollout_id, key_digest(api_key), metadata, created_at=now())
-        await self.store.put_rollout(rollout.info())
-        self.rollouts[rollout_id] = rollout
+        taken = ProxyError(409, f"rollout {rollout_id!r} is already registered", param="rollout_id")
+        if rollout_id in self.registering:  # checked and claimed with no await between: the claim is atomic
+            raise taken
+        self.registering.add(rollout_id)
+        try:
+            if await self.find(rollout_id) is not None:
+                raise taken
+            api_key = "of-" + secrets.token_urlsafe(32)
+            rollout = Rollout(rollout_id, key_digest(api_key), metadata, created_at=now())
+            await self.store.put_rollout(rollout.info())
+            self.rollouts[rollout_id] = rollout
+        finally:
+            self.registering.discard(rollout_id)
         return rollout, api_key
 
     async def find(self, rollout_id: str) -> Rollout | None:
-        """The rollout with this id, reloaded from the store after a restart; None if unknown."""
+        """The rollout with this id, reloaded from the store after a restart or a while after its close;
+        None if unknown."""
         rollout = self.rollouts.get(rollout_id)
         if rollout is not None or not ROLLOUT_ID.match(rollout_id):
+            return rollout
+        rollout = self.closed.get(rollout_id)
+        if rollout is not None:
+            self.closed.move_to_end(rollout_id)
             return rollout
         info = await self.store.get_rollout(rollout_id)
         if info is None:
             return None
         rollout = Rollout(**info, next_index=await self.store.resume_calls(rollout_id))
+        if rollout.closed_at is not None:
+            return self._keep_closed(rollout)
         return self.rollouts.setdefault(rollout_id, rollout)
+
+    def _keep_closed(self, rollout: Rollout) -> Rollout:
+        """Moves a closed rollout out of the open ones, into the few closed ones kept (a copy without the
+        last prompt and request: a call still in flight may set them on the original)."""
+        if self.rollouts.get(rollout.rollout_id) is rollout:
+            del self.rollouts[rollout.rollout_id]
+        kept = self.closed.setdefault(rollout.rollout_id, replace(rollout, prompt_base=None, request_base=None))
+        self.closed.move_to_end(rollout.rollout_id)
+        while len(self.closed) > self.closed_kept:
+            self.closed.popitem(last=False)
+        return kept
 
     async def get(self, rollout_id: str) -> Rollout:
         """The rollout with this id, or a 404."""
@@ -109,7 +142,7 @@ class Sessions:
         if rollout.closed_at is None:
             rollout.closed_at, rollout.prompt_base, rollout.request_base = now(), None, None
             await self.store.put_rollout(rollout.info())
-        return rollout
+        return self._keep_closed(rollout)
 
 
 class WeightGate:
