@@ -18,6 +18,19 @@ the command ends or times out, every process of that uid is killed before the ve
 that is not root cannot switch users: the agent then runs as the runner's uid, is NOT uid-isolated, and
 only its session is killed; `notes` (and so result.json) says so.
 
+Before the agent starts, everything the verifier would execute or load (its PATH with the programs linked
+there, Python's sys.path, /etc, the library folders; `/`, `/logs` and every folder above those) is closed to
+the agent uid: write bits for group and other removed, anything it owns given to root; notes say what was
+changed. Once it has stopped, `prepare_verifier(env)` checks that no process of that uid is left and
+that none of those paths is open to it (else `VerifierRefused`: graded 0, never an infra error), removes
+what it left in the scratch folders (/tmp, /var/tmp, /dev/shm) and in /tests, /solution and /logs/verifier,
+and returns the verifier's environment with a fresh, empty, root-owned HOME and TMPDIR:
+
+    try:
+        env = box.prepare_verifier(env)            # then run_verifier(box, task, out, env)
+    except VerifierRefused as exc:                 # reward 0, status ok, str(exc) in notes
+        ...
+
 What the pod does not isolate is in docs/rollouts.md (network, the node's kernel, what the image itself
 leaves readable).
 """
@@ -25,18 +38,21 @@ leaves readable).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import posixpath
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from steps.sandbox import KILL_GRACE_S, Bind, RunResult, Sandbox, SandboxError, _kill, wait_for
+from steps.sandbox import KILL_GRACE_S, Bind, RunResult, Sandbox, SandboxError, VerifierRefused, _kill, wait_for
 from steps.tasks import Task
 
 AGENT_UID = 10001
@@ -47,6 +63,25 @@ SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/openforge",
                 "/usr")
 SYSTEM_FOLDERS = frozenset({"/", "/home", "/logs", "/opt", "/run", "/srv", "/tmp", "/var"})
 PR_SET_NO_NEW_PRIVS = 38
+# What the verifier may execute or load besides its PATH and Python's sys.path (found per rollout): the
+# system's configuration (ld.so.preload, pip.conf, ...) and shared libraries.
+VERIFIER_TREES = ("/etc", "/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")
+# Where the agent keeps scratch files, which a verifier might read as its own: what it left there is removed.
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+# Only the verifier's, filled after the agent has stopped: whatever the agent left there is removed.
+VERIFIER_ONLY = ("/tests", "/solution", "/logs/verifier")
+FOLDER_WRITE = 0o022  # the group and other write bits, the two an unprivileged uid could hold here
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+@dataclass(frozen=True)
+class VerifierPaths:
+    """What the verifier trusts: every entry under `trees`, and `folders` themselves (not what is below),
+    except what lies in `agent_owned` (the agent's own folders, its workspace the graded files)."""
+
+    trees: tuple[str, ...]
+    folders: tuple[str, ...]
+    agent_owned: tuple[str, ...] = ()
 
 
 @dataclass
@@ -54,6 +89,7 @@ class PodSandbox(Sandbox):
     """The pod's own file system as a `Sandbox`; `agent_uid` is None when the runner is not root."""
 
     agent_uid: int | None = AGENT_UID
+    verifier_paths: VerifierPaths = field(default_factory=lambda: VerifierPaths((), ()))
 
     @property
     def fs(self) -> Path:
@@ -90,6 +126,12 @@ class PodSandbox(Sandbox):
         for folder in (AGENT_LOGS, "/logs/verifier", "/logs/artifacts"):
             Path(folder).mkdir(parents=True, exist_ok=True)
         box.home = tempfile.mkdtemp(prefix="openforge-agent-home-", dir="/tmp")
+        if box.agent_uid is not None:
+            box.verifier_paths = verifier_paths({**box.env, **task.config.verifier_env}, agent_areas(box))
+            closed = close(box.verifier_paths, box.agent_uid)
+            if closed:
+                box.notes.append(f"pod mode: {len(closed)} paths the verifier loads were open to the agent uid and "
+                                 f"were closed before it ran (write bits removed, owner root), e.g. {closed[0]}")
         return box
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
@@ -133,6 +175,39 @@ class PodSandbox(Sandbox):
     def close(self) -> None:
         """Nothing to unmount: the pod's `/` is its own."""
 
+    def prepare_verifier(self, env: dict[str, str]) -> dict[str, str]:
+        """Make the pod fit to grade once the agent has stopped; return `env` with a fresh HOME and TMPDIR.
+
+        Every process of the agent uid must be gone (`SandboxError` otherwise); what the agent left in
+        `/tmp`, `/var/tmp`, `/dev/shm`, `/tests`, `/solution` and `/logs/verifier` is removed; HOME and
+        TMPDIR are new empty root-owned folders. Raises `VerifierRefused` (grade 0, never retried) when an
+        entry the verifier would execute or load (its PATH, Python's sys.path, `/etc`, the libraries, `/`
+        and every folder above them: see `verifier_paths`) is owned by or writable to the agent uid.
+        """
+        if self.agent_uid is not None:
+            _kill_uid(self.agent_uid)
+            left = _live(lambda status: status["Uid"].split()[0] == str(self.agent_uid))
+            if left:
+                raise SandboxError(f"processes {left[:5]} of the agent uid {self.agent_uid} are still alive; "
+                                   "the verifier must not run beside them")
+            extra = verifier_paths({"PATH": env.get("PATH", "")}, agent_areas(self), probe_python=False)
+            paths = VerifierPaths(tuple(dict.fromkeys(self.verifier_paths.trees + extra.trees)),
+                                  tuple(dict.fromkeys(self.verifier_paths.folders + extra.folders)), extra.agent_owned)
+            found = open_to(paths, self.agent_uid)
+            if found:
+                raise VerifierRefused(f"not graded (reward 0): the agent uid {self.agent_uid} owns or may write "
+                                      f"{len(found)} paths the verifier would execute or load, e.g. {found[0]}")
+            for folder in SCRATCH:
+                remove_owned(Path(folder), self.agent_uid)
+        for folder in VERIFIER_ONLY:
+            if os.path.lexists(folder):
+                self._replace(folder)  # the agent's copy, whatever it is (a link is removed, not followed)
+        fresh = {name: tempfile.mkdtemp(prefix=f"openforge-verifier-{name.lower()}-", dir="/tmp")
+                 for name in ("HOME", "TMPDIR")}
+        for folder in fresh.values():
+            os.chmod(folder, 0o755)  # root's; readable for a verifier that drops privileges
+        return {**env, **fresh}
+
     def remove(self) -> None:
         """Nothing to delete: the pod goes away with its files."""
 
@@ -143,6 +218,170 @@ def give(path: Path, uid: int) -> None:
     for folder, dirs, files in os.walk(path):
         for name in dirs + files:
             os.lchown(os.path.join(folder, name), uid, uid)
+
+
+def agent_areas(box: PodSandbox) -> tuple[str, ...]:
+    """The folders the agent owns by design: its workspace (the graded files), logs, HOME and scratch."""
+    return (box.workdir, AGENT_LOGS, box.home, *SCRATCH)
+
+
+def _inside(path: str, folders: Sequence[str]) -> bool:
+    return any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in folders)
+
+
+def python_path(python: str, env: dict[str, str]) -> list[str]:
+    """`sys.path` of `python` (run as the verifier's environment would run it, from `/`), or [] if it fails.
+
+    Call it only before the agent has run: it executes the site folders' `.pth` files."""
+    try:
+        done = subprocess.run([python, "-c", "import json, sys; print(json.dumps(sys.path))"], env=env, cwd="/",
+                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        return [entry for entry in json.loads(done.stdout) if isinstance(entry, str) and entry.startswith("/")]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return []
+
+
+def verifier_paths(env: dict[str, str], agent_owned: Sequence[str], probe_python: bool = True) -> VerifierPaths:
+    """What the verifier would execute or load, as trees and folders (see `VerifierPaths`).
+
+    Trees: every folder on `env`'s PATH, with the real targets of the programs linked there; `sys.path`
+    of each `python3`/`python` on that PATH (when `probe_python`); `VERIFIER_TREES`. Folders: `/`, `/tests`'s
+    and `/logs`'s parents (where pytest looks for `conftest.py`, `pytest.ini`, ...), and every folder above
+    a tree (renaming one swaps everything below it). Paths inside `agent_owned` (the workspace: what is
+    graded) are left out.
+    """
+    search = [folder for folder in env.get("PATH", "").split(":") if folder.startswith("/")]
+    trees = [*search, *VERIFIER_TREES]
+    for folder in search:
+        for entry in _entries(folder):
+            if entry.is_symlink():
+                trees.append(os.path.realpath(entry.path))
+    if probe_python:
+        for name in ("python3", "python"):
+            exe = shutil.which(name, path=env.get("PATH", ""))
+            if exe:
+                trees += python_path(exe, {**env, "PYTHONNOUSERSITE": "1"})
+    trees = [os.path.realpath(tree) for tree in trees if os.path.lexists(tree)]
+    trees = [tree for tree in dict.fromkeys(trees) if not _inside(tree, agent_owned)]
+    folders = {"/", "/logs"}
+    for tree in trees:
+        parent = os.path.dirname(tree)
+        while parent != "/":
+            folders.add(parent)
+            parent = os.path.dirname(parent)
+    return VerifierPaths(tuple(trees), tuple(sorted(f for f in folders if not _inside(f, agent_owned))),
+                         tuple(agent_owned))
+
+
+def _entries(folder: str) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(folder))
+    except OSError:
+        return []
+
+
+def _read_only_mounts() -> tuple[list[str], list[str]]:
+    """(read-only, writable) mount points of this process, from /proc/self/mountinfo."""
+    read_only, writable = [], []
+    try:
+        with open(MOUNTINFO) as mounts:
+            for line in mounts:
+                fields = line.split()
+                point = fields[4].encode().decode("unicode_escape")
+                (read_only if "ro" in fields[5].split(",") else writable).append(point)
+    except OSError:
+        pass
+    return read_only, writable
+
+
+def _walk(paths: VerifierPaths) -> Iterator[str]:
+    """Every path to check: the folders, and each tree with all below it, skipping read-only mounts
+    (nobody can change them) but not the writable mounts inside those."""
+    read_only, writable = _read_only_mounts()
+
+    def on_read_only(path: str) -> bool:
+        mount = max((m for m in read_only + writable if _inside(path, [m])), key=len, default="/")
+        return mount in read_only
+
+    yield from paths.folders
+    roots: list[str] = []
+    for tree in paths.trees:
+        if not on_read_only(tree):
+            roots.append(tree)
+        roots += [m for m in writable if _inside(m, [tree]) and m != tree and on_read_only(os.path.dirname(m))]
+    for root in dict.fromkeys(roots):
+        yield root
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if os.path.join(folder, d) not in read_only
+                       and not _inside(os.path.join(folder, d), paths.agent_owned)]
+            for name in dirs + files:
+                yield os.path.join(folder, name)
+
+
+def _open(st: os.stat_result, uid: int) -> bool:
+    """Whether `uid` (gid `uid`, no other group) owns the entry or may change it."""
+    if st.st_uid == uid:
+        return True
+    if stat.S_ISLNK(st.st_mode):
+        return False  # a link's own mode means nothing; only its folder can replace it
+    return bool(st.st_mode & 0o002 or (st.st_gid == uid and st.st_mode & 0o020))
+
+
+def lock(paths: VerifierPaths, uid: int) -> list[str]:
+    """Before the agent runs: close every path of `paths` that `uid` owns or may write (owner root, no group/
+    other write bits), so nothing the verifier loads can be the agent's; returns the paths changed."""
+    changed = []
+    for path in _walk(paths):
+        try:
+            st = os.lstat(path)
+            if not _open(st, uid):
+                continue
+            if st.st_uid == uid or st.st_gid == uid:
+                os.lchown(path, 0 if st.st_uid == uid else -1, 0 if st.st_gid == uid else -1)
+            if not stat.S_ISLNK(st.st_mode):
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~FOLDER_WRITE)
+            changed.append(path)
+        except OSError:
+            continue  # gone, or on a file system nobody may write
+    return changed
+
+
+def close(paths: VerifierPaths, uid: int) -> list[str]:
+    """`lock`, then make sure nothing of `paths` is still open to `uid` (`SandboxError` otherwise, naming it)."""
+    changed = lock(paths, uid)
+    still = open_to(paths, uid)
+    if still:
+        raise SandboxError(f"{still[0]} (which the verifier would load) stays open to the agent uid {uid} after "
+                           "chmod and chown; the image must not leave it writable")
+    return changed
+
+
+def open_to(paths: VerifierPaths, uid: int) -> list[str]:
+    """After the agent ran: every path of `paths` that `uid` owns or may write (should be none after `lock`)."""
+    found = []
+    for path in _walk(paths):
+        try:
+            if _open(os.lstat(path), uid):
+                found.append(path)
+        except OSError:
+            continue
+    return found
+
+
+def remove_owned(folder: Path, uid: int) -> None:
+    """Remove every entry under `folder` owned by `uid` (with all below it), links without following them."""
+    for entry in _entries(str(folder)):
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid == uid:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        elif entry.is_dir(follow_symlinks=False):
+            remove_owned(Path(entry.path), uid)
 
 
 def hidden_from(path: Path, uid: int) -> bool:

@@ -86,6 +86,11 @@ class SandboxError(RuntimeError):
     """The sandbox cannot be built or used; the message says why in one sentence (plus a log tail)."""
 
 
+class VerifierRefused(Exception):
+    """The agent changed what the verifier would execute or load: the rollout is graded 0 (it is the agent's
+    doing, so never an infra_error, which would be retried); the message says what was found."""
+
+
 @dataclass(frozen=True)
 class RunResult:
     """How one command in the sandbox ended.
@@ -199,6 +204,12 @@ class Sandbox:
                 shutil.copy2(source, target)
             view._drop_escaping_links(path)
         return view
+
+    def prepare_verifier(self, env: dict[str, str]) -> dict[str, str]:
+        """The verifier's environment, once this sandbox is fit to grade in: a pristine root already is.
+
+        (A pod checks and cleans itself here: `steps.pod.PodSandbox.prepare_verifier`.)"""
+        return env
 
     def _drop_escaping_links(self, graded: str) -> None:
         """Remove graded symlinks that resolve (inside this sandbox) to a verifier-only place."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import time
@@ -26,7 +27,7 @@ import orjson
 import pytest
 from scripted_model import ScriptedModel
 
-from steps.harnesses import HARNESSES, Endpoint, default_prefix
+from steps.harnesses import HARNESSES, Endpoint, codex, default_prefix
 from steps.harnesses.base import installed_version, node_bin_dir
 from steps.proxy import chat, messages, responses
 from steps.proxy.launch import ProxyProcess
@@ -145,3 +146,54 @@ def test_harness_completes_task_through_proxy(name: str, scripted: ScriptedModel
     assert (collections.Counter(upstream_messages(harness.DIALECT, call["request"]) for call in calls)
             == collections.Counter(orjson.dumps(exchange["request"]["messages"]) for exchange in scripted.exchanges)), context
     print(f"{name}: {len(calls)} calls in {seconds:.1f} s")
+
+
+ENV_COMMAND = "env > tool-env.txt"
+
+
+def tool_environment(name: str, scripted: ScriptedModel, harness_proxy: ProxyProcess, tmp_path: Path,
+                     edit_home: Callable[[Path], None] = lambda home: None) -> tuple[str, str]:
+    """(the rollout's key, what the harness's shell tool found in its environment), after the scripted
+    model had it run `env` into a file; `edit_home` may change the harness's config first."""
+    harness = HARNESSES[name]
+    exe = installed_exe(name)
+    scripted.set_commands([ENV_COMMAND])
+    rollout_id = f"env-{name}-{uuid.uuid4().hex[:8]}"
+    rollout = harness_proxy.register(rollout_id, {"harness": name})
+    endpoint = Endpoint(openai_base_url=rollout["openai_base_url"], anthropic_base_url=rollout["anthropic_base_url"],
+                        api_key=rollout["api_key"], model="tiny")
+    home, workdir = tmp_path / "home", tmp_path / "work"
+    workdir.mkdir()
+    env = harness.prepare(home, workdir, endpoint)
+    edit_home(home)
+    done = run_harness(harness.command(INSTRUCTION, workdir, exe), env, workdir)
+    calls = harness_proxy.calls(rollout_id)
+    harness_proxy.admin("POST", f"/rollouts/{rollout_id}/close")
+    seen = workdir / "tool-env.txt"
+    context = f"{name} exited {done.returncode}\nstdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-2000:]}"
+    assert seen.exists() and "PATH=" in seen.read_text(), context  # the tool ran and wrote its environment
+    assert {call["status"] for call in calls} == {"ok"} and len(calls) >= 2, context  # the key did reach the proxy
+    return endpoint.api_key, seen.read_text()
+
+
+@pytest.mark.parametrize("name", list(HARNESSES))
+def test_tool_processes_see_the_rollout_key_only_where_the_harness_cannot_hide_it(
+        name: str, scripted: ScriptedModel, harness_proxy: ProxyProcess, tmp_path: Path) -> None:
+    """The rollout's key is in the shell tool's environment exactly when the harness cannot be told to
+    keep it out (`KEY_IN_TOOL_ENV`); every pinned harness here can, and is told to."""
+    key, seen = tool_environment(name, scripted, harness_proxy, tmp_path)
+    assert (key in seen) is HARNESSES[name].KEY_IN_TOOL_ENV, seen
+
+
+def test_codex_tool_processes_see_the_key_without_its_environment_policy(
+        scripted: ScriptedModel, harness_proxy: ProxyProcess, tmp_path: Path) -> None:
+    """Control: the same run with Codex's `[shell_environment_policy]` removed puts the key in the tool's env,
+    so the check above would catch a harness that passes it on."""
+    def drop_policy(home: Path) -> None:
+        config = home / ".codex" / "config.toml"
+        text = config.read_text()
+        assert "[shell_environment_policy]" in text
+        config.write_text(re.sub(r"\[shell_environment_policy\][^\[]*", "", text))
+
+    key, seen = tool_environment("codex", scripted, harness_proxy, tmp_path, edit_home=drop_policy)
+    assert f"{codex.API_KEY_VAR}={key}" in seen

@@ -48,6 +48,13 @@ cp -a "$APP" opt/openforge/app
 mount --bind "$OUT" tmp/rollout
 chroot . /bin/sh -c "$LAYOUT"
 rm -rf opt/openforge  # the steps image's files are not in the task's image
+for open in $WORLD_WRITABLE; do  # what the image would leave open to everyone: a tmpfs where /usr, /etc are bound
+  case "$open" in
+    /) chmod 777 . ;;
+    /usr/*|/etc/*) mount -t tmpfs -o mode=0777 open ".$open" ;;
+    *) mkdir -p ".$open" && chmod 777 ".$open" ;;
+  esac
+done
 mkdir openforge/python openforge/harnesses
 mount --bind "$PYTHON" openforge/python
 mount --bind "$SITE" "openforge/python/$SITE_IN_PYTHON"
@@ -86,8 +93,12 @@ def rollout_pod(config, values: dict[str, str]) -> tuple[list[str], dict[str, st
 
 
 def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: tuple[str, ...] = (),
-               patch_app=None, runner_uid: int | None = None) -> tuple[subprocess.CompletedProcess, dict, str]:
-    """One rollout in a fresh simulated pod (see the module docstring); returns the process, result.json, rollout id."""
+               patch_app=None, runner_uid: int | None = None, world_writable: tuple[str, ...] = (),
+               driver: str | None = None) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """One rollout in a fresh simulated pod (see the module docstring); returns the process, result.json, rollout id.
+
+    `world_writable`: pod paths the image leaves mode 0777. `driver`: Python run (`python -P -c`, with the task
+    folder and `extra_args` as arguments) instead of the rollout template's command; it writes result.json."""
     task = load_task(task_dir)
     image = Sandbox.create(tmp_path / "image", task)  # the task's image, as the builder lays it out
     app = tmp_path / "app"
@@ -102,14 +113,18 @@ def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: 
     root.mkdir()
     rollout_id = f"pod-{harness}-{task.name}-{uuid.uuid4().hex[:6]}"
     config = load_config(REPO / "configs" / "cluster-example.yaml", ["run=pod", f"harness={harness}", "model_name=tiny"])
-    argv, env = rollout_pod(config, {"task": str(relative), "rollout_id": rollout_id, "proxy_url": proxy.url})
+    argv, env = rollout_pod(config, {"task": str(relative), "rollout_id": rollout_id,
+                                     "proxy_url": proxy.url if proxy else "http://127.0.0.1:9"})
+    if driver is not None:
+        argv = [argv[0], "-P", "-c", driver, argv[argv.index("--task") + 1]]
     env |= {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
             "OPENFORGE_ADMIN_KEY": ADMIN_KEY, "OPENFORGE_TEST_SECRET": SECRET}
     python_version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     setup = {"ROOT": str(root), "IMAGE": str(image.fs), "APP": str(app), "OUT": str(out), "LAYOUT": app_layout(),
              "PYTHON": sys.base_prefix, "SITE": sysconfig.get_path("purelib"),
              "SITE_IN_PYTHON": f"lib/{python_version}/site-packages", "HARNESSES": str(cache_root()),
-             "WORKDIR": image.workdir, "PATH": os.environ["PATH"], "RUNNER_UID": str(runner_uid or "")}
+             "WORKDIR": image.workdir, "PATH": os.environ["PATH"], "RUNNER_UID": str(runner_uid or ""),
+             "WORLD_WRITABLE": " ".join(world_writable)}
     command = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv, *extra_args]
     done = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--propagation", "private",
                            "sh", "-c", POD_SCRIPT, "pod", *command], env=setup, capture_output=True, text=True,
@@ -215,3 +230,131 @@ def test_a_runner_that_is_not_root_says_the_agent_is_not_uid_isolated(scripted, 
     assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), (result, done.stderr)
     assert tool_outputs(scripted_proxy.calls(rollout_id))[0] == json.dumps(f"exit code: 0\n{AGENT_UID + 1}\n")
     assert any("NOT uid-isolated" in note for note in result["notes"]) and "NOT uid-isolated" in done.stderr
+
+
+# ---- the verifier loads nothing the agent could change ----
+
+GRADE = r"""
+import json, sys
+from pathlib import Path
+import steps.pod as pod
+from steps.tasks import load_task
+from steps.tasks.verify import run_verifier
+
+task, agent, guard = load_task(Path(sys.argv[1])), sys.argv[2], sys.argv[3]
+out = Path("/tmp/rollout")
+if guard != "guarded":
+    pod.close = lambda paths, uid: []  # the control: the image's open paths stay open to the agent
+box = pod.PodSandbox.create(out, task)
+box.run(["bash", "-c", agent], timeout_s=60, as_agent=True, stdout_path=out / "agent.log")
+env = {"PATH": box.env["PATH"], "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
+result = {"notes": box.notes}
+try:
+    if guard != "unguarded":
+        env = box.prepare_verifier(env)
+    verdict = run_verifier(box, task, out / "verifier", env)
+    result |= {"reward": verdict.reward, "error": verdict.error}
+except pod.VerifierRefused as exc:
+    result |= {"reward": 0.0, "refused": str(exc)}
+result["agent_log"] = (out / "agent.log").read_text()
+result["verifier_log"] = (out / "verifier" / "test-stdout.txt").read_text() if (out / "verifier").exists() else ""
+(out / "result.json").write_text(json.dumps(result))
+"""
+# The task's check, in Python: 1 only when the agent wrote "hello" into /app/answer.txt, which no attack here does.
+CHECK = "import sys; sys.exit(open('/app/answer.txt').read().strip() != 'hello')"
+PYTHON_CHECK = f"""#!/bin/bash
+if python3 -c "{CHECK}" 2>/dev/null; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+PYTEST_CHECK = """#!/bin/bash
+cat > /tests/test_answer.py <<'PY'
+def test_answer():
+    assert open('/app/answer.txt').read().strip() == 'hello'
+PY
+cd /tests && if LD_LIBRARY_PATH=/openforge/python/lib /openforge/python/bin/python3 -m pytest -q -p no:cacheprovider \\
+    /tests/test_answer.py >&2; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+CACHE_CHECK = """#!/bin/bash
+# A verifier that keeps its expected answer in /tmp between steps (and reuses one that is there).
+[ -f /tmp/expected.txt ] || echo hello > /tmp/expected.txt
+if [ "$(cat /app/answer.txt 2>/dev/null)" = "$(cat /tmp/expected.txt)" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+echo "home $(stat -c %u "$HOME") $(ls -A "$HOME" | wc -l) tmpdir $(stat -c %u "$TMPDIR") $(ls -A "$TMPDIR" | wc -l)"
+echo "left: $(ls -A /tests /solution 2>&1 | tr '\\n' ' ')"
+"""
+SITE = f"/usr/local/lib/python{sys.version_info.major}.{sys.version_info.minor}/dist-packages"
+ETC_PYTHON = f"/etc/python{sys.version_info.major}.{sys.version_info.minor}"
+ATTACKS = {  # name -> (what the image leaves 0777, the agent's commands, the verifier)
+    "pth-in-site-dir": ((SITE,), f"echo 'import os; os._exit(0)' > {SITE}/zz-agent.pth", PYTHON_CHECK),
+    # Debian's python3 imports /usr/lib/python3.X/sitecustomize.py, a link into /etc/python3.X.
+    "sitecustomize": ((ETC_PYTHON,), f"echo 'import os; os._exit(0)' > {ETC_PYTHON}/sitecustomize.py", PYTHON_CHECK),
+    "fake-python3-on-path": (("/usr/local/bin",), "printf '#!/bin/sh\\nexit 0\\n' > /usr/local/bin/python3; "
+                                                  "chmod +x /usr/local/bin/python3", PYTHON_CHECK),
+    "fake-bash-on-path": (("/usr/local/bin",), "printf '#!/bin/sh\\necho 1 > /logs/verifier/reward.txt\\n' > "
+                                               "/usr/local/bin/bash; chmod +x /usr/local/bin/bash", PYTHON_CHECK),
+    "pytest-config-at-root": (("/",), "printf '[pytest]\\naddopts = --collect-only\\n' > /pytest.ini; "
+                                      "echo 'collect_ignore_glob = [\"*\"]' > /conftest.py", PYTEST_CHECK),
+    "answer-planted-in-tmp": (("/solution", "/tests"), "touch /app/answer.txt; : > /tmp/expected.txt; "
+                                                       "echo x > /solution/solve.sh; echo x > /tests/x", CACHE_CHECK),
+}
+
+
+def grade_in_pod(tmp_path: Path, attack: str, guard: str) -> dict:
+    """The agent's commands of `ATTACKS[attack]` as the agent uid in a fresh simulated pod, then the verifier
+    with `guard`: "guarded" (closing paths before the agent, `prepare_verifier` after), "after" (only
+    `prepare_verifier`) or "unguarded" (neither: the control). Returns the driver's result."""
+    open_paths, agent, test_sh = ATTACKS[attack]
+    task = tmp_path / "attacked"
+    shutil.copytree(BUILTIN_DATASET / "hello-file", task)
+    (task / "tests" / "test.sh").write_text(test_sh)
+    done, result, _ = run_in_pod(None, task, "direct", tmp_path, extra_args=(agent, guard), world_writable=open_paths,
+                                 driver=GRADE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return result
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_what_the_agent_plants_for_the_verifier_is_never_loaded(attack, tmp_path):
+    """Each attack earns 0: the open path is closed before the agent runs (noted), or its leftovers removed."""
+    result = grade_in_pod(tmp_path, attack, "guarded")
+    assert result["reward"] == 0.0 and "refused" not in result, result
+    if attack != "answer-planted-in-tmp":
+        assert "Permission denied" in result["agent_log"], result  # the plant itself failed
+        assert any("were closed before it ran" in note for note in result["notes"]), result
+    else:
+        assert "home 0 0 tmpdir 0 0" in result["verifier_log"], result  # fresh, root's, empty
+        assert "/tests: test.sh \n" in result["verifier_log"] and "solve.sh" not in result["verifier_log"], result
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_the_same_attack_without_the_guard_earns_reward_1(attack, tmp_path):
+    """Control: with nothing closed and `prepare_verifier` skipped, each plant does fool the verifier."""
+    result = grade_in_pod(tmp_path, attack, "unguarded")
+    assert result["reward"] == 1.0, result
+
+
+@pytest.mark.parametrize("attack", ["pth-in-site-dir", "fake-bash-on-path", "pytest-config-at-root"])
+def test_a_plant_found_after_the_agent_refuses_grading_with_reward_0(attack, tmp_path):
+    """Had a path stayed open (nothing closed before the agent), `prepare_verifier` finds the agent's file and
+    refuses: reward 0 with the reason, never an infra error."""
+    result = grade_in_pod(tmp_path, attack, "after")
+    assert result["reward"] == 0.0 and "not graded (reward 0)" in result["refused"], result
+    assert f"agent uid {AGENT_UID} owns or may write" in result["refused"]
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_rollout_closes_the_images_open_path_before_the_agent_runs(closed, scripted, scripted_proxy, tmp_path):
+    """Through `steps.rollout`: the image leaves a PATH folder 0777 and the agent puts a `bash` there that
+    writes reward 1. Closed before the agent (noted in result.json), the plant fails and the rollout earns 0;
+    the control, with `close` disabled in the pod's copy of OpenForge, earns 1."""
+    def without_lock(app: Path) -> None:
+        pod_py = app / "steps" / "pod.py"
+        pod_py.write_text(pod_py.read_text().replace("closed = close(", "closed = [] and close("))
+
+    _, agent, _ = ATTACKS["fake-bash-on-path"]
+    scripted.set_commands([agent])
+    done, result, rollout_id = run_in_pod(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path,
+                                          world_writable=("/usr/local/bin",), patch_app=None if closed else without_lock)
+    assert done.returncode == 0 and result["status"] == "ok", result
+    assert result["reward"] == (0.0 if closed else 1.0), result
+    assert any("were closed before it ran" in note for note in result["notes"]) is closed, result["notes"]
+    assert ("Permission denied" in tool_outputs(scripted_proxy.calls(rollout_id))[0]) is closed
+    print(f"setup {result['durations']['setup_s']} s")

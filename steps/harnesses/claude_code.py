@@ -4,13 +4,15 @@
     # what a rollout runs, with the environment from prepare():
     claude -p --dangerously-skip-permissions --output-format stream-json --verbose -- "INSTRUCTION" </dev/null
 
-It is configured through the environment only (`ANTHROPIC_BASE_URL` without `/v1`). Its event log:
+It is configured through the environment (`ANTHROPIC_BASE_URL` without `/v1`) and `HOME/.claude/settings.json`,
+whose `apiKeyHelper` prints the rollout's key from a file beside it. Its event log:
 `--output-format stream-json` prints one event per line on stdout, and the session is kept in
 `HOME/.claude/projects/<workdir slug>/<session id>.jsonl`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -20,6 +22,9 @@ NPM_PACKAGE = "@anthropic-ai/claude-code"
 VERSION = "2.1.332"
 DIALECT = "messages"
 BINARY = "claude"
+# Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
+KEY_IN_TOOL_ENV = False
+KEY_FILE = "openforge-key"
 
 
 def install(prefix: Path) -> Path:
@@ -28,12 +33,19 @@ def install(prefix: Path) -> Path:
 
 
 def prepare(home: Path, workdir: Path, endpoint: Endpoint) -> dict[str, str]:
-    """Return the clean environment pointing Claude Code at the proxy; it needs no config file."""
-    home.mkdir(parents=True, exist_ok=True)
+    """Write the key and `HOME/.claude/settings.json`; return the clean environment pointing Claude Code at the proxy.
+
+    The key reaches Claude Code through `apiKeyHelper`, not `ANTHROPIC_API_KEY`: its Bash tool's processes
+    inherit its environment (CLAUDE_CODE_SUBPROCESS_ENV_SCRUB would strip the key, but then every command
+    must run in Claude Code's own sandbox, which needs bubblewrap and socat in the task's image)."""
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    (settings.parent / KEY_FILE).write_text(endpoint.api_key)
+    # $HOME, not the path: in a local sandbox the harness sees HOME under another name than the runner.
+    settings.write_text(json.dumps({"apiKeyHelper": f'cat "$HOME/.claude/{KEY_FILE}"'}, indent=2))
     env = clean_env(
         home,
         ANTHROPIC_BASE_URL=endpoint.anthropic_base_url,
-        ANTHROPIC_API_KEY=endpoint.api_key,
         ANTHROPIC_MODEL=endpoint.model,
         # Side requests (titles, summaries) otherwise name a Haiku model the server does not serve.
         ANTHROPIC_SMALL_FAST_MODEL=endpoint.model,

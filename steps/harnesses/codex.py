@@ -22,6 +22,8 @@ VERSION = "0.171.0"
 DIALECT = "responses"
 BINARY = "codex"
 API_KEY_VAR = "OPENFORGE_API_KEY"
+# Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
+KEY_IN_TOOL_ENV = False
 
 
 def install(prefix: Path) -> Path:
@@ -49,6 +51,12 @@ wire_api = "responses"
 # A retried call would be recorded twice; the rollout fails instead and is retried as a whole.
 request_max_retries = 0
 stream_max_retries = 0
+
+# The shell tool's processes (the agent's commands) get everything but the rollout's key: codex itself
+# reads it from its own environment, and the default excludes (*KEY*, *SECRET*, *TOKEN*) are off by default.
+[shell_environment_policy]
+inherit = "all"
+exclude = ["{API_KEY_VAR}"]
 
 [analytics]
 enabled = false

@@ -27,6 +27,8 @@ NPM_PACKAGE = None
 VERSION = "builtin"
 DIALECT = "chat_completions"
 BINARY = "python"
+# Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
+KEY_IN_TOOL_ENV = False
 
 SYSTEM_PROMPT = ("You are an autonomous agent working in a Linux shell. Use the `shell` tool to run commands "
                  "until the task is done, then reply with a short final answer and no tool call.")
@@ -34,8 +36,8 @@ SHELL_TOOL = {"type": "function", "function": {
     "name": "shell", "description": "Run a bash command in the working folder; returns its output and exit code.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
 OUTPUT_LIMIT = 8000
-# What the loop's own Python needs (prepare()); the task's programs run without it.
-HARNESS_ONLY_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH")
+# What the loop's own Python needs (prepare()); the task's programs run without it, and without the key.
+HARNESS_ONLY_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH", "OPENAI_API_KEY")
 # Harbor's folder for agent logs; a verifier may grade the final reply found here.
 ANSWER_FILE = Path("/logs/agent/answer.txt")
 

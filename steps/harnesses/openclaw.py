@@ -21,6 +21,8 @@ NPM_PACKAGE = "openclaw"
 VERSION = "2026.9.6"
 DIALECT = "chat_completions"
 BINARY = "openclaw"
+# Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
+KEY_IN_TOOL_ENV = False
 PROVIDER = "openforge"
 # What OpenClaw is told about the served model; it plans compaction and output caps from these.
 CONTEXT_WINDOW = 32768

@@ -20,6 +20,8 @@ NPM_PACKAGE = "opencode-ai"
 VERSION = "1.18.33"
 DIALECT = "chat_completions"
 BINARY = "opencode"
+# Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
+KEY_IN_TOOL_ENV = False
 PROVIDER = "openforge"
 CONTEXT_WINDOW = 32768
 MAX_TOKENS = 4096

@@ -4,7 +4,7 @@
     # what a rollout runs, with the environment from prepare():
     qwen --auth-type openai --yolo --output-format stream-json "--prompt=INSTRUCTION" </dev/null
 
-It reads `OPENAI_BASE_URL`/`OPENAI_API_KEY`/`OPENAI_MODEL` and `HOME/.qwen/settings.json`. Its event
+It reads `OPENAI_MODEL` and `HOME/.qwen/settings.json` (endpoint and key under `security.auth`). Its event
 log: `--output-format stream-json` prints one event per line on stdout, and chats are recorded under
 `HOME/.qwen/`.
 """
@@ -20,6 +20,8 @@ NPM_PACKAGE = "@qwen-code/qwen-code"
 VERSION = "0.24.4"
 DIALECT = "chat_completions"
 BINARY = "qwen"
+# Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
+KEY_IN_TOOL_ENV = False
 
 SETTINGS = {
     "general": {"enableAutoUpdate": False},
@@ -39,14 +41,16 @@ def install(prefix: Path) -> Path:
 
 
 def prepare(home: Path, workdir: Path, endpoint: Endpoint) -> dict[str, str]:
-    """Write `HOME/.qwen/settings.json` and return the clean environment for `qwen`."""
+    """Write `HOME/.qwen/settings.json` and return the clean environment for `qwen`.
+
+    The endpoint and key go in the settings, not `OPENAI_BASE_URL`/`OPENAI_API_KEY`: qwen hands its own
+    environment to its shell tool's processes (only its internal tokens are removed)."""
     settings = home / ".qwen" / "settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)
-    settings.write_text(json.dumps(SETTINGS, indent=2))
+    auth = {"selectedType": "openai", "apiKey": endpoint.api_key, "baseUrl": endpoint.openai_base_url}
+    settings.write_text(json.dumps({**SETTINGS, "security": {"auth": auth}}, indent=2))
     return clean_env(
         home,
-        OPENAI_BASE_URL=endpoint.openai_base_url,
-        OPENAI_API_KEY=endpoint.api_key,
         OPENAI_MODEL=endpoint.model,
         # The variables win over settings.json; set both so neither default turns them back on.
         QWEN_USAGE_STATISTICS_ENABLED="0",

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from steps.sandbox import RunResult, Sandbox, SandboxError
+from steps.sandbox import RunResult, Sandbox, SandboxError, VerifierRefused
 from steps.tasks import Task
 
 VERIFIER_DIR = "/logs/verifier"
@@ -117,10 +117,14 @@ def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, 
     output_dir.mkdir(parents=True, exist_ok=True)
     grading = sandbox.for_verifier(task)
     try:
+        try:
+            env = grading.prepare_verifier({**verifier_env(grading, task), **(env or {})})
+        except VerifierRefused as exc:
+            return VerifierResult(reward=None, rewards={}, error=str(exc), exit_code=-1, timed_out=False,
+                                  duration_s=0.0, output_dir=output_dir)
         grading.reset_dir(VERIFIER_DIR)
         grading.copy_in(task.tests_dir, TESTS_DIR)
-        run = grading.run(["bash", f"{TESTS_DIR}/test.sh"], timeout_s=task.config.verifier_timeout_s,
-                          env={**verifier_env(grading, task), **(env or {})},
+        run = grading.run(["bash", f"{TESTS_DIR}/test.sh"], timeout_s=task.config.verifier_timeout_s, env=env,
                           stdout_path=output_dir / "test-stdout.txt")
         try:
             grading.copy_out(VERIFIER_DIR, output_dir)
