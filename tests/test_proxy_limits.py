@@ -101,6 +101,7 @@ def answer(conn: socket.socket) -> tuple[int, bytes]:
 
 def closed_by_proxy(conn: socket.socket, wait_s: float = 0.0) -> bool:
     """Whether the proxy has closed `conn` (EOF or reset, after any answer), waiting up to `wait_s`."""
+    timeout = conn.gettimeout()
     conn.settimeout(wait_s or 0.001)
     try:
         while conn.recv(1 << 16):
@@ -110,6 +111,8 @@ def closed_by_proxy(conn: socket.socket, wait_s: float = 0.0) -> bool:
         return False
     except OSError:
         return True
+    finally:
+        conn.settimeout(timeout)  # a later read waits as long as before
 
 
 def peak_rss_mb(proxy: ProxyProcess) -> float:

@@ -287,6 +287,6 @@ async def _finish(state, rollout: Rollout, record: dict, status: str, response=N
             if rollout.next_index == record["call_index"] + 1:  # no later call took one: hand it back
                 rollout.next_index -= 1
             raise ProxyError(503, f"the proxy could not store this call, so it was not answered ({exc}); "
-                                  "retry once the store has room") from None
+                                  "retry later") from None
     raise ProxyError(503, f"the proxy found call indices of rollout {rollout.rollout_id!r} taken by another writer "
                           f"{INDEX_RETRIES} times; is a second proxy serving it?")

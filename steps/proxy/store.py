@@ -338,6 +338,7 @@ class CallStore:
         self.fs, self.root = fsspec.core.url_to_fs(url)
         self.root = self.root.rstrip("/")
         self.local = "file" in _protocols(self.fs)
+        self.create_only = "s3" in _protocols(self.fs)  # a PUT that never replaces (If-None-Match: *)
         self.fsync = fsync
         self._appending: dict[str, threading.Lock] = {}  # per log: with fsync, appends run in threads
         if self.local:
@@ -463,9 +464,9 @@ class CallStore:
         return sorted(name for name in names if _object_index(name) >= 0)
 
     def _put_object(self, path: str, data: bytes) -> None:
-        """Creates the call's object, never replacing one: S3 keeps a PUT whole or not at all."""
+        """Creates the call's object, never replacing one on S3, which keeps a PUT whole or not at all."""
         try:
-            self.fs.pipe_file(path, data, mode="create")
+            self.fs.pipe_file(path, data, **({"mode": "create"} if self.create_only else {}))
         except FileExistsError:
             raise CallIndexTaken(path) from None
         except OSError as exc:
