@@ -175,6 +175,11 @@ class PodSandbox(Sandbox):
     def close(self) -> None:
         """Nothing to unmount: the pod's `/` is its own."""
 
+    def supervised(self, supervised: list[str], plain: list[str]) -> list[str]:
+        """`plain`: the pod's processes include the runner's, so test.sh is not supervised here (what it left
+        running is killed with its session when it ends)."""
+        return plain
+
     def prepare_verifier(self, env: dict[str, str]) -> dict[str, str]:
         """Make the pod fit to grade once the agent has stopped; return `env` with a fresh HOME and TMPDIR.
 

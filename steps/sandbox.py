@@ -205,6 +205,11 @@ class Sandbox:
             view._drop_escaping_links(path)
         return view
 
+    def supervised(self, supervised: list[str], plain: list[str]) -> list[str]:
+        """The verifier's command: `supervised` (test.sh under `steps.tasks.verify.SUPERVISOR`), where this
+        sandbox's PID namespace holds only the verifier's processes, as a local sandbox's does."""
+        return supervised
+
     def prepare_verifier(self, env: dict[str, str]) -> dict[str, str]:
         """The verifier's environment, once this sandbox is fit to grade in: a pristine root already is.
 

@@ -29,6 +29,34 @@ TESTS_DIR = "/tests"
 SOLUTION_DIR = "/solution"
 
 
+# Runs test.sh, then checks that it ended on its own and left nothing running, with shell builtins only (it
+# must not fork: what it counts are the verifier's processes). Anything of the verifier's still alive when
+# test.sh ends (e.g. the agent's program it ran, left in the background) could write the reward file after
+# test.sh did, so the reward is then not trusted; nor when test.sh was killed. Exit 201/202 say which.
+SUPERVISOR = r"""bash /tests/test.sh
+status=$?
+others=0
+for proc in /proc/[0-9]*; do
+  pid=${proc#/proc/}
+  { [ "$pid" = 1 ] || [ "$pid" = "$$" ]; } && continue
+  read -r line < "$proc/stat" 2>/dev/null || continue
+  state=${line##*) }; state=${state%% *}
+  case "$state" in Z|X) ;; *) others=$((others + 1)) ;; esac
+done
+if [ "$others" -gt 0 ]; then
+  echo "openforge: $others processes were still running when test.sh ended: its reward is not trusted" >&2
+  exit 201
+fi
+if [ "$status" -ge 128 ]; then
+  echo "openforge: test.sh ended with status $status (a signal): its reward is not trusted" >&2
+  exit 202
+fi
+exit "$status"
+"""
+UNTRUSTED = {201: "processes of the verifier (the agent's program, say) were still running when test.sh ended",
+             202: "test.sh was killed (ended with a signal's status)"}
+
+
 class RewardError(ValueError):
     """The verifier's reward files are missing or unreadable; the message says which and why."""
 
@@ -124,8 +152,12 @@ def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, 
                                   duration_s=0.0, output_dir=output_dir)
         grading.reset_dir(VERIFIER_DIR)
         grading.copy_in(task.tests_dir, TESTS_DIR)
-        run = grading.run(["bash", f"{TESTS_DIR}/test.sh"], timeout_s=task.config.verifier_timeout_s, env=env,
-                          stdout_path=output_dir / "test-stdout.txt")
+        # /tests read-only: bash reads test.sh as it goes, so a program of the agent's that test.sh runs could
+        # otherwise rewrite the lines still to come (a pod ignores binds: there it stays root's to write).
+        tests_read_only = [(grading.host_path(TESTS_DIR), TESTS_DIR, True)]
+        run = grading.run(grading.supervised(["bash", "-c", SUPERVISOR], ["bash", f"{TESTS_DIR}/test.sh"]),
+                          timeout_s=task.config.verifier_timeout_s, env=env, stdout_path=output_dir / "test-stdout.txt",
+                          extra_binds=tests_read_only)
         try:
             grading.copy_out(VERIFIER_DIR, output_dir)
         except SandboxError:
@@ -137,6 +169,8 @@ def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, 
     rewards, error = {}, None
     if run.timed_out:
         error = f"the verifier did not finish within its timeout of {task.config.verifier_timeout_s:g} s"
+    elif run.exit_code in UNTRUSTED or run.exit_code >= 128:
+        error = f"the reward is not trusted: {UNTRUSTED.get(run.exit_code, f'the verifier was killed (exit code {run.exit_code})')}"
     else:
         try:
             rewards = read_reward(output_dir)
