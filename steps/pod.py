@@ -334,7 +334,7 @@ def _open(st: os.stat_result, uid: int) -> bool:
 
 def lock(paths: VerifierPaths, uid: int) -> list[str]:
     """Before the agent runs: close every path of `paths` that `uid` owns or may write (owner root, no group/
-    other write bits), so nothing the verifier loads can be the agent's; returns the paths changed."""
+    other write bits), so nothing the verifier loads can be the agent's; returns the paths it found open."""
     changed = []
     for path in _walk(paths):
         try:
@@ -347,18 +347,25 @@ def lock(paths: VerifierPaths, uid: int) -> list[str]:
                 os.chmod(path, stat.S_IMODE(st.st_mode) & ~FOLDER_WRITE)
             changed.append(path)
         except OSError:
-            continue  # gone, or on a file system nobody may write
+            changed.append(path)  # left as it was: `close` finds it still open, unless it is gone
     return changed
 
 
 def close(paths: VerifierPaths, uid: int) -> list[str]:
     """`lock`, then make sure nothing of `paths` is still open to `uid` (`SandboxError` otherwise, naming it)."""
     changed = lock(paths, uid)
-    still = open_to(paths, uid)
+    still = [path for path in changed if _still_open(path, uid)]  # nothing else changes before the agent runs
     if still:
         raise SandboxError(f"{still[0]} (which the verifier would load) stays open to the agent uid {uid} after "
                            "chmod and chown; the image must not leave it writable")
     return changed
+
+
+def _still_open(path: str, uid: int) -> bool:
+    try:
+        return _open(os.lstat(path), uid)
+    except OSError:
+        return False
 
 
 def open_to(paths: VerifierPaths, uid: int) -> list[str]:

@@ -7,7 +7,9 @@ Each test runs the real harness CLI (pinned npm version), headless, with a throw
 workdir, against a proxy rollout whose upstream is `tests/scripted_model.py`: a double of vLLM's
 server, because a small random model cannot call tools. The script makes one shell tool call that
 writes `hello` into `answer.txt`, then answers "done". The test checks the file on disk, and that
-every call the proxy recorded carries exactly the token ids and logprobs the upstream returned.
+every call the proxy recorded carries exactly the token ids and logprobs the upstream returned. Another
+has the shell tool write `env` into a file: the rollout's key is there only for a harness whose
+`KEY_IN_TOOL_ENV` says so (none now; Codex without its environment policy is the control).
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ from hera.workflows.models import Workflow as WorkflowModel
 from steps import manifest, plan
 from steps.tasks import load_dataset
 from workflows import commands, submit
-from workflows.config import ConfigError, load_config
-from workflows.iteration import PRIVATE, app_layout, iteration_workflow, workflow_name
+from workflows import lint
+from workflows.config import ConfigError, load_config, validate_for_argo
+from workflows.iteration import PRIVATE, WORKFLOW_POD_LABEL, app_layout, iteration_workflow, workflow_name
 from workflows.lint import semantic_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +106,8 @@ def test_schema_catches_misspelt_keys(workflow_validator: Validator) -> None:
     rollout = next(t for t in broken["spec"]["templates"] if t["name"] == "rollout")
     rollout["retryStrategy"]["limt"] = rollout["retryStrategy"].pop("limit")
     collect = next(t for t in broken["spec"]["templates"] if t["name"] == "collect")
-    collect["dag"]["tasks"][2]["withParams"] = collect["dag"]["tasks"][2].pop("withParam")
+    fanout = next(t for t in collect["dag"]["tasks"] if t["name"] == "rollout")
+    fanout["withParams"] = fanout.pop("withParam")
     broken["spec"]["parallelism"] = "many"
     errors = "\n".join(schema_errors(workflow_validator, broken))
     assert "limt" in errors and "withParams" in errors and "parallelism" in errors
@@ -221,6 +223,96 @@ def test_rollout_pod_is_the_sandbox() -> None:
     assert set(passed) - {"proxy_url"} <= set(plan.PlannedRollout.__dataclass_fields__) | {"deadline"}
 
 
+def template(spec: dict, name: str) -> dict:
+    """One template of a Workflow spec, by name."""
+    return next(t for t in spec["templates"] if t["name"] == name)
+
+
+def pod_labels(spec: dict, name: str) -> dict:
+    """The labels of the pods a template runs: its own, plus the Workflow's name, which Argo adds."""
+    return {**template(spec, name).get("metadata", {}).get("labels", {}), WORKFLOW_POD_LABEL: "{{workflow.name}}"}
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """Whether a podSelector (matchLabels only) selects a pod with `labels`."""
+    return set(selector) == {"matchLabels"} and all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def policies(spec: dict) -> dict[str, dict]:
+    """The NetworkPolicies the Workflow applies, by template name; each template must own what it applies."""
+    applied = {}
+    for t in spec["templates"]:
+        if "resource" in t:
+            assert t["resource"]["action"] == "apply" and t["resource"]["setOwnerReference"] is True
+            applied[t["name"]] = yaml.safe_load(t["resource"]["manifest"])
+    assert all(p["apiVersion"] == "networking.k8s.io/v1" and p["kind"] == "NetworkPolicy" for p in applied.values())
+    return applied
+
+
+def test_rollout_pods_reach_only_the_proxy() -> None:
+    """The rollout pods' policy selects them alone, lets nothing in and lets out only TCP 8100 to this
+    Workflow's serve pod; the serve pod's policy lets in only rollout and trajectories pods, on 8100; every
+    rollout waits for both policies."""
+    spec = iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"]
+    applied = policies(spec)
+    assert set(applied) == {"isolate-rollouts", "isolate-serve"}
+    pods = {name: pod_labels(spec, name) for name in ("serve", "plan", "rollout", "trajectories", "update", "record")}
+    rollouts, serve = applied["isolate-rollouts"]["spec"], applied["isolate-serve"]["spec"]
+    assert [name for name, labels in pods.items() if selects(rollouts["podSelector"], labels)] == ["rollout"]
+    assert rollouts["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in rollouts  # nothing may connect
+    (rule,) = rollouts["egress"]
+    (peer,) = rule["to"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": commands.PROXY_PORT}] and set(peer) == {"podSelector"}
+    assert [name for name, labels in pods.items() if selects(peer["podSelector"], labels)] == ["serve"]
+    assert [name for name, labels in pods.items() if selects(serve["podSelector"], labels)] == ["serve"]
+    (rule,) = serve["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": commands.PROXY_PORT}]
+    assert sorted(name for name, labels in pods.items()
+                  if any(selects(peer["podSelector"], labels) for peer in rule["from"])) == ["rollout", "trajectories"]
+    assert template(spec, "serve")["container"]["ports"] == [{"name": "proxy", "containerPort": commands.PROXY_PORT}]
+    fanout = next(t for t in template(spec, "collect")["dag"]["tasks"] if t["name"] == "rollout")
+    assert {"isolate-rollouts", "isolate-serve"} <= lint.depends_on(fanout)
+    assert template(spec, "rollout")["executor"] == {"serviceAccountName": "openforge"}  # no token in the main container
+
+
+def test_rollout_egress_extras_and_no_policy() -> None:
+    """`rollout_egress_cidrs` and `rollout_dns` add exactly those peers; `network_policy=false` applies none,
+    and a CIDR that is not one is a config error naming the key."""
+    spec = iteration_workflow(cluster_config("run=t", "rollout_egress_cidrs=10.0.0.5/32, 10.96.0.1/32",
+                                             "rollout_dns=true"), 0).to_dict()["spec"]
+    egress = policies(spec)["isolate-rollouts"]["spec"]["egress"]
+    assert egress[1:] == [
+        {"to": [{"ipBlock": {"cidr": "10.0.0.5/32"}}, {"ipBlock": {"cidr": "10.96.0.1/32"}}]},
+        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                 "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+         "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]
+    bare = iteration_workflow(cluster_config("run=t", "network_policy=false"), 0).to_dict()["spec"]
+    assert policies(bare) == {} and semantic_problems({"spec": bare}) == []
+    fanout = next(t for t in template(bare, "collect")["dag"]["tasks"] if t["name"] == "rollout")
+    assert fanout["depends"] == "serve && plan"
+    with pytest.raises(ConfigError, match="'rollout_egress_cidrs' must list CIDRs .* '10.0.0.300/32' is not one"):
+        validate_for_argo(cluster_config("rollout_egress_cidrs=10.0.0.300/32"))
+    with pytest.raises(ConfigError, match="'network_policy' must be true or false, got 'yes please'"):
+        cluster_config("network_policy=yes please")
+
+
+def test_vllm_listens_on_the_serve_pods_loopback_only() -> None:
+    """vLLM's own routes (dev mode, no key) are never reachable from another pod: both device commands bind
+    127.0.0.1, the proxy's upstream is that address, and the serve pod exposes only the proxy's port."""
+    from steps import serve, vllm_server
+
+    for argv in (serve.gpu_vllm_command("/models/current", "m", 8000, 1),
+                 vllm_server.vllm_command(Path("/models/current"), "m", 8000)):
+        assert argv[argv.index("--host") + 1] == "127.0.0.1", argv
+    config = cluster_config("run=t")
+    args = serve.parse_args(commands.serve(config, "/models/current", "s3://b/calls", 0, host="0.0.0.0")[3:])
+    proxy = serve.proxy_argv(args, 8000)
+    assert proxy[proxy.index("--upstream") + 1] == "http://127.0.0.1:8000"
+    assert proxy[proxy.index("--host") + 1] == "0.0.0.0" and args.port == commands.PROXY_PORT
+    spec = iteration_workflow(config, 0).to_dict()["spec"]
+    assert [p["containerPort"] for p in template(spec, "serve")["container"]["ports"]] == [commands.PROXY_PORT]
+
+
 # ---- config errors: one sentence, exit code 2, nothing submitted ----
 
 @pytest.mark.parametrize("argv, expected", [
@@ -282,8 +374,15 @@ def test_preflight_names_what_is_missing() -> None:
         def list_node(self, **_):
             return SimpleNamespace(items=[SimpleNamespace(status=SimpleNamespace(allocatable={"cpu": "8"}))])
 
+        def read_namespaced_endpoints(self, name, namespace, **_):
+            assert (name, namespace) == ("kubernetes", "default")
+            return SimpleNamespace(subsets=[SimpleNamespace(addresses=[SimpleNamespace(ip="10.0.0.5")])])
+
     notes, problems = check_cluster(FakeCoreApi(), cluster_config("run=t"))
-    assert notes == [] and len(problems) == 2
+    assert "only a CNI that enforces them applies" in notes[0] and len(notes) == 2 and len(problems) == 2
+    assert "Kubernetes API server (10.0.0.5/32)" in notes[1] and "set rollout_egress_cidrs" in notes[1]
+    notes, _ = check_cluster(FakeCoreApi(), cluster_config("run=t", "rollout_egress_cidrs=10.0.0.5/32"))
+    assert len(notes) == 1
     assert "secret 'openforge-admin' is missing in namespace 'openforge'" in problems[0]
     assert "no node offers 1 nvidia.com/gpu" in problems[1]
 

@@ -10,6 +10,7 @@ anything starts.
 
 import dataclasses
 import difflib
+import ipaddress
 import math
 import time
 from dataclasses import dataclass, fields
@@ -62,6 +63,11 @@ class RunConfig:
     update_gpus: int = 1
     rollout_retries: int = 3
     memo_max_age: str = "72h"
+    # network isolation of the rollout pods (docs/workflows.md, "Network isolation")
+    network_policy: bool = True  # the Workflow applies NetworkPolicies: rollout pods reach only the proxy
+    rollout_egress_cidrs: str = ""  # comma-separated CIDRs rollout pods may reach too: Argo's executor needs the
+    # Kubernetes API server and the S3 endpoint (the preflight names the API server's addresses)
+    rollout_dns: bool = False  # let rollout pods ask kube-dns (the executor reaching S3 by name needs it)
 
     def with_run_name(self) -> "RunConfig":
         """This config with `run` filled in when it was left empty."""
@@ -137,8 +143,12 @@ def from_dict(raw: dict) -> RunConfig:
 
 
 def _coerce(key: str, type_name: object, value: object) -> object:
-    """`value` as the field's type (int, float or str); a ConfigError when it is not one."""
-    expected = {"int": int, "float": float, "str": str}.get(getattr(type_name, "__name__", str(type_name)))
+    """`value` as the field's type (int, float, str or bool); a ConfigError when it is not one."""
+    expected = {"int": int, "float": float, "str": str, "bool": bool}.get(getattr(type_name, "__name__", str(type_name)))
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key {key!r} must be true or false, got {value!r}")
     if value is None and expected is str:
         return ""
     if expected is float and not isinstance(value, bool):
@@ -211,3 +221,18 @@ def validate_for_argo(config: RunConfig) -> None:
         if Path(getattr(config, key)).is_absolute():
             raise ConfigError(f"config key {key!r} must be relative to the repository for an Argo run "
                               f"(the images hold the repository at /opt/openforge/app), got {getattr(config, key)!r}")
+    for cidr in egress_cidrs(config):
+        try:
+            ipaddress.ip_network(cidr)
+        except ValueError:
+            raise ConfigError(f"config key 'rollout_egress_cidrs' must list CIDRs such as 10.0.0.1/32, separated by "
+                              f"commas; {cidr!r} is not one") from None
+
+
+def egress_cidrs(config: RunConfig) -> list[str]:
+    """`rollout_egress_cidrs` as a list.
+
+    >>> egress_cidrs(RunConfig(rollout_egress_cidrs=" 10.0.0.1/32, 10.96.0.0/12 ,"))
+    ['10.0.0.1/32', '10.96.0.0/12']
+    """
+    return [cidr.strip() for cidr in config.rollout_egress_cidrs.split(",") if cidr.strip()]

@@ -11,7 +11,11 @@ done, before `update` takes its GPU. Inside `collect`: `serve` (daemon, ready wh
 `rollout` (one pod per item of that list, in the task's image, with the harness and OpenForge copied
 in by init containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the
 harness as an unprivileged uid; the task's CPUs and memory; no service account token; retried only on
-exit code 3, infra_error), `trajectories` (Parquet to S3).
+exit code 3, infra_error), `trajectories` (Parquet to S3). Before the rollouts, `isolate-rollouts` and
+`isolate-serve` apply two NetworkPolicies owned by the Workflow (deleted with it): a rollout pod reaches
+only this Workflow's serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with `rollout_dns`,
+for Argo's executor) and accepts no connection; the serve pod's proxy accepts only this Workflow's
+rollout and trajectories pods.
 `update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs
 no output from this workflow to chain the next one. The exit handler `record` writes the
 iteration's outcome to the run manifest. Every container command comes from `workflows.commands`;
@@ -21,15 +25,16 @@ credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
 import re
 from urllib.parse import urlparse
 
-from hera.workflows import (DAG, Container, EmptyDirVolume, Env, NoneArchiveStrategy, Parameter,
+import yaml
+from hera.workflows import (DAG, Container, EmptyDirVolume, Env, NoneArchiveStrategy, Parameter, Resource,
                             Resources, RetryStrategy, S3Artifact, SecretEnv, Task, UserContainer, Workflow)
-from hera.workflows.models import (Backoff, ContainerPort, HTTPGetAction, PodGC, Probe, ResourceRequirements,
-                                   SecretKeySelector, TTLStrategy, VolumeMount)
+from hera.workflows.models import (Backoff, ContainerPort, ExecutorConfig, HTTPGetAction, PodGC, Probe,
+                                   ResourceRequirements, SecretKeySelector, TTLStrategy, VolumeMount)
 
 from steps.harnesses import HARNESSES
 from steps.harnesses.base import NODE_VERSION
 from workflows import commands
-from workflows.config import RunConfig
+from workflows.config import RunConfig, egress_cidrs
 
 SHARED = "/openforge"  # the emptyDir the init containers fill in a rollout pod
 PRIVATE = f"{SHARED}/private"  # root-only (0700): the tasks with their verifiers and oracles, for the runner alone
@@ -37,6 +42,8 @@ MODELS_VOLUME = "/models"  # the serve pod's emptyDir: the checkpoint it serves
 MODEL_DIR = f"{MODELS_VOLUME}/current"
 # The rollout exits 3 for infra_error and only that is retried; exitCode is a string in Argo expressions.
 RETRY_ON_INFRA_ERROR = "lastRetry.exitCode == '3'"
+ROLE = "openforge.dev/role"  # the pod label the NetworkPolicies select on: serve, rollout, trajectories
+WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"  # Argo's own label on every pod: the Workflow's name
 
 
 def run_label(config: RunConfig) -> str:
@@ -86,7 +93,7 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     The step fetches the checkpoint itself, without the optimizer state the update keeps beside the
     weights (twice their size); an Argo input artifact would download the whole folder."""
     return Container(
-        name="serve", image=image(config, "serve"), daemon=True,
+        name="serve", image=image(config, "serve"), daemon=True, labels={ROLE: "serve"},
         command=commands.serve(config, config.checkpoint_url(iteration), commands.calls_url(config), iteration,
                                host="0.0.0.0", device="gpu", model_dir=MODEL_DIR),
         volumes=[EmptyDirVolume(name="models", mount_path=MODELS_VOLUME)],
@@ -146,7 +153,7 @@ def rollout_template(config: RunConfig, iteration: int) -> Container:
     result_url = f"{commands.results_url(config, iteration)}/{{{{inputs.parameters.rollout_id}}}}/result.json"
     quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
     return Container(
-        name="rollout", image="{{inputs.parameters.image}}",
+        name="rollout", image="{{inputs.parameters.image}}", labels={ROLE: "rollout"},
         inputs=[Parameter(name=n) for n in ("task", "rollout_id", "image", "deadline", "cpus", "memory_mb", "proxy_url")],
         init_containers=init_containers(config),
         volumes=[EmptyDirVolume(name="openforge", mount_path=SHARED)],
@@ -161,6 +168,7 @@ def rollout_template(config: RunConfig, iteration: int) -> Container:
         outputs=[s3_artifact(config, "result", result_url, f"{out}/result.json", single_file=True, optional=True)],
         resources=ResourceRequirements(requests=quantities, limits=quantities),
         automount_service_account_token=False,  # the agent has no business with the Kubernetes API
+        executor=ExecutorConfig(service_account_name=config.service_account),  # Argo's wait container does
         active_deadline_seconds="{{inputs.parameters.deadline}}",
         retry_strategy=RetryStrategy(limit=config.rollout_retries, retry_policy="Always",
                                      expression=RETRY_ON_INFRA_ERROR,
@@ -172,6 +180,7 @@ def trajectories_template(config: RunConfig, iteration: int) -> Container:
     """The iteration's Parquet tables, from the results in S3 and the proxy's recorded calls."""
     return Container(
         name="trajectories", image=image(config, "steps"), inputs=[Parameter(name="proxy_url")],
+        labels={ROLE: "trajectories"},
         command=commands.trajectories(config, "{{inputs.parameters.proxy_url}}",
                                       commands.results_url(config, iteration), iteration),
         env=admin_env(config) + s3_env(config), resources=Resources(cpu_request=2, memory_request="8Gi"),
@@ -188,6 +197,52 @@ def update_template(config: RunConfig, iteration: int) -> Container:
     )
 
 
+def this_workflows(role: str) -> dict:
+    """A podSelector for this Workflow's pods of one role."""
+    return {"matchLabels": {WORKFLOW_POD_LABEL: "{{workflow.name}}", ROLE: role}}
+
+
+def rollout_policy(config: RunConfig) -> dict:
+    """The rollout pods' NetworkPolicy: no connection in; out, only this Workflow's serve pod on the proxy
+    port, the config's `rollout_egress_cidrs` and (with `rollout_dns`) kube-dns. The agent shares the pod's
+    network with the runner and Argo's executor, so what they need it can reach too (without credentials)."""
+    egress: list[dict] = [{"to": [{"podSelector": this_workflows("serve")}],
+                           "ports": [{"protocol": "TCP", "port": commands.PROXY_PORT}]}]
+    if egress_cidrs(config):
+        egress.append({"to": [{"ipBlock": {"cidr": cidr}} for cidr in egress_cidrs(config)]})
+    if config.rollout_dns:
+        dns = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+               "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+        egress.append({"to": [dns], "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "{{workflow.name}}-rollouts"},
+            # Ingress listed with no rule: nothing may connect to a rollout pod (another rollout's agent included).
+            "spec": {"podSelector": this_workflows("rollout"), "policyTypes": ["Ingress", "Egress"], "egress": egress}}
+
+
+def serve_policy() -> dict:
+    """The serve pod's NetworkPolicy: the proxy port accepts only this Workflow's rollout and trajectories pods
+    (vLLM listens on the pod's loopback only, `steps.serve`); the kubelet's probes come from the node, which
+    NetworkPolicies always allow."""
+    clients = [{"podSelector": this_workflows(role)} for role in ("rollout", "trajectories")]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "{{workflow.name}}-serve"},
+            "spec": {"podSelector": this_workflows("serve"), "policyTypes": ["Ingress"],
+                     "ingress": [{"from": clients, "ports": [{"protocol": "TCP", "port": commands.PROXY_PORT}]}]}}
+
+
+def policy_template(name: str, policy: dict) -> Resource:
+    """Applies one NetworkPolicy, owned by the Workflow so that Kubernetes deletes it with the Workflow."""
+    return Resource(name=name, action="apply", set_owner_reference=True, manifest=yaml.safe_dump(policy, sort_keys=False))
+
+
+def isolation_policies(config: RunConfig) -> dict[str, dict]:
+    """The NetworkPolicies the Workflow applies before its rollouts, by template name (none without `network_policy`)."""
+    if not config.network_policy:
+        return {}
+    return {"isolate-rollouts": rollout_policy(config), "isolate-serve": serve_policy()}
+
+
 def record_template(config: RunConfig, iteration: int) -> Container:
     """The exit handler: the iteration's final phase into the run manifest, whatever happened."""
     return Container(
@@ -198,17 +253,20 @@ def record_template(config: RunConfig, iteration: int) -> Container:
 
 
 def collect_dag(config: RunConfig) -> DAG:
-    """serve -> plan -> rollout x N -> trajectories; the daemon stops when this DAG ends."""
+    """[isolate-rollouts, isolate-serve], serve, plan -> rollout x N -> trajectories; the daemon stops when this DAG ends."""
     proxy_url = f"http://{{{{tasks.serve.ip}}}}:{commands.PROXY_PORT}"
     item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("rollout_id", "rollout_id"), ("image", "image"),
                                                  ("deadline", "deadline_s"), ("cpus", "cpus"), ("memory_mb", "memory_mb"))}
+    isolate = [Task(name=name, template=name) for name in isolation_policies(config)]
+    # No rollout pod starts before the policies exist: its agent never has the cluster's network.
     return DAG(
         name="collect", parallelism=config.parallel_rollouts + 1,  # + 1: the serve daemon holds a slot
         tasks=[
+            *isolate,
             Task(name="serve", template="serve"),
             Task(name="plan", template="plan"),
-            Task(name="rollout", template="rollout", depends="serve && plan", with_param="{{tasks.plan.outputs.result}}",
-                 arguments={**item, "proxy_url": proxy_url}),
+            Task(name="rollout", template="rollout", depends=" && ".join(["serve", "plan", *(t.name for t in isolate)]),
+                 with_param="{{tasks.plan.outputs.result}}", arguments={**item, "proxy_url": proxy_url}),
             # A rollout that still fails after its retries is left out of the tables, not fatal to the iteration.
             Task(name="trajectories", template="trajectories", depends="rollout.AnySucceeded",
                  arguments={"proxy_url": proxy_url}),
@@ -223,6 +281,7 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
     templates = [iteration_dag, collect_dag(config), serve_template(config, iteration), plan_template(config, iteration),
                  rollout_template(config, iteration), trajectories_template(config, iteration),
                  update_template(config, iteration), record_template(config, iteration)]
+    templates += [policy_template(name, policy) for name, policy in isolation_policies(config).items()]
     labels = {"openforge.dev/run": run_label(config), "openforge.dev/iteration": str(iteration)}
     return Workflow(
         name=workflow_name(config, iteration), namespace=config.namespace, labels=labels,

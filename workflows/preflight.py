@@ -2,12 +2,13 @@
 
 Runs only when a cluster is reachable (a kubeconfig or an in-cluster service account and an API
 server that answers); otherwise it says it skipped. Each missing thing is one sentence with the
-command that fixes it.
+command that fixes it. It also notes what the rollout pods' NetworkPolicies need from the cluster
+(a CNI that enforces them; the API server's addresses for Argo's executor), which it cannot check.
 """
 
 from collections.abc import Callable
 
-from workflows.config import RunConfig
+from workflows.config import RunConfig, egress_cidrs
 
 SECRET_KEYS = {"s3_secret": ("access-key", "secret-key"), "admin_secret": ("admin-key",)}
 
@@ -67,7 +68,31 @@ def check_cluster(api, config: RunConfig) -> tuple[list[str], list[str]]:
                                 f"lower serve_gpus/update_gpus or add GPU nodes with the NVIDIA device plugin")
         except Exception as exc:  # noqa: BLE001 - listing nodes is often forbidden to users: not fatal
             notes.append(f"could not list nodes to check GPUs ({type(exc).__name__})")
-    return notes, problems
+    return notes + network_notes(api, config), problems
+
+
+def api_server_addresses(api) -> list[str]:
+    """The Kubernetes API server's addresses (the `kubernetes` Endpoints in `default`), or [] if unreadable."""
+    try:
+        endpoints = api.read_namespaced_endpoints("kubernetes", "default", _request_timeout=10)
+        return [address.ip for subset in endpoints.subsets or [] for address in subset.addresses or []]
+    except Exception:  # noqa: BLE001 - often forbidden to users; the note then names no address
+        return []
+
+
+def network_notes(api, config: RunConfig) -> list[str]:
+    """What the rollout pods' NetworkPolicies need that no API call can confirm (docs/workflows.md)."""
+    if not config.network_policy:
+        return ["network_policy is false: rollout pods (the agents) reach whatever the cluster's network lets them"]
+    notes = ["rollout pods are isolated by NetworkPolicies, which only a CNI that enforces them applies (Calico, "
+             "Cilium, ...; flannel alone does not); the workflow's service account must be allowed to apply "
+             "networking.k8s.io networkpolicies"]
+    if not egress_cidrs(config):
+        found = ", ".join(f"{ip}/32" for ip in api_server_addresses(api)) or "its addresses"
+        notes.append(f"rollout_egress_cidrs is empty, so Argo's executor in each rollout pod reaches neither the "
+                     f"Kubernetes API server ({found}) nor the S3 endpoint: set rollout_egress_cidrs to both "
+                     f"(and rollout_dns=true when S3 is reached by name)")
+    return notes
 
 
 def preflight(config: RunConfig) -> tuple[list[str], list[str]]:
