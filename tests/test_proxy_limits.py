@@ -20,6 +20,8 @@ import pytest
 import uvicorn
 
 from benchmarks.fake_vllm import make_app
+from steps.proxy.config import ProxyConfig
+from steps.proxy.connections import Connections
 from steps.proxy.launch import ProxyProcess, serve_proxy, start_proxy, stop_proxy
 from steps.proxy.sessions import Sessions
 from steps.proxy.store import CallStore
@@ -308,6 +310,39 @@ def test_a_client_over_its_connection_cap_sheds_an_idle_one_or_gets_503(model, t
         for c in idle + [conn, refused]:
             c.close()
         assert '"kind":"client_connections"' in proxy.log_tail(50)
+
+
+class TableEntry:
+    """A connection as the table sees it. A stand-in, so that the table's counts can be checked one
+    admission at a time (the real connections are shown through the proxy in the tests around)."""
+
+    def __init__(self, host: str):
+        self.host, self.client, self.was_shed = host, None, False
+
+    def check_timeout(self, now: float) -> None:
+        pass
+
+    def shed(self) -> None:
+        self.was_shed = True
+
+
+def test_the_connection_table_counts_what_it_sheds_and_refuses():
+    loop = asyncio.new_event_loop()
+    table = Connections(ProxyConfig(upstream="", store="", admin_key="", max_connections=2,
+                                    max_connections_per_client=1), open_files=256)
+    a1, a2, b, c = (TableEntry(host) for host in "aabc")
+    assert table.admit(a1, loop) is None and table.admit(a2, loop) is None
+    assert a1.was_shed and table.open == 1 and table.clients["a"].open == 1  # a's only idle one made room
+    table.reading(a2)  # none idle from here on
+    assert table.admit(b, loop) is None
+    table.reading(b)
+    assert "too many open connections (at most 2)" in table.admit(c, loop)
+    assert table.open == 2 and set(table.clients) == {"a", "b"}
+    for entry in (a1, a2, b):  # a1 was counted out when shed: releasing it again changes nothing
+        table.release(entry)
+    assert table.open == 0 and table.clients == {} and table.waiting == {}
+    assert table.admit(c, loop) is None  # control: with room, the refused client is admitted
+    loop.close()
 
 
 def test_256_concurrent_calls_from_one_address_fit_the_default_limits(tmp_path):

@@ -98,18 +98,14 @@ class Connections:
         self.loop = loop
         client = self.clients.get(conn.host)
         if client is None:
-            client = self.clients[conn.host] = Client(conn.host)
-        refusal = None
+            client = Client(conn.host)
         if self.max_per_client and client.open >= self.max_per_client and not self._shed(client):
-            refusal = self.refused("client_connections", conn.host, f"too many connections from {conn.host} "
-                                   f"(at most {self.max_per_client}); retry later")
-        elif self.max_total and self.open >= self.max_total and not self._shed(self._most_idle()):
-            refusal = self.refused("connections", conn.host,
-                                   f"the proxy has too many open connections (at most {self.max_total}); retry later")
-        if refusal is not None:
-            if not client.open:
-                del self.clients[conn.host]
-            return refusal
+            return self.refused("client_connections", conn.host, f"too many connections from {conn.host} "
+                                f"(at most {self.max_per_client}); retry later")
+        if self.max_total and self.open >= self.max_total and not self._shed(self._most_idle()):
+            return self.refused("connections", conn.host,
+                                f"the proxy has too many open connections (at most {self.max_total}); retry later")
+        client = self.clients.setdefault(conn.host, client)  # shedding its last connection dropped its entry
         client.open += 1
         self.open += 1
         conn.client = client
