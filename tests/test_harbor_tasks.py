@@ -148,21 +148,26 @@ def test_an_agent_that_does_nothing_scores_zero(offline_build, tmp_path, name):
 def test_what_run_installed_stays_in_the_task_layer(offline_build, tmp_path, name):
     task = task_named(name)
     host_lists = sorted(os.listdir("/var/lib/apt/lists"))
+    host_has = {path for path in INSTALLED[name] if Path(path).exists()}
+    host_has_pytest = host_imports_pytest()
     box = Sandbox.create(tmp_path / "sandbox", task, network=False)
     try:
         for path in INSTALLED[name]:
             if path == "/var/lib/apt/lists":
-                code, output = run_in(box, f"test -z \"$(ls -A {path})\"", tmp_path / "check.log")
+                code, output = run_in(box, f'test -z "$(ls -A {path})"', tmp_path / "check.log")
                 assert code == 0, f"{path} should be empty in the sandbox after the RUN step's rm: {output}"
             else:
                 code, output = run_in(box, f"test -e {path}", tmp_path / "check.log")
                 assert code == 0, f"{path} is missing in the sandbox: {output}"
-                assert not Path(path).exists(), f"{path} reached the host"
+                assert path in host_has or not Path(path).exists(), f"{path} reached the host"
     finally:
         box.remove()
     assert sorted(os.listdir("/var/lib/apt/lists")) == host_lists, "a RUN step changed the host's apt lists"
-    imports = subprocess.run(["/usr/bin/python3", "-c", "import pytest"], capture_output=True, timeout=60)
-    assert imports.returncode != 0, "pip installed pytest into the host's python"
+    assert host_imports_pytest() == host_has_pytest, "pip installed pytest into the host's python"
+
+
+def host_imports_pytest() -> bool:
+    return subprocess.run(["/usr/bin/python3", "-c", "import pytest"], capture_output=True, timeout=60).returncode == 0
 
 
 @needs_layered_root
@@ -195,9 +200,10 @@ def test_planted_pytest_config_cannot_pass_the_verifier(offline_build, tmp_path)
             box.host_path(folder).joinpath("conftest.py").write_text(PLANTED_CONFTEST)
         verdict = run_verifier(box, task, tmp_path / "verifier")
         assert verdict.reward == 0, verdict.error
-        # The control: a plain `pytest /tests/test_outputs.py`, as the public sets run it, is fooled.
-        box.copy_in(task.tests_dir, "/tests")
-        code, output = run_in(box, "cd /workspace && pytest /tests/test_outputs.py -rA", tmp_path / "plain.log")
+        # The control: the same tests as the public sets ship them (no pytest.ini of their own) and run
+        # them (a plain `pytest DIR/test_outputs.py`) are fooled by the planted files.
+        box.copy_in(task.tests_dir / "test_outputs.py", "/plain-tests/test_outputs.py")
+        code, output = run_in(box, "cd /workspace && pytest /plain-tests/test_outputs.py -rA", tmp_path / "plain.log")
         assert code == 0 and "3 passed" in output, output[-2000:]
     finally:
         box.remove()
