@@ -94,7 +94,7 @@ class PodSandbox(Sandbox):
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
             cwd: str | None = None, stdout_path: Path | None = None, extra_binds: Sequence[Bind] = (),
-            network: bool | None = None, as_agent: bool = False) -> RunResult:
+            network: object = None, as_agent: bool = False) -> RunResult:
         """Run `argv` in the pod; kill what it started when it ends or at `timeout_s`.
 
         `as_agent`: as the agent uid (when the runner is root), after handing it the workspace,
@@ -125,6 +125,13 @@ class PodSandbox(Sandbox):
         timed_out = wait_for(process, timeout_s, lambda: _stop(process, uid))
         return RunResult(exit_code=process.returncode, timed_out=timed_out,
                          duration_s=round(time.monotonic() - started, 3))
+
+    def for_verifier(self, task: Task) -> PodSandbox:
+        """The pod itself: the agent uid's processes are gone and it could write only its own places."""
+        return self
+
+    def close(self) -> None:
+        """Nothing to unmount: the pod's `/` is its own."""
 
     def remove(self) -> None:
         """Nothing to delete: the pod goes away with its files."""

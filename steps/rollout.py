@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from pathlib import Path
 from steps.harnesses import HARNESSES, Endpoint, InstallError, default_prefix
 from steps.pod import AGENT_UID, PodSandbox
 from steps.sandbox import Sandbox, SandboxError
+from steps.sandbox_network import NetworkError, ProxyTunnel
 from steps.tasks import Task, TaskError, load_task
 from steps.tasks.verify import run_verifier
 
@@ -125,23 +127,45 @@ def in_sandbox(env: dict[str, str], box: Sandbox) -> dict[str, str]:
     return {key: value.replace(root, "") for key, value in env.items()}
 
 
+def on_loopback(url: str, port: int) -> str:
+    """`url` with its host and port replaced by 127.0.0.1:`port` (the tunnel's end inside the sandbox).
+
+    >>> on_loopback("http://10.0.0.5:8100/rollouts/r0/v1", 8100)
+    'http://127.0.0.1:8100/rollouts/r0/v1'
+    """
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{port}"))
+
+
 def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result: RolloutResult) -> bool:
-    """Runs the harness in the sandbox; returns True if it ran out of time."""
+    """Runs the harness in the sandbox; returns True if it ran out of time.
+
+    Locally the sandbox's network is its own, and its only way out is a tunnel to the proxy
+    (`ProxyTunnel`): the harness is given the proxy at 127.0.0.1 inside it. A pod has the pod's network.
+    """
     harness = HARNESSES[spec.harness]
     try:
         exe = harness.install(default_prefix(spec.harness, harness.VERSION))
     except InstallError as exc:
         raise InfraError(f"the harness is not installed: {exc}") from None
-    endpoint = Endpoint(openai_base_url=rollout["openai_base_url"], anthropic_base_url=rollout["anthropic_base_url"],
-                        api_key=rollout["api_key"], model=spec.model)
+    proxy = urllib.parse.urlsplit(spec.proxy_url)
+    port = proxy.port or 80
+    urls = {key: rollout[key] if spec.isolation == "pod" else on_loopback(rollout[key], port)
+            for key in ("openai_base_url", "anthropic_base_url")}
+    endpoint = Endpoint(**urls, api_key=rollout["api_key"], model=spec.model)
     env = in_sandbox(harness.prepare(box.host_path(box.home), Path(box.workdir), endpoint), box)
     log = spec.out / "harness.log"
     result.paths["harness_log"] = str(log)
     timeout_s = spec.agent_timeout_s or task.config.agent_timeout_s
+    command = harness.command(task.instruction, Path(box.workdir), exe)
     try:
-        run = box.run(harness.command(task.instruction, Path(box.workdir), exe), timeout_s=timeout_s,
-                      env=env, cwd=box.workdir, stdout_path=log, extra_binds=harness.binds(), as_agent=True)
-    except SandboxError as exc:
+        if spec.isolation == "pod":
+            run = box.run(command, timeout_s=timeout_s, env=env, cwd=box.workdir, stdout_path=log, as_agent=True)
+        else:
+            with ProxyTunnel(f"of-{os.getpid()}-{time.monotonic_ns() % 10**9}", proxy.hostname, port) as tunnel:
+                run = box.run(command, timeout_s=timeout_s, env=env, cwd=box.workdir, stdout_path=log,
+                              extra_binds=harness.binds(), network=tunnel, as_agent=True)
+    except (SandboxError, NetworkError) as exc:
         raise InfraError(f"the harness could not be started in the sandbox: {exc}") from None
     result.harness_exit_code = run.exit_code
     kept = spec.out / "harness-logs"
@@ -175,10 +199,12 @@ def grade(spec: RolloutSpec, task: Task, box: Sandbox, result: RolloutResult, ti
     verdict = run_verifier(box, task, spec.out / "verifier")
     result.durations["verifier_s"] = round(verdict.duration_s, 3)
     result.paths["verifier_output"] = str(verdict.output_dir)
-    if verdict.reward is None:
-        raise InfraError(f"the verifier crashed: {verdict.error}")
+    result.notes = list(box.notes)
     result.rewards = verdict.rewards
-    result.status, result.reward = ("agent_timeout", 0.0) if timed_out else ("ok", verdict.reward)
+    if verdict.reward is None:  # graded in a pristine root: what broke it can only be the agent's work
+        result.error = f"the verifier wrote no reward, so the rollout scores 0: {verdict.error}"
+    reward = 0.0 if timed_out or verdict.reward is None else verdict.reward
+    result.status, result.reward = ("agent_timeout" if timed_out else "ok"), reward
 
 
 def run_rollout(spec: RolloutSpec) -> RolloutResult:
@@ -199,9 +225,12 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
                else Sandbox.create(spec.out / "sandbox", task))
         result.notes = list(box.notes)
         result.durations["setup_s"] = round(time.monotonic() - started, 3)
-        timed_out = run_agent(spec, task, box, rollout, result)
-        record_calls(spec, result)
-        grade(spec, task, box, result, timed_out)
+        try:
+            timed_out = run_agent(spec, task, box, rollout, result)
+            record_calls(spec, result)
+            grade(spec, task, box, result, timed_out)
+        finally:
+            box.close()  # unmounted; ROOT/upper keeps what the agent changed
     except (InfraError, SandboxError, TaskError) as exc:
         result.status, result.reward, result.error = "infra_error", None, str(exc)
     except OSError as exc:  # e.g. a pod whose runner may not write /logs: the setup's fault, never the agent's

@@ -1,38 +1,46 @@
-"""The local stand-in for a task's container: a folder on the host seen as `/` through bubblewrap.
+"""The local stand-in for a task's container: a layered root seen as `/` through bubblewrap.
 
-Every rollout gets its own sandbox root folder; `ROOT/fs` holds the sandbox's own files (`/app`,
-`/logs/agent`, `/logs/verifier`, `/tmp`, `/root`...), so a task's absolute paths work unchanged. Each
-`run()` starts `bwrap` with that folder bound read-write as `/`, the host's `/usr`, `/bin`, `/lib*`,
-`/sbin` and `/etc` bound read-only over it, a fresh `/proc` and `/dev`, new user (uid 0 inside), PID,
-IPC and UTS namespaces, all capabilities dropped, `--die-with-parent --new-session`, and a clean
-environment (PATH, HOME=/root, LANG, the Dockerfile's ENV, what the caller passes). The network is
-shared with the host by default, because a harness must reach the recording proxy on 127.0.0.1;
-`network=False` adds `--unshare-net` (loopback only, inside the sandbox).
+Every rollout gets its own sandbox root folder. Its `/` is an overlay stack mounted by the runner at
+`ROOT/merged` (`steps/sandbox_root.py`): the host's system folders at the bottom (masked: no file of /etc
+that is not world-readable, of /var only apt's and dpkg's state), the task's layer above them (what its
+`environment/Dockerfile` did, built once per task and cached), the rollout's own changes on top
+(`ROOT/upper`). Each `run()` starts `bwrap` with that root bound as `/`, a fresh `/proc` and `/dev`, new
+user (uid 0 inside), PID, IPC, UTS and network namespaces, all capabilities dropped, `--die-with-parent
+--new-session`, a clean environment (PATH, HOME=/root, LANG, the Dockerfile's ENV, what the caller passes),
+and the task's cpus / memory_mb and a process cap as cgroups (`steps/sandbox_limits.py`, where the host has
+them). The network is the sandbox's own: loopback only, or a `ProxyTunnel` (`steps/sandbox_network.py`)
+whose 127.0.0.1:PORT reaches the recording proxy and nothing else of the host.
 
-Without a container engine the workspace is prepared from `environment/Dockerfile` by applying its
-WORKDIR, COPY/ADD (local build context), ENV, ARG, SHELL and RUN instructions inside the sandbox;
-FROM is replaced by the host system and USER is ignored, each said so in `Sandbox.notes`:
+Without a container engine the task's layer is built from `environment/Dockerfile` by applying its
+WORKDIR, COPY/ADD (local build context), ENV, ARG, SHELL and RUN instructions (`steps/sandbox_build.py`);
+RUN steps run as root with a container's usual capabilities, so `apt-get install` and `pip install` land in
+the layer, never on the host. FROM is replaced by the host system and USER is ignored, each said so in
+`Sandbox.notes`:
 
     from steps.sandbox import Sandbox
     from steps.tasks import load_task
     task = load_task("steps/tasks/builtin/hello-file")
     box = Sandbox.create(Path("/tmp/rollout-1"), task)          # raises SandboxError on a failing RUN
     box.run(["bash", "-c", "echo hello > /app/answer.txt"], timeout_s=60, stdout_path=Path("/tmp/agent.log"))
-    box.copy_in(task.tests_dir, "/tests")                         # only after the agent has stopped
-    box.run(["bash", "/tests/test.sh"], timeout_s=60)
-    box.host_path("/logs/verifier/reward.txt").read_text()
+    grading = box.for_verifier(task)                              # a pristine root with the graded paths only
+    grading.copy_in(task.tests_dir, "/tests")
+    grading.run(["bash", "/tests/test.sh"], timeout_s=60)
+    grading.host_path("/logs/verifier/reward.txt").read_text()
+    grading.remove(); box.remove()                                # unmount and delete
 
 A harness installed on the host is brought in read-only with `extra_binds`, e.g.
 `[(Path.home() / ".cache/openforge/harnesses", "/opt/openforge/harnesses", True)]`.
 
+Build settings (environment variables of the runner): `OPENFORGE_BUILD_NETWORK` = `host` (default: RUN
+steps share the host's network, to reach package mirrors) or `none` (loopback only);
+`OPENFORGE_BUILD_WHEELS=DIR` binds DIR read-only at /opt/openforge/wheels during RUN steps with
+`PIP_FIND_LINKS` pointing there and `PIP_NO_INDEX=1`, so `pip install` works offline from those wheels.
+
 What local mode does NOT isolate, unlike a real container:
-- the network: the sandbox shares the host's interfaces, including every service on 127.0.0.1
-  (unless `network=False`), so anything listening on the host's loopback is reachable;
-- the kernel, and the host's CPU, memory and disk: `[environment]` resources are not enforced;
-- the image: programs come from the host's /usr and /etc (read-only), not from the task's image, so
-  a RUN that installs system packages (apt-get, pip into /usr) fails with a read-only file system;
-- the user: uid 0 inside is the invoking host user outside (real root when the runner is root), with
-  no capabilities on host objects; /etc is the host's (shadow files are masked, the rest readable);
+- the kernel (one kernel for all, as with containers) and the disk: `storage_mb` is not enforced;
+- the image: programs come from the host's /usr (read-only under the task's layer), not from the task's
+  image (FROM), so a task that needs another distribution's packages or another OS does not build;
+- the user: uid 0 inside is the runner's uid outside, with no capabilities on host objects;
 - process lifetime: each `run()` is its own PID namespace, so a server the agent starts in the
   background is gone when its command ends (and before the verifier runs);
 - build details: .dockerignore, multi-stage builds, ADD from URLs and `RUN --mount` are not supported.
@@ -40,6 +48,7 @@ What local mode does NOT isolate, unlike a real container:
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import posixpath
@@ -51,19 +60,26 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Union
 
+from steps.sandbox_limits import Limits
+from steps.sandbox_network import ProxyTunnel
+from steps.sandbox_root import LayerError, ensure_layer, layer_key, make_mask, make_skeleton, mount_root, unmount
 from steps.tasks import Task
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
-# Host folders bound read-only (or recreated as the same symlink) at the same place in every sandbox.
-SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
-MASKED_FILES = ("/etc/shadow", "/etc/gshadow")
-# Folders every Harbor container has; the Dockerfile adds the rest (WORKDIR /app, ...).
-LAYOUT = {"tmp": 0o1777, "root": 0o700, "logs/agent": 0o777, "logs/verifier": 0o777, "logs/artifacts": 0o777}
 KILL_GRACE_S = 5.0
+# A container runtime's default capabilities, for the Dockerfile's RUN steps only (the agent gets none).
+BUILD_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+              "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_AUDIT_WRITE",
+              "CAP_SETFCAP")
+WHEELS_DIR = "/opt/openforge/wheels"
+# Where the verifier writes or reads what the agent never had: a graded symlink may not lead there.
+VERIFIER_ONLY = ("/tests", "/solution", "/logs", "/proc", "/sys", "/dev", "/run", "/tmp")
 
 Bind = tuple[Path | str, str, bool]  # (host path, path inside the sandbox, read-only)
+Network = Union[str, ProxyTunnel]  # "none" (loopback only), "host" (builds only) or a tunnel to the proxy
 
 
 class SandboxError(RuntimeError):
@@ -83,46 +99,64 @@ class RunResult:
     duration_s: float
 
 
+def build_settings() -> dict:
+    """The runner's build settings (module docstring); part of a layer's cache key."""
+    network = os.environ.get("OPENFORGE_BUILD_NETWORK", "host")
+    if network not in ("host", "none"):
+        raise SandboxError(f"OPENFORGE_BUILD_NETWORK must be host or none, got {network!r}")
+    wheels = os.environ.get("OPENFORGE_BUILD_WHEELS") or None
+    if wheels is not None and not Path(wheels).is_dir():
+        raise SandboxError(f"OPENFORGE_BUILD_WHEELS={wheels} is not a folder")
+    return {"network": network, "wheels": str(Path(wheels).absolute()) if wheels else None}
+
+
 @dataclass
 class Sandbox:
-    """One rollout's sandbox: `root/fs` is its `/`; `workdir` and `env` come from the Dockerfile."""
+    """One rollout's sandbox: `root/merged` is its `/`; `workdir` and `env` come from the Dockerfile."""
 
     root: Path
     workdir: str = "/"
     env: dict[str, str] = field(default_factory=lambda: dict(BASE_ENV))
     notes: list[str] = field(default_factory=list)
-    network: bool = True
     home: str = "/root"  # the agent's HOME, where its harness keeps config and session logs
+    layer: Path | None = None  # the task's built layer; None while it is being built
+    limits: Limits = field(default_factory=Limits)
+    image_env: dict[str, str] = field(default_factory=lambda: dict(BASE_ENV))  # + the Dockerfile's ENV: the verifier's base
+    build: dict | None = None  # build_settings() while this sandbox builds a layer
 
     @property
     def fs(self) -> Path:
         """The host folder that is `/` inside the sandbox."""
-        return self.root / "fs"
+        return self.root / "merged"
 
     @classmethod
-    def create(cls, root: Path, task: Task, *, network: bool = True) -> Sandbox:
-        """Make a fresh sandbox under `root` (which must not exist or be empty) and build the task's workspace.
+    def create(cls, root: Path, task: Task) -> Sandbox:
+        """Make a fresh sandbox under `root` (which must not exist or be empty) from the task's layer.
 
-        Applies `environment/Dockerfile` (see module docstring) under the task's build timeout; its RUN
-        output goes to `root/build.log`. Raises `SandboxError` when bwrap is missing or a step fails.
+        The layer is built from `environment/Dockerfile` (see module docstring) under the task's build
+        timeout when the cache has none for it; its RUN output goes to `root/build.log`. Raises
+        `SandboxError` when bwrap is missing, the runner is not root, or a build step fails.
         """
-        if shutil.which("bwrap") is None:
-            raise SandboxError("bubblewrap is not installed; install it with `apt-get install -y bubblewrap`")
-        root = Path(root).absolute()
-        if root.exists() and any(root.iterdir()):
-            raise SandboxError(f"sandbox root {root} is not empty; every rollout needs a fresh folder")
-        box = cls(root=root, network=network)
-        box._make_layout()
+        root = _fresh_root(root)
+        settings = build_settings()
+        key = layer_key(task.dockerfile, task.environment_dir, {**settings, "image": task.config.docker_image})
+        try:
+            layer, meta, built = ensure_layer(key, lambda folder: _build_layer(root / "build", task, settings, folder))
+        except LayerError as exc:
+            raise SandboxError(str(exc)) from None
+        if not built:
+            (root / "build.log").write_text(f"# the task's layer {key} was built before; reused from {layer}\n")
+        box = cls(root=root, workdir=meta["workdir"], env=dict(meta["env"]), notes=list(meta["notes"]), layer=layer,
+                  image_env=dict(meta["env"]))
+        box._mount()
         box.apply_task_env(task)
-        if task.dockerfile is None:
-            box.notes.append(f"image {task.config.docker_image} is replaced by the host system in local mode")
-        else:
-            from steps.sandbox_build import apply_dockerfile  # here, not at the top: the builder drives a Sandbox
-
-            apply_dockerfile(box, task)
         if task.config.workdir:
             box.workdir = posixpath.normpath(posixpath.join("/", task.config.workdir))
             box.host_path(box.workdir).mkdir(parents=True, exist_ok=True)
+        resources = task.config.resources
+        box.limits = Limits.create(f"{root.name}-{os.getpid()}-{time.monotonic_ns()}", cpus=resources.cpus,
+                                   memory_mb=resources.memory_mb)
+        box.notes.extend(box.limits.notes)
         return box
 
     def apply_task_env(self, task: Task) -> None:
@@ -133,38 +167,78 @@ class Sandbox:
             else:
                 self.env[name] = value
 
-    def _make_layout(self) -> None:
-        self.fs.mkdir(parents=True)
-        for name in SYSTEM_DIRS:
-            host = Path("/") / name
-            if host.is_symlink():
-                (self.fs / name).symlink_to(os.readlink(host))
-            elif host.is_dir():
-                (self.fs / name).mkdir()
-        for name, mode in LAYOUT.items():
-            (self.fs / name).mkdir(parents=True, exist_ok=True)
-            (self.fs / name).chmod(mode)
+    def _mount(self) -> None:
+        make_skeleton(self.root / "skeleton")
+        make_mask(self.root / "mask")
+        self.fs.mkdir()
+        try:
+            mount_root(self.root, self.layer, self.root / "upper", self.fs)
+        except LayerError as exc:
+            raise SandboxError(str(exc)) from None
+        atexit.register(unmount, self.fs)  # a runner that dies of an exception leaves no mount behind
+
+    def for_verifier(self, task: Task) -> Sandbox:
+        """A pristine sandbox for grading: the task's layer, a fresh upper, and only the graded paths of this one.
+
+        The graded paths (`[verifier] graded_paths`, default the workspace) are copied over as the agent left
+        them, except symlinks that lead where only the verifier writes or reads (`VERIFIER_ONLY`), which are
+        removed and noted. Everything else the agent changed (site dirs, HOME, /tmp, PATH folders, /etc, a
+        conftest.py above /tests...) is simply not there. Call only after the agent's processes are gone.
+        """
+        view = Sandbox(root=_fresh_root(self.root.parent / f"{self.root.name}-verifier"), workdir=self.workdir,
+                       env=dict(self.image_env), layer=self.layer, limits=self.limits, image_env=dict(self.image_env))
+        view._mount()
+        for path in graded_paths(task, self.workdir):
+            source = self.host_path(posixpath.dirname(path)) / posixpath.basename(path)
+            target = view._replace(path)
+            if source.is_symlink():
+                target.symlink_to(os.readlink(source))
+            elif source.is_dir():
+                copy_tree(source, target)
+            elif source.is_file():
+                shutil.copy2(source, target)
+            view._drop_escaping_links(path)
+        return view
+
+    def _drop_escaping_links(self, graded: str) -> None:
+        """Remove graded symlinks that resolve (inside this sandbox) to a verifier-only place."""
+        top = self.host_path(posixpath.dirname(graded)) / posixpath.basename(graded)
+        links = [top] if top.is_symlink() else [Path(d) / n for d, ds, fs in os.walk(top) for n in ds + fs
+                                                  if (Path(d) / n).is_symlink()]
+        for link in links:
+            inside = "/" + str(link.relative_to(self.fs))
+            try:
+                resolved = "/" + str(self.host_path(inside).relative_to(self.fs))
+            except SandboxError:
+                resolved = "/proc"  # a symlink loop: treated as escaping
+            if any(resolved == p or resolved.startswith(p + "/") for p in VERIFIER_ONLY):
+                link.unlink()
+                self.notes.append(f"grading: {inside} was a symlink to {os.readlink(link) if link.is_symlink() else resolved}"
+                                  ", where only the verifier writes; removed")
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
             cwd: str | None = None, stdout_path: Path | None = None, extra_binds: Sequence[Bind] = (),
-            network: bool | None = None, as_agent: bool = False) -> RunResult:
+            network: Network = "none", as_agent: bool = False) -> RunResult:
         """Run `argv` inside the sandbox; kill its whole process tree at `timeout_s`.
 
         stdout and stderr go together to the host file `stdout_path` (appended; `root/run.log` when
         None); stdin is empty. `env` is added to the sandbox's environment, `cwd` defaults to the
-        Dockerfile's WORKDIR. `as_agent` marks the agent's own command; it changes nothing here, where
-        every command is uid 0 of its own user namespace (in a pod it selects the agent uid, see
-        `steps.pod`). Returns after every process the command started has exited. Raises
-        `SandboxError` when bubblewrap cannot set the sandbox up (an infrastructure failure, unlike
-        the command's own exit code, which is returned).
+        Dockerfile's WORKDIR. `network`: "none" (loopback only), a `ProxyTunnel` (loopback plus the proxy),
+        or "host" (only while building a layer). `as_agent` marks the agent's own command; it changes nothing
+        here, where every command is uid 0 of its own user namespace (in a pod it selects the agent uid, see
+        `steps.pod`). Returns after every process the command started has exited. Raises `SandboxError`
+        when bubblewrap cannot set the sandbox up (an infrastructure failure, unlike the command's own exit
+        code, which is returned).
         """
         cwd = cwd or self.workdir
         if not self.host_path(cwd).is_dir():
             raise SandboxError(f"working directory {cwd} does not exist in the sandbox")
+        if network == "host" and self.build is None:
+            raise SandboxError("only a Dockerfile's RUN steps may share the host's network")
         stdout_path = Path(stdout_path or self.root / "run.log")
         info_read, info_write = os.pipe()
         errors_read, errors_write = os.pipe()  # bwrap's own messages; the command's stderr joins its stdout
-        args = self._bwrap_args(argv, cwd, extra_binds, self.network if network is None else network, info_write)
+        args = self._bwrap_args(argv, cwd, extra_binds, network, info_write)
         started = time.monotonic()
         with open(stdout_path, "ab") as output:
             try:
@@ -189,28 +263,28 @@ class Sandbox:
         return RunResult(exit_code=process.returncode, timed_out=timed_out,
                          duration_s=round(time.monotonic() - started, 3))
 
-    def _bwrap_args(self, argv: Sequence[str], cwd: str, binds: Sequence[Bind], network: bool,
+    def _bwrap_args(self, argv: Sequence[str], cwd: str, binds: Sequence[Bind], network: Network,
                     info_fd: int) -> list[str]:
-        args = ["bwrap", "--bind", str(self.fs), "/"]
-        for name in SYSTEM_DIRS:
-            host = Path("/") / name
-            if host.is_dir() and not host.is_symlink():
-                args += ["--ro-bind", str(host), f"/{name}"]
-        for masked in MASKED_FILES:
-            if Path(masked).is_file():
-                args += ["--ro-bind", "/dev/null", masked]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
-                 "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-pid", "--unshare-ipc",
-                 "--unshare-uts", "--hostname", "sandbox", "--cap-drop", "ALL",
-                 "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
-        if not network:
+        args = ["bwrap", "--bind", str(self.fs), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
+                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
+                "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
+        if self.build is not None:  # a Dockerfile RUN: root with a container's capabilities, as `docker build` runs it
+            args += ["--cap-drop", "ALL"] + [arg for cap in BUILD_CAPS for arg in ("--cap-add", cap)]
+            if self.build["wheels"]:
+                binds = [*binds, (self.build["wheels"], WHEELS_DIR, True)]
+        else:
+            args += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
+        if network == "none":
             args.append("--unshare-net")
         for host, dest, read_only in binds:
             if not Path(host).exists():
                 raise SandboxError(f"cannot bind {host} into the sandbox: it does not exist")
             args += ["--ro-bind" if read_only else "--bind", str(host), dest]
         # Inside, the command's stderr joins its stdout, so anything left on bwrap's stderr is bwrap's.
-        return args + ["--chdir", cwd, "--", "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
+        args += ["--chdir", cwd, "--", "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
+        if isinstance(network, ProxyTunnel):
+            args = ["nsenter", f"--net={network.netns}", "--", *args]
+        return self.limits.wrap(args)
 
     def host_path(self, sandbox_path: str) -> Path:
         """The host path of an absolute path inside the sandbox, resolving symlinks as the sandbox would.
@@ -286,9 +360,57 @@ class Sandbox:
         target.mkdir(mode=0o777)
         return target
 
+    def close(self) -> None:
+        """Unmount the sandbox's root and free its cgroups; its folders (the agent's changes) stay for a look."""
+        unmount(self.fs)
+        if os.path.ismount(self.fs):
+            raise SandboxError(f"cannot unmount the sandbox root {self.fs}")
+        self.limits.remove()
+
     def remove(self) -> None:
-        """Delete the sandbox root and everything in it."""
+        """Unmount, then delete the sandbox root and everything in it (never the task's cached layer)."""
+        self.close()
         shutil.rmtree(self.root, onerror=_force_remove)
+
+
+def graded_paths(task: Task, workdir: str) -> list[str]:
+    """What the verifier sees of the agent's work: `[verifier] graded_paths`, or else the workspace."""
+    paths = task.config.graded_paths or (workdir,)
+    return sorted({posixpath.normpath(posixpath.join("/", path)) for path in paths})
+
+
+def _fresh_root(root: Path) -> Path:
+    """`root` made absolute and created; it must be new or empty (every sandbox needs a fresh folder)."""
+    if shutil.which("bwrap") is None:
+        raise SandboxError("bubblewrap is not installed; install it with `apt-get install -y bubblewrap`")
+    if os.geteuid() != 0:
+        raise SandboxError("local mode's sandbox needs a root runner (it mounts overlays and makes network "
+                           "namespaces); run as root, or use pod mode (--isolation pod)")
+    root = Path(root).absolute()
+    if root.exists() and any(root.iterdir()):
+        raise SandboxError(f"sandbox root {root} is not empty; every rollout needs a fresh folder")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _build_layer(build_root: Path, task: Task, settings: dict, layer: Path) -> dict:
+    """Build the task's layer into `layer` by applying its Dockerfile in a sandbox whose upper it becomes."""
+    from steps.sandbox_build import apply_dockerfile  # here, not at the top: the builder drives a Sandbox
+
+    box = Sandbox(root=_fresh_root(build_root), build=settings)
+    box._mount()
+    try:
+        if task.dockerfile is None:
+            box.notes.append(f"image {task.config.docker_image} is replaced by the host system in local mode")
+        else:
+            apply_dockerfile(box, task)
+        box.host_path(box.workdir).mkdir(parents=True, exist_ok=True)
+    finally:
+        box.close()
+    for part in ("root", "sys"):
+        (build_root / "upper" / part).rename(layer / part)
+    shutil.rmtree(build_root, onerror=_force_remove)
+    return {"workdir": box.workdir, "env": box.env, "notes": box.notes}
 
 
 def wait_for(process: subprocess.Popen, timeout_s: float, stop: Callable[[], None]) -> bool:

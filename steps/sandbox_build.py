@@ -6,8 +6,9 @@
 - WORKDIR, ENV, ARG, SHELL: as Docker does them, with `$VAR` / `${VAR:-default}` substitution;
 - COPY / ADD: from the build context `environment/` (globs, `--chmod`, heredocs; ADD extracts local
   tar archives; ADD from a URL and COPY --from are errors);
-- RUN: shell or exec form (and heredocs) run in the sandbox under the task's build timeout, the
-  output appended to `ROOT/build.log`; a failing RUN raises `SandboxError` quoting its output;
+- RUN: shell or exec form (and heredocs) run in the sandbox as root with a container's usual
+  capabilities, under the task's build timeout, the output appended to `ROOT/build.log`; what they
+  change (apt, pip, anything under /) lands in the task's layer; a failing RUN raises `SandboxError` quoting its output;
 - USER is ignored (noted), and CMD, ENTRYPOINT, EXPOSE, LABEL, VOLUME, HEALTHCHECK... do not change
   files, so they are skipped. `.dockerignore` is not read.
 
@@ -26,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from steps.dockerfile import DockerfileError, Instruction, expand, parse_dockerfile, parse_env, parse_flags, split_words
-from steps.sandbox import Sandbox, SandboxError, copy_tree
+from steps.sandbox import WHEELS_DIR, Sandbox, SandboxError, copy_tree
 from steps.tasks import Task
 
 
@@ -49,7 +50,7 @@ class _Build:
         self.build_args: dict[str, str] = {}
         self.shell = ["/bin/sh", "-c"]
         self.deadline = time.monotonic() + task.config.build_timeout_s
-        self.log_path = box.root / "build.log"
+        self.log_path = box.root.parent / "build.log"  # the rollout's folder: the build's own goes away
         self.seen_from = False
 
     def apply(self) -> None:
@@ -118,8 +119,9 @@ class _Build:
         with open(self.log_path, "a") as build_log:
             build_log.write(f"\n# line {step.line}: RUN {step.text}\n")
             start = build_log.tell()
-        result = self.box.run(argv, timeout_s=remaining, env=self.build_args | self.box.env,
-                              stdout_path=self.log_path)
+        wheels = {"PIP_FIND_LINKS": WHEELS_DIR, "PIP_NO_INDEX": "1"} if self.box.build["wheels"] else {}
+        result = self.box.run(argv, timeout_s=remaining, env=self.build_args | self.box.env | wheels,
+                              stdout_path=self.log_path, network=self.box.build["network"])
         if result.timed_out:
             raise self._error(step, f"RUN did not finish within the build timeout; see {self.log_path}")
         if result.exit_code != 0:

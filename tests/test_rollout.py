@@ -145,13 +145,16 @@ def test_an_unreachable_proxy_is_an_infra_error_with_exit_code_3(tmp_path):
     assert done.returncode == 3 and result["status"] == "infra_error" and "unreachable" in result["error"]
 
 
-def test_a_crashing_verifier_is_an_infra_error_not_a_zero(scripted, scripted_proxy, tmp_path):
+def test_a_verifier_that_writes_no_reward_scores_0_not_an_infra_error(scripted, scripted_proxy, tmp_path):
+    """Grading runs in a pristine root, so a verifier left without a reward can only have been broken by the
+    agent's work (or the task, which `steps.tasks check` catches): a 0, never a retried infra_error."""
     task = tmp_path / "broken-verifier"
     shutil.copytree(BUILTIN_DATASET / "hello-file", task)
     (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 'verifier bug' >&2\nexit 2\n")
     scripted.set_commands([oracle("hello-file")])
     result = run_rollout(spec_for(scripted_proxy, task, "direct", tmp_path))
-    assert (result.status, result.reward) == ("infra_error", None) and "verifier crashed" in result.error
+    assert (result.status, result.reward) == ("ok", 0.0)
+    assert "wrote no reward" in result.error and "exit code 2" in result.error
 
 
 def test_direct_harness_on_the_real_vllm_records_every_call(proxy, vllm_server, tmp_path):

@@ -26,6 +26,7 @@ import steps.dockerfile
 import steps.metrics
 import steps.tasks.schema
 import steps.tasks.verify
+from steps.sandbox_network import ProxyTunnel
 from steps.sandbox import Sandbox, SandboxError
 from steps.tasks import BUILTIN_DATASET, DatasetError, load_dataset, load_task
 from steps.tasks.verify import run_verifier
@@ -217,7 +218,7 @@ def test_check_names_each_broken_task_with_its_reason(tmp_path):
     for tail in ("| no such package", "| cannot do it", "| checker blew up"):  # the log lines that explain it
         assert f"\n    {tail}\n" in done.stdout
     assert "8 tasks: 1 ok, 6 broken, 1 skipped" in done.stdout
-    assert (tmp_path / "work" / "oracle-rejected" / "sandbox" / "fs" / "app" / "answer.txt").read_text() == "41\n"
+    assert (tmp_path / "work" / "oracle-rejected" / "sandbox" / "upper" / "root" / "app" / "answer.txt").read_text() == "41\n"
     assert not (tmp_path / "work" / "hello-file" / "sandbox").exists()  # kept only for broken tasks
 
 
@@ -298,8 +299,10 @@ def test_background_processes_end_with_their_command(tmp_path):
 
 def test_sandbox_setup_failure_is_an_error_not_an_exit_code(tmp_path):
     box = Sandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
+    empty = tmp_path / "empty"
+    empty.mkdir()
     with pytest.raises(SandboxError, match="bubblewrap could not set up the sandbox: .*Read-only"):
-        box.run(["true"], timeout_s=30, extra_binds=[(tmp_path, "/usr/openforge-test", True)])
+        box.run(["true"], timeout_s=30, extra_binds=[(empty, "/opt/ro", True), (empty, "/opt/ro/inside", True)])
     with pytest.raises(SandboxError, match="working directory /nowhere does not exist"):
         box.run(["true"], timeout_s=30, cwd="/nowhere")
     out = tmp_path / "out.txt"
@@ -325,11 +328,13 @@ def test_absolute_paths_and_host_path(tmp_path):
     script = "echo 42 > answer.txt; echo 1 > /logs/verifier/reward.txt; echo x > /tmp/x; echo y > ~/y"
     result = box.run(["sh", "-c", script], timeout_s=30)
     assert result.exit_code == 0
-    assert box.host_path("/app/answer.txt") == tmp_path / "box" / "fs" / "app" / "answer.txt"
+    assert box.host_path("/app/answer.txt") == tmp_path / "box" / "merged" / "app" / "answer.txt"
     assert box.host_path("/app/answer.txt").read_text() == "42\n"
     assert box.host_path("/logs/verifier/reward.txt").read_text() == "1\n"
     assert box.host_path("/root/y").read_text() == "y\n" and box.host_path("/tmp/x").is_file()
-    assert box.run(["touch", "/usr/evil"], timeout_s=30).exit_code != 0  # the host's /usr is read-only
+    assert box.run(["touch", "/usr/evil"], timeout_s=30).exit_code == 0  # the sandbox's own layer of /usr...
+    assert not Path("/usr/evil").exists() and (tmp_path / "box" / "upper" / "sys" / "usr" / "evil").is_file()
+    box.remove()  # ...which never reaches the host's
 
 
 def test_agent_symlinks_cannot_redirect_host_side_copies(tmp_path):
@@ -355,17 +360,26 @@ def test_reward_planted_by_the_agent_does_not_count(tmp_path):
     assert (tmp_path / "verifier" / "reward.txt").read_text() == "0\n"
 
 
-def test_network_is_shared_unless_unshared(tmp_path):
+def test_the_network_is_loopback_only_and_a_tunnel_reaches_one_host_port(tmp_path):
     box = Sandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-    threading.Thread(target=lambda: [server.accept()[0].close() for _ in range(2)], daemon=True).start()
-    connect = ["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5)"]
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    ports = [server.getsockname()[1] for server in servers]
+    for server in servers:
+        threading.Thread(target=lambda s=server: [s.accept()[0].close() for _ in range(3)], daemon=True).start()
+
+    def connect(port: int) -> list[str]:
+        return ["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5)"]
     try:
-        assert box.run(connect, timeout_s=30).exit_code == 0
-        assert box.run(connect, timeout_s=30, network=False).exit_code != 0
+        assert box.run(connect(ports[0]), timeout_s=30).exit_code != 0  # by default: nothing of the host's
+        with ProxyTunnel(f"of-test-{os.getpid()}", "127.0.0.1", ports[0]) as tunnel:
+            assert box.run(connect(ports[0]), timeout_s=30, network=tunnel).exit_code == 0  # the tunnel's port
+            assert box.run(connect(ports[1]), timeout_s=30, network=tunnel).exit_code != 0  # and nothing else
+        control = socket.create_connection(("127.0.0.1", ports[1]), timeout=5)  # it was listening all along
+        control.close()
     finally:
-        server.close()
+        for server in servers:
+            server.close()
+        box.remove()
 
 
 def test_harness_folder_bound_read_only(tmp_path):

@@ -79,6 +79,7 @@ class TaskConfig:
     allow_internet: bool = True
     environment_env: dict[str, str] = field(default_factory=dict)  # [environment] env
     verifier_env: dict[str, str] = field(default_factory=dict)  # [verifier] env
+    graded_paths: tuple[str, ...] = ()  # [verifier] graded_paths (OpenForge's): what the verifier sees of the agent's work
     solution_env: dict[str, str] = field(default_factory=dict)  # [solution] env
     ignored_fields: tuple[str, ...] = ()  # fields of a newer Harbor schema that OpenForge does not read
 
@@ -190,6 +191,7 @@ def _config(raw: dict) -> TaskConfig:
         allow_internet=env.get("allow_internet", True) and env.get("network_mode", "public") != "no-network",
         environment_env=dict(env.get("env", {})),
         verifier_env=dict(verifier.get("env", {})),
+        graded_paths=tuple(verifier.get("graded_paths", ())),
         solution_env=dict(raw.get("solution", {}).get("env", {})),
         ignored_fields=tuple(unknown_fields(raw)))
 

@@ -61,6 +61,8 @@ def check_task(task: Task, work_dir: Path) -> CheckResult:
         status, reason, details = BROKEN, f"sandbox failed: {exc}", ""
     if status == OK:
         sandbox.remove()
+    else:
+        sandbox.close()  # unmounted; ROOT/upper/root holds what the oracle left
     return verdict(status, reason, details, sandbox.notes)
 
 

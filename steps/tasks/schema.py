@@ -40,6 +40,8 @@ TABLE: Check = (lambda v: isinstance(v, dict), "a table")
 TABLES: Check = (lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v), "a list of tables")
 STRING_TABLE: Check = (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
                        "a table of strings, e.g. { NAME = \"value\" }")
+ABSOLUTE_PATHS: Check = (lambda v: _is_str_list(v) and all(p.startswith("/") and p != "/" for p in v),
+                         "a list of absolute paths other than /, such as [\"/app\", \"/etc/nginx\"]")
 USER: Check = (lambda v: isinstance(v, str) or _is_count(v), "a user name or uid")
 SIZE: Check = (lambda v: isinstance(v, str) and re.fullmatch(r"\d+(\.\d+)?[GgMmKk]", v.strip()) is not None,
                "a size such as \"2G\" or \"512M\"")
@@ -49,7 +51,8 @@ LINUX: Check = (lambda v: v == "linux", "\"linux\" (Windows tasks are not suppor
 SECTIONS: dict[str, dict[str, Check]] = {
     "task": {"name": TEXT, "description": TEXT, "authors": TABLES, "keywords": TEXTS},
     "verifier": {"timeout_sec": SECONDS, "env": STRING_TABLE, "user": USER, "network_mode": NETWORK,
-                 "allowed_hosts": TEXTS, "environment_mode": TEXT, "environment": TABLE, "collect": TABLES},
+                 "allowed_hosts": TEXTS, "environment_mode": TEXT, "environment": TABLE, "collect": TABLES,
+                 "graded_paths": ABSOLUTE_PATHS},
     "agent": {"timeout_sec": SECONDS, "setup_timeout_sec": SECONDS, "user": USER, "network_mode": NETWORK,
               "allowed_hosts": TEXTS},
     "environment": {"build_timeout_sec": SECONDS, "docker_image": TEXT, "cpus": COUNT, "memory_mb": COUNT,

@@ -1,8 +1,10 @@
 """Running a task's verifier (and its oracle) in a sandbox, and reading the reward it writes.
 
-The verifier is Harbor's: `tests/` is copied to `/tests` only now, after the agent (or oracle) has
-stopped; `/logs/verifier` is emptied first so nothing the agent left there counts; `bash
-/tests/test.sh` runs under `[verifier] timeout_sec`; the reward is `/logs/verifier/reward.json`
+The verifier is Harbor's, run where the agent cannot reach it: in a pristine root of the task's built
+environment that holds, of the agent's work, only the graded paths (`Sandbox.for_verifier`; in a pod, the
+pod itself after the agent uid's processes are gone), with a fresh environment (`verifier_env`). `tests/`
+is copied to `/tests` only now; `/logs/verifier` starts empty; `bash /tests/test.sh` runs under
+`[verifier] timeout_sec`; the reward is `/logs/verifier/reward.json`
 (its "reward" entry) or else `/logs/verifier/reward.txt` (one number). A verifier that times out or
 writes no readable reward has crashed: `VerifierResult.reward` is None and `error` says why, which
 callers must treat as an infrastructure failure, never as a reward of 0.
@@ -96,21 +98,38 @@ def read_reward(verifier_dir: Path) -> dict[str, float]:
     return parse_reward(*texts)
 
 
+def verifier_env(sandbox: Sandbox, task: Task) -> dict[str, str]:
+    """The verifier's whole environment: the image's (BASE_ENV and the Dockerfile's ENV), fresh, plus `[verifier] env`.
+
+    Nothing of the agent's environment or of the runner's. Python neither reads a user site nor puts the
+    working folder (the agent's workspace) or a script's folder first on its path.
+    """
+    return {**sandbox.image_env, "HOME": "/root", "TMPDIR": "/tmp", "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+            "PYTHONDONTWRITEBYTECODE": "1", **task.config.verifier_env}
+
+
 def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, str] | None = None) -> VerifierResult:
-    """Copy `tests/` in, run `tests/test.sh` under the verifier timeout, and read its reward.
+    """Grade in a pristine root (`sandbox.for_verifier`): copy `tests/` in, run `tests/test.sh`, read its reward.
 
     Call only after the agent's processes have stopped. `output_dir` (on the host) receives the
     verifier's stdout+stderr as `test-stdout.txt` and a copy of the sandbox's /logs/verifier.
     """
     output_dir.mkdir(parents=True, exist_ok=True)
-    sandbox.reset_dir(VERIFIER_DIR)
-    sandbox.copy_in(task.tests_dir, TESTS_DIR)
-    run = sandbox.run(["bash", f"{TESTS_DIR}/test.sh"], timeout_s=task.config.verifier_timeout_s,
-                      env={**task.config.verifier_env, **(env or {})}, stdout_path=output_dir / "test-stdout.txt")
+    grading = sandbox.for_verifier(task)
     try:
-        sandbox.copy_out(VERIFIER_DIR, output_dir)
-    except SandboxError:
-        pass  # the verifier removed /logs/verifier: no reward file, reported below
+        grading.reset_dir(VERIFIER_DIR)
+        grading.copy_in(task.tests_dir, TESTS_DIR)
+        run = grading.run(["bash", f"{TESTS_DIR}/test.sh"], timeout_s=task.config.verifier_timeout_s,
+                          env={**verifier_env(grading, task), **(env or {})},
+                          stdout_path=output_dir / "test-stdout.txt")
+        try:
+            grading.copy_out(VERIFIER_DIR, output_dir)
+        except SandboxError:
+            pass  # the verifier removed /logs/verifier: no reward file, reported below
+    finally:
+        if grading is not sandbox:
+            sandbox.notes.extend(grading.notes)
+            grading.remove()
     rewards, error = {}, None
     if run.timed_out:
         error = f"the verifier did not finish within its timeout of {task.config.verifier_timeout_s:g} s"
