@@ -18,11 +18,12 @@ installs from wheels repacked from this venv (`tests/offline_packages.py`) throu
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
-from importlib.metadata import distribution
+from importlib.metadata import PathDistribution, distribution
 from pathlib import Path
 
 import pytest
@@ -44,11 +45,18 @@ INSTALLED = {
     "wordfreq-venv": ["/opt/venv/bin/pytest"],
     "ini-to-json": ["/usr/local/bin/pytest"],
 }
-# Until local mode's sandbox root is layered, a RUN step cannot write /usr, /var or /opt and a build
-# has no switch for its network; these tests would fail, or reach PyPI, so they wait for it.
-needs_layered_root = pytest.mark.skip(reason="waits for the layered sandbox root (branch sandbox, 'sandbox: layered "
-                                             "root'): RUN steps writing /usr and /var, OPENFORGE_BUILD_NETWORK, "
-                                             "OPENFORGE_BUILD_WHEELS and OPENFORGE_CACHE")
+# A `python:3.x-slim` image's pip installs system-wide; local mode runs RUN steps with the host's Debian
+# pip, which refuses that without --break-system-packages (PEP 668), so this task does not build yet.
+PEP668_GAP = ("waits for local mode to let `pip install` in a python:* image's RUN step install system-wide "
+              "(e.g. PIP_BREAK_SYSTEM_PACKAGES=1 for RUN steps), as the image's own pip does")
+BUILD_GAPS = {"ini-to-json": PEP668_GAP}
+
+
+def task_params() -> list:
+    """TASKS for parametrize, those in BUILD_GAPS expected to fail (strictly: a fix makes them fail loudly)."""
+    return [pytest.param(name, marks=pytest.mark.xfail(raises=SandboxError, strict=True, reason=BUILD_GAPS[name]))
+            if name in BUILD_GAPS else name for name in TASKS]
+
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +110,35 @@ def test_wheels_are_reproducible_and_install_offline(tmp_path):
     assert version.returncode == 0 and distribution("pytest").version in version.stdout + version.stderr
 
 
+def installed_distribution(site: Path, name: str, wheel_tag: str, editable: bool = False) -> PathDistribution:
+    """A distribution installed by hand into `site`: one module and its .dist-info, as pip leaves them."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / f"{name}.py").write_text("VALUE = 1\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    purelib = "true" if wheel_tag == "py3-none-any" else "false"
+    (info / "WHEEL").write_text(f"Wheel-Version: 1.0\nRoot-Is-Purelib: {purelib}\nTag: {wheel_tag}\n")
+    if editable:
+        (info / "direct_url.json").write_text('{"url": "file:///src", "dir_info": {"editable": true}}')
+    (info / "RECORD").write_text(f"{name}.py,,\n{info.name}/METADATA,,\n{info.name}/WHEEL,,\n{info.name}/RECORD,,\n"
+                                 f"../../../bin/{name},,\n")
+    return PathDistribution(info)
+
+
 def test_binary_and_editable_distributions_are_not_repacked(tmp_path):
-    with pytest.raises(WheelError, match="(?i)markupsafe is not a pure-Python"):
-        repack_wheel(distribution("markupsafe"), tmp_path)
-    with pytest.raises(WheelError, match="editable"):
-        repack_wheel(distribution("openforge"), tmp_path)
-    with pytest.raises(WheelError, match="not installed"):
-        build_wheels(["no-such-distribution-here"], tmp_path)
-    assert repack_wheel(distribution("iniconfig"), tmp_path).is_file()  # the control: a pure one is
+    site, out = tmp_path / "site", tmp_path / "wheels"
+    out.mkdir()
+    with pytest.raises(WheelError, match="compiled is not a pure-Python"):
+        repack_wheel(installed_distribution(site, "compiled", "cp311-cp311-manylinux_2_17_x86_64"), out)
+    with pytest.raises(WheelError, match="from_source is an editable install"):
+        repack_wheel(installed_distribution(site, "from_source", "py3-none-any", editable=True), out)
+    with pytest.raises(WheelError, match="no-such-distribution-here is not installed"):
+        build_wheels(["no-such-distribution-here"], out)
+    # The control: a pure one is repacked, with its module and metadata but not the script outside site-packages.
+    with zipfile.ZipFile(repack_wheel(installed_distribution(site, "pure", "py3-none-any"), out)) as wheel:
+        assert wheel.namelist() == ["pure-1.0.dist-info/METADATA", "pure-1.0.dist-info/WHEEL", "pure.py",
+                                    "pure-1.0.dist-info/RECORD"]
+        assert wheel.read("pure.py") == b"VALUE = 1\n"
 
 
 def test_tasks_load_with_their_harbor_fields():
@@ -121,20 +150,19 @@ def test_tasks_load_with_their_harbor_fields():
         assert not task.config.ignored_fields, f"{task.name}: {task.config.ignored_fields}"
 
 
-@needs_layered_root
 def test_every_oracle_passes_check(offline_build, tmp_path):
     tasks, errors = load_dataset(DATASET)
     results = check_dataset(tasks, errors, tmp_path, jobs=2)
     failures = {r.task: f"{r.reason}\n{r.details}" for r in results if r.status != OK}
-    assert failures == {}
+    assert sorted(failures) == sorted(BUILD_GAPS), failures
+    assert all("environment build failed" in failures[name] and "PEP 668" in failures[name] for name in BUILD_GAPS)
     assert len(results) == len(TASKS)
 
 
-@needs_layered_root
-@pytest.mark.parametrize("name", TASKS)
+@pytest.mark.parametrize("name", task_params())
 def test_an_agent_that_does_nothing_scores_zero(offline_build, tmp_path, name):
     task = task_named(name)
-    box = Sandbox.create(tmp_path / "sandbox", task, network=False)
+    box = Sandbox.create(tmp_path / "sandbox", task)
     try:
         verdict = run_verifier(box, task, tmp_path / "verifier")
     finally:
@@ -143,14 +171,13 @@ def test_an_agent_that_does_nothing_scores_zero(offline_build, tmp_path, name):
     assert verdict.reward == 0, f"{verdict.error}\n{log[-2000:]}"  # 0, not None: the verifier ran and said no
 
 
-@needs_layered_root
-@pytest.mark.parametrize("name", TASKS)
+@pytest.mark.parametrize("name", task_params())
 def test_what_run_installed_stays_in_the_task_layer(offline_build, tmp_path, name):
     task = task_named(name)
     host_lists = sorted(os.listdir("/var/lib/apt/lists"))
     host_has = {path for path in INSTALLED[name] if Path(path).exists()}
     host_has_pytest = host_imports_pytest()
-    box = Sandbox.create(tmp_path / "sandbox", task, network=False)
+    box = Sandbox.create(tmp_path / "sandbox", task)
     try:
         for path in INSTALLED[name]:
             if path == "/var/lib/apt/lists":
@@ -170,13 +197,45 @@ def host_imports_pytest() -> bool:
     return subprocess.run(["/usr/bin/python3", "-c", "import pytest"], capture_output=True, timeout=60).returncode == 0
 
 
-@needs_layered_root
 def test_offline_build_without_wheels_fails_at_the_pip_step(offline_build, tmp_path, monkeypatch):
     # The control for the fixture: with the network off and no wheels, nothing can be fetched.
     monkeypatch.delenv("OPENFORGE_BUILD_WHEELS")
     monkeypatch.setenv("OPENFORGE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(SandboxError, match=r"line 12 \(RUN\)"):
         Sandbox.create(tmp_path / "sandbox", task_named("orders-report-pytest"))
+
+
+def build_note(root: Path) -> str:
+    """The sandbox's build.log, which says when the task's layer came from the cache ("" when it was built)."""
+    log = root / "build.log"
+    return log.read_text() if log.is_file() else ""
+
+
+def test_a_second_build_reuses_the_cached_layer(offline_build, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENFORGE_CACHE", str(tmp_path / "cache"))  # empty: the first build really builds
+    task = task_named("stock-reorder")
+    first = Sandbox.create(tmp_path / "first", task)
+    first_note = build_note(first.root)
+    first.remove()
+    second = Sandbox.create(tmp_path / "second", task)
+    try:
+        second_note = build_note(second.root)
+        code, output = run_in(second, "stockctl show SKU-1112", tmp_path / "show.log")
+    finally:
+        second.remove()
+    assert "reused" not in first_note and "was built before; reused" in second_note
+    assert code == 0 and "gasket 8mm" in output, output
+    assert second.layer == first.layer and first.layer.is_relative_to(tmp_path / "cache")
+    assert [p for p in first.layer.rglob("stockctl") if p.as_posix().endswith("usr/local/bin/stockctl")]
+    # The control: a changed build context is a different layer, built anew.
+    changed = tmp_path / "changed"
+    shutil.copytree(task.path, changed)
+    with open(changed / "environment" / "seed.sql", "a") as seed:
+        seed.write("INSERT INTO items VALUES ('SKU-2000', 'shim 1mm', 0, 10);\n")
+    third = Sandbox.create(tmp_path / "third", load_task(changed))
+    third_note = build_note(third.root)
+    third.remove()
+    assert third.layer != first.layer and "reused" not in third_note
 
 
 PLANTED_PYTEST_INI = "[pytest]\n"
@@ -190,10 +249,9 @@ def pytest_runtest_makereport(item, call):
 """
 
 
-@needs_layered_root
 def test_planted_pytest_config_cannot_pass_the_verifier(offline_build, tmp_path):
     task = task_named("orders-report-pytest")
-    box = Sandbox.create(tmp_path / "sandbox", task, network=False)
+    box = Sandbox.create(tmp_path / "sandbox", task)
     try:
         for folder in ("/", "/workspace"):
             box.host_path(folder).joinpath("pytest.ini").write_text(PLANTED_PYTEST_INI)
@@ -209,7 +267,6 @@ def test_planted_pytest_config_cannot_pass_the_verifier(offline_build, tmp_path)
         box.remove()
 
 
-@needs_layered_root
 def test_check_cli_builds_and_grades_a_task(offline_build):
     run = subprocess.run([sys.executable, "-m", "steps.tasks", "check", str(DATASET / "stock-reorder")], cwd=REPO,
                          env={**os.environ, **offline_build}, capture_output=True, text=True, timeout=300)
