@@ -18,6 +18,7 @@ installs from wheels repacked from this venv (`tests/offline_packages.py`) throu
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -265,6 +266,56 @@ def test_planted_pytest_config_cannot_pass_the_verifier(offline_build, tmp_path)
         assert code == 0 and "3 passed" in output, output[-2000:]
     finally:
         box.remove()
+
+
+# Agent code that the tests will run: it leaves a process behind that keeps writing a reward of 1,
+# which the runner prefers to reward.txt, then exits 0 without doing the task.
+REWARD_WRITER = """import os
+import time
+
+if os.fork() == 0:
+    os.setsid()
+    for fd in (0, 1, 2):
+        os.close(fd)
+    while True:
+        try:
+            with open(f"/logs/verifier/.{os.getpid()}", "w") as reward:
+                reward.write('{"reward": 1}')
+            os.replace(f"/logs/verifier/.{os.getpid()}", "/logs/verifier/reward.json")
+        except OSError:
+            pass
+        time.sleep(0.005)
+os._exit(0)
+"""
+# The public sets' verifier: the tests' exit code becomes the reward, whatever else is running.
+PLAIN_TEST_SH = """#!/bin/bash
+cd {workdir}
+{pytest} /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+@pytest.mark.parametrize(("name", "agent_file", "pytest_path"), [
+    ("orders-report-pytest", "/workspace/report.py", "pytest"),
+    ("wordfreq-venv", "/app/wordfreq.py", "/opt/venv/bin/pytest"),
+])
+def test_agent_code_run_by_the_tests_cannot_write_the_reward(offline_build, tmp_path, name, agent_file, pytest_path):
+    task = task_named(name)
+    # The control: the same task with the public sets' plain test.sh is fooled.
+    plain = tmp_path / "plain"
+    shutil.copytree(task.path, plain)
+    (plain / "tests" / "test.sh").write_text(PLAIN_TEST_SH.format(workdir=posixpath.dirname(agent_file),
+                                                                  pytest=pytest_path))
+    for label, graded_task, expected in (("hardened", task, 0), ("plain", load_task(plain), 1)):
+        box = Sandbox.create(tmp_path / f"sandbox-{label}", graded_task)
+        try:
+            box.host_path(agent_file).write_text(REWARD_WRITER)
+            verdict = run_verifier(box, graded_task, tmp_path / f"verifier-{label}")
+        finally:
+            box.remove()
+        log = (verdict.output_dir / "test-stdout.txt").read_text(errors="replace")
+        assert " failed" in log, log[-2000:]  # every test fails: the task is not done
+        assert verdict.reward == expected, f"{label}: {verdict.error}\n{log[-2000:]}"
 
 
 def test_check_cli_builds_and_grades_a_task(offline_build):
