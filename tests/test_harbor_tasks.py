@@ -318,6 +318,34 @@ def test_agent_code_run_by_the_tests_cannot_write_the_reward(offline_build, tmp_
         assert verdict.reward == expected, f"{label}: {verdict.error}\n{log[-2000:]}"
 
 
+# Tests as the public sets write them: the agent's module imported into pytest itself.
+IN_PROCESS_TESTS = """import sys
+sys.path.insert(0, "/app")
+
+
+def test_counts_ignore_case():
+    from wordfreq import top_words
+    assert top_words("The cat. the CAT! The end.", 2) == [("the", 3), ("cat", 2)]
+"""
+
+
+def test_agent_module_that_exits_0_cannot_pass_the_tests(offline_build, tmp_path):
+    task = task_named("wordfreq-venv")
+    # The control: the same verifier with tests that import the agent's module is fooled.
+    in_process = tmp_path / "in-process"
+    shutil.copytree(task.path, in_process)
+    (in_process / "tests" / "test_outputs.py").write_text(IN_PROCESS_TESTS)
+    for label, graded_task, expected in (("child process", task, 0), ("in process", load_task(in_process), 1)):
+        box = Sandbox.create(tmp_path / f"sandbox-{label}", graded_task)
+        try:
+            box.host_path("/app/wordfreq.py").write_text("import os\n\nos._exit(0)\n")
+            verdict = run_verifier(box, graded_task, tmp_path / f"verifier-{label}")
+        finally:
+            box.remove()
+        log = (verdict.output_dir / "test-stdout.txt").read_text(errors="replace")
+        assert verdict.reward == expected, f"{label}: {verdict.error}\n{log[-2000:]}"
+
+
 def test_check_cli_builds_and_grades_a_task(offline_build):
     run = subprocess.run([sys.executable, "-m", "steps.tasks", "check", str(DATASET / "stock-reorder")], cwd=REPO,
                          env={**os.environ, **offline_build}, capture_output=True, text=True, timeout=300)
