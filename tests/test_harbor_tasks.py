@@ -5,14 +5,17 @@ recipes, TermiGen, Terminal-Bench 2): `FROM ubuntu:24.04` or `python:3.11-slim`,
 apt-get install -y ...`, `RUN pip3 install --break-system-packages pytest`, a virtual environment in
 /opt, a tool written to /usr/local/bin; shell, Python and pytest verifiers. Each must build locally,
 its oracle must pass `steps.tasks check`, an agent that does nothing must score 0, and what its RUN
-steps installed must stay in the task's layer, never reaching the host.
+steps installed must stay in the task's layer, never reaching the host. The pytest verifiers are also
+attacked as an agent would (planted pytest config, a module that exits 0, a leftover process writing
+the reward), each with the public sets' plain verifier as the control that is fooled.
+`ini-to-json` (python:3.11-slim, plain `pip install`) is a strict expected failure: see BUILD_GAPS.
 
 Nothing is downloaded: builds run with `OPENFORGE_BUILD_NETWORK=none` (`apt-get update` then warns and
 keeps the host's package lists; every package the tasks install is one the host has), and pip
 installs from wheels repacked from this venv (`tests/offline_packages.py`) through
 `OPENFORGE_BUILD_WHEELS`. Layers are cached in a folder of this test session (`OPENFORGE_CACHE`).
 
-    .venv/bin/python -m pytest -q tests/test_harbor_tasks.py
+    .venv/bin/python -m pytest -q tests/test_harbor_tasks.py      # about 70 s on two shared cores
 """
 
 from __future__ import annotations
