@@ -404,10 +404,12 @@ class CallStore:
     def _log_path(self, rollout_id: str) -> str:
         return f"{self._rollout_dir(rollout_id)}/{CALL_LOG}"
 
+    def _lock(self, path: str) -> threading.Lock:
+        return self._appending.get(path) or self._appending.setdefault(path, threading.Lock())
+
     def _append(self, rollout_id: str, data: bytes) -> None:
         path = self._log_path(rollout_id)
-        lock = self._appending.get(path) or self._appending.setdefault(path, threading.Lock())
-        with lock:
+        with self._lock(path):
             try:
                 fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             except FileNotFoundError:
@@ -430,12 +432,13 @@ class CallStore:
                 os.close(fd)
 
     def _resume_log(self, rollout_id: str) -> int:
-        _cut_torn_tail(self._log_path(rollout_id))
+        with self._lock(self._log_path(rollout_id)):  # never while one of this proxy's appends is half done
+            _cut_torn_tail(self._log_path(rollout_id))
         highest = -1
         for _, data in self._log_lines(rollout_id):
             try:
                 head = _HEAD.decode(data)
-                index = head.call_index if head.rollout_id == rollout_id else -1
+                index = head.call_index if head.rollout_id == rollout_id and _index(head.call_index) else -1
             except (msgspec.DecodeError, RecursionError):
                 record = parse_record(rollout_id, data)[0]
                 index = -1 if record is None else record["call_index"]
