@@ -113,6 +113,8 @@ POISONS = [
     ("top_k", "messages", {"top_k": 2**40}, None),
     ("top_k", "chat/completions", {"top_k": 2**40}, None),
     ("tool_choice.x", "chat/completions", {"tool_choice": {"type": "function", "x": 10**30}}, None),
+    ("presence_penalty", "chat/completions", None,
+     b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 1e400}'),
     ("nested too deeply", "chat/completions", None,
      b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "extra": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
 ]

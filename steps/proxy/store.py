@@ -27,7 +27,7 @@ Readers never fail a rollout for one bad record. Their rule (docs/proxy.md, "Rea
 a local log's last line without its line break (being written, or cut short: never answered) is left
 out; a record glued after a torn one is read from where it starts; a line or object that is no call
 record of the rollout, or that repeats an index already read, is skipped and named in `skipped`; a
-record whose request or response alone cannot be read keeps its place with that field null and
+record whose request, response or sampling alone cannot be read keeps its place with that field null and
 `store_error` saying why, as does one whose prompt or request extends a call that cannot be read.
 """
 
@@ -253,7 +253,7 @@ class _Head(msgspec.Struct):
 
 _HEAD = msgspec.json.Decoder(_Head)
 _FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_WHOLE_FIELDS = ("request", "response")  # holding what the harness sent: the rest is the proxy's own
+_WHOLE_FIELDS = ("request", "response", "sampling")  # holding what the harness sent: the rest is the proxy's own
 
 
 def _index(value) -> bool:
