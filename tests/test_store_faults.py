@@ -113,6 +113,8 @@ POISONS = [
     ("top_k", "messages", {"top_k": 2**40}, None),
     ("top_k", "chat/completions", {"top_k": 2**40}, None),
     ("tool_choice.x", "chat/completions", {"tool_choice": {"type": "function", "x": 10**30}}, None),
+    ("presence_penalty", "chat/completions", None,
+     b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 1e400}'),
     ("nested too deeply", "chat/completions", None,
      b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "extra": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
 ]
@@ -426,15 +428,16 @@ def test_vllm_killed_mid_call_is_the_dialects_error_a_failed_call_and_the_proxy_
             assert post(f"{base}/chat/completions", key, chat_body("before"))[0] == 200
             outcome = {}
             long_call = threading.Thread(target=lambda: outcome.update(answer=post(
-                f"{rollout['anthropic_base_url']}/v1/messages", key,
-                {"model": "tiny", "max_tokens": 3000, "stream": True, "messages": [{"role": "user", "content": "go on"}]})))
+                f"{base}/chat/completions", key, chat_body("go on", max_tokens=3000, ignore_eos=True))))
             long_call.start()
-            time.sleep(3)  # the long call is generating
+            time.sleep(2)  # the long call is generating (3000 tokens take the tiny model several seconds)
             os.killpg(vllm.process.pid, signal.SIGKILL)
             long_call.join(60)
             status, body = outcome["answer"]
-            assert status == 502 and body["type"] == "error" and "upstream" in body["error"]["message"]
-            assert post(f"{base}/chat/completions", key, chat_body("while down"))[0] == 502
+            assert status == 502 and body["error"]["type"] == "server_error" and "upstream" in body["error"]["message"]
+            status, body = post(f"{rollout['anthropic_base_url']}/v1/messages", key,
+                                {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "down"}]})
+            assert status == 502 and body["type"] == "error" and body["error"]["type"] == "api_error"
         except BaseException:
             stop_proxy(proxy)
             raise

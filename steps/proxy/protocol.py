@@ -242,6 +242,11 @@ class ChatRequest(Sampling, kw_only=True):
     prompt_logprobs: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | None = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | None = None
     priority: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    # Stored among the call's sampling settings: a number past a double's range (1e400) is refused here.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
 
 
 # --- OpenAI Responses ----------------------------------------------------------------------------

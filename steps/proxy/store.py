@@ -27,7 +27,7 @@ Readers never fail a rollout for one bad record. Their rule (docs/proxy.md, "Rea
 a local log's last line without its line break (being written, or cut short: never answered) is left
 out; a record glued after a torn one is read from where it starts; a line or object that is no call
 record of the rollout, or that repeats an index already read, is skipped and named in `skipped`; a
-record whose request or response alone cannot be read keeps its place with that field null and
+record whose request, response or sampling alone cannot be read keeps its place with that field null and
 `store_error` saying why, as does one whose prompt or request extends a call that cannot be read.
 """
 
@@ -253,7 +253,7 @@ class _Head(msgspec.Struct):
 
 _HEAD = msgspec.json.Decoder(_Head)
 _FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_WHOLE_FIELDS = ("request", "response")  # holding what the harness sent: the rest is the proxy's own
+_WHOLE_FIELDS = ("request", "response", "sampling")  # holding what the harness sent: the rest is the proxy's own
 
 
 def _index(value) -> bool:
@@ -404,10 +404,12 @@ class CallStore:
     def _log_path(self, rollout_id: str) -> str:
         return f"{self._rollout_dir(rollout_id)}/{CALL_LOG}"
 
+    def _lock(self, path: str) -> threading.Lock:
+        return self._appending.get(path) or self._appending.setdefault(path, threading.Lock())
+
     def _append(self, rollout_id: str, data: bytes) -> None:
         path = self._log_path(rollout_id)
-        lock = self._appending.get(path) or self._appending.setdefault(path, threading.Lock())
-        with lock:
+        with self._lock(path):
             try:
                 fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             except FileNotFoundError:
@@ -430,12 +432,13 @@ class CallStore:
                 os.close(fd)
 
     def _resume_log(self, rollout_id: str) -> int:
-        _cut_torn_tail(self._log_path(rollout_id))
+        with self._lock(self._log_path(rollout_id)):  # never while one of this proxy's appends is half done
+            _cut_torn_tail(self._log_path(rollout_id))
         highest = -1
         for _, data in self._log_lines(rollout_id):
             try:
                 head = _HEAD.decode(data)
-                index = head.call_index if head.rollout_id == rollout_id else -1
+                index = head.call_index if head.rollout_id == rollout_id and _index(head.call_index) else -1
             except (msgspec.DecodeError, RecursionError):
                 record = parse_record(rollout_id, data)[0]
                 index = -1 if record is None else record["call_index"]
