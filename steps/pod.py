@@ -136,13 +136,13 @@ class PodSandbox(Sandbox):
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
             cwd: str | None = None, stdout_path: Path | None = None, extra_binds: Sequence[Bind] = (),
-            network: object = None, as_agent: bool = False) -> RunResult:
+            network: object = None, as_agent: bool = False, init: bool = False) -> RunResult:
         """Run `argv` in the pod; kill what it started when it ends or at `timeout_s`.
 
         `as_agent`: as the agent uid (when the runner is root), after handing it the workspace,
         `/logs/agent` and HOME; otherwise as the runner (the verifier runs as root). stdout and
         stderr go together to `stdout_path` (appended); stdin is empty; the environment is only the
-        sandbox's plus `env`. `extra_binds` and `network` mean nothing here: the pod already holds
+        sandbox's plus `env`. `extra_binds`, `network` and `init` mean nothing here: the pod already holds
         the harness and has one network. A program that cannot be executed gives exit code 127/126,
         as in a shell.
         """

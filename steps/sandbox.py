@@ -234,7 +234,7 @@ class Sandbox:
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
             cwd: str | None = None, stdout_path: Path | None = None, extra_binds: Sequence[Bind] = (),
-            network: Network = "none", as_agent: bool = False) -> RunResult:
+            network: Network = "none", as_agent: bool = False, init: bool = False) -> RunResult:
         """Run `argv` inside the sandbox; kill its whole process tree at `timeout_s`.
 
         stdout and stderr go together to the host file `stdout_path` (appended; `root/run.log` when
@@ -242,7 +242,8 @@ class Sandbox:
         Dockerfile's WORKDIR. `network`: "none" (loopback only), a `ProxyTunnel` (loopback plus the proxy),
         or "host" (only while building a layer). `as_agent` marks the agent's own command; it changes nothing
         here, where every command is uid 0 of its own user namespace (in a pod it selects the agent uid, see
-        `steps.pod`). Returns after every process the command started has exited. Raises `SandboxError`
+        `steps.pod`). `init`: the command is its PID namespace's init (pid 1), which nothing inside can kill
+        (the verifier's supervisor). Returns after every process the command started has exited. Raises `SandboxError`
         when bubblewrap cannot set the sandbox up (an infrastructure failure, unlike the command's own exit
         code, which is returned).
         """
@@ -254,7 +255,7 @@ class Sandbox:
         stdout_path = Path(stdout_path or self.root / "run.log")
         info_read, info_write = os.pipe()
         errors_read, errors_write = os.pipe()  # bwrap's own messages; the command's stderr joins its stdout
-        args = self._bwrap_args(argv, cwd, extra_binds, network, info_write)
+        args = self._bwrap_args(argv, cwd, extra_binds, network, info_write, init)
         started = time.monotonic()
         with open(stdout_path, "ab") as output:
             try:
@@ -280,7 +281,7 @@ class Sandbox:
                          duration_s=round(time.monotonic() - started, 3))
 
     def _bwrap_args(self, argv: Sequence[str], cwd: str, binds: Sequence[Bind], network: Network,
-                    info_fd: int) -> list[str]:
+                    info_fd: int, init: bool = False) -> list[str]:
         args = ["bwrap", "--bind", str(self.fs), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
                 "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
@@ -292,6 +293,8 @@ class Sandbox:
             args += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
         if network == "none":
             args.append("--unshare-net")
+        if init:
+            args.append("--as-pid-1")
         for host, dest, read_only in binds:
             if not Path(host).exists():
                 raise SandboxError(f"cannot bind {host} into the sandbox: it does not exist")

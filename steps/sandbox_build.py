@@ -31,6 +31,11 @@ from steps.sandbox import WHEELS_DIR, Sandbox, SandboxError, copy_tree
 from steps.tasks import Task
 
 
+# The host's Python stands in for the image's, and Debian marks its Python externally managed (PEP 668); an
+# image's own pip (python:3.x-slim, most Harbor bases) installs system-wide, into what is here the task's layer.
+PIP_IN_IMAGE = {"PIP_BREAK_SYSTEM_PACKAGES": "1"}
+
+
 def apply_dockerfile(sandbox: Sandbox, task: Task) -> None:
     """Apply `task.dockerfile` to a fresh sandbox; raise `SandboxError` naming the first line that fails."""
     _Build(sandbox, task).apply()
@@ -120,7 +125,7 @@ class _Build:
             build_log.write(f"\n# line {step.line}: RUN {step.text}\n")
             start = build_log.tell()
         wheels = {"PIP_FIND_LINKS": WHEELS_DIR, "PIP_NO_INDEX": "1"} if self.box.build["wheels"] else {}
-        result = self.box.run(argv, timeout_s=remaining, env=self.build_args | self.box.env | wheels,
+        result = self.box.run(argv, timeout_s=remaining, env=PIP_IN_IMAGE | self.build_args | self.box.env | wheels,
                               stdout_path=self.log_path, network=self.box.build["network"])
         if result.timed_out:
             raise self._error(step, f"RUN did not finish within the build timeout; see {self.log_path}")

@@ -195,19 +195,28 @@ def test_an_agent_that_attacks_its_verifier_scores_0_never_infra_error(attack, s
     assert (result.status, result.reward) == ("ok", 0.0), result
 
 
-def test_control_a_background_writer_wins_when_test_sh_is_not_supervised(tmp_path, monkeypatch):
-    """Without the supervisor's check, the agent's program left running by the verifier sets the reward."""
-    task = load_task(BUILTIN_DATASET / "greet-script")
-    monkeypatch.setattr(Sandbox, "supervised", lambda self, supervised, plain: plain)
-    rewards = []
-    for attempt in range(6):
-        box = Sandbox.create(tmp_path / f"sandbox-{attempt}", task)
+@pytest.mark.parametrize("supervised", [True, False])
+def test_a_background_writer_is_caught_by_the_supervisor(supervised, tmp_path, monkeypatch):
+    """A verifier that runs the agent's program, writes its 0, then takes a moment to finish (cleanup): the
+    program's leftover writer sets the reward to 1 in that moment. Supervised, the reward is not trusted
+    (0); the control, test.sh run plainly, is fooled every time."""
+    folder = tmp_path / "slow-ending"
+    shutil.copytree(BUILTIN_DATASET / "greet-script", folder)
+    (folder / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n/app/greet.sh >/dev/null 2>&1\necho 0 > /logs/verifier/reward.txt\nsleep 1\n")
+    task = load_task(folder)
+    if not supervised:
+        monkeypatch.setattr(Sandbox, "supervised", lambda self, supervised, plain: plain)
+    box = Sandbox.create(tmp_path / "sandbox", task)
+    try:
         box.run(["bash", "-c", greet_script(f"{WRITER} echo nope")], timeout_s=30)
-        rewards.append(run_verifier(box, task, tmp_path / f"verifier-{attempt}").reward)
+        verdict = run_verifier(box, task, tmp_path / "verifier")
+    finally:
         box.remove()
-        if 1.0 in rewards:
-            break
-    assert 1.0 in rewards, rewards
+    if supervised:
+        assert verdict.reward is None and "still running when test.sh ended" in verdict.error, verdict
+    else:
+        assert verdict.reward == 1.0, verdict
 
 
 def test_the_verifier_and_what_it_runs_cannot_change_tests_but_can_write_the_reward(tmp_path):

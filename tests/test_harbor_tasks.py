@@ -8,7 +8,7 @@ its oracle must pass `steps.tasks check`, an agent that does nothing must score 
 steps installed must stay in the task's layer, never reaching the host. The pytest verifiers are also
 attacked as an agent would (planted pytest config, a module that exits 0, a leftover process writing
 the reward), each with the public sets' plain verifier as the control that is fooled.
-`ini-to-json` (python:3.11-slim, plain `pip install`) is a strict expected failure: see BUILD_GAPS.
+`ini-to-json` is python:3.11-slim's plain `pip install -r requirements.txt` (PEP 668: see sandbox_build).
 
 Nothing is downloaded: builds run with `OPENFORGE_BUILD_NETWORK=none` (`apt-get update` then warns and
 keeps the host's package lists; every package the tasks install is one the host has), and pip
@@ -49,11 +49,9 @@ INSTALLED = {
     "wordfreq-venv": ["/opt/venv/bin/pytest"],
     "ini-to-json": ["/usr/local/bin/pytest"],
 }
-# A `python:3.x-slim` image's pip installs system-wide; local mode runs RUN steps with the host's Debian
-# pip, which refuses that without --break-system-packages (PEP 668), so this task does not build yet.
-PEP668_GAP = ("waits for local mode to let `pip install` in a python:* image's RUN step install system-wide "
-              "(e.g. PIP_BREAK_SYSTEM_PACKAGES=1 for RUN steps), as the image's own pip does")
-BUILD_GAPS = {"ini-to-json": PEP668_GAP}
+# Tasks that do not build in local mode yet, with the reason (none today: a python:3.x-slim image's plain
+# `pip install` works since RUN steps set PIP_BREAK_SYSTEM_PACKAGES, as that image's own pip would install).
+BUILD_GAPS: dict[str, str] = {}
 
 
 def task_params() -> list:
@@ -159,7 +157,6 @@ def test_every_oracle_passes_check(offline_build, tmp_path):
     results = check_dataset(tasks, errors, tmp_path, jobs=2)
     failures = {r.task: f"{r.reason}\n{r.details}" for r in results if r.status != OK}
     assert sorted(failures) == sorted(BUILD_GAPS), failures
-    assert all("environment build failed" in failures[name] and "PEP 668" in failures[name] for name in BUILD_GAPS)
     assert len(results) == len(TASKS)
 
 
@@ -302,14 +299,18 @@ if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/ve
     ("orders-report-pytest", "/workspace/report.py", "pytest"),
     ("wordfreq-venv", "/app/wordfreq.py", "/opt/venv/bin/pytest"),
 ])
-def test_agent_code_run_by_the_tests_cannot_write_the_reward(offline_build, tmp_path, name, agent_file, pytest_path):
+def test_agent_code_run_by_the_tests_cannot_write_the_reward(offline_build, tmp_path, name, agent_file, pytest_path,
+                                                             monkeypatch):
     task = task_named(name)
-    # The control: the same task with the public sets' plain test.sh is fooled.
+    # The control: the same task with the public sets' plain test.sh, run without the grading supervisor
+    # (which alone also catches the writer: tests/test_attacks.py), is fooled.
     plain = tmp_path / "plain"
     shutil.copytree(task.path, plain)
     (plain / "tests" / "test.sh").write_text(PLAIN_TEST_SH.format(workdir=posixpath.dirname(agent_file),
                                                                   pytest=pytest_path))
     for label, graded_task, expected in (("hardened", task, 0), ("plain", load_task(plain), 1)):
+        if label == "plain":
+            monkeypatch.setattr(Sandbox, "supervised", lambda self, supervised, plain: plain)
         box = Sandbox.create(tmp_path / f"sandbox-{label}", graded_task)
         try:
             box.host_path(agent_file).write_text(REWARD_WRITER)

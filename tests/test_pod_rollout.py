@@ -249,15 +249,15 @@ box = pod.PodSandbox.create(out, task)
 box.run(["bash", "-c", agent], timeout_s=60, as_agent=True, stdout_path=out / "agent.log")
 env = {"PATH": box.env["PATH"], "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
 result = {"notes": box.notes}
-try:
-    if guard != "unguarded":
-        env = box.prepare_verifier(env)
-    verdict = run_verifier(box, task, out / "verifier", env)
-    result |= {"reward": verdict.reward, "error": verdict.error}
-except pod.VerifierRefused as exc:
-    result |= {"reward": 0.0, "refused": str(exc)}
+if guard == "unguarded":
+    box.prepare_verifier = lambda env: env  # the control: nothing checked or cleaned before grading
+verdict = run_verifier(box, task, out / "verifier", env)  # grading calls box.prepare_verifier
+result |= {"reward": verdict.reward, "error": verdict.error}
+if verdict.reward is None and "not graded (reward 0)" in (verdict.error or ""):
+    result |= {"reward": 0.0, "refused": verdict.error}  # as steps.rollout scores it
 result["agent_log"] = (out / "agent.log").read_text()
-result["verifier_log"] = (out / "verifier" / "test-stdout.txt").read_text() if (out / "verifier").exists() else ""
+log = out / "verifier" / "test-stdout.txt"
+result["verifier_log"] = log.read_text() if log.exists() else ""
 (out / "result.json").write_text(json.dumps(result))
 """
 # The task's check, in Python: 1 only when the agent wrote "hello" into /app/answer.txt, which no attack here does.
@@ -347,7 +347,8 @@ def test_a_rollout_closes_the_images_open_path_before_the_agent_runs(closed, scr
     the control, with `close` disabled in the pod's copy of OpenForge, earns 1."""
     def without_lock(app: Path) -> None:
         pod_py = app / "steps" / "pod.py"
-        pod_py.write_text(pod_py.read_text().replace("closed = close(", "closed = [] and close("))
+        text = pod_py.read_text().replace("closed = close(", "closed = [] and close(")
+        pod_py.write_text(text.replace("found = open_to(paths, self.agent_uid)", "found = []"))
 
     _, agent, _ = ATTACKS["fake-bash-on-path"]
     scripted.set_commands([agent])

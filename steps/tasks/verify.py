@@ -32,7 +32,8 @@ SOLUTION_DIR = "/solution"
 # Runs test.sh, then checks that it ended on its own and left nothing running, with shell builtins only (it
 # must not fork: what it counts are the verifier's processes). Anything of the verifier's still alive when
 # test.sh ends (e.g. the agent's program it ran, left in the background) could write the reward file after
-# test.sh did, so the reward is then not trusted; nor when test.sh was killed. Exit 201/202 say which.
+# test.sh did, so the reward is then not trusted; nor when test.sh was killed. Exit 201/202 say which. It runs
+# as its PID namespace's init, which nothing inside can kill (a test.sh may `kill -KILL -1` to clean up).
 SUPERVISOR = r"""bash /tests/test.sh
 status=$?
 others=0
@@ -157,7 +158,7 @@ def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, 
         tests_read_only = [(grading.host_path(TESTS_DIR), TESTS_DIR, True)]
         run = grading.run(grading.supervised(["bash", "-c", SUPERVISOR], ["bash", f"{TESTS_DIR}/test.sh"]),
                           timeout_s=task.config.verifier_timeout_s, env=env, stdout_path=output_dir / "test-stdout.txt",
-                          extra_binds=tests_read_only)
+                          extra_binds=tests_read_only, init=True)
         try:
             grading.copy_out(VERIFIER_DIR, output_dir)
         except SandboxError:
