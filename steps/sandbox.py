@@ -7,8 +7,8 @@ that is not world-readable, of /var only apt's and dpkg's state), the task's lay
 (`ROOT/upper`). Each `run()` starts `bwrap` with that root bound as `/`, a fresh `/proc` and `/dev`, new
 user (uid 0 inside), PID, IPC, UTS and network namespaces, all capabilities dropped, `--die-with-parent
 --new-session`, a clean environment (PATH, HOME=/root, LANG, the Dockerfile's ENV, what the caller passes),
-and the task's cpus / memory_mb and a process cap as cgroups (`steps/sandbox_limits.py`, where the host has
-them). The network is the sandbox's own: loopback only, or a `ProxyTunnel` (`steps/sandbox_network.py`)
+and the task's cpus / memory_mb and a process cap as cgroups, storage_mb as a disk of its own for the upper
+(`steps/sandbox_limits.py`, where the host has them). The network is the sandbox's own: loopback only, or a `ProxyTunnel` (`steps/sandbox_network.py`)
 whose 127.0.0.1:PORT reaches the recording proxy and nothing else of the host.
 
 Without a container engine the task's layer is built from `environment/Dockerfile` by applying its
@@ -37,7 +37,8 @@ steps share the host's network, to reach package mirrors) or `none` (loopback on
 `PIP_FIND_LINKS` pointing there and `PIP_NO_INDEX=1`, so `pip install` works offline from those wheels.
 
 What local mode does NOT isolate, unlike a real container:
-- the kernel (one kernel for all, as with containers) and the disk: `storage_mb` is not enforced;
+- the kernel (one kernel for all, as with containers); `storage_mb` bounds what the agent writes (its upper
+  layer is an ext4 image of that size), not the task's layer;
 - the image: programs come from the host's /usr (read-only under the task's layer), not from the task's
   image (FROM), so a task that needs another distribution's packages or another OS does not build;
 - the user: uid 0 inside is the runner's uid outside, with no capabilities on host objects;
@@ -62,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
-from steps.sandbox_limits import Limits
+from steps.sandbox_limits import Limits, attach_disk, detach_disk
 from steps.sandbox_network import ProxyTunnel
 from steps.sandbox_root import LayerError, ensure_layer, layer_key, make_mask, make_skeleton, mount_root, unmount
 from steps.tasks import Task
@@ -153,6 +154,7 @@ class Sandbox:
             (root / "build.log").write_text(f"# the task's layer {key} was built before; reused from {layer}\n")
         box = cls(root=root, workdir=meta["workdir"], env=dict(meta["env"]), notes=list(meta["notes"]), layer=layer,
                   image_env=dict(meta["env"]))
+        box.notes.extend(attach_disk(root / "disk.img", root / "upper", task.config.resources.storage_mb))
         box._mount()
         box.apply_task_env(task)
         if task.config.workdir:
@@ -180,7 +182,8 @@ class Sandbox:
             mount_root(self.root, self.layer, self.root / "upper", self.fs)
         except LayerError as exc:
             raise SandboxError(str(exc)) from None
-        atexit.register(unmount, self.fs)  # a runner that dies of an exception leaves no mount behind
+        atexit.register(detach_disk, self.root / "upper")  # a runner that dies of an exception leaves no mount
+        atexit.register(unmount, self.fs)  # (atexit runs these last first: the root, then its disk)
 
     def for_verifier(self, task: Task) -> Sandbox:
         """A pristine sandbox for grading: the task's layer, a fresh upper, and only the graded paths of this one.
@@ -380,10 +383,12 @@ class Sandbox:
         return target
 
     def close(self) -> None:
-        """Unmount the sandbox's root and free its cgroups; its folders (the agent's changes) stay for a look."""
+        """Unmount the sandbox's root and free its cgroups; the agent's changes stay for a look (in ROOT/upper,
+        or in the ext4 image ROOT/disk.img where storage_mb is enforced: `debugfs -R 'ls -l /root' disk.img`)."""
         unmount(self.fs)
         if os.path.ismount(self.fs):
             raise SandboxError(f"cannot unmount the sandbox root {self.fs}")
+        detach_disk(self.root / "upper")
         self.limits.remove()
 
     def remove(self) -> None:

@@ -1,8 +1,11 @@
-"""A local sandbox's resource limits: the task's `[environment]` cpus and memory_mb, and a process cap, as cgroups.
+"""A local sandbox's resource limits: the task's `[environment]` cpus and memory_mb and a process cap as
+cgroups, and its storage_mb as a disk of its own.
 
     limits = Limits.create("of-r0", cpus=1, memory_mb=1024)      # None fields: not limited
     argv = limits.wrap(["bwrap", ...])                             # the command joins the cgroups before it starts
     limits.remove()
+    notes = attach_disk(Path("ROOT/disk.img"), Path("ROOT/upper"), 1024)   # the rollout's changes: 1,024 MiB at most
+    detach_disk(Path("ROOT/upper"))
 
 cgroup v2 (one unified tree, `memory.max`, `pids.max`, `cpu.max`) where the host has it, else v1's
 `memory`, `pids` and `cpu` hierarchies. A controller the host does not offer (or a host where the runner
@@ -14,6 +17,8 @@ Harbor's task.toml has no field for it.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,3 +98,32 @@ class Limits:
             except OSError:
                 pass
         self.folders = []
+
+
+def attach_disk(image: Path, mountpoint: Path, size_mb: int) -> list[str]:
+    """Mount a fresh ext4 file system of `size_mb` MiB (a sparse file `image`) at `mountpoint`.
+
+    Everything the agent writes lands there (the sandbox's upper layer), so filling it is the agent's own
+    ENOSPC, never the runner's full disk. Returns notes: empty, or why the limit is not enforced (no loop
+    devices, no mkfs.ext4), in which case `mountpoint` is left a plain folder.
+    """
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mkfs.ext4") is None:
+        return ["storage_mb is not enforced in local mode on this host (no mkfs.ext4)"]
+    with open(image, "wb") as handle:
+        handle.truncate(size_mb * 1024 * 1024)
+    steps = [["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard", str(image)],
+             ["mount", "-o", "loop,nosuid,nodev", str(image), str(mountpoint)]]
+    for argv in steps:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            image.unlink(missing_ok=True)
+            reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+            return [f"storage_mb is not enforced in local mode on this host ({argv[0]}: {reason})"]
+    return []
+
+
+def detach_disk(mountpoint: Path) -> None:
+    """Unmount the disk at `mountpoint` (if one is mounted there); its image keeps what was written."""
+    if os.path.ismount(mountpoint):
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, check=False)

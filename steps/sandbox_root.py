@@ -145,8 +145,10 @@ def _opaque_dir(path: Path) -> None:
 def mount_root(root: Path, layer: Path | None, upper: Path, merged: Path) -> None:
     """Mount a sandbox's `/` at `merged`: the overlay stack of the module docstring, `upper` on top.
 
-    `layer` is a built task layer (None while building one: then `upper` becomes that layer). Every path in
-    the mount options is relative to `root`, which must hold `upper`, `merged`, `skeleton` and `mask`.
+    `layer` is a built task layer (None while building one: then `upper` becomes that layer). `upper` holds
+    the changes (`root/`, `sys/NAME/`) and overlayfs's work folders (`work/`, which must be on the same file
+    system: `upper` may be a disk of its own). Every path in the mount options is relative to `root`, which
+    must hold `upper`, `merged`, `skeleton` and `mask`.
     """
     names = {"upper": upper, "merged": merged}
     for name, path in names.items():
@@ -156,14 +158,14 @@ def mount_root(root: Path, layer: Path | None, upper: Path, merged: Path) -> Non
         (root / "layer").symlink_to(layer)
     if not (root / "host").is_symlink():
         (root / "host").symlink_to("/")
-    work = root / f"work-{upper.name}"
+    work = upper / "work"
     lower = ["layer/root"] if layer is not None else []
-    script = [_overlay([*lower, "skeleton"], f"{upper.name}/root", f"{work.name}/root", merged.name)]
+    script = [_overlay([*lower, "skeleton"], f"{upper.name}/root", f"{upper.name}/work/root", merged.name)]
     for name in system_dirs():
         lowers = [f"layer/sys/{name}"] if layer is not None else []
         if (root / "mask" / name).is_dir():
             lowers.append(f"mask/{name}")
-        script.append(_overlay([*lowers, f"host/{name}"], f"{upper.name}/sys/{name}", f"{work.name}/sys/{name}",
+        script.append(_overlay([*lowers, f"host/{name}"], f"{upper.name}/sys/{name}", f"{upper.name}/work/sys/{name}",
                                f"{merged.name}/{name}"))
     for folder in [upper / "root", work / "root"] + [p / "sys" / n for p in (upper, work) for n in system_dirs()]:
         folder.mkdir(parents=True, exist_ok=True)

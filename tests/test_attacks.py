@@ -30,7 +30,7 @@ from steps.sandbox import Sandbox
 from steps.tasks import BUILTIN_DATASET, load_task
 from steps.tasks.verify import run_verifier
 from test_harnesses import installed_exe
-from test_rollout import oracle
+from test_rollout import oracle, tool_outputs
 
 ADMIN_KEY = "test-admin-key"
 WIN = "import os; os.makedirs('/logs/verifier', exist_ok=True); open('/logs/verifier/reward.txt', 'w').write('1'); os._exit(0)"
@@ -147,7 +147,35 @@ def test_processes_and_memory_are_limited_as_the_task_declares(tmp_path, monkeyp
         box.remove()
 
 
+def test_filling_the_disk_fills_only_the_sandboxs_own(tmp_path):
+    folder = tmp_path / "small-disk"
+    shutil.copytree(BUILTIN_DATASET / "hello-file", folder)
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace("storage_mb = 1024", "storage_mb = 64"))
+    task = load_task(folder)
+    box = Sandbox.create(tmp_path / "sandbox", task)
+    out = tmp_path / "out.txt"
+    try:
+        assert not [note for note in box.notes if "storage_mb" in note], box.notes
+        box.run(["bash", "-c", "dd if=/dev/zero of=/app/big bs=1M count=200; stat -c %s /app/big"], timeout_s=60,
+                stdout_path=out)
+        assert "No space left on device" in out.read_text(), out.read_text()
+        assert int(out.read_text().split()[-1]) < 64 * 2**20  # stopped at the task's 64 MiB
+        (tmp_path / "runner-still-writes.txt").write_text("x" * 1_000_000)  # control: the runner's disk is fine
+        assert box.run(["bash", "-c", "rm /app/big && echo hello > /app/answer.txt"], timeout_s=30).exit_code == 0
+        assert run_verifier(box, task, tmp_path / "verifier").reward == 1.0  # room again: the work counts
+    finally:
+        box.remove()
+
+
 # --- through a real harness and the real proxy ------------------------------------------------------
+
+def _json_in(tool_output: str) -> dict:
+    """The JSON object a probe printed, out of the tool result the harness sent back (itself JSON text)."""
+    text = json.loads(tool_output)
+    text = text if isinstance(text, str) else json.dumps(text)
+    return json.loads(text[text.index("{"):text.rindex("}") + 1])
+
 
 def rollout(proxy, scripted, task: Path, commands: list[str], tmp_path: Path, harness: str = "direct"):
     scripted.set_commands(commands)
@@ -245,11 +273,11 @@ def test_the_sandbox_reaches_its_proxy_and_nothing_else_on_the_host(scripted, sc
              "    except OSError as e:\n        out[name] = str(e)\n"
              f"try:\n    urllib.request.urlopen('http://127.0.0.1:{scripted_proxy.port}/rollouts', timeout=5)\n"
              "except urllib.error.HTTPError as e:\n    out['admin'] = e.code\n"
-             "print(json.dumps(out))\nPY")
+             "print(json.dumps(out))\nPY\ncat /app/net.json")
     try:
         result = rollout(scripted_proxy, scripted, BUILTIN_DATASET / "hello-file", [probe], tmp_path)
-        seen = json.loads((Path(result.paths["verifier_output"]).parent / "sandbox" / "upper" / "root" / "app" /
-                           "net.json").read_text())
+        (output,) = tool_outputs(scripted_proxy.calls(result.rollout_id))
+        seen = _json_in(output)
         assert seen["proxy"] == "open" and seen["admin"] == 401  # its proxy, whose admin routes want the key
         assert seen["service"] != "open", seen
         socket.create_connection(("127.0.0.1", port), timeout=3).close()  # control: the service was listening
