@@ -258,22 +258,34 @@ class Sandbox:
         stdout_path = Path(stdout_path or self.root / "run.log")
         info_read, info_write = os.pipe()
         errors_read, errors_write = os.pipe()  # bwrap's own messages; the command's stderr joins its stdout
-        args = self._bwrap_args(argv, cwd, extra_binds, network, info_write, init)
+        binds = [*extra_binds, *([(self.build["wheels"], WHEELS_DIR, True)] if self.build and self.build["wheels"] else [])]
         started = time.monotonic()
-        with open(stdout_path, "ab") as output:
-            try:
+        mounted: list[Path] = []
+        try:
+            mounted = self._mount_read_only([bind for bind in binds if bind[2] and Path(bind[0]).is_dir()])
+            args = self._bwrap_args(argv, cwd, [bind for bind in binds if not (bind[2] and Path(bind[0]).is_dir())],
+                                    network, info_write, init)
+            with open(stdout_path, "ab") as output:
                 process = subprocess.Popen(args, env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
                                            stdout=output, stderr=errors_write, pass_fds=(info_write,),
                                            start_new_session=True)
-            finally:
-                os.close(info_write)
-                os.close(errors_write)
+        except BaseException:
+            for target in reversed(mounted):
+                unmount(target)
+            os.close(info_read)
+            os.close(errors_read)
+            raise
+        finally:
+            os.close(info_write)
+            os.close(errors_write)
         init_pid, namespace = _read_info(info_read)
 
         def stop() -> None:
             if init_pid is not None:
                 _stop(process, init_pid, namespace)
             process.wait()
+            for target in reversed(mounted):
+                unmount(target)
 
         timed_out = wait_for(process, timeout_s, stop)
         with os.fdopen(errors_read, "rb") as errors:
@@ -283,6 +295,35 @@ class Sandbox:
         return RunResult(exit_code=process.returncode, timed_out=timed_out,
                          duration_s=round(time.monotonic() - started, 3))
 
+    def _mount_read_only(self, binds: Sequence[Bind]) -> list[Path]:
+        """Bring host folders in read-only as overlays whose options name them relatively (`binds/N`), so that
+        the sandbox's mount table names no host folder (a bind mount would show its source's path)."""
+        mounted: list[Path] = []
+        folder = self.root / "binds"
+        (folder / "empty").mkdir(parents=True, exist_ok=True)
+        try:
+            for number, (host, dest, _) in enumerate(binds):
+                link = folder / str(number)
+                if link.is_symlink():
+                    link.unlink()
+                link.symlink_to(Path(host).absolute())
+                target = self.host_path(posixpath.dirname(dest)) / posixpath.basename(dest)
+                try:
+                    target.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise SandboxError(f"cannot bind {host} at {dest} in the sandbox: {exc.strerror}") from None
+                done = subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                                       f"lowerdir=binds/{number}:binds/empty", str(target)],
+                                      cwd=self.root, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    raise SandboxError(f"cannot bind {host} at {dest} in the sandbox: {done.stderr.strip()}")
+                mounted.append(target)
+        except SandboxError:
+            for target in reversed(mounted):
+                unmount(target)
+            raise
+        return mounted
+
     def _bwrap_args(self, argv: Sequence[str], cwd: str, binds: Sequence[Bind], network: Network,
                     info_fd: int, init: bool = False) -> list[str]:
         args = ["bwrap", "--bind", str(self.fs), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
@@ -290,8 +331,6 @@ class Sandbox:
                 "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
         if self.build is not None:  # a Dockerfile RUN: root with a container's capabilities, as `docker build` runs it
             args += ["--cap-drop", "ALL"] + [arg for cap in BUILD_CAPS for arg in ("--cap-add", cap)]
-            if self.build["wheels"]:
-                binds = [*binds, (self.build["wheels"], WHEELS_DIR, True)]
         else:
             args += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
         if network == "none":

@@ -114,12 +114,16 @@ def test_the_agent_sees_no_secret_of_the_host_and_no_host_path(tmp_path):
     task = load_task(BUILTIN_DATASET / "hello-file")
     box = Sandbox.create(tmp_path / "sandbox", task)
     out = tmp_path / "out.txt"
+    harness = tmp_path / "harnesses" / "tool-1.0"  # brought in as a harness is
+    harness.mkdir(parents=True)
     try:
         script = ("for f in /etc/shadow /etc/shadow- /etc/gshadow /etc/gshadow-; do cat $f >/dev/null 2>&1 && echo READ $f; done; "
                   "head -c 10 /etc/passwd >/dev/null && echo passwd-ok; cat /proc/self/mountinfo; ls /var/log")
-        assert box.run(["bash", "-c", script], timeout_s=30, stdout_path=out).exit_code == 0
+        binds = [(tmp_path / "harnesses", "/opt/openforge/harnesses", True)]
+        assert box.run(["bash", "-c", script + "; ls /opt/openforge/harnesses"], timeout_s=30, stdout_path=out,
+                       extra_binds=binds).exit_code == 0
         text = out.read_text()
-        assert "READ" not in text and "passwd-ok" in text  # control: a world-readable file of /etc is there
+        assert "tool-1.0" in text and "READ" not in text and "passwd-ok" in text  # control: a world-readable file of /etc is there
         assert "lowerdir=layer/root" in text  # it is the sandbox's own mount table...
         assert str(tmp_path) not in text and str(Path.home()) + "/" not in text  # ...naming no host folder
         assert Path("/etc/shadow").is_file()  # control: the host has the file the sandbox cannot read
