@@ -51,6 +51,7 @@ run: setup train-setup harnesses
 bench: setup train-setup
 	$(BIN)/python benchmarks/proxy_overhead.py
 	$(BIN)/python benchmarks/trajectory_io.py
+	$(BIN)/python benchmarks/sandbox_start.py
 	$(TRAIN_VENV)/bin/python benchmarks/update_throughput.py
 
 clean:
