@@ -5,6 +5,8 @@
 - `s3_server`: a moto S3 server with one bucket; yields its endpoint, bucket and the env for s3fs.
 - `proxy`: a factory that starts the real recording proxy (`python -m steps.proxy`) as a subprocess.
   Each started proxy has `.register(rollout_id)` and `.calls(rollout_id)` for the admin routes.
+- `scripted`, `scripted_proxy` (per module): `tests/scripted_model.py`'s double of vLLM, which plays a model
+  that calls the harness's shell tool (`scripted.set_commands([...])`), and a real proxy in front of it.
 """
 
 import os
@@ -87,3 +89,18 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Pr
     yield start
     for process in started:
         stop_proxy(process)
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    """The scripted vLLM double (a small random model cannot call tools), one per test module."""
+    from scripted_model import ScriptedModel
+
+    with ScriptedModel(model="tiny") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def scripted_proxy(proxy, scripted):
+    """A real recording proxy in front of `scripted`."""
+    return proxy(scripted.url)

@@ -23,7 +23,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from scripted_model import ScriptedModel
 
 from steps.rollout import RolloutSpec, run_rollout
 from steps.sandbox import Sandbox
@@ -55,17 +54,6 @@ HELD = {
                                                f"{FAKE_OK} > /tests/test.sh && chmod -R a-w /tests /logs/verifier"),
     "reward-file-as-a-folder": ("hello-file", "rm -rf /logs/verifier && mkdir -p /logs/verifier/reward.txt/x"),
 }
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    with ScriptedModel(model="tiny") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def scripted_proxy(proxy, scripted):
-    return proxy(scripted.url)
 
 
 def agent_root_reward(box: Sandbox, task) -> float | None:

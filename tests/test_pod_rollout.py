@@ -29,7 +29,7 @@ from steps.pod import AGENT_UID
 from steps.sandbox import Sandbox
 from steps.tasks import BUILTIN_DATASET, load_task
 from test_harnesses import installed_exe
-from test_rollout import ADMIN_KEY, oracle, scripted, scripted_proxy, tool_outputs  # noqa: F401 (fixtures)
+from test_rollout import ADMIN_KEY, oracle, tool_outputs
 from workflows.config import load_config
 from workflows.iteration import app_layout, iteration_workflow
 

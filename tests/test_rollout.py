@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from scripted_model import ScriptedModel
 
 from steps.harnesses import HARNESSES
 from steps.rollout import RolloutSpec, run_rollout
@@ -23,17 +22,6 @@ from steps.tasks import BUILTIN_DATASET, load_task
 from test_harnesses import installed_exe
 
 ADMIN_KEY = "test-admin-key"
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    with ScriptedModel(model="tiny") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def scripted_proxy(proxy, scripted):
-    return proxy(scripted.url)
 
 
 def spec_for(proxy, task: Path, harness: str, tmp_path: Path, **kwargs) -> RolloutSpec:

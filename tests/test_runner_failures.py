@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from scripted_model import ScriptedModel
 
 import steps.rollout
 from steps.rollout import RolloutResult, run_rollout
@@ -24,17 +23,6 @@ from test_rollout import ADMIN_KEY, oracle, spec_for
 
 DISK_SIZE = "4m"
 TASK = BUILTIN_DATASET / "hello-file"
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    with ScriptedModel(model="tiny") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def scripted_proxy(proxy, scripted):
-    return proxy(scripted.url)
 
 
 @pytest.fixture
