@@ -64,8 +64,9 @@ from pathlib import Path
 from typing import Union
 
 from steps.sandbox_limits import Limits, attach_disk, detach_disk
-from steps.sandbox_network import ProxyTunnel
-from steps.sandbox_root import LayerError, ensure_layer, layer_key, make_mask, make_skeleton, mount_root, unmount
+from steps.sandbox_network import ProxyTunnel, sweep_namespaces
+from steps.sandbox_root import (OWNER_FILE, LayerError, ensure_layer, layer_key, make_mask, make_skeleton, mount_root,
+                                sweep_leftovers, unmount)
 from steps.tasks import Task
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -143,6 +144,9 @@ class Sandbox:
         timeout when the cache has none for it; its RUN output goes to `root/build.log`. Raises
         `SandboxError` when bwrap is missing, the runner is not root, or a build step fails.
         """
+        sweep_leftovers()  # what a killed runner left: mounted roots, network namespaces, cgroups
+        sweep_namespaces()
+        Limits.sweep()
         root = _fresh_root(root)
         settings = build_settings()
         key = layer_key(task.dockerfile, task.environment_dir, {**settings, "image": task.config.docker_image})
@@ -453,6 +457,7 @@ def _fresh_root(root: Path) -> Path:
     if root.exists() and any(root.iterdir()):
         raise SandboxError(f"sandbox root {root} is not empty; every rollout needs a fresh folder")
     root.mkdir(parents=True, exist_ok=True)
+    (root / OWNER_FILE).write_text(str(os.getpid()))
     return root
 
 

@@ -90,6 +90,21 @@ class Limits:
         join = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"'
         return ["/bin/sh", "-c", join, "sh", *map(str, self.procs), "--", *argv]
 
+    @staticmethod
+    def sweep() -> None:
+        """Delete the (empty) cgroups of runners that died without deleting them (named `NAME-PID-N`)."""
+        for parent in [CGROUP_ROOT / PARENT, *(CGROUP_ROOT / c / PARENT for c in ("memory", "pids", "cpu"))]:
+            if not parent.is_dir():
+                continue
+            for folder in parent.iterdir():
+                owner = folder.name.rsplit("-", 2)
+                if (folder.is_dir() and len(owner) == 3 and owner[1].isdigit() and int(owner[1]) != os.getpid()
+                        and not Path(f"/proc/{owner[1]}").exists()):
+                    try:
+                        folder.rmdir()
+                    except OSError:
+                        pass
+
     def remove(self) -> None:
         """Delete the cgroups (each must be empty: call after the sandbox's processes are gone)."""
         for folder in self.folders:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -96,6 +97,16 @@ class ProxyTunnel:
         inside.close()
         outside.close()
         self._open.release()
+
+
+def sweep_namespaces() -> None:
+    """Delete the network namespaces of runners that died without deleting them (named `of-PID-...`)."""
+    if not NETNS_DIR.is_dir():
+        return
+    for entry in NETNS_DIR.iterdir():
+        owner = re.match(r"of-(\d+)-", entry.name)
+        if owner and int(owner.group(1)) != os.getpid() and not Path(f"/proc/{owner.group(1)}").exists():
+            subprocess.run(["ip", "netns", "del", entry.name], capture_output=True, check=False)
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:

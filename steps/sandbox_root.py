@@ -221,3 +221,29 @@ def ensure_layer(key: str, build: Callable[[Path], dict]) -> tuple[Path, dict, b
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
         return final, meta, True
+
+
+OWNER_FILE = "owner"  # in a sandbox root: the pid of the runner that mounted it
+
+
+def sweep_leftovers() -> list[str]:
+    """Unmount sandbox roots (and their disks) whose runner died without unmounting them (a SIGKILL skips
+    its exit handlers); return what was swept. A root is this module's when its folder holds `OWNER_FILE`."""
+    swept = []
+    try:
+        with open("/proc/self/mountinfo") as table:
+            points = [line.split()[4] for line in table]
+    except OSError:
+        return swept
+    for point in dict.fromkeys(points):
+        path = Path(point.replace("\\040", " "))
+        if path.name not in ("merged", "upper") or not (path.parent / OWNER_FILE).is_file():
+            continue
+        try:
+            owner = int((path.parent / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if owner != os.getpid() and not Path(f"/proc/{owner}").exists():
+            subprocess.run(["umount", "-R", "-l", str(path)], capture_output=True, check=False)
+            swept.append(str(path))
+    return swept

@@ -416,3 +416,15 @@ def test_metrics_over_a_dataset():
     assert overall.pass_at_k == pytest.approx((1 + 0 + 5 / 6 + 1) / 4)
     assert overall.pass_hat_k == pytest.approx((1 + 0 + 1 / 6 + 0) / 4)
     assert json.dumps(overall.__dict__)  # plain numbers, ready for a result file
+
+
+def test_a_sandbox_left_mounted_by_a_killed_runner_is_swept_by_the_next_one(tmp_path):
+    """SIGKILL skips a runner's exit handlers: its sandbox stays mounted until the next sandbox is made."""
+    code = ("import os, sys\nfrom pathlib import Path\nfrom steps.sandbox import Sandbox\nfrom steps.tasks import load_task\n"
+            "Sandbox.create(Path(sys.argv[1]), load_task(Path(sys.argv[2])))\nos.kill(os.getpid(), 9)\n")
+    dead = tmp_path / "dead"
+    subprocess.run([sys.executable, "-c", code, str(dead), str(BUILTIN_DATASET / "hello-file")], check=False)
+    assert os.path.ismount(dead / "merged") and os.path.ismount(dead / "upper")  # the leak, as it was
+    box = Sandbox.create(tmp_path / "next", load_task(BUILTIN_DATASET / "hello-file"))
+    box.remove()
+    assert not os.path.ismount(dead / "merged") and not os.path.ismount(dead / "upper")
