@@ -172,6 +172,8 @@ def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result
     result.harness_exit_code = run.exit_code
     kept = spec.out / "harness-logs"
     for path in harness.log_paths(box.host_path(box.home)):  # the harness's own event logs, kept with the result
+        if path.is_symlink() or not path.is_file():  # the agent's link to a host file, a FIFO, a device: not a log
+            continue
         kept.mkdir(exist_ok=True)
         shutil.copy2(path, kept / path.name)
         result.paths.setdefault("harness_logs", []).append(str(kept / path.name))
@@ -197,7 +199,7 @@ def record_calls(spec: RolloutSpec, result: RolloutResult) -> None:
 
 
 def grade(spec: RolloutSpec, task: Task, box: Sandbox, result: RolloutResult, timed_out: bool) -> None:
-    """Runs the verifier and sets status and reward; a crashed verifier is an infra error."""
+    """Runs the verifier and sets status and reward; a verifier left without a (trusted) reward scores 0."""
     verdict = run_verifier(box, task, spec.out / "verifier")
     result.durations["verifier_s"] = round(verdict.duration_s, 3)
     result.paths["verifier_output"] = str(verdict.output_dir)

@@ -150,24 +150,30 @@ class Sandbox:
         root = _fresh_root(root)
         settings = build_settings()
         key = layer_key(task.dockerfile, task.environment_dir, {**settings, "image": task.config.docker_image})
-        try:
-            layer, meta, built = ensure_layer(key, lambda folder: _build_layer(root / "build", task, settings, folder))
+        log = root / "build.log"
+        try:  # built in the cache's own folder, so that the finished layer is renamed, never copied
+            layer, meta, built = ensure_layer(key, lambda folder: _build_layer(folder / "build", task, settings, folder,
+                                                                               log))
         except LayerError as exc:
             raise SandboxError(str(exc)) from None
         if not built:
-            (root / "build.log").write_text(f"# the task's layer {key} was built before; reused from {layer}\n")
+            log.write_text(f"# the task's layer {key} was built before; reused from {layer}\n")
         box = cls(root=root, workdir=meta["workdir"], env=dict(meta["env"]), notes=list(meta["notes"]), layer=layer,
                   image_env=dict(meta["env"]))
-        box.notes.extend(attach_disk(root / "disk.img", root / "upper", task.config.resources.storage_mb))
-        box._mount()
-        box.apply_task_env(task)
-        if task.config.workdir:
-            box.workdir = posixpath.normpath(posixpath.join("/", task.config.workdir))
-            box.host_path(box.workdir).mkdir(parents=True, exist_ok=True)
-        resources = task.config.resources
-        box.limits = Limits.create(f"{root.name}-{os.getpid()}-{time.monotonic_ns()}", cpus=resources.cpus,
-                                   memory_mb=resources.memory_mb)
-        box.notes.extend(box.limits.notes)
+        try:
+            box.notes.extend(attach_disk(root / "disk.img", root / "upper", task.config.resources.storage_mb))
+            box._mount()
+            box.apply_task_env(task)
+            if task.config.workdir:
+                box.workdir = posixpath.normpath(posixpath.join("/", task.config.workdir))
+                box.host_path(box.workdir).mkdir(parents=True, exist_ok=True)
+            resources = task.config.resources
+            box.limits = Limits.create(f"{root.name}-{os.getpid()}-{time.monotonic_ns()}", cpus=resources.cpus,
+                                       memory_mb=resources.memory_mb)
+            box.notes.extend(box.limits.notes)
+        except BaseException:
+            box.close()
+            raise
         return box
 
     def apply_task_env(self, task: Task) -> None:
@@ -199,17 +205,26 @@ class Sandbox:
         """
         view = Sandbox(root=_fresh_root(self.root.parent / f"{self.root.name}-verifier"), workdir=self.workdir,
                        env=dict(self.image_env), layer=self.layer, limits=self.limits, image_env=dict(self.image_env))
-        view._mount()
-        for path in graded_paths(task, self.workdir):
-            source = self.host_path(posixpath.dirname(path)) / posixpath.basename(path)
-            target = view._replace(path)
-            if source.is_symlink():
-                target.symlink_to(os.readlink(source))
-            elif source.is_dir():
-                copy_tree(source, target)
-            elif source.is_file():
-                shutil.copy2(source, target)
-            view._drop_escaping_links(path)
+        try:  # on a disk of the task's storage_mb too: a sparse file the agent made cannot fill the host's
+            view.notes.extend(attach_disk(view.root / "disk.img", view.root / "upper", task.config.resources.storage_mb))
+            view._mount()
+            for path in graded_paths(task, self.workdir):
+                source = self.host_path(posixpath.dirname(path)) / posixpath.basename(path)
+                target = view._replace(path)
+                try:
+                    if source.is_symlink():
+                        target.symlink_to(os.readlink(source))
+                    elif source.is_dir():
+                        copy_tree(source, target)
+                    elif source.is_file():
+                        shutil.copy2(source, target)
+                    view._drop_escaping_links(path)
+                except OSError as exc:  # what the agent left does not fit the task's disk (or cannot be copied)
+                    raise VerifierRefused(f"not graded (reward 0): the graded path {path} cannot be brought to the "
+                                          f"verifier ({exc.strerror or exc})") from None
+        except BaseException:
+            view.remove()
+            raise
         return view
 
     def supervised(self, supervised: list[str], plain: list[str]) -> list[str]:
@@ -226,9 +241,7 @@ class Sandbox:
     def _drop_escaping_links(self, graded: str) -> None:
         """Remove graded symlinks that resolve (inside this sandbox) to a verifier-only place."""
         top = self.host_path(posixpath.dirname(graded)) / posixpath.basename(graded)
-        links = [top] if top.is_symlink() else [Path(d) / n for d, ds, fs in os.walk(top) for n in ds + fs
-                                                  if (Path(d) / n).is_symlink()]
-        for link in links:
+        for link in [top] if top.is_symlink() else _links_under(top):
             inside = "/" + str(link.relative_to(self.fs))
             try:
                 resolved = "/" + str(self.host_path(inside).relative_to(self.fs))
@@ -312,6 +325,8 @@ class Sandbox:
                     link.unlink()
                 link.symlink_to(Path(host).absolute())
                 target = self.host_path(posixpath.dirname(dest)) / posixpath.basename(dest)
+                if target.is_symlink():  # mount would follow it on the host
+                    raise SandboxError(f"cannot bind {host} at {dest} in the sandbox: it is a symlink there")
                 try:
                     target.mkdir(parents=True, exist_ok=True)
                 except OSError as exc:
@@ -354,8 +369,8 @@ class Sandbox:
     def host_path(self, sandbox_path: str) -> Path:
         """The host path of an absolute path inside the sandbox, resolving symlinks as the sandbox would.
 
-        Only the sandbox's own files are addressed (not the host's read-only /usr, /etc); a symlink
-        cannot lead outside `root/fs`.
+        The sandbox's whole `/` is addressed (its mounted root, `root/merged`); a symlink cannot lead
+        outside it.
         """
         if not sandbox_path.startswith("/"):
             raise SandboxError(f"sandbox path {sandbox_path!r} must be absolute")
@@ -461,11 +476,12 @@ def _fresh_root(root: Path) -> Path:
     return root
 
 
-def _build_layer(build_root: Path, task: Task, settings: dict, layer: Path) -> dict:
-    """Build the task's layer into `layer` by applying its Dockerfile in a sandbox whose upper it becomes."""
+def _build_layer(build_root: Path, task: Task, settings: dict, layer: Path, log: Path) -> dict:
+    """Build the task's layer into `layer` by applying its Dockerfile in a sandbox whose upper it becomes;
+    the RUN steps' output goes to `log` (the rollout's build.log)."""
     from steps.sandbox_build import apply_dockerfile  # here, not at the top: the builder drives a Sandbox
 
-    box = Sandbox(root=_fresh_root(build_root), build=settings)
+    box = Sandbox(root=_fresh_root(build_root), build={**settings, "log": str(log)})
     box._mount()
     try:
         if task.dockerfile is None:
@@ -560,20 +576,39 @@ def _kill(pid: int) -> None:
         pass
 
 
+def _links_under(top: Path) -> list[Path]:
+    """Every symlink below the folder `top` (a stack, not recursion: folders may be nested thousands deep)."""
+    links, pending = [], [top]
+    while pending:
+        for entry in os.scandir(pending.pop()):
+            if entry.is_symlink():
+                links.append(Path(entry.path))
+            elif entry.is_dir():
+                pending.append(Path(entry.path))
+    return links
+
+
 def copy_tree(source: Path, target: Path) -> None:
-    """Merge a folder into `target`, keeping modes; symlinks stay links; sockets and FIFOs are skipped."""
-    target.mkdir(parents=True, exist_ok=True)
-    for entry in os.scandir(source):
-        destination = target / entry.name
-        if entry.is_symlink():
-            if destination.is_symlink() or destination.is_file():
-                destination.unlink()
-            destination.symlink_to(os.readlink(entry.path))
-        elif entry.is_dir():
-            copy_tree(Path(entry.path), destination)
-        elif entry.is_file():
-            shutil.copy2(entry.path, destination)
-    shutil.copystat(source, target)
+    """Merge a folder into `target`, keeping modes; symlinks stay links; sockets and FIFOs are skipped.
+
+    Walks with a stack of its own, not by recursion: an agent's folders may be nested thousands deep."""
+    pending, folders = [(Path(source), Path(target))], []
+    while pending:
+        source, target = pending.pop()
+        target.mkdir(parents=True, exist_ok=True)
+        folders.append((source, target))
+        for entry in os.scandir(source):
+            destination = target / entry.name
+            if entry.is_symlink():
+                if destination.is_symlink() or destination.is_file():
+                    destination.unlink()
+                destination.symlink_to(os.readlink(entry.path))
+            elif entry.is_dir():
+                pending.append((Path(entry.path), destination))
+            elif entry.is_file():
+                shutil.copy2(entry.path, destination)
+    for source, target in reversed(folders):  # innermost first: a folder's mode may forbid writing into it
+        shutil.copystat(source, target)
 
 
 def _force_remove(function, path, _exc_info) -> None:

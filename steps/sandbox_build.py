@@ -55,7 +55,7 @@ class _Build:
         self.build_args: dict[str, str] = {}
         self.shell = ["/bin/sh", "-c"]
         self.deadline = time.monotonic() + task.config.build_timeout_s
-        self.log_path = box.root.parent / "build.log"  # the rollout's folder: the build's own goes away
+        self.log_path = Path(box.build["log"])  # the rollout's build.log: the build's own folder goes away
         self.seen_from = False
 
     def apply(self) -> None:

@@ -14,6 +14,7 @@ more are closed as they arrive.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -44,6 +45,7 @@ class ProxyTunnel:
         self._listener: socket.socket | None = None
         self._open = threading.BoundedSemaphore(max_connections)
         self._closed = threading.Event()
+        self._connections: set[socket.socket] = set()
 
     @property
     def netns(self) -> Path:
@@ -65,7 +67,12 @@ class ProxyTunnel:
     def __exit__(self, *exc_info) -> None:
         self._closed.set()
         if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept(); close() alone does not
             self._listener.close()
+        for connection in list(self._connections):  # what the harness left open: its pumps end with them
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
         self._delete()
 
     def _delete(self) -> None:
@@ -83,19 +90,23 @@ class ProxyTunnel:
             threading.Thread(target=self._forward, args=(inside,), daemon=True).start()
 
     def _forward(self, inside: socket.socket) -> None:
+        self._connections.add(inside)
         try:
             outside = socket.create_connection(self.target, timeout=10)
         except OSError:
+            self._connections.discard(inside)
             inside.close()
             self._open.release()
             return
         outside.settimeout(None)
+        self._connections.add(outside)
         pump = threading.Thread(target=_pump, args=(outside, inside), daemon=True)
         pump.start()
         _pump(inside, outside)
         pump.join()
-        inside.close()
-        outside.close()
+        for end in (inside, outside):
+            self._connections.discard(end)
+            end.close()
         self._open.release()
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from steps.rollout import RolloutSpec, run_rollout
-from steps.sandbox import Sandbox
+from steps.sandbox import Sandbox, _links_under, copy_tree
 from steps.tasks import BUILTIN_DATASET, load_task
 from steps.tasks.verify import run_verifier
 from test_harnesses import installed_exe
@@ -156,6 +156,37 @@ def test_filling_the_disk_fills_only_the_sandboxs_own(tmp_path):
         (tmp_path / "runner-still-writes.txt").write_text("x" * 1_000_000)  # control: the runner's disk is fine
         assert box.run(["bash", "-c", "rm /app/big && echo hello > /app/answer.txt"], timeout_s=30).exit_code == 0
         assert run_verifier(box, task, tmp_path / "verifier").reward == 1.0  # room again: the work counts
+    finally:
+        box.remove()
+
+
+def test_graded_folders_nested_past_pythons_recursion_limit_are_copied(tmp_path):
+    """An agent's workspace nested 1,200 deep (Python's recursion limit is 1,000): copied whole, links found."""
+    inner = deep = tmp_path / "app"
+    deep.mkdir()
+    for _ in range(1200):  # one level at a time: pathlib's and os.makedirs's own mkdir recurse
+        inner = inner / "d"
+        os.mkdir(inner)
+    (inner / "link").symlink_to("/tests")
+    copy_tree(deep, tmp_path / "copy")
+    copied = (tmp_path / "copy").joinpath(*["d"] * 1200, "link")
+    assert copied.is_symlink() and _links_under(tmp_path / "copy") == [copied]
+
+
+@pytest.mark.parametrize("attack", ["truncate -s 1T /app/huge"])  # 0 bytes on the agent's disk, 1 TiB to copy
+def test_graded_files_that_cannot_be_brought_over_score_0_and_fill_nothing_of_the_hosts(attack, tmp_path):
+    folder = tmp_path / "task"
+    shutil.copytree(BUILTIN_DATASET / "hello-file", folder)
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace("storage_mb = 1024", "storage_mb = 64"))
+    task = load_task(folder)
+    box = Sandbox.create(tmp_path / "sandbox", task)
+    free_before = shutil.disk_usage(tmp_path).free
+    try:
+        box.run(["bash", "-c", attack], timeout_s=120)
+        verdict = run_verifier(box, task, tmp_path / "verifier")  # never raises: a 0 or a refusal, both the agent's
+        assert verdict.reward in (0.0, None), verdict
+        assert free_before - shutil.disk_usage(tmp_path).free < 256 * 2**20  # the host's disk took none of it
     finally:
         box.remove()
 

@@ -6,8 +6,9 @@ pod itself after the agent uid's processes are gone), with a fresh environment (
 is copied to `/tests` only now; `/logs/verifier` starts empty; `bash /tests/test.sh` runs under
 `[verifier] timeout_sec`; the reward is `/logs/verifier/reward.json`
 (its "reward" entry) or else `/logs/verifier/reward.txt` (one number). A verifier that times out or
-writes no readable reward has crashed: `VerifierResult.reward` is None and `error` says why, which
-callers must treat as an infrastructure failure, never as a reward of 0.
+writes no readable reward (or one that is not trusted, see SUPERVISOR) has failed: `VerifierResult.reward`
+is None and `error` says why. Grading runs where only the agent's work can reach it, so `steps.rollout`
+scores such a rollout 0 (and `steps.tasks check`, running the oracle, reports the task broken).
 
     from steps.tasks.verify import run_oracle, run_verifier
     run_oracle(sandbox, task, Path("out/oracle.txt"))
@@ -144,13 +145,15 @@ def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, 
     verifier's stdout+stderr as `test-stdout.txt` and a copy of the sandbox's /logs/verifier.
     """
     output_dir.mkdir(parents=True, exist_ok=True)
-    grading = sandbox.for_verifier(task)
     try:
-        try:
-            env = grading.prepare_verifier({**verifier_env(grading, task), **(env or {})})
-        except VerifierRefused as exc:
-            return VerifierResult(reward=None, rewards={}, error=str(exc), exit_code=-1, timed_out=False,
-                                  duration_s=0.0, output_dir=output_dir)
+        grading = sandbox.for_verifier(task)
+        env = grading.prepare_verifier({**verifier_env(grading, task), **(env or {})})
+    except VerifierRefused as exc:
+        if "grading" in locals() and grading is not sandbox:
+            grading.remove()
+        return VerifierResult(reward=None, rewards={}, error=str(exc), exit_code=-1, timed_out=False,
+                              duration_s=0.0, output_dir=output_dir)
+    try:
         grading.reset_dir(VERIFIER_DIR)
         grading.copy_in(task.tests_dir, TESTS_DIR)
         # /tests read-only: bash reads test.sh as it goes, so a program of the agent's that test.sh runs could
