@@ -13,6 +13,7 @@ Two levels:
 The model is `tests/scripted_model.py` (a small random model cannot call tools; see its docstring).
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -168,9 +169,16 @@ def test_graded_folders_nested_past_pythons_recursion_limit_are_copied(tmp_path)
         inner = inner / "d"
         os.mkdir(inner)
     (inner / "link").symlink_to("/tests")
-    copy_tree(deep, tmp_path / "copy")
-    copied = (tmp_path / "copy").joinpath(*["d"] * 1200, "link")
-    assert copied.is_symlink() and _links_under(tmp_path / "copy") == [copied]
+    try:
+        copy_tree(deep, tmp_path / "copy")
+        copied = (tmp_path / "copy").joinpath(*["d"] * 1200, "link")
+        assert copied.is_symlink() and _links_under(tmp_path / "copy") == [copied]
+    finally:  # bottom up, here: a later session's clean-up of old temporary folders (rmtree) would recurse
+        for top in (deep, tmp_path / "copy"):
+            (top.joinpath(*["d"] * 1200, "link")).unlink(missing_ok=True)
+            for depth in range(1200, -1, -1):
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(top.joinpath(*["d"] * depth))
 
 
 @pytest.mark.parametrize("attack", ["truncate -s 1T /app/huge"])  # 0 bytes on the agent's disk, 1 TiB to copy
