@@ -78,7 +78,7 @@ BUILD_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_
               "CAP_SETFCAP")
 WHEELS_DIR = "/opt/openforge/wheels"
 # Where the verifier writes or reads what the agent never had: a graded symlink may not lead there.
-VERIFIER_ONLY = ("/tests", "/solution", "/logs", "/proc", "/sys", "/dev", "/run", "/tmp")
+GRADED_LINKS_MAY_NOT_REACH = ("/tests", "/solution", "/logs", "/proc", "/sys", "/dev", "/run", "/tmp")
 
 Bind = tuple[Path | str, str, bool]  # (host path, path inside the sandbox, read-only)
 Network = Union[str, ProxyTunnel]  # "none" (loopback only), "host" (builds only) or a tunnel to the proxy
@@ -199,7 +199,7 @@ class Sandbox:
         """A pristine sandbox for grading: the task's layer, a fresh upper, and only the graded paths of this one.
 
         The graded paths (`[verifier] graded_paths`, default the workspace) are copied over as the agent left
-        them, except symlinks that lead where only the verifier writes or reads (`VERIFIER_ONLY`), which are
+        them, except symlinks that lead where only the verifier writes or reads (`GRADED_LINKS_MAY_NOT_REACH`), which are
         removed and noted. Everything else the agent changed (site dirs, HOME, /tmp, PATH folders, /etc, a
         conftest.py above /tests...) is simply not there. Call only after the agent's processes are gone.
         """
@@ -247,10 +247,10 @@ class Sandbox:
                 resolved = "/" + str(self.host_path(inside).relative_to(self.fs))
             except SandboxError:
                 resolved = "/proc"  # a symlink loop: treated as escaping
-            if any(resolved == p or resolved.startswith(p + "/") for p in VERIFIER_ONLY):
+            if any(resolved == p or resolved.startswith(p + "/") for p in GRADED_LINKS_MAY_NOT_REACH):
+                target = os.readlink(link)
                 link.unlink()
-                self.notes.append(f"grading: {inside} was a symlink to {os.readlink(link) if link.is_symlink() else resolved}"
-                                  ", where only the verifier writes; removed")
+                self.notes.append(f"grading: {inside} was a symlink to {target}, where only the verifier writes; removed")
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
             cwd: str | None = None, stdout_path: Path | None = None, extra_binds: Sequence[Bind] = (),
