@@ -8,7 +8,7 @@ Builds the tiny model (2 layers, hidden 128), crafts `4 * tasks` samples of ~pro
 one warm-up step: the worker's `train_mini_batch` (FSDP2, no padding, dynamic micro-batches) and the
 reference loop (HF forward on the padded batch, veRL's policy loss, AdamW). Trained tokens are the
 `response_mask` tokens; all tokens include prompts. On a machine without a GPU the CPU adjustments of
-`steps.update_cpu` apply, so this is the CPU figure; the same script gives the GPU one.
+`steps.update.cpu` apply, so this is the CPU figure; the same script gives the GPU one.
 """
 
 import argparse
@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from steps import update, update_batch  # noqa: E402
+from steps.update import batch as update_batch, train as update  # noqa: E402
 from steps.tiny_model import build_tiny_model  # noqa: E402
-from steps.update_config import load_config  # noqa: E402
+from steps.update.config import load_config  # noqa: E402
 from update_reference import craft_samples, load_model, reference_update  # noqa: E402
 
 

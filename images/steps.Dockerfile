@@ -15,4 +15,4 @@ COPY configs ./configs
 # pyarrow: the trajectories step's tables (Parquet). openai: the `direct` harness's client, which runs on
 # this Python (copied into the rollout pod) as the agent.
 RUN pip install . "pyarrow==26.0.1" "openai==3.57.0" \
-    && python -c "import steps.plan, steps.manifest, steps.rollout, steps.pod, openai"
+    && python -c "import steps.plan, steps.manifest, steps.rollout, steps.sandbox.pod, openai"

@@ -14,7 +14,7 @@ verifier; write `OUT/result.json`. Exit code 0 for `ok` and `agent_timeout`, 3 f
 `--isolation pod` is for a Kubernetes rollout pod, which already runs the task's image: no bubblewrap and
 no Dockerfile replay, the workspace is the pod's working folder (the image's WORKDIR), the harness runs
 as an unprivileged uid (`--agent-uid`, when the runner is root) and the task folder must be root-only
-(`steps/pod.py`). Run it with `python -P` (or PYTHONSAFEPATH=1) so the workspace is not on the runner's
+(`steps/sandbox/pod.py`). Run it with `python -P` (or PYTHONSAFEPATH=1) so the workspace is not on the runner's
 import path.
 """
 
@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from steps.harnesses import HARNESSES, Endpoint, InstallError, default_prefix
-from steps.pod import AGENT_UID, PodSandbox
+from steps.sandbox.pod import AGENT_UID, PodSandbox
 from steps.sandbox import Sandbox, SandboxError
-from steps.sandbox_network import NetworkError, ProxyTunnel
+from steps.sandbox.network import NetworkError, ProxyTunnel
 from steps.tasks import Task, TaskError, load_task
 from steps.tasks.verify import run_verifier
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from steps.rollout import RolloutSpec, run_rollout
-from steps.sandbox import Sandbox, _links_under, copy_tree
+from steps.sandbox import Sandbox
+from steps.sandbox.common import copy_tree, links_under
 from steps.tasks import BUILTIN_DATASET, load_task
 from steps.tasks.verify import run_verifier
 from test_harnesses import installed_exe
@@ -172,7 +173,7 @@ def test_graded_folders_nested_past_pythons_recursion_limit_are_copied(tmp_path)
     try:
         copy_tree(deep, tmp_path / "copy")
         copied = (tmp_path / "copy").joinpath(*["d"] * 1200, "link")
-        assert copied.is_symlink() and _links_under(tmp_path / "copy") == [copied]
+        assert copied.is_symlink() and links_under(tmp_path / "copy") == [copied]
     finally:  # bottom up, here: a later session's clean-up of old temporary folders (rmtree) would recurse
         for top in (deep, tmp_path / "copy"):
             (top.joinpath(*["d"] * 1200, "link")).unlink(missing_ok=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from steps.harnesses import cache_root
-from steps.pod import AGENT_UID
+from steps.sandbox.pod import AGENT_UID
 from steps.sandbox import Sandbox
 from steps.tasks import BUILTIN_DATASET, load_task
 from test_harnesses import installed_exe
@@ -237,7 +237,7 @@ def test_a_runner_that_is_not_root_says_the_agent_is_not_uid_isolated(scripted, 
 GRADE = r"""
 import json, sys
 from pathlib import Path
-import steps.pod as pod
+import steps.sandbox.pod as pod
 from steps.tasks import load_task
 from steps.tasks.verify import run_verifier
 
@@ -346,7 +346,7 @@ def test_a_rollout_closes_the_images_open_path_before_the_agent_runs(closed, scr
     writes reward 1. Closed before the agent (noted in result.json), the plant fails and the rollout earns 0;
     the control, with `close` disabled in the pod's copy of OpenForge, earns 1."""
     def without_lock(app: Path) -> None:
-        pod_py = app / "steps" / "pod.py"
+        pod_py = app / "steps" / "sandbox" / "pod.py"
         text = pod_py.read_text().replace("closed = close(", "closed = [] and close(")
         pod_py.write_text(text.replace("found = open_to(paths, self.agent_uid)", "found = []"))
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-import steps.dockerfile
+import steps.sandbox.dockerfile
 import steps.metrics
 import steps.tasks.schema
 import steps.tasks.verify
-from steps.sandbox_network import ProxyTunnel
+from steps.sandbox.network import ProxyTunnel
 from steps.sandbox import Sandbox, SandboxError
 from steps.tasks import BUILTIN_DATASET, DatasetError, load_dataset, load_task
 from steps.tasks.verify import run_verifier
@@ -401,7 +401,7 @@ def test_harness_folder_bound_read_only(tmp_path):
 
 # --- pure functions --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("module", [steps.metrics, steps.dockerfile, steps.tasks.schema, steps.tasks.verify])
+@pytest.mark.parametrize("module", [steps.metrics, steps.sandbox.dockerfile, steps.tasks.schema, steps.tasks.verify])
 def test_doctests(module):
     failures, tried = doctest.testmod(module)
     assert tried > 0 and failures == 0
@@ -420,7 +420,7 @@ def test_metrics_over_a_dataset():
 
 def test_a_sandbox_left_mounted_by_a_killed_runner_is_swept_by_the_next_one(tmp_path):
     """SIGKILL skips a runner's exit handlers: its sandbox stays mounted until the next sandbox is made."""
-    code = ("import os, sys\nfrom pathlib import Path\nfrom steps.sandbox import Sandbox\nfrom steps.tasks import load_task\n"
+    code = ("import os, sys\nfrom pathlib import Path\nfrom steps.sandbox.local import Sandbox\nfrom steps.tasks import load_task\n"
             "Sandbox.create(Path(sys.argv[1]), load_task(Path(sys.argv[2])))\nos.kill(os.getpid(), 9)\n")
     dead = tmp_path / "dead"
     subprocess.run([sys.executable, "-c", code, str(dead), str(BUILTIN_DATASET / "hello-file")], check=False)

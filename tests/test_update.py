@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("verl", reason="verl==0.9.1 is not installed in this environment (the training env)")
 torch = pytest.importorskip("torch")
 
-from steps import update, update_batch  # noqa: E402
+from steps.update import batch as update_batch, train as update  # noqa: E402
 from steps.tiny_model import build_tiny_model  # noqa: E402
-from steps.update_config import load_config  # noqa: E402
+from steps.update.config import load_config  # noqa: E402
 from update_reference import craft_samples, load_model, reference_update, response_logprobs  # noqa: E402
 
 # fp32 compute so that the worker and the reference loop agree to float rounding; a large lr so that
@@ -404,7 +404,7 @@ def test_the_accepted_choices_are_veRLs_own() -> None:
     """The policy losses, loss aggregations and estimators the config accepts are the ones veRL 0.9.1 has."""
     from verl.trainer.ppo import core_algos
 
-    from steps.update_config import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+    from steps.update.config import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 
     assert set(POLICY_LOSSES) == set(core_algos.POLICY_LOSS_REGISTRY) - {"bypass_mode"}
     for name in ADV_ESTIMATORS:

@@ -613,8 +613,8 @@ def test_step_parsers_accept_the_built_commands(monkeypatch: pytest.MonkeyPatch)
     assert (proxy.port, proxy.host, proxy.max_tokens_cap, proxy.weight_version) == (8100, "0.0.0.0", 4096, "1")
     traj = trajectories_args(commands.trajectories(config, "http://proxy:8100", "s3://b/results", 2)[3:])
     assert (traj.run, traj.iteration, traj.out) == ("t", 2, commands.trajectories_url(config))
-    from steps.update import parse_args as update_args
-    from steps.update_config import load_config as update_config
+    from steps.update.train import parse_args as update_args
+    from steps.update.config import load_config as update_config
 
     upd = update_args(commands.update(config, "s3://b/t", "s3://b/c0", "s3://b/c1")[3:])
     loaded = update_config(REPO / upd.config, upd.overrides)  # the update's own checks of the overrides

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from steps.update_batch import Batch, Sample
-from steps.update_config import UpdateConfig
+from steps.update.batch import Batch, Sample
+from steps.update.config import UpdateConfig
 
 
 def load_model(checkpoint: Path):

@@ -43,7 +43,7 @@ class RunConfig:
     max_tokens_cap: int = 256
     parallel_rollouts: int = 4
     seed: int = 0
-    # the update: its own flat YAML (steps/update_config.py), plus these run-level settings as overrides
+    # the update: its own flat YAML (steps/update/config.py), plus these run-level settings as overrides
     update_config: str = "configs/update.yaml"
     algorithm: str = "grpo"  # the advantage estimator (update's adv_estimator)
     learning_rate: float = 1e-6  # update's lr
@@ -194,8 +194,8 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
 
 def check_update_config(config: RunConfig) -> None:
     """The update step's own checks of its config file with the run's overrides, now rather than after the
-    first iteration's rollouts (`steps.update_config`)."""
-    from steps import update_config
+    first iteration's rollouts (`steps.update.config`)."""
+    from steps.update import config as update_config
     from workflows.commands import update_overrides  # here: commands imports this module
 
     try:

@@ -12,7 +12,7 @@ sampler with the recorded logprobs (bypass or truncated IS), runs veRL's FSDP2 u
 `{out}/metrics.json`. When every rollout's advantage is 0 (each task's rollouts earned the same
 reward) there is no gradient: the worker is not built, the input weights and optimiser state are copied
 to `--out` unchanged and `metrics.json` says `"skipped": "no advantage"`. The same code runs on GPU and
-CPU; the CPU-only adjustments are in `steps.update_cpu` and apply only without a GPU. A bad sample or
+CPU; the CPU-only adjustments are in `steps.update.cpu` and apply only without a GPU. A bad sample or
 config key is refused in one sentence (exit code 2) before any model is loaded (`docs/update.md`).
 """
 
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from steps import update_batch, update_cpu
+from steps.update import batch as update_batch, cpu as update_cpu
 from steps.checkpoint import OPTIMIZER_DIR, fetch, is_remote, publish
-from steps.update_batch import Batch, Sample, read_samples
-from steps.update_config import ConfigError, UpdateConfig, load_config
+from steps.update.batch import Batch, Sample, read_samples
+from steps.update.config import ConfigError, UpdateConfig, load_config
 
 # `metrics.json`'s "skipped" value when no step was taken: every rollout's advantage was 0.
 NO_ADVANTAGE = "no advantage"

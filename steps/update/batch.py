@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from steps.update_config import UpdateConfig
+from steps.update.config import UpdateConfig
 
 # The `samples` columns the update reads (written by `steps.trajectories`).
 SAMPLE_COLUMNS = ["rollout_id", "task", "prompt_token_ids", "response_token_ids", "response_mask",

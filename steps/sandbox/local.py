@@ -1,18 +1,18 @@
 """The local stand-in for a task's container: a layered root seen as `/` through bubblewrap.
 
 Every rollout gets its own sandbox root folder. Its `/` is an overlay stack mounted by the runner at
-`ROOT/merged` (`steps/sandbox_root.py`): the host's system folders at the bottom (masked: no file of /etc
+`ROOT/merged` (`steps/sandbox/root.py`): the host's system folders at the bottom (masked: no file of /etc
 that is not world-readable, of /var only apt's and dpkg's state), the task's layer above them (what its
 `environment/Dockerfile` did, built once per task and cached), the rollout's own changes on top
 (`ROOT/upper`). Each `run()` starts `bwrap` with that root bound as `/`, a fresh `/proc` and `/dev`, new
 user (uid 0 inside), PID, IPC, UTS and network namespaces, all capabilities dropped, `--die-with-parent
 --new-session`, a clean environment (PATH, HOME=/root, LANG, the Dockerfile's ENV, what the caller passes),
 and the task's cpus / memory_mb and a process cap as cgroups, storage_mb as a disk of its own for the upper
-(`steps/sandbox_limits.py`, where the host has them). The network is the sandbox's own: loopback only, or a `ProxyTunnel` (`steps/sandbox_network.py`)
+(`steps/sandbox/limits.py`, where the host has them). The network is the sandbox's own: loopback only, or a `ProxyTunnel` (`steps/sandbox/network.py`)
 whose 127.0.0.1:PORT reaches the recording proxy and nothing else of the host.
 
 Without a container engine the task's layer is built from `environment/Dockerfile` by applying its
-WORKDIR, COPY/ADD (local build context), ENV, ARG, SHELL and RUN instructions (`steps/sandbox_build.py`);
+WORKDIR, COPY/ADD (local build context), ENV, ARG, SHELL and RUN instructions (`steps/sandbox/build.py`);
 RUN steps run as root with a container's usual capabilities, so `apt-get install` and `pip install` land in
 the layer, never on the host. FROM is replaced by the host system and USER is ignored, each said so in
 `Sandbox.notes`:
@@ -63,47 +63,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
-from steps.sandbox_limits import Limits, attach_disk, detach_disk
-from steps.sandbox_network import ProxyTunnel, sweep_namespaces
-from steps.sandbox_root import (OWNER_FILE, LayerError, ensure_layer, layer_key, make_mask, make_skeleton, mount_root,
+from steps.sandbox.build import apply_dockerfile
+from steps.sandbox.common import (KILL_GRACE_S, WHEELS_DIR, RunResult, SandboxError, VerifierRefused, copy_tree,
+                                   force_remove, kill, links_under, wait_for)
+from steps.sandbox.limits import Limits, attach_disk, detach_disk
+from steps.sandbox.network import ProxyTunnel, sweep_namespaces
+from steps.sandbox.root import (OWNER_FILE, LayerError, ensure_layer, layer_key, make_mask, make_skeleton, mount_root,
                                 sweep_leftovers, unmount)
 from steps.tasks import Task
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
-KILL_GRACE_S = 5.0
 # A container runtime's default capabilities, for the Dockerfile's RUN steps only (the agent gets none).
 BUILD_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
               "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_AUDIT_WRITE",
               "CAP_SETFCAP")
-WHEELS_DIR = "/opt/openforge/wheels"
 # Where the verifier writes or reads what the agent never had: a graded symlink may not lead there.
 GRADED_LINKS_MAY_NOT_REACH = ("/tests", "/solution", "/logs", "/proc", "/sys", "/dev", "/run", "/tmp")
 
 Bind = tuple[Path | str, str, bool]  # (host path, path inside the sandbox, read-only)
 Network = Union[str, ProxyTunnel]  # "none" (loopback only), "host" (builds only) or a tunnel to the proxy
-
-
-class SandboxError(RuntimeError):
-    """The sandbox cannot be built or used; the message says why in one sentence (plus a log tail)."""
-
-
-class VerifierRefused(Exception):
-    """The agent changed what the verifier would execute or load: the rollout is graded 0 (it is the agent's
-    doing, so never an infra_error, which would be retried); the message says what was found."""
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """How one command in the sandbox ended.
-
-    `exit_code` is the command's (127: no such program); after a timeout it is whatever the kill
-    left (usually 137), so read `timed_out` first.
-    """
-
-    exit_code: int
-    timed_out: bool
-    duration_s: float
 
 
 def build_settings() -> dict:
@@ -235,13 +214,13 @@ class Sandbox:
     def prepare_verifier(self, env: dict[str, str]) -> dict[str, str]:
         """The verifier's environment, once this sandbox is fit to grade in: a pristine root already is.
 
-        (A pod checks and cleans itself here: `steps.pod.PodSandbox.prepare_verifier`.)"""
+        (A pod checks and cleans itself here: `steps.sandbox.pod.PodSandbox.prepare_verifier`.)"""
         return env
 
     def _drop_escaping_links(self, graded: str) -> None:
         """Remove graded symlinks that resolve (inside this sandbox) to a verifier-only place."""
         top = self.host_path(posixpath.dirname(graded)) / posixpath.basename(graded)
-        for link in [top] if top.is_symlink() else _links_under(top):
+        for link in [top] if top.is_symlink() else links_under(top):
             inside = "/" + str(link.relative_to(self.fs))
             try:
                 resolved = "/" + str(self.host_path(inside).relative_to(self.fs))
@@ -262,7 +241,7 @@ class Sandbox:
         Dockerfile's WORKDIR. `network`: "none" (loopback only), a `ProxyTunnel` (loopback plus the proxy),
         or "host" (only while building a layer). `as_agent` marks the agent's own command; it changes nothing
         here, where every command is uid 0 of its own user namespace (in a pod it selects the agent uid, see
-        `steps.pod`). `init`: the command is its PID namespace's init (pid 1), which nothing inside can kill
+        `steps.sandbox.pod`). `init`: the command is its PID namespace's init (pid 1), which nothing inside can kill
         (the verifier's supervisor). Returns after every process the command started has exited. Raises `SandboxError`
         when bubblewrap cannot set the sandbox up (an infrastructure failure, unlike the command's own exit
         code, which is returned).
@@ -404,7 +383,7 @@ class Sandbox:
         if target.is_symlink() or target.is_file():
             target.unlink()
         elif target.is_dir():
-            shutil.rmtree(target, onerror=_force_remove)
+            shutil.rmtree(target, onerror=force_remove)
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
 
@@ -452,7 +431,7 @@ class Sandbox:
     def remove(self) -> None:
         """Unmount, then delete the sandbox root and everything in it (never the task's cached layer)."""
         self.close()
-        shutil.rmtree(self.root, onerror=_force_remove)
+        shutil.rmtree(self.root, onerror=force_remove)
 
 
 def graded_paths(task: Task, workdir: str) -> list[str]:
@@ -479,8 +458,6 @@ def _fresh_root(root: Path) -> Path:
 def _build_layer(build_root: Path, task: Task, settings: dict, layer: Path, log: Path) -> dict:
     """Build the task's layer into `layer` by applying its Dockerfile in a sandbox whose upper it becomes;
     the RUN steps' output goes to `log` (the rollout's build.log)."""
-    from steps.sandbox_build import apply_dockerfile  # here, not at the top: the builder drives a Sandbox
-
     box = Sandbox(root=_fresh_root(build_root), build={**settings, "log": str(log)})
     box._mount()
     try:
@@ -493,19 +470,8 @@ def _build_layer(build_root: Path, task: Task, settings: dict, layer: Path, log:
         box.close()
     for part in ("root", "sys"):
         (build_root / "upper" / part).rename(layer / part)
-    shutil.rmtree(build_root, onerror=_force_remove)
+    shutil.rmtree(build_root, onerror=force_remove)
     return {"workdir": box.workdir, "env": box.env, "notes": box.notes}
-
-
-def wait_for(process: subprocess.Popen, timeout_s: float, stop: Callable[[], None]) -> bool:
-    """Wait for `process` at most `timeout_s`, then `stop()` what it left (also on an error); True if it timed out."""
-    try:
-        process.wait(timeout=timeout_s)
-        return False
-    except subprocess.TimeoutExpired:
-        return True
-    finally:
-        stop()
 
 
 def _read_info(fd: int) -> tuple[int | None, str | None]:
@@ -547,11 +513,11 @@ def _stop(process: subprocess.Popen, init_pid: int, namespace: str) -> None:
     bwrap reap it and exit; bwrap's host process group is the fallback.
     """
     if process.poll() is None:
-        _kill(init_pid)
+        kill(init_pid)
         try:
             process.wait(timeout=KILL_GRACE_S)
         except subprocess.TimeoutExpired:
-            _kill(-process.pid)
+            kill(-process.pid)
             process.wait()
     deadline = time.monotonic() + KILL_GRACE_S
     while time.monotonic() < deadline:
@@ -559,61 +525,7 @@ def _stop(process: subprocess.Popen, init_pid: int, namespace: str) -> None:
         if not survivors:
             return
         for pid in survivors:
-            _kill(pid)
+            kill(pid)
         time.sleep(0.05)
     if _namespace_members(namespace):
         raise SandboxError(f"processes in sandbox namespace {namespace} survived SIGKILL")
-
-
-def _kill(pid: int) -> None:
-    """SIGKILL a pid (negative: a process group), ignoring one that is already gone."""
-    try:
-        if pid < 0:
-            os.killpg(-pid, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _links_under(top: Path) -> list[Path]:
-    """Every symlink below the folder `top` (a stack, not recursion: folders may be nested thousands deep)."""
-    links, pending = [], [top]
-    while pending:
-        for entry in os.scandir(pending.pop()):
-            if entry.is_symlink():
-                links.append(Path(entry.path))
-            elif entry.is_dir():
-                pending.append(Path(entry.path))
-    return links
-
-
-def copy_tree(source: Path, target: Path) -> None:
-    """Merge a folder into `target`, keeping modes; symlinks stay links; sockets and FIFOs are skipped.
-
-    Walks with a stack of its own, not by recursion: an agent's folders may be nested thousands deep."""
-    pending, folders = [(Path(source), Path(target))], []
-    while pending:
-        source, target = pending.pop()
-        target.mkdir(parents=True, exist_ok=True)
-        folders.append((source, target))
-        for entry in os.scandir(source):
-            destination = target / entry.name
-            if entry.is_symlink():
-                if destination.is_symlink() or destination.is_file():
-                    destination.unlink()
-                destination.symlink_to(os.readlink(entry.path))
-            elif entry.is_dir():
-                pending.append((Path(entry.path), destination))
-            elif entry.is_file():
-                shutil.copy2(entry.path, destination)
-    for source, target in reversed(folders):  # innermost first: a folder's mode may forbid writing into it
-        shutil.copystat(source, target)
-
-
-def _force_remove(function, path, _exc_info) -> None:
-    """rmtree's error hook: make a read-only folder writable and retry (tasks may chmod things 555)."""
-    Path(path).parent.chmod(0o777)
-    if not Path(path).is_symlink():
-        Path(path).chmod(stat.S_IRWXU)
-    function(path)

@@ -14,7 +14,7 @@ A sandbox's `/` is a stack of overlayfs mounts, made by the runner (root) on the
   (shadow files, private keys), and all of /var but what apt and dpkg need (their state and caches; /var/log,
   /var/tmp and the rest are empty).
 - **The rollout's upper** holds everything the agent changes; the verifier gets a fresh upper of its own
-  over the same layer, with only the graded paths copied over (`steps/sandbox.py`).
+  over the same layer, with only the graded paths copied over (`steps/sandbox/local.py`).
 
 The mount options name layers by paths relative to `ROOT` (a link `ROOT/layer` to the cache), so nothing a
 sandbox can read (`/proc/self/mountinfo`) names a host folder.

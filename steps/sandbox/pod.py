@@ -1,7 +1,7 @@
 """The rollout pod as the sandbox: on Kubernetes the pod already runs the task's image, so nothing is
 built and nothing is bound; commands are plain subprocesses of the runner.
 
-    from steps.pod import PodSandbox
+    from steps.sandbox.pod import PodSandbox
     box = PodSandbox.create(Path("/tmp/rollout"), task)         # workdir: [environment] workdir or the pod's cwd
     box.run(argv, timeout_s=300, env={...}, stdout_path=log, as_agent=True)   # as uid 10001, then everything it left is killed
     run_verifier(box, task, Path("/tmp/rollout/verifier"))      # as root; tests/ copied to /tests only now
@@ -52,7 +52,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from steps.sandbox import KILL_GRACE_S, Bind, RunResult, Sandbox, SandboxError, VerifierRefused, _kill, wait_for
+from steps.sandbox.common import KILL_GRACE_S, RunResult, SandboxError, VerifierRefused, kill, wait_for
+from steps.sandbox.local import Bind, Sandbox
 from steps.tasks import Task
 
 AGENT_UID = 10001
@@ -475,5 +476,5 @@ def _stop(process: subprocess.Popen, uid: int | None) -> None:
         if uid is not None:
             _kill_uid(uid)
         for pid in survivors:
-            _kill(pid)
+            kill(pid)
         time.sleep(0.05)

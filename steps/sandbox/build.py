@@ -12,7 +12,7 @@
 - USER is ignored (noted), and CMD, ENTRYPOINT, EXPOSE, LABEL, VOLUME, HEALTHCHECK... do not change
   files, so they are skipped. `.dockerignore` is not read.
 
-Called by `Sandbox.create`; see `steps/sandbox.py` for the sandbox itself.
+Called by `Sandbox.create`; see `steps/sandbox/local.py` for the sandbox itself.
 """
 
 from __future__ import annotations
@@ -25,10 +25,14 @@ import tarfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from steps.dockerfile import DockerfileError, Instruction, expand, parse_dockerfile, parse_env, parse_flags, split_words
-from steps.sandbox import WHEELS_DIR, Sandbox, SandboxError, copy_tree
+from steps.sandbox.dockerfile import DockerfileError, Instruction, expand, parse_dockerfile, parse_env, parse_flags, split_words
+from steps.sandbox.common import WHEELS_DIR, SandboxError, copy_tree
 from steps.tasks import Task
+
+if TYPE_CHECKING:  # the sandbox drives the builder, so only its type is named here
+    from steps.sandbox.local import Sandbox
 
 
 # The host's Python stands in for the image's, and Debian marks its Python externally managed (PEP 668); an

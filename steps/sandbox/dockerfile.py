@@ -3,10 +3,10 @@
 Pure functions, no I/O: `parse_dockerfile(text)` splits the file into `Instruction`s (comments dropped,
 `\\` continuations joined, one heredoc per instruction kept), `expand(text, env)` does Docker's
 `$VAR` / `${VAR:-default}` substitution, and `split_words` / `parse_env` / `parse_flags` read the
-arguments of `ENV`, `COPY` and `ADD`. The sandbox (`steps/sandbox.py`) decides what each instruction
+arguments of `ENV`, `COPY` and `ADD`. The sandbox (`steps/sandbox/local.py`) decides what each instruction
 does; nothing here runs anything.
 
-    python -m pytest --doctest-modules steps/dockerfile.py
+    python -m pytest --doctest-modules steps/sandbox/dockerfile.py
 """
 
 from __future__ import annotations
