@@ -114,7 +114,7 @@ def moto_s3() -> tuple[object, dict, str]:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from steps.vllm_server import HOST, free_port
+    from steps.net import HOST, free_port
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
     port = free_port()

@@ -37,7 +37,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from steps.vllm_server import HOST, free_port
+from steps.net import HOST, free_port
 
 DEFAULT_COMMANDS = ["echo hello > answer.txt"]
 FINAL_ANSWER = "done"

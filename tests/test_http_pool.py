@@ -16,8 +16,8 @@ import pytest
 import uvicorn
 import uvloop
 
+from steps.net import HOST, free_port
 from steps.proxy.http_pool import HttpPool, NotSent, UpstreamFailed, UpstreamTimeout
-from steps.vllm_server import HOST, free_port
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 

@@ -34,7 +34,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from steps.vllm_server import HOST
+from steps.net import HOST
 
 pytestmark = pytest.mark.vllm
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from steps import manifest
 from steps.metrics import dataset_metrics
-from steps.vllm_server import free_port
+from steps.net import free_port
 from workflows import commands
 from workflows.config import REPO_ROOT, RunConfig
 

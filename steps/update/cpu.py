@@ -137,7 +137,7 @@ def _register_cpu_engine() -> None:
 
 def _single_process_group() -> None:
     """Adjustment 4: a one-process gloo group on loopback (veRL would ask for "cpu:gloo,cpu:gloo")."""
-    from steps.vllm_server import free_port
+    from steps.net import free_port
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1"}.items():

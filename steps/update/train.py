@@ -55,7 +55,7 @@ def prepare_runtime() -> None:
     if update_cpu.needed():
         update_cpu.apply()
         return
-    from steps.vllm_server import free_port
+    from steps.net import free_port
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)
