@@ -1,45 +1,41 @@
 """vLLM on a checkpoint plus the recording proxy in front of it: the `serve` step of an iteration.
 
     OPENFORGE_ADMIN_KEY=... python -m steps.serve --model s3://openforge/runs/demo/checkpoints/iteration-1 \
-        --model-dir /models/current --name qwen3-4b --port 8100 --store s3://openforge/runs/demo/calls \
-        [--device gpu --gpus 1] [--max-tokens-cap 4096] [--weight-version 0]
+        --model-dir /models/current --model-name qwen3-4b --port 8100 --store s3://openforge/runs/demo/calls \
+        [--device gpu --gpus 1] [--max-tokens-cap 4096] [--weight-version 0] \
+        [--tool-call-parser hermes] [--reasoning-parser qwen3] [--max-model-len 32768] \
+        [--gpu-memory-utilization 0.9] [--vllm-arg=--enable-prefix-caching ...]
 
-`--model` is a checkpoint folder, a hub name or an `s3://` URL; a URL is fetched to `--model-dir` first,
-without what only training reads (`optimizer/`, AdamW's state: twice the weights). Starts vLLM on the
-loopback interface, waits until it answers `/health`, then runs the proxy on `--host` (0.0.0.0 in a
-pod) until stopped. The proxy only listens once vLLM is ready, so a readiness probe on the proxy's
-`/health` means the whole server is ready; that is what the Argo daemon step waits for before any
-rollout starts. vLLM is stopped when the proxy exits.
+`--model` is a checkpoint folder, a hub name (then name its `--tool-call-parser`) or an `s3://` URL; a URL
+is fetched to `--model-dir` first, without what only training reads (`optimizer/`, AdamW's state: twice
+the weights). Starts vLLM on the loopback interface (its command line: `steps.vllm_server.vllm_command`,
+with the tool-call parser of the checkpoint's family unless `--tool-call-parser` names one; a family
+without one is one line and exit code 1), waits until it answers `/health`, then runs the proxy on
+`--host` (0.0.0.0 in a pod) until stopped. The proxy only listens once vLLM is ready, so a readiness
+probe on the proxy's `/health` means the whole server is ready; that is what the Argo daemon step waits
+for before any rollout starts. vLLM is stopped when the proxy exits.
 """
 
 import argparse
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 from steps.checkpoint import TRAINING_ONLY, fetch
+from steps.net import HOST, free_port
+from steps.proxy.__main__ import command_line as proxy_command_line
 from steps.proxy.__main__ import main as proxy_main
-from steps.vllm_server import HOST, VllmServer, free_port, stop_vllm, vllm_command, vllm_env, wait_healthy
-
-
-def gpu_vllm_command(model: str, name: str, port: int, gpus: int) -> list[str]:
-    """vLLM's command on GPUs: the CPU flags of `steps.vllm_server` minus eager mode and the one-process executor."""
-    return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model, "--served-model-name", name, "--host", HOST, "--port", str(port),
-        "--tensor-parallel-size", str(max(gpus, 1)), "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        "--max-logprobs", "20", "--logprobs-mode", "processed_logprobs",
-    ]
+from steps.vllm_parsers import UnknownFamily
+from steps.vllm_server import ServingOptions, check_vllm_args, spawn, stop_vllm, vllm_command, wait_healthy
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The command line; everything after the known flags is passed to the proxy unchanged."""
+    """The command line; a `--vllm-arg` that sets what the builder sets is refused (exit code 2)."""
     p = argparse.ArgumentParser(prog="python -m steps.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="checkpoint vLLM loads: a folder, a hub name or an s3:// URL")
     p.add_argument("--model-dir", type=Path, default=Path("models/current"),
                    help="where a --model URL is fetched to (default: ./models/current)")
-    p.add_argument("--name", required=True, help="the model name vLLM serves")
+    p.add_argument("--model-name", required=True, help="the model name vLLM serves")
     p.add_argument("--port", type=int, required=True, help="the proxy's port")
     p.add_argument("--store", required=True, help="local folder or s3:// URL for recorded calls")
     p.add_argument("--host", default="127.0.0.1", help="the proxy's interface (0.0.0.0 in a pod)")
@@ -47,20 +43,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--max-tokens-cap", type=int)
     p.add_argument("--weight-version")
+    vllm = p.add_argument_group("vLLM", "serving options (docs/serving.md)")
+    vllm.add_argument("--tool-call-parser", default="", help="default: the one of the checkpoint's family")
+    vllm.add_argument("--reasoning-parser", default="", help="default: none")
+    vllm.add_argument("--max-model-len", type=int, default=0, help="0: vLLM's default on GPU, 32768 on CPU")
+    vllm.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    vllm.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                      help="one more argument for vLLM, written --vllm-arg=ARG (repeatable)")
     p.add_argument("--log", type=Path, default=Path("vllm.log"), help="vLLM's log file")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds vLLM may take to start")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        check_vllm_args(args.vllm_arg, where="--vllm-arg")
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
+
+
+def serving_options(args: argparse.Namespace) -> ServingOptions:
+    """The vLLM options of the command line."""
+    return ServingOptions(tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+                          max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+                          gpus=args.gpus, vllm_args=tuple(args.vllm_arg))
 
 
 def proxy_argv(args: argparse.Namespace, vllm_port: int) -> list[str]:
     """The proxy's flags: upstream is the vLLM this step started."""
-    argv = ["--upstream", f"http://{HOST}:{vllm_port}", "--port", str(args.port), "--host", args.host,
-            "--store", args.store, "--model", args.name]
-    if args.max_tokens_cap:
-        argv += ["--max-tokens-cap", str(args.max_tokens_cap)]
-    if args.weight_version is not None:
-        argv += ["--weight-version", args.weight_version]
-    return argv
+    return proxy_command_line(f"http://{HOST}:{vllm_port}", args.store, args.port, host=args.host,
+                              model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
+                              weight_version=args.weight_version)
 
 
 def _progress(line: str) -> None:
@@ -81,13 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot fetch the checkpoint {args.model}: {exc}", file=sys.stderr)
         return 1
     port = free_port()
-    command = (gpu_vllm_command(model, args.name, port, args.gpus) if args.device == "gpu"
-               else vllm_command(Path(model), args.name, port))
-    args.log.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.log, "ab") as log:
-        process = subprocess.Popen(command, env=vllm_env(), stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    server = VllmServer(process, Path(model), args.name, port, args.log)
+    try:
+        command = vllm_command(model, args.model_name, port, serving_options(args), device=args.device)
+    except UnknownFamily as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    server = spawn(command, Path(model), args.model_name, port, args.log)
     # uvicorn re-raises the SIGTERM it caught once the proxy has shut down; with the default handler the
     # process would die right there and leave vLLM (its own session) running, so turn it into SystemExit.
     signal.signal(signal.SIGTERM, _exit_on_signal)

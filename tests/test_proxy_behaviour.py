@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
+from steps.net import free_port
 from steps.proxy.launch import serve_proxy, start_proxy, stop_proxy
 from steps.tiny_model import build_tiny_model
-from steps.vllm_server import free_port
 
 ADMIN = "test-admin-key"
 USER = [{"role": "user", "content": "hello"}]
@@ -43,7 +43,7 @@ def bearer(key: str) -> dict:
 def dead_upstream_proxy(tmp_path):
     """A proxy whose upstream port has nothing behind it: every model call fails upstream."""
     with serve_proxy(f"http://127.0.0.1:{free_port()}", str(tmp_path / "store"), ADMIN,
-                     extra=["--model", "tiny", "--max-body-bytes", "20000"]) as proxy:
+                     extra=["--model-name", "tiny", "--max-body-bytes", "20000"]) as proxy:
         yield proxy
 
 

@@ -20,12 +20,12 @@ import pytest
 import uvicorn
 
 from benchmarks.fake_vllm import make_app
+from steps.net import HOST, free_port
 from steps.proxy.config import ProxyConfig
 from steps.proxy.connections import Connections
 from steps.proxy.launch import ProxyProcess, serve_proxy, start_proxy, stop_proxy
 from steps.proxy.sessions import Sessions
 from steps.proxy.store import CallStore
-from steps.vllm_server import HOST, free_port
 
 ADMIN = "test-admin-key"
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
@@ -65,7 +65,7 @@ def model():
 def proxy(model, tmp_path_factory):
     """The proxy with its default limits, except short timeouts so that slow requests fail fast."""
     with serve_proxy(model.url, str(tmp_path_factory.mktemp("store")), ADMIN,
-                     extra=["--model", "fake", "--head-timeout", "1", "--body-timeout", "1"]) as proxy:
+                     extra=["--model-name", "fake", "--head-timeout", "1", "--body-timeout", "1"]) as proxy:
         yield proxy
 
 
@@ -216,7 +216,7 @@ def test_an_oversized_header_is_refused_without_being_buffered(proxy, tmp_path, 
         assert answer(conn)[0] == 200
     # control: without the limit the same kind of header is buffered whole (here 20 MiB) and answered
     with serve_proxy(model.url, str(tmp_path / "store"), ADMIN,
-                     extra=["--model", "fake", "--max-head-bytes", "0"]) as unlimited:
+                     extra=["--model-name", "fake", "--max-head-bytes", "0"]) as unlimited:
         before = peak_rss_mb(unlimited)
         conn = connect(unlimited)
         with conn:
@@ -272,7 +272,7 @@ def test_an_answer_may_take_longer_than_every_timeout(tmp_path):
     on a new connection and on a kept-alive one."""
     timeouts = ["--head-timeout", "1", "--body-timeout", "1", "--keep-alive-timeout", "1"]
     with FakeModel(delay_s=1.5) as slow, \
-            serve_proxy(slow.url, str(tmp_path / "store"), ADMIN, extra=["--model", "fake", *timeouts]) as proxy:
+            serve_proxy(slow.url, str(tmp_path / "store"), ADMIN, extra=["--model-name", "fake", *timeouts]) as proxy:
         rollout = proxy.register("slow")
         body = json.dumps(CHAT).encode()
         request = (b"POST /rollouts/slow/v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n"
@@ -289,7 +289,7 @@ def test_an_answer_may_take_longer_than_every_timeout(tmp_path):
 # --- connection caps ----------------------------------------------------------------------------
 def test_a_client_over_its_connection_cap_sheds_an_idle_one_or_gets_503(model, tmp_path):
     with serve_proxy(model.url, str(tmp_path / "store"), ADMIN,
-                     extra=["--model", "fake", "--max-connections-per-client", "3"]) as proxy:
+                     extra=["--model-name", "fake", "--max-connections-per-client", "3"]) as proxy:
         idle = [connect(proxy) for _ in range(3)]
         time.sleep(0.2)
         conn = connect(proxy)  # the oldest idle one makes room
@@ -362,7 +362,7 @@ def test_256_concurrent_calls_from_one_address_fit_the_default_limits(tmp_path):
         return await asyncio.gather(*(call(rollout) for rollout in rollouts))
 
     with FakeModel(delay_s=1.0) as slow, serve_proxy(slow.url, str(tmp_path / "store"), ADMIN,
-                                                     extra=["--model", "fake"]) as proxy:
+                                                     extra=["--model-name", "fake"]) as proxy:
         rollouts = [proxy.register(f"r-{i}") for i in range(256)]
         assert asyncio.run(all_at_once(rollouts)) == [200] * 256
 
@@ -399,7 +399,7 @@ def test_real_calls_are_answered_at_the_open_file_limit(model, tmp_path, clients
     ones are shed to make room for real calls; slow ones are cut off by the head timeout (calls in
     between get a 503 and retry). Control ("unlimited"): without the limits the idle connections take
     every file and the calls fail."""
-    extra = ["--model", "fake"] + (["--head-timeout", "2"] if clients == "slowloris" else [])
+    extra = ["--model-name", "fake"] + (["--head-timeout", "2"] if clients == "slowloris" else [])
     if clients == "unlimited":
         extra += ["--max-connections", "0", "--head-timeout", "0", "--keep-alive-timeout", "0"]
     proxy = start_proxy(model.url, str(tmp_path / "store"), ADMIN, extra=extra, open_files=256,

@@ -157,9 +157,9 @@ def test_direct_harness_on_the_real_vllm_records_every_call(proxy, vllm_server, 
 
 
 def test_a_dead_model_server_is_an_infra_error_not_a_zero(proxy, tmp_path):
-    from steps.vllm_server import free_port
+    from steps.net import free_port
 
-    dead = proxy(f"http://127.0.0.1:{free_port()}", extra=["--model", "tiny"])
+    dead = proxy(f"http://127.0.0.1:{free_port()}", extra=["--model-name", "tiny"])
     result = run_rollout(spec_for(dead, BUILTIN_DATASET / "hello-file", "direct", tmp_path))
     assert (result.status, result.reward) == ("infra_error", None)
     assert "no model call that was answered" in result.error and "unreachable" in result.error

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from steps.net import free_port
 from steps.proxy.launch import ProxyProcess
-from steps.vllm_server import free_port
 from tests.conftest import ADMIN_KEY, MODEL_NAME
 from workflows import commands
 from workflows.config import load_config
@@ -92,6 +92,6 @@ def test_a_checkpoint_url_with_nothing_there_is_one_line_and_exit_1(s3_server: d
     for key, value in s3_server["env"].items():
         monkeypatch.setenv(key, value)
     url = f"s3://{s3_server['bucket']}/serve/checkpoints/missing"
-    code = serve.main(["--model", url, "--model-dir", str(tmp_path / "m"), "--name", "x", "--port", "1", "--store", "s"])
+    code = serve.main(["--model", url, "--model-dir", str(tmp_path / "m"), "--model-name", "x", "--port", "1", "--store", "s"])
     err = capsys.readouterr().err.strip()
     assert code == 1 and err == f"error: cannot fetch the checkpoint {url}: no checkpoint files at {url}"

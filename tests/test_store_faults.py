@@ -25,10 +25,11 @@ import orjson
 import pytest
 import uvicorn
 
+from steps.net import HOST, free_port
 from steps.proxy.launch import start_proxy, stop_proxy
 from steps.rollout import RolloutResult, RolloutSpec, record_calls
 from steps.trajectories import partition_url, read_table
-from steps.vllm_server import HOST, free_port, serve_vllm
+from vllm_process import serve_vllm
 
 ADMIN = "test-admin-key"
 ROOT = Path(__file__).resolve().parents[1]

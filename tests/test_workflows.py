@@ -299,10 +299,11 @@ def test_rollout_egress_extras_and_no_policy() -> None:
 def test_vllm_listens_on_the_serve_pods_loopback_only() -> None:
     """vLLM's own routes (dev mode, no key) are never reachable from another pod: both device commands bind
     127.0.0.1, the proxy's upstream is that address, and the serve pod exposes only the proxy's port."""
-    from steps import serve, vllm_server
+    from steps import serve
+    from steps.vllm_server import ServingOptions, vllm_command
 
-    for argv in (serve.gpu_vllm_command("/models/current", "m", 8000, 1),
-                 vllm_server.vllm_command(Path("/models/current"), "m", 8000)):
+    for device in ("gpu", "cpu"):
+        argv = vllm_command("/models/current", "m", 8000, ServingOptions(tool_call_parser="hermes"), device=device)
         assert argv[argv.index("--host") + 1] == "127.0.0.1", argv
     config = cluster_config("run=t")
     args = serve.parse_args(commands.serve(config, "/models/current", "s3://b/calls", 0, host="0.0.0.0")[3:])
@@ -611,6 +612,7 @@ def test_step_parsers_accept_the_built_commands(monkeypatch: pytest.MonkeyPatch)
     serve_args = serve.parse_args(commands.serve(config, "/models/current", "s3://b/calls", 1, host="0.0.0.0")[3:])
     proxy = proxy_args(serve.proxy_argv(serve_args, 8000))
     assert (proxy.port, proxy.host, proxy.max_tokens_cap, proxy.weight_version) == (8100, "0.0.0.0", 4096, "1")
+    assert proxy.model == serve_args.model_name == config.model_name
     traj = trajectories_args(commands.trajectories(config, "http://proxy:8100", "s3://b/results", 2)[3:])
     assert (traj.run, traj.iteration, traj.out) == ("t", 2, commands.trajectories_url(config))
     from steps.update.train import parse_args as update_args

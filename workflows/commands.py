@@ -51,9 +51,22 @@ def serve(config: RunConfig, model: str, store: str, weight_version: str | int, 
     """vLLM on `model` (a folder, or a URL fetched to `model_dir`) plus the recording proxy on
     `host:port` (`steps.serve`)."""
     return [python, "-m", "steps.serve", "--model", model, *(["--model-dir", model_dir] if model_dir else []),
-            "--name", config.model_name, "--port", str(port), "--store", store, "--host", host, "--device", device,
-            "--gpus", str(config.serve_gpus), "--max-tokens-cap", str(config.max_tokens_cap),
-            "--weight-version", str(weight_version)]
+            "--model-name", config.model_name, "--port", str(port), "--store", store, "--host", host,
+            "--device", device, "--gpus", str(config.serve_gpus), "--max-tokens-cap", str(config.max_tokens_cap),
+            "--weight-version", str(weight_version), *vllm_flags(config, device)]
+
+
+def vllm_flags(config: RunConfig, device: str) -> list[str]:
+    """The run's serving options as `steps.serve` flags; what is left at its default is left out.
+
+    >>> vllm_flags(RunConfig(reasoning_parser="qwen3", vllm_args=("--enable-prefix-caching",)), "cpu")
+    ['--reasoning-parser', 'qwen3', '--vllm-arg=--enable-prefix-caching']
+    """
+    flags = [f for key in ("tool_call_parser", "reasoning_parser", "max_model_len") if getattr(config, key)
+             for f in (f"--{key.replace('_', '-')}", str(getattr(config, key)))]
+    if device == "gpu":
+        flags += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    return flags + [f"--vllm-arg={arg}" for arg in config.vllm_args]
 
 
 def plan(config: RunConfig, iteration: int | str, python: str = "python") -> list[str]:

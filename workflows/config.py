@@ -19,6 +19,8 @@ from pathlib import Path
 import yaml
 
 from steps.harnesses import HARNESSES
+from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
+from steps.vllm_server import check_vllm_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -41,6 +43,12 @@ class RunConfig:
     tasks_per_iteration: int = 4
     samples_per_task: int = 2
     max_tokens_cap: int = 256
+    # how vLLM serves the model (docs/serving.md)
+    tool_call_parser: str = ""  # empty: the one of the checkpoint's family (steps/vllm_parsers.py)
+    reasoning_parser: str = ""  # empty: none, reasoning stays in the text
+    max_model_len: int = 0  # 0: vLLM's default (the model's own) on GPU, 32768 on CPU
+    gpu_memory_utilization: float = 0.9
+    vllm_args: tuple[str, ...] = ()  # passed to vLLM last, e.g. ["--enable-prefix-caching"]
     parallel_rollouts: int = 4
     seed: int = 0
     # the update: its own flat YAML (steps/update/config.py), plus these run-level settings as overrides
@@ -143,7 +151,12 @@ def from_dict(raw: dict) -> RunConfig:
 
 
 def _coerce(key: str, type_name: object, value: object) -> object:
-    """`value` as the field's type (int, float, str or bool); a ConfigError when it is not one."""
+    """`value` as the field's type (int, float, str, bool or a list of strings); a ConfigError when it is not one."""
+    if getattr(type_name, "__origin__", None) is tuple:  # a list of strings: YAML list, or one string
+        items = [] if value in (None, "") else [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise ConfigError(f"config key {key!r} must be a list of strings, got {value!r}")
+        return tuple(items)
     expected = {"int": int, "float": float, "str": str, "bool": bool}.get(getattr(type_name, "__name__", str(type_name)))
     if expected is bool:
         if isinstance(value, bool):
@@ -179,6 +192,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed"):
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
+    check_serving(config)
     if config.learning_rate <= 0:
         raise ConfigError(f"config key 'learning_rate' must be more than 0, got {config.learning_rate}")
     if not config.store:
@@ -190,6 +204,32 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if check_dataset and not dataset_path(config).exists():
         raise ConfigError(f"dataset {config.dataset!r} does not exist (looked in {dataset_path(config)}); "
                           f"give a task folder, a folder of task folders, or a .txt/.yaml list")
+
+
+def check_serving(config: RunConfig) -> None:
+    """vLLM's options: known parser names, a parser for the model's family when the model is a folder here,
+    a sane GPU share, and no flag in `vllm_args` that OpenForge sets itself."""
+    for key, known in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
+        if getattr(config, key) and getattr(config, key) not in known:
+            close = difflib.get_close_matches(getattr(config, key), known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(f"config key {key!r}: vLLM has no parser {getattr(config, key)!r}; {hint}"
+                              f"known: {', '.join(sorted(known))}")
+    if config.max_model_len < 0:
+        raise ConfigError(f"config key 'max_model_len' must be 0 (vLLM's default) or more, got {config.max_model_len}")
+    if not 0 < config.gpu_memory_utilization <= 1:
+        raise ConfigError(f"config key 'gpu_memory_utilization' must be more than 0 and at most 1 (the share of "
+                          f"each GPU's memory vLLM may take), got {config.gpu_memory_utilization}")
+    try:
+        check_vllm_args(config.vllm_args, where="config key 'vllm_args'")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    model = Path(config.model) if Path(config.model).exists() else REPO_ROOT / config.model
+    if not config.tool_call_parser and (model / "config.json").is_file():
+        try:
+            tool_call_parser_for(model)
+        except UnknownFamily as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def check_update_config(config: RunConfig) -> None:

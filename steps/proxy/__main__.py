@@ -1,7 +1,8 @@
 """The recording proxy between agent harnesses and vLLM.
 
     python -m steps.proxy --upstream http://127.0.0.1:8000 --port 8100 --store ./runs/calls \
-        [--admin-key KEY | env OPENFORGE_ADMIN_KEY] [--override temperature=1.0] [--max-tokens-cap 512]
+        [--admin-key KEY | env OPENFORGE_ADMIN_KEY] [--model-name tiny] [--override temperature=1.0] \
+        [--max-tokens-cap 512]
 
 `--upstream` is vLLM's root URL (no /v1); `--store` a local folder or an s3:// URL.
 """
@@ -21,6 +22,23 @@ from steps.proxy.connections import connection_cap, raise_open_file_limit
 from steps.proxy.http_server import protocol_factory
 
 
+def command_line(upstream: str, store: str, port: int, host: str | None = None, model_name: str | None = None,
+                 max_tokens_cap: int | None = None, weight_version: str | None = None,
+                 extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The proxy's flags, as `parse_args` reads them: what the serve step runs in-process and the tests'
+    launcher runs as `python -m steps.proxy`. The admin key travels in the environment, never here.
+
+    >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, model_name="tiny")
+    ['--upstream', 'http://127.0.0.1:8000', '--port', '8100', '--store', 'runs/calls', '--model-name', 'tiny']
+    """
+    argv = ["--upstream", upstream, "--port", str(port), "--store", store]
+    for flag, value in (("--host", host), ("--model-name", model_name), ("--max-tokens-cap", max_tokens_cap),
+                        ("--weight-version", weight_version)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + list(extra)
+
+
 def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     """Reads the command line into a ProxyConfig; exits with one sentence on a bad flag."""
     p = argparse.ArgumentParser(prog="python -m steps.proxy", description=__doc__.split("\n\n")[0])
@@ -30,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--admin-key", default=os.environ.get("OPENFORGE_ADMIN_KEY"))
     p.add_argument("--public-url", help="base URL harnesses reach the proxy at (default: the request's host)")
-    p.add_argument("--model", help="served model name (default: the first of upstream /v1/models)")
+    p.add_argument("--model-name", dest="model", help="served model name (default: the first of upstream /v1/models)")
     p.add_argument("--weight-version", help="version of the weights vLLM starts with (default: ask vLLM, else 0)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="sampling setting forced on every call, e.g. temperature=1.0 (repeatable)")

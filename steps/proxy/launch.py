@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from steps.vllm_server import HOST, free_port
+from steps.net import HOST, free_port
+from steps.proxy.__main__ import command_line
 
 
 @dataclass
@@ -65,7 +66,7 @@ class ProxyProcess:
 
 def proxy_command(upstream: str, store: str, port: int, extra: list[str] = ()) -> list[str]:
     """The proxy's command line (the admin key travels in the environment, never on the command line)."""
-    return [sys.executable, "-m", "steps.proxy", "--upstream", upstream, "--port", str(port), "--store", store, *extra]
+    return [sys.executable, "-m", "steps.proxy", *command_line(upstream, store, port, extra=extra)]
 
 
 def start_proxy(upstream: str, store: str, admin_key: str, port: int | None = None, extra: list[str] = (),
