@@ -2,6 +2,8 @@
 family's tool-call parser, and what the serve step refuses before it starts vLLM.
 
     .venv/bin/python -m pytest -q tests/test_serving_options.py     # ~30 s (reads vLLM's parser registries)
+
+The reasoning parser on the real vLLM is `tests/test_reasoning.py`.
 """
 
 import doctest
