@@ -212,9 +212,8 @@ def check_serving(config: RunConfig) -> None:
     for key, known in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
         if getattr(config, key) and getattr(config, key) not in known:
             close = difflib.get_close_matches(getattr(config, key), known, n=1)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise ConfigError(f"config key {key!r}: vLLM has no parser {getattr(config, key)!r}; {hint}"
-                              f"known: {', '.join(sorted(known))}")
+            hint = f"did you mean {close[0]}?" if close else f"vLLM 0.32 knows {', '.join(sorted(known))}"
+            raise ConfigError(f"config key {key!r}: vLLM has no parser {getattr(config, key)!r}; {hint}")
     if config.max_model_len < 0:
         raise ConfigError(f"config key 'max_model_len' must be 0 (vLLM's default) or more, got {config.max_model_len}")
     if not 0 < config.gpu_memory_utilization <= 1:
