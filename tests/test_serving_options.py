@@ -1,7 +1,7 @@
 """Serving options, offline: the run config's vLLM keys, the one builder of vLLM's command line, the model
 family's tool-call parser, and what the serve step refuses before it starts vLLM.
 
-    .venv/bin/python -m pytest -q tests/test_serving_options.py     # ~30 s (reads vLLM's parser registries)
+    .venv/bin/python -m pytest -q tests/test_serving_options.py     # ~10 s (reads vLLM's parser registries)
 
 The reasoning parser on the real vLLM is `tests/test_reasoning.py`.
 """
