@@ -2,7 +2,7 @@
 
     OPENFORGE_ADMIN_KEY=... python -m steps.serve --model s3://openforge/runs/demo/checkpoints/iteration-1 \
         --model-dir /models/current --name qwen3-4b --port 8100 --store s3://openforge/runs/demo/calls \
-        [--device gpu --gpus 1] [--max-tokens-cap 4096] [--weight-version 0]
+        [--device gpu --gpus 1] [--max-tokens-cap 4096] [--weight-version 0] [--sampling temperature=1.0 ...]
 
 `--model` is a checkpoint folder, a hub name or an `s3://` URL; a URL is fetched to `--model-dir` first,
 without what only training reads (`optimizer/`, AdamW's state: twice the weights). Starts vLLM on the
@@ -30,6 +30,7 @@ def gpu_vllm_command(model: str, name: str, port: int, gpus: int) -> list[str]:
         "--model", model, "--served-model-name", name, "--host", HOST, "--port", str(port),
         "--tensor-parallel-size", str(max(gpus, 1)), "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
         "--max-logprobs", "20", "--logprobs-mode", "processed_logprobs",
+        "--generation-config", "vllm",  # sampling defaults are vLLM's, never the checkpoint's
     ]
 
 
@@ -47,6 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--max-tokens-cap", type=int)
     p.add_argument("--weight-version")
+    p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
+                   help="the run's sampling, forced by the proxy on every call (repeatable; steps/sampling.py)")
     p.add_argument("--log", type=Path, default=Path("vllm.log"), help="vLLM's log file")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds vLLM may take to start")
     return p.parse_args(argv)
@@ -60,7 +63,7 @@ def proxy_argv(args: argparse.Namespace, vllm_port: int) -> list[str]:
         argv += ["--max-tokens-cap", str(args.max_tokens_cap)]
     if args.weight_version is not None:
         argv += ["--weight-version", args.weight_version]
-    return argv
+    return argv + [word for item in args.sampling for word in ("--sampling", item)]
 
 
 def _progress(line: str) -> None:

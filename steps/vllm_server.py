@@ -68,6 +68,7 @@ def vllm_command(model_dir: Path, name: str, port: int, max_model_len: int = 327
         "--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--enforce-eager",
         "--distributed-executor-backend", "uni", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
         "--max-logprobs", "20", "--logprobs-mode", "processed_logprobs",
+        "--generation-config", "vllm",  # sampling defaults are vLLM's, never the checkpoint's
     ]
 
 
