@@ -4,7 +4,8 @@
         --model-dir /models/current --model-name qwen3-4b --port 8100 --store s3://openforge/runs/demo/calls \
         [--device gpu --gpus 1] [--max-tokens-cap 4096] [--weight-version 0] \
         [--tool-call-parser hermes] [--reasoning-parser qwen3] [--max-model-len 32768] \
-        [--gpu-memory-utilization 0.9] [--vllm-arg=--enable-prefix-caching ...]
+        [--gpu-memory-utilization 0.9] [--vllm-arg=--enable-prefix-caching ...] \
+        [--sampling temperature=1.0 ...]
 
 `--model` is a checkpoint folder, a hub name (then name its `--tool-call-parser`) or an `s3://` URL; a URL
 is fetched to `--model-dir` first, without what only training reads (`optimizer/`, AdamW's state: twice
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     vllm.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     vllm.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                       help="one more argument for vLLM, written --vllm-arg=ARG (repeatable)")
+    p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
+                   help="the run's sampling, forced by the proxy on every call (repeatable; steps/sampling.py)")
     p.add_argument("--log", type=Path, default=Path("vllm.log"), help="vLLM's log file")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds vLLM may take to start")
     args = p.parse_args(argv)
@@ -71,7 +74,7 @@ def proxy_argv(args: argparse.Namespace, vllm_port: int) -> list[str]:
     """The proxy's flags: upstream is the vLLM this step started."""
     return proxy_command_line(f"http://{HOST}:{vllm_port}", args.store, args.port, host=args.host,
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
-                              weight_version=args.weight_version)
+                              weight_version=args.weight_version, sampling=args.sampling)
 
 
 def _progress(line: str) -> None:

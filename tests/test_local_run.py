@@ -89,6 +89,8 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(tiny_m
         assert len(results) == 8 and {r["status"] for r in results} == {"ok"}
         partition = partition_url(str(run / "trajectories"), "loop", iteration)
         assert read_table(partition, "rollouts").num_rows == 8 and read_table(partition, "samples").num_rows >= 8
+        sampled = read_table(partition, "calls").select(["temperature", "top_p", "top_k"]).to_pylist()
+        assert {tuple(row.values()) for row in sampled} == {(1.0, 1.0, 0)}  # the run's, forced on every call
         metrics = json.loads((run / "checkpoints" / f"iteration-{iteration + 1}" / "metrics.json").read_text())
         assert metrics["tokens_trained"] > 0
 

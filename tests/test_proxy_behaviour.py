@@ -269,3 +269,22 @@ def test_the_store_can_be_s3(vllm_server, s3_server):
     with serve_proxy(vllm_server, store, ADMIN, env=s3_server["env"]) as proxy:
         (call,) = proxy.calls("in-s3")
         assert call["status"] == "ok" and call["response_token_ids"]
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("top_k=-1", "--sampling top_k must be 0 (off) or a whole number >= 1, got -1"),
+    ("topp=1", "--sampling takes KEY=VALUE with KEY one of temperature, top_p, top_k"),
+    ("temperature=warm", "--sampling temperature must be a number, got 'warm'"),
+])
+def test_a_bad_sampling_flag_stops_the_proxy_in_one_sentence(flag: str, message: str, capsys) -> None:
+    """A bad `--sampling` is one line naming the key and what it takes; a good one forces every key (control)."""
+    from steps.proxy.__main__ import parse_args
+
+    argv = ["--upstream", "http://127.0.0.1:1", "--port", "1", "--store", "calls", "--admin-key", "k"]
+    with pytest.raises(SystemExit):
+        parse_args([*argv, "--sampling", flag])
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+    forced = parse_args([*argv, "--sampling", "temperature=0.7", "--sampling", "top_k=20"]).forced_sampling
+    assert forced == {"temperature": 0.7, "top_p": 1.0, "top_k": 20, "min_p": 0.0, "presence_penalty": 0.0,
+                      "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+    assert parse_args(argv).forced_sampling == {}  # no --sampling: a plain recorder

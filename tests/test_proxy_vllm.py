@@ -15,13 +15,16 @@ against evidence the proxy's own bookkeeping cannot have shaped:
     three agree bit for bit; the margin only absorbs bf16 reduction-order noise should batching differ.
     Forced tool calls are excluded from the re-score: vLLM's `processed_logprobs` are taken after the
     grammar mask, so they are the sampler's (renormalised) logprobs, not the raw model's;
-(d) `dialect`, `weight_version`, `call_index` and the `sampling` settings (as they reached vLLM).
+(d) `dialect`, `weight_version`, `call_index` and the `sampling` settings (as they reached vLLM); with the
+    run's sampling forced (`--sampling`), vLLM gets the run's whatever the harness asked, the record keeps
+    both, and a checkpoint's generation_config.json decides nothing (vLLM's own logprobs show it).
 
 Temperature 0 wherever answers are compared; the sampled case fixes `seed`, so its replay is exact too.
 """
 
 import json
 import re
+import shutil
 import threading
 import urllib.error
 import urllib.request
@@ -34,7 +37,9 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from steps.net import HOST
+from steps.net import HOST, free_port
+from steps.sampling import KEYS, NEUTRAL, as_flags
+from steps.vllm_server import spawn, stop_vllm, vllm_command, wait_healthy
 
 pytestmark = pytest.mark.vllm
 
@@ -434,3 +439,100 @@ def test_a_stop_string_cuts_the_text_but_the_sampled_tokens_are_all_recorded(dia
     assert ids == free_ids[:len(ids)]
     full = tokenizer.decode(ids, skip_special_tokens=True)
     assert stop in full and text == full[:full.index(stop)]
+
+
+# --- the run's sampling, forced ----------------------------------------------------------------------
+RUN_SAMPLING = dict(NEUTRAL)  # a run's defaults: temperature 1.0, every other key neutral
+# What a harness asks for instead, in each SDK's own terms (Anthropic's top_k as well).
+HARNESS_ASKS = {
+    "chat_completions": dict(temperature=0.2, top_p=0.5, max_tokens=5, presence_penalty=0.5),
+    "responses": dict(temperature=0.2, top_p=0.5, max_output_tokens=5),
+    "messages": dict(max_tokens=5, extra_body={"temperature": 0.2, "top_p": 0.5, "top_k": 5}),
+}
+HARNESS_ASKS_UPSTREAM = {  # the same in vLLM's chat terms: what the record keeps as asked
+    "chat_completions": dict(temperature=0.2, top_p=0.5, presence_penalty=0.5),
+    "responses": dict(temperature=0.2, top_p=0.5),
+    "messages": dict(temperature=0.2, top_p=0.5, top_k=5),
+}
+
+
+@pytest.fixture(scope="module")
+def forcing_proxy(proxy, tap: Tap):
+    """The real proxy as the serve step runs it: the run's sampling forced, the tap as its upstream."""
+    return proxy(tap.url, extra=as_flags(RUN_SAMPLING))
+
+
+@pytest.mark.parametrize("dialect", ["chat_completions", "responses", "messages"])
+def test_the_runs_sampling_reaches_vllm_whatever_the_harness_asked(dialect, tap, forcing_proxy, request):
+    """A harness's temperature 0.2 and top_p 0.5 reach vLLM as the run's 1.0 and 1.0; the record keeps both.
+    The control is `test_sampling_settings_reach_vllm_unchanged`: without `--sampling` the tap sees the
+    harness's own settings, so this tap can tell."""
+    rollout = forcing_proxy.register(re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name).strip("-")[:100])
+    before = len(tap.chat_exchanges())
+    _ask_sampled(dialect, rollout, HARNESS_ASKS[dialect])
+    (exchange,) = tap.chat_exchanges()[before:]
+    (call,) = forcing_proxy.calls(rollout["rollout_id"])
+
+    assert {key: exchange["request"].get(key) for key in KEYS} == RUN_SAMPLING, "vLLM did not get the run's sampling"
+    assert {key: call["sampling"].get(key) for key in KEYS} == RUN_SAMPLING
+    asked = HARNESS_ASKS_UPSTREAM[dialect]
+    assert {key: call["sampling_requested"].get(key) for key in asked} == asked
+    assert call["sampling_requested"]["max_tokens"] == call["sampling"]["max_tokens"] == 5
+
+
+def top_logprobs(choice: dict) -> dict[str, float]:
+    """The first token's top logprobs by token (vLLM may list the sampled token beside the top ones)."""
+    return {entry["token"]: entry["logprob"] for entry in choice["logprobs"]["content"][0]["top_logprobs"]}
+
+
+def top_differences(choice: dict, tokens: list[str]) -> list[float]:
+    """How far below `tokens[0]` each other token's logprob is (these scale with 1 / temperature)."""
+    logprobs = top_logprobs(choice)
+    return [logprobs[tokens[0]] - logprobs[token] for token in tokens[1:]]
+
+
+@pytest.fixture(scope="module")
+def checkpoint_defaults_server(tiny_model, tmp_path_factory) -> Iterator[str]:
+    """vLLM on a copy of the tiny model whose generation_config.json says what Qwen3's do (temperature 0.6,
+    top_p 0.95, top_k 20), started WITHOUT `--generation-config vllm`, so that it takes them as its defaults:
+    the proxy in front must override them. (The serve step's vLLM also has the flag: the session server's
+    command, `vllm_command`, has it; one extra vLLM start is kept for this case.)"""
+    folder = tmp_path_factory.mktemp("qwen3-defaults") / "model"
+    shutil.copytree(tiny_model, folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps(
+        {**config, "do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}))
+    port = free_port()
+    command = vllm_command(folder, "tiny", port)
+    at = command.index("--generation-config")
+    del command[at:at + 2]
+    server = spawn(command, folder, "tiny", port, folder.parent / "vllm.log")
+    try:
+        wait_healthy(server, 300)
+        yield server.base_url
+    finally:
+        stop_vllm(server)
+
+
+def test_a_checkpoints_generation_config_does_not_decide_the_temperature(checkpoint_defaults_server, proxy):
+    """Shown by vLLM's own (processed) logprobs: through the proxy, a call that names no sampling is sampled
+    at the run's temperature 1.0 with top_p and top_k off, exactly as a direct call that says so; straight to
+    this vLLM (the control) the same call gets the checkpoint's 0.6, its top logprob gaps 1 / 0.6 times wider."""
+    body = {"model": "tiny", "messages": conversation("plain"), "max_tokens": 1, "logprobs": True, "top_logprobs": 5}
+    served = proxy(checkpoint_defaults_server, extra=as_flags(RUN_SAMPLING))
+    rollout = served.register("checkpoint-generation-config")
+    client = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"], max_retries=0)
+    through_proxy = client.chat.completions.create(**body).model_dump()["choices"][0]
+    at_run = vllm(checkpoint_defaults_server, "/v1/chat/completions", {**body, **RUN_SAMPLING})["choices"][0]
+    at_06 = vllm(checkpoint_defaults_server, "/v1/chat/completions",
+                 {**body, "temperature": 0.6, "top_p": 1.0, "top_k": 0})["choices"][0]
+    unset = vllm(checkpoint_defaults_server, "/v1/chat/completions", body)["choices"][0]
+
+    ranked = sorted(top_logprobs(at_run), key=top_logprobs(at_run).get, reverse=True)[:4]  # the same at any T
+    reference, cooler = top_differences(at_run, ranked), top_differences(at_06, ranked)
+    assert min(reference) > 0.01, "the top logprobs are too close to tell temperatures apart"
+    assert cooler == pytest.approx([d / 0.6 for d in reference], rel=0.02)  # the test can tell 1.0 from 0.6
+    assert top_differences(through_proxy, ranked) == pytest.approx(reference, rel=0.02, abs=1e-3)
+    # top_p / top_k forced off too: absolute logprobs (renormalised after any cut) match the direct call's.
+    assert top_logprobs(through_proxy)[ranked[0]] == pytest.approx(top_logprobs(at_run)[ranked[0]], abs=1e-3)
+    assert top_differences(unset, ranked) == pytest.approx(cooler, rel=0.02, abs=1e-3)  # control: the checkpoint's

@@ -20,6 +20,7 @@ from scripted_model import ScriptedModel
 from test_harnesses import installed_exe
 
 from steps.rollout import RolloutSpec, run_rollout
+from steps.sampling import NEUTRAL, as_flags
 from steps.tasks import BUILTIN_DATASET
 from steps.trajectories import (
     CALLS,
@@ -130,6 +131,19 @@ def test_each_rollout_weighs_one_in_the_loss_and_infra_errors_give_no_samples():
     assert tables["calls"].num_rows == 5  # the infra error's calls stay on record, untrained
     assert stats["direct"] == {"rollouts": 2, "calls": 4, "samples": 4, "continuity_rate": 0.0,
                                "samples_per_rollout": 2.0}
+
+
+def test_the_calls_table_has_the_settings_vllm_sampled_with_and_nulls_for_an_older_record():
+    results = [{"rollout_id": "a", "task": "t", "harness": "direct", "status": "ok", "reward": 1.0}]
+    sent = {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "max_tokens": 16}
+    asked = {"temperature": 0.2, "top_p": 0.5}
+    calls = {"a": [{**call(0, [1], [2]), "sampling": sent, "sampling_requested": asked}, call(1, [1, 2], [3])]}
+    rows, _ = collect(results, calls, "run", 0)
+    table = rows.tables()["calls"]
+    assert [(r["temperature"], r["top_p"], r["top_k"]) for r in table.to_pylist()] == \
+        [(0.7, 1.0, 0), (None, None, None)]
+    assert [table.schema.field(name).type for name in ("temperature", "top_p", "top_k")] == \
+        [pa.float64(), pa.float64(), pa.int32()]
 
 
 def test_the_tiny_models_real_template_continues_unless_arguments_are_reserialised(tiny_model):
@@ -265,7 +279,7 @@ def recorded(proxy, tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
     store = str(tmp_path_factory.mktemp("store"))
     with ScriptedModel(model="tiny") as scripted:
-        served = proxy(scripted.url, store=store)
+        served = proxy(scripted.url, store=store, extra=as_flags({**NEUTRAL, "temperature": 0.7}))  # as `serve` runs it
         script = (BUILTIN_DATASET / "hello-file" / "solution" / "solve.sh").read_text()
         calls = {}
         for harness in ("direct", "codex"):
@@ -339,6 +353,7 @@ def test_the_cli_writes_readable_tables_from_the_proxy(recorded, tmp_path):
         original = calls[row["rollout_id"]][row["call_index"]]
         assert row["prompt_token_ids"] == original["prompt_token_ids"]
         assert row["response_logprobs"] == original["response_logprobs"]  # scripted logprobs are exact in float32
+        assert (row["temperature"], row["top_p"], row["top_k"]) == (0.7, 1.0, 0)  # the run's, forced by the proxy
     samples = read_table(partition, "samples")
     assert samples.schema.equals(SAMPLES, check_metadata=True)
     assert {r["rollout_id"] for r in samples.to_pylist()} == set(calls)

@@ -29,7 +29,7 @@ import pytest
 import yaml
 from hera.workflows.models import Workflow as WorkflowModel
 
-from steps import manifest, plan
+from steps import manifest, plan, sampling
 from steps.tasks import load_dataset
 from workflows import commands, submit
 from workflows import lint
@@ -613,6 +613,7 @@ def test_step_parsers_accept_the_built_commands(monkeypatch: pytest.MonkeyPatch)
     proxy = proxy_args(serve.proxy_argv(serve_args, 8000))
     assert (proxy.port, proxy.host, proxy.max_tokens_cap, proxy.weight_version) == (8100, "0.0.0.0", 4096, "1")
     assert proxy.model == serve_args.model_name == config.model_name
+    assert proxy.forced_sampling == {**sampling.NEUTRAL, "temperature": config.temperature}  # every key, forced
     traj = trajectories_args(commands.trajectories(config, "http://proxy:8100", "s3://b/results", 2)[3:])
     assert (traj.run, traj.iteration, traj.out) == ("t", 2, commands.trajectories_url(config))
     from steps.update.train import parse_args as update_args
@@ -621,6 +622,39 @@ def test_step_parsers_accept_the_built_commands(monkeypatch: pytest.MonkeyPatch)
     upd = update_args(commands.update(config, "s3://b/t", "s3://b/c0", "s3://b/c1")[3:])
     loaded = update_config(REPO / upd.config, upd.overrides)  # the update's own checks of the overrides
     assert (loaded.adv_estimator, loaded.lr, loaded.epochs) == ("grpo", 1e-6, 1)
+    assert (loaded.temperature, loaded.unmatched_sampling) == (config.temperature, "")
+
+
+def test_sampling_the_update_cannot_reproduce_is_refused_unless_the_run_allows_it(tmp_path: Path, capsys) -> None:
+    """top_p 0.9 stops the run at load, in one sentence naming the key and the way out; allowed, it is served,
+    and the update's overrides (so its metrics) and the run's summary name it. The run's temperature alone is
+    always fine: the update computes its logprobs at it."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, ["run=x", "top_p=0.9"])
+    message = str(refused.value)
+    assert "'top_p'" in message and "allow_unmatched_sampling: true" in message and len(message.splitlines()) == 1
+    with pytest.raises(ConfigError, match=r"config key 'top_k' must be 0 \(off\) or a whole number >= 1, got -1"):
+        load_config(None, ["run=x", "top_k=-1"])
+    warm = load_config(None, ["run=x", "temperature=0.7"])  # control: the trainer reproduces a temperature
+    assert commands.update_overrides(warm)[-1] == "temperature=0.7"
+
+    config = load_config(None, ["run=x", "top_p=0.9", "allow_unmatched_sampling=true", f"store={tmp_path}"])
+    assert commands.update_overrides(config)[-2:] == ["temperature=1.0", "unmatched_sampling=top_p=0.9"]
+    argv = commands.serve(config, "/models/current", "s3://b/calls", 0)
+    assert [argv[i + 1] for i, word in enumerate(argv) if word == "--sampling"][:2] == ["temperature=1.0", "top_p=0.9"]
+    assert submit.main(["--config", str(CLUSTER), "--dry-run", "run=x", "top_p=0.9",
+                        "allow_unmatched_sampling=true"]) == 0
+    err = capsys.readouterr().err
+    assert "run x: samples at top_p=0.9, which the update does not reproduce" in err
+
+
+def test_the_dry_run_shows_the_runs_sampling_in_the_serve_step(capsys) -> None:
+    """`--dry-run` of the cluster example: the serve step forces the run's sampling (every key) on the proxy,
+    and the update gets the run's temperature."""
+    assert submit.main(["--config", str(CLUSTER), "--dry-run", "run=t", "iterations=1"]) == 0
+    out = capsys.readouterr().out
+    flags = "".join(f"\n      - --sampling\n      - {key}={value}" for key, value in sampling.NEUTRAL.items())
+    assert flags in out and "\n      - temperature=1.0\n" in out
 
 
 def test_exit_handler_command_writes_the_manifest(tmp_path: Path) -> None:

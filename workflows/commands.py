@@ -9,6 +9,7 @@ are real values; the command is the same `python -m steps.X ...` line either way
             proxy_url="http://127.0.0.1:8100", out="runs/demo/results/iteration-0/it0-hello-file-s0")
 """
 
+from steps import sampling
 from workflows.config import RunConfig
 
 PROXY_PORT = 8100
@@ -39,9 +40,12 @@ def partition_url(config: RunConfig, iteration: int) -> str:
 
 
 def update_overrides(config: RunConfig) -> list[str]:
-    """The run's algorithm settings as `key=value` overrides of the update's own config file."""
+    """The run's algorithm settings as `key=value` overrides of the update's own config file; its logprobs are
+    computed at the temperature the rollouts were sampled with, and it is told of settings it cannot reproduce."""
+    unmatched = sampling.unmatched(sampling.settings(config))
     return [f"adv_estimator={config.algorithm}", f"lr={config.learning_rate!r}", f"epochs={config.epochs}",
-            f"seed={config.seed}"]
+            f"seed={config.seed}", f"temperature={config.temperature!r}",
+            *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else [])]
 
 
 # ---- the commands ----
@@ -53,7 +57,8 @@ def serve(config: RunConfig, model: str, store: str, weight_version: str | int, 
     return [python, "-m", "steps.serve", "--model", model, *(["--model-dir", model_dir] if model_dir else []),
             "--model-name", config.model_name, "--port", str(port), "--store", store, "--host", host,
             "--device", device, "--gpus", str(config.serve_gpus), "--max-tokens-cap", str(config.max_tokens_cap),
-            "--weight-version", str(weight_version), *vllm_flags(config, device)]
+            "--weight-version", str(weight_version), *vllm_flags(config, device),
+            *sampling.as_flags(sampling.settings(config))]
 
 
 def vllm_flags(config: RunConfig, device: str) -> list[str]:

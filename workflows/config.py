@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from steps import sampling
 from steps.harnesses import HARNESSES
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
 from steps.vllm_server import check_vllm_args
@@ -49,6 +50,16 @@ class RunConfig:
     max_model_len: int = 0  # 0: vLLM's default (the model's own) on GPU, 32768 on CPU
     gpu_memory_utilization: float = 0.9
     vllm_args: tuple[str, ...] = ()  # passed to vLLM last, e.g. ["--enable-prefix-caching"]
+    # how vLLM samples every rollout token (steps/sampling.py): the proxy forces these on every call, whatever
+    # the harness sent, and the update computes its logprobs at `temperature`
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    allow_unmatched_sampling: bool = False  # true: train on samples drawn with settings the trainer cannot reproduce
     parallel_rollouts: int = 4
     seed: int = 0
     # the update: its own flat YAML (steps/update/config.py), plus these run-level settings as overrides
@@ -195,6 +206,16 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     check_serving(config)
     if config.learning_rate <= 0:
         raise ConfigError(f"config key 'learning_rate' must be more than 0, got {config.learning_rate}")
+    settings = sampling.settings(config)
+    for key, value in settings.items():
+        if why := sampling.problem(key, value):
+            raise ConfigError(f"config key {key!r} {why}")
+    if (unmatched := sampling.unmatched(settings)) and not config.allow_unmatched_sampling:
+        neutral = " and ".join(f"{key}: {sampling.NEUTRAL[key]}" for key in unmatched)
+        raise ConfigError(f"config key {', '.join(map(repr, unmatched))} ({sampling.describe(unmatched)}) reshapes the "
+                          f"sampled distribution in a way the update cannot reproduce (it computes logprobs at the "
+                          f"run's temperature only); keep {neutral}, or set allow_unmatched_sampling: true to train "
+                          f"on such samples anyway")
     if not config.store:
         raise ConfigError("config key 'store' is empty; give a local folder or an s3:// URL")
     if not (REPO_ROOT / config.update_config).is_file():

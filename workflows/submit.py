@@ -28,7 +28,7 @@ from hera.workflows import Workflow
 if __package__ in (None, ""):  # run as `python workflows/submit.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from steps import manifest  # noqa: E402
+from steps import manifest, sampling  # noqa: E402
 from steps.manifest import IterationRecord  # noqa: E402
 from workflows.argo import ArgoClient, ArgoError, Progress  # noqa: E402
 from workflows.config import ConfigError, RunConfig, from_dict, load_config, validate_for_argo  # noqa: E402
@@ -118,6 +118,9 @@ def check_before_submit(config: RunConfig, client: ArgoClient) -> None:
 def start(config: RunConfig, args: argparse.Namespace) -> int:
     """A new run: print it (--dry-run), run it locally, or check, record and submit it to Argo."""
     config = config.with_run_name()
+    if unmatched := sampling.unmatched(sampling.settings(config)):
+        print(f"run {config.run}: samples at {sampling.describe(unmatched)}, which the update does not reproduce "
+              f"(allow_unmatched_sampling: true); every update's metrics name them", file=sys.stderr)
     if args.dry_run:
         print_workflows(config)
         return 0

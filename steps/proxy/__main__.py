@@ -1,10 +1,12 @@
 """The recording proxy between agent harnesses and vLLM.
 
     python -m steps.proxy --upstream http://127.0.0.1:8000 --port 8100 --store ./runs/calls \
-        [--admin-key KEY | env OPENFORGE_ADMIN_KEY] [--model-name tiny] [--override temperature=1.0] \
+        [--admin-key KEY | env OPENFORGE_ADMIN_KEY] [--model-name tiny] [--sampling temperature=1.0 ...] \
         [--max-tokens-cap 512]
 
-`--upstream` is vLLM's root URL (no /v1); `--store` a local folder or an s3:// URL.
+`--upstream` is vLLM's root URL (no /v1); `--store` a local folder or an s3:// URL. With any `--sampling`,
+every key of `steps.sampling.KEYS` is forced on every call (those not given at their neutral value); without,
+the harness's own settings reach vLLM (a plain recorder: what the serve step never runs).
 """
 
 import argparse
@@ -15,7 +17,7 @@ import sys
 import uvicorn
 import yaml
 
-from steps import logs
+from steps import logs, sampling
 from steps.proxy.app import create_app
 from steps.proxy.config import ProxyConfig
 from steps.proxy.connections import connection_cap, raise_open_file_limit
@@ -24,9 +26,10 @@ from steps.proxy.http_server import protocol_factory
 
 def command_line(upstream: str, store: str, port: int, host: str | None = None, model_name: str | None = None,
                  max_tokens_cap: int | None = None, weight_version: str | None = None,
-                 extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+                 sampling: list[str] | tuple[str, ...] = (), extra: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The proxy's flags, as `parse_args` reads them: what the serve step runs in-process and the tests'
-    launcher runs as `python -m steps.proxy`. The admin key travels in the environment, never here.
+    launcher runs as `python -m steps.proxy`; `sampling` holds `KEY=VALUE` items (`steps.sampling`). The admin key
+    travels in the environment, never here.
 
     >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, model_name="tiny")
     ['--upstream', 'http://127.0.0.1:8000', '--port', '8100', '--store', 'runs/calls', '--model-name', 'tiny']
@@ -36,7 +39,7 @@ def command_line(upstream: str, store: str, port: int, host: str | None = None, 
                         ("--weight-version", weight_version)):
         if value is not None:
             argv += [flag, str(value)]
-    return argv + list(extra)
+    return argv + [word for item in sampling for word in ("--sampling", item)] + list(extra)
 
 
 def parse_args(argv: list[str] | None = None) -> ProxyConfig:
@@ -50,8 +53,9 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     p.add_argument("--public-url", help="base URL harnesses reach the proxy at (default: the request's host)")
     p.add_argument("--model-name", dest="model", help="served model name (default: the first of upstream /v1/models)")
     p.add_argument("--weight-version", help="version of the weights vLLM starts with (default: ask vLLM, else 0)")
-    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="sampling setting forced on every call, e.g. temperature=1.0 (repeatable)")
+    p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"the run's sampling, forced on every call (repeatable; keys {', '.join(sampling.KEYS)}; "
+                        f"those not given are forced to their neutral value)")
     p.add_argument("--max-tokens-cap", type=int, help="upper bound on response tokens per call")
     p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
     p.add_argument("--upstream-timeout", type=float, default=1800.0, help="seconds for one upstream call")
@@ -77,21 +81,33 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
             p.error(f"--{name.replace('_', '-')} takes a number >= 0 (0 turns the limit off), got {value}")
     if not args.admin_key:
         p.error("an admin key is required: pass --admin-key or set OPENFORGE_ADMIN_KEY")
-    overrides = {}
-    for item in args.override:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            p.error(f"--override takes KEY=VALUE, got {item!r}")
-        overrides[key] = yaml.safe_load(value)
     return ProxyConfig(
         upstream=args.upstream, store=args.store, admin_key=args.admin_key, host=args.host, port=args.port,
-        public_url=args.public_url, model=args.model, weight_version=args.weight_version, overrides=overrides,
+        public_url=args.public_url, model=args.model, weight_version=args.weight_version,
+        forced_sampling=forced_sampling(p, args.sampling),
         max_tokens_cap=args.max_tokens_cap, max_body_bytes=args.max_body_bytes,
         upstream_timeout_s=args.upstream_timeout, fsync=args.fsync, log_level=args.log_level,
         http_server=args.http_server, max_head_bytes=args.max_head_bytes, max_headers=args.max_headers,
         head_timeout_s=args.head_timeout, body_timeout_s=args.body_timeout, keep_alive_s=args.keep_alive_timeout,
         max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
     )
+
+
+def forced_sampling(p: argparse.ArgumentParser, items: list[str]) -> dict:
+    """`--sampling KEY=VALUE` flags as every sampling key's forced value ({} when none was given); exits with one
+    sentence on an unknown key or a value out of range."""
+    given = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if key not in sampling.KEYS or not sep:
+            p.error(f"--sampling takes KEY=VALUE with KEY one of {', '.join(sampling.KEYS)}, got {item!r}")
+        value = yaml.safe_load(text)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            p.error(f"--sampling {key} must be a number, got {text!r}")
+        if why := sampling.problem(key, value):
+            p.error(f"--sampling {key} {why}")
+        given[key] = int(value) if key == "top_k" else float(value)  # vLLM takes only an integer top_k
+    return {**sampling.NEUTRAL, **given} if given else {}
 
 
 def main(argv: list[str] | None = None) -> None:

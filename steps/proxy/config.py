@@ -17,7 +17,8 @@ class ProxyConfig:
     public_url: str | None = None
     model: str | None = None
     weight_version: str | None = None  # None: ask vLLM (/weight_info), else "0"
-    overrides: dict = field(default_factory=dict)
+    # The run's sampling (steps/sampling.py), every key, forced on every upstream call; empty: the harness's own.
+    forced_sampling: dict = field(default_factory=dict)
     max_tokens_cap: int | None = None
     max_body_bytes: int = 64 * 1024 * 1024
     upstream_timeout_s: float = 1800.0
@@ -34,8 +35,9 @@ class ProxyConfig:
     max_connections_per_client: int = 1024
 
     def sampling(self, body: dict) -> dict:
-        """Applies the run config's sampling overrides and token cap to an upstream chat body."""
-        body.update(self.overrides)
+        """The upstream chat body with the run's sampling forced on it, whatever the harness sent (neutral values
+        too: a harness's top_p 0.5 becomes the run's 1.0), and the token cap applied."""
+        body.update(self.forced_sampling)
         if self.max_tokens_cap is not None:
             asked = plain(body.get("max_tokens"))
             body["max_tokens"] = min(asked or self.max_tokens_cap, self.max_tokens_cap)

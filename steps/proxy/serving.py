@@ -167,9 +167,11 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
     rollout = await state.sessions.authorize(rollout_id, key)
     data = await read()
     req, raw = decode(data, dialect.Request, fields=dialect.RAW_FIELDS)
-    upstream_body = state.config.sampling(dialect.to_upstream(req, raw))
+    upstream_body = dialect.to_upstream(req, raw)
+    requested = _settings(upstream_body)  # the harness's own, before the run's are forced
+    state.config.sampling(upstream_body)
     line = one_line(data)  # the request as stored
-    record = _new_record(rollout, dialect.NAME, req.stream, line, upstream_body)
+    record = _new_record(rollout, dialect.NAME, req.stream, line, requested, _settings(upstream_body))
     try:
         completion = await guard(_complete(state, upstream_body, record))
     except ClientGone:
@@ -228,7 +230,12 @@ def _forget_shared(record: dict, line: bytes) -> None:
                   response_token_ids=None, response_logprobs=None)
 
 
-def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, upstream_body: dict) -> dict:
+def _settings(upstream_body: dict) -> dict:
+    """The sampling settings of an upstream body, in vLLM's chat terms."""
+    return {key: _stored(upstream_body[key]) for key in SAMPLING_KEYS if key in upstream_body}
+
+
+def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, requested: dict, sampling: dict) -> dict:
     return {
         "rollout_id": rollout.rollout_id,
         "call_index": rollout.take_index(),
@@ -241,7 +248,8 @@ def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, upstr
         "response_token_ids": None,
         "response_logprobs": None,
         "finish_reason": None,
-        "sampling": {key: _stored(upstream_body[key]) for key in SAMPLING_KEYS if key in upstream_body},
+        "sampling": sampling,  # what vLLM was sent
+        "sampling_requested": requested,  # what the harness asked for
         "timings": {"received_at": now()},
         "request": orjson.Fragment(line),
         "request_shared": None,

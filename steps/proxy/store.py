@@ -27,8 +27,9 @@ Readers never fail a rollout for one bad record. Their rule (docs/proxy.md, "Rea
 a local log's last line without its line break (being written, or cut short: never answered) is left
 out; a record glued after a torn one is read from where it starts; a line or object that is no call
 record of the rollout, or that repeats an index already read, is skipped and named in `skipped`; a
-record whose request, response or sampling alone cannot be read keeps its place with that field null and
-`store_error` saying why, as does one whose prompt or request extends a call that cannot be read.
+record whose request, response or sampling (sent or requested) alone cannot be read keeps its place with
+that field null and `store_error` saying why, as does one whose prompt or request extends a call that
+cannot be read.
 """
 
 import asyncio
@@ -253,7 +254,8 @@ class _Head(msgspec.Struct):
 
 _HEAD = msgspec.json.Decoder(_Head)
 _FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_WHOLE_FIELDS = ("request", "response", "sampling")  # holding what the harness sent: the rest is the proxy's own
+# Holding what the harness sent: the rest is the proxy's own.
+_WHOLE_FIELDS = ("request", "response", "sampling", "sampling_requested")
 
 
 def _index(value) -> bool:

@@ -173,13 +173,14 @@ class Rows:
 def add_calls(rows: Rows, keys: dict, calls: list[dict], built: RolloutSamples | None) -> None:
     """One `calls` row per recorded call, linked to the sample it went into."""
     for call in calls:
-        timings = call.get("timings") or {}
+        timings, sampled = call.get("timings") or {}, call.get("sampling") or {}
         index = None if built is None else built.sample_of_call.get(call["call_index"])
         values = {**keys, "call_index": call["call_index"], "dialect": call.get("dialect"),
                   "stream": call.get("stream"), "status": call.get("status"),
                   "prompt_token_ids": call.get("prompt_token_ids"), "response_token_ids": call.get("response_token_ids"),
                   "response_logprobs": call.get("response_logprobs"), "finish_reason": call.get("finish_reason"),
                   "weight_version": None if call.get("weight_version") is None else str(call["weight_version"]),
+                  **{name: sampled.get(name) for name in ("temperature", "top_p", "top_k")},
                   **{name: timings.get(name) for name in CALL_TIMINGS},
                   "error": (call.get("error") or {}).get("message"), "sample_index": index,
                   "continued": None if index is None else call["call_index"] in built.continued_calls}

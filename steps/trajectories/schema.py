@@ -39,6 +39,10 @@ CALLS = _with_meta("calls", _KEYS + [
     pa.field("response_logprobs", LOGPROBS),
     pa.field("finish_reason", pa.string()),
     pa.field("weight_version", pa.string()),
+    # The settings vLLM sampled the call with (the record's `sampling`: the run's, forced by the proxy).
+    pa.field("temperature", pa.float64()),
+    pa.field("top_p", pa.float64()),
+    pa.field("top_k", pa.int32()),
     *[pa.field(name, pa.float64()) for name in CALL_TIMINGS],
     pa.field("error", pa.string()),
     pa.field("sample_index", pa.int32()),  # the training sample this call went into; null if skipped

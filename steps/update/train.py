@@ -206,8 +206,10 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
     advantages = update_batch.rollout_advantages(samples, config)
     saved, optimizer_state = saved_optimizer(checkpoint, config)
     steps_before = saved["optimizer_steps_total"] if saved else 0
+    # Logprobs the trainer cannot reproduce: every metrics.json of the run says so.
+    unmatched = {"unmatched_sampling": config.unmatched_sampling} if config.unmatched_sampling else {}
     if no_gradient(advantages, config):
-        return None, {"skipped": NO_ADVANTAGE, "reward_mean": update_batch.reward_mean(samples),
+        return None, {**unmatched, "skipped": NO_ADVANTAGE, "reward_mean": update_batch.reward_mean(samples),
                       "samples": len(samples), "optimizer_steps": 0, "tokens_trained": 0,
                       "optimizer_state": "copied unchanged" if saved else optimizer_state,
                       "optimizer_steps_total": steps_before, "total_s": time.perf_counter() - started}
@@ -232,7 +234,7 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
         "optimizer_steps_total": steps_before + config.epochs * config.mini_batches,
         "tokens_trained": tokens * config.epochs,
         "train_s": train_s, "tokens_per_s": tokens * config.epochs / train_s, **correction,
-        "total_s": time.perf_counter() - started,
+        "total_s": time.perf_counter() - started, **unmatched,
     }
     return worker, metrics
 
