@@ -16,7 +16,7 @@ import urllib.request
 import httpx
 import pytest
 
-from steps.proxy.launch import serve_proxy, start_proxy
+from proxy_process import serve_proxy, start_proxy
 from steps.vllm_server import free_port
 
 ADMIN = "test-admin-key"

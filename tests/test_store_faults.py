@@ -25,7 +25,7 @@ import orjson
 import pytest
 import uvicorn
 
-from steps.proxy.launch import start_proxy, stop_proxy
+from proxy_process import start_proxy, stop_proxy
 from steps.rollout import RolloutResult, RolloutSpec, record_calls
 from steps.trajectories import partition_url, read_table
 from steps.vllm_server import HOST, free_port, serve_vllm
@@ -95,7 +95,8 @@ def stored_lines(store: Path, rollout_id: str) -> list[bytes]:
 
 
 def read_back(proxy, rollout_id: str) -> dict:
-    return proxy.admin("GET", f"/rollouts/{rollout_id}/calls")
+    answer = proxy.client.calls(rollout_id)
+    return {"calls": answer.calls, "skipped": answer.skipped}
 
 
 # --- 3. no bad byte or field poisons anything ------------------------------------------------------
