@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from steps.tiny_model import build_tiny_model  # noqa: E402
+from workflows import layout  # noqa: E402
 from workflows.config import ConfigError, RunConfig, load_config  # noqa: E402
 
 PHASES = ("rollouts", "trajectories", "update", "reload")
@@ -60,7 +61,7 @@ def skipped(summary: dict) -> bool:
 def served_versions(run_url: str, iteration: int) -> set[str]:
     """The weight versions that served an iteration's rollouts (from their result.json files)."""
     versions: set[str] = set()
-    for result in Path(run_url, "results", f"iteration-{iteration}").glob("*/result.json"):
+    for result in Path(layout.results_url(run_url, iteration)).glob(f"*/{layout.RESULT_FILE}"):
         versions.update(json.loads(result.read_text()).get("weight_versions") or [])
     return versions
 
@@ -143,7 +144,7 @@ def measure(config_path: str, overrides: list[str], window: int) -> dict | None:
     summaries, code, wall_s = run_loop(config_path, overrides)
     if code != 0 or len(summaries) < config.iterations:
         print(f"error: run {config.run} failed (exit code {code}) after {len(summaries)} iterations; "
-              f"see {config.run_url}/logs", file=sys.stderr)
+              f"see {layout.logs_url(config.run_url)}", file=sys.stderr)
         return None
     result = figures(config, summaries, wall_s, window)
     Path(config.run_url, "learning-signal.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -47,6 +47,8 @@ import aiohttp
 import orjson
 import uvloop
 
+from steps.proxy.client import ProxyClient, ProxyClientError
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "data" / "harness_requests"
 ADMIN_KEY = "bench-admin-key"
@@ -291,16 +293,15 @@ async def measure(load: Load, pids: dict[str, int | str], pool) -> Phase:
 
 
 # --- the run -------------------------------------------------------------------------------------
-async def register(http, proxy: str, name: str, sessions: int, workload: Workload,
-                   dialect: str) -> list[tuple[str, dict]]:
-    """Registers one rollout per session; returns each session's proxy URL and headers."""
-    targets = []
+def register(proxy: str, name: str, sessions: int, workload: Workload, dialect: str) -> list[tuple[str, dict]]:
+    """Registers one rollout per session (before the level's clock starts); returns each session's proxy URL
+    and headers."""
+    client, targets = ProxyClient(proxy, ADMIN_KEY), []
     for i in range(sessions):
-        async with http.post(f"{proxy}/rollouts", json={"rollout_id": f"bench-{name}-{i}"},
-                             headers={"authorization": f"Bearer {ADMIN_KEY}"}) as resp:
-            info = await resp.json()
-            if resp.status != 200:
-                sys.exit(f"registering rollout {i} failed with {resp.status}: {info}")
+        try:
+            info = client.register(f"bench-{name}-{i}")
+        except ProxyClientError as exc:
+            sys.exit(f"registering rollout {i} failed: {exc}")
         if dialect == "messages":
             url, headers = info["anthropic_base_url"] + workload.path, {"x-api-key": info["api_key"]}
         else:
@@ -392,7 +393,7 @@ async def run_level(http, urls: tuple[str, str], level: tuple[int, int, float], 
     async with http.post(f"{upstream}/delay", json={"ms": upstream_ms}) as resp:
         resp.raise_for_status()
     name = f"{number}-c{sessions}-{upstream_ms:g}ms"
-    targets = await register(http, proxy, name, sessions, workload, args.dialect)
+    targets = register(proxy, name, sessions, workload, args.dialect)
     direct_targets = [(f"{upstream}/v1/chat/completions", {"content-type": "application/json"})] * sessions
     stagger_s = upstream_ms / 1000  # independent agents are not in step: spread their first calls over one answer time
     # A paced row's added latency is a millisecond against 500: a VM's neighbours drifting between one

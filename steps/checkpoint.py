@@ -9,8 +9,10 @@ A checkpoint written by `steps.update` holds the model vLLM serves (safetensors,
 from collections.abc import Callable
 from pathlib import Path
 
+from workflows.layout import METRICS_FILE
+
 OPTIMIZER_DIR = "optimizer"
-TRAINING_ONLY = (OPTIMIZER_DIR, "metrics.json")  # what serving a checkpoint does not need
+TRAINING_ONLY = (OPTIMIZER_DIR, METRICS_FILE)  # what serving a checkpoint does not need
 
 
 def is_remote(url: str) -> bool:

@@ -4,8 +4,8 @@
         --workflow openforge-demo-it0 --status Succeeded --checkpoint s3://.../base \
         --next-checkpoint s3://openforge/runs/demo/checkpoints/iteration-1
 
-Layout under the run's URL: `manifest/run.json` (the run config, written once by the driver) and
-`manifest/iteration-<N>.json` (one `IterationRecord` each). One file per iteration means the driver
+Layout under the run's URL (`workflows.layout`): `manifest/run.json` (the run config, written once by
+the driver) and `manifest/iteration-<N>.json` (one `IterationRecord` each). One file per iteration means the driver
 and the Argo exit handler never rewrite each other's iterations. The driver (`workflows/submit.py`)
 reads it to resume a run after it died; the exit handler of each iteration's workflow writes the
 iteration's final status with this command.
@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 
 import fsspec
+
+from workflows import layout
 
 DONE = ("Succeeded", "Failed", "Error")
 
@@ -41,10 +43,6 @@ class IterationRecord:
         return self.status in DONE
 
 
-def _url(run_url: str, name: str) -> str:
-    return f"{run_url.rstrip('/')}/manifest/{name}"
-
-
 def write_json(url: str, data: dict) -> None:
     """Writes `data` as JSON to a local path or s3:// URL, creating folders as needed."""
     fs, path = fsspec.core.url_to_fs(url)
@@ -55,12 +53,12 @@ def write_json(url: str, data: dict) -> None:
 
 def write_run_config(run_url: str, config: dict) -> None:
     """Records the run's config (once, when the run starts)."""
-    write_json(_url(run_url, "run.json"), config)
+    write_json(layout.run_config_url(run_url), config)
 
 
 def read_run_config(run_url: str) -> dict | None:
     """The run's recorded config, or None when the run has no manifest."""
-    fs, path = fsspec.core.url_to_fs(_url(run_url, "run.json"))
+    fs, path = fsspec.core.url_to_fs(layout.run_config_url(run_url))
     if not fs.exists(path):
         return None
     with fs.open(path, "r") as f:
@@ -70,17 +68,17 @@ def read_run_config(run_url: str) -> dict | None:
 def record(run_url: str, entry: IterationRecord) -> None:
     """Writes one iteration's record, stamped with the current time."""
     entry.updated = time.time()
-    write_json(_url(run_url, f"iteration-{entry.iteration}.json"), asdict(entry))
+    write_json(layout.iteration_record_url(run_url, entry.iteration), asdict(entry))
 
 
 def read_iterations(run_url: str) -> dict[int, IterationRecord]:
     """Every recorded iteration by number (empty when none is recorded)."""
-    fs, path = fsspec.core.url_to_fs(_url(run_url, ""))
+    fs, path = fsspec.core.url_to_fs(layout.manifest_url(run_url))
     if not fs.exists(path):
         return {}
     known = {f.name for f in fields(IterationRecord)}
     out = {}
-    for name in fs.glob(f"{path.rstrip('/')}/iteration-*.json"):
+    for name in fs.glob(layout.iteration_records_glob(run_url)):
         with fs.open(name, "r") as f:
             raw = json.loads(f.read())
         entry = IterationRecord(**{k: v for k, v in raw.items() if k in known})
@@ -90,7 +88,7 @@ def read_iterations(run_url: str) -> dict[int, IterationRecord]:
 
 def read_metrics(checkpoint_url: str) -> dict | None:
     """The update's `metrics.json` next to the checkpoint it wrote, or None when there is none."""
-    fs, path = fsspec.core.url_to_fs(f"{checkpoint_url.rstrip('/')}/metrics.json")
+    fs, path = fsspec.core.url_to_fs(layout.metrics_url(checkpoint_url))
     if not fs.exists(path):
         return None
     with fs.open(path, "r") as f:

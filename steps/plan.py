@@ -8,7 +8,9 @@ folder (relative to the working folder), the sample number, a rollout id unique 
 container image the rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`),
 the rollout's deadline in seconds (agent + verifier timeouts + setup margin), and the CPUs and memory
 the task's `[environment]` asks for (the rollout pod's requests and limits). The Argo DAG fans out over
-this list (`withParam`); the local runner reads the same list. Tasks rotate through a seeded shuffle
+this list (`withParam`); the local runner reads the same list. Each item's `sample` goes to the rollout
+step (`--sample`), which writes it into its result, where the trajectory tables take it from. A retried
+rollout runs under `attempt_id(rollout_id, K)`: `ID-a2`, `ID-a3`, ..., with the same sample. Tasks rotate through a seeded shuffle
 of the dataset, so consecutive iterations see different tasks and a rerun plans the same rollouts.
 Broken tasks are skipped with a warning on stderr; exit code 2 when no task can be loaded.
 """
@@ -37,6 +39,18 @@ class PlannedRollout:
     deadline_s: int
     cpus: int
     memory_mb: int
+
+
+def attempt_id(rollout_id: str, attempt: int) -> str:
+    """The id attempt number `attempt` (1, 2, ...) of a planned rollout runs under, for the local runner's
+    retries and for a rerun step whose failed attempt holds the planned id in the proxy alike.
+
+    >>> attempt_id("it0-hello-file-s1", 1), attempt_id("it0-hello-file-s1", 3)
+    ('it0-hello-file-s1', 'it0-hello-file-s1-a3')
+    """
+    if attempt < 1:
+        raise ValueError(f"attempt must be 1 or more, got {attempt}")
+    return rollout_id if attempt == 1 else f"{rollout_id}-a{attempt}"
 
 
 def pick_tasks(tasks: list[Task], iteration: int, count: int, seed: int) -> list[Task]:

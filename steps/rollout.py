@@ -2,14 +2,16 @@
 the task's verifier grades what it left behind.
 
     OPENFORGE_ADMIN_KEY=... python -m steps.rollout --task steps/tasks/builtin/hello-file \
-        --harness codex --proxy-url http://127.0.0.1:8100 --rollout-id it0-hello-file-s0 --out runs/r0
+        --harness codex --proxy-url http://127.0.0.1:8100 --rollout-id it0-hello-file-s0 --sample 0 --out runs/r0
 
-Steps: register the rollout with the proxy (the harness gets that rollout's key, never the admin key;
-a retried step whose failed attempt holds the id registers as `ID-a2`, `ID-a3`, ...);
+Steps: register the rollout with the proxy, its task and plan's sample number as metadata (the harness
+gets that rollout's key, never the admin key; attempt K of a rollout runs as `ID-aK`, and a rerun step
+whose failed attempt holds its id takes the next free one: `steps.plan.attempt_id`);
 build a fresh sandbox from the task's environment; run the harness headless on the instruction under
 the task's agent timeout; close the rollout; copy `tests/` in (the agent never saw it) and run the
-verifier; write `OUT/result.json`. Exit code 0 for `ok` and `agent_timeout`, 3 for `infra_error`
-(the workflow retries only those; an infrastructure failure is never scored as a reward of 0).
+verifier; write `OUT/result.json`, which names the id the rollout ran under and its sample. Exit code 0
+for `ok` and `agent_timeout`, 3 for `infra_error` (the workflow retries only those; an infrastructure
+failure is never scored as a reward of 0).
 
 `--isolation pod` is for a Kubernetes rollout pod, which already runs the task's image: no bubblewrap and
 no Dockerfile replay, the workspace is the pod's working folder (the image's WORKDIR), the harness runs
@@ -25,31 +27,27 @@ import os
 import shutil
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from steps.harnesses import HARNESSES, Endpoint, InstallError, default_prefix
+from steps.plan import attempt_id
+from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.sandbox.pod import AGENT_UID, PodSandbox
 from steps.sandbox import Sandbox, SandboxError
 from steps.sandbox.network import NetworkError, ProxyTunnel
 from steps.tasks import Task, TaskError, load_task
 from steps.tasks.verify import run_verifier
+from workflows.layout import RESULT_FILE  # in OUT: the step's output
 
 INFRA_EXIT_CODE = 3
-RESULT_FILE = "result.json"  # in OUT: the step's output
 ISOLATIONS = ("bwrap", "pod")  # a bubblewrap sandbox built from the Dockerfile, or the Kubernetes pod itself
 MAX_ATTEMPTS = 20  # ids a rollout tries when earlier attempts of its step registered theirs
 
 
 class InfraError(Exception):
     """Something other than the agent failed; the rollout is retried, never scored."""
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        self.status = status  # the proxy's HTTP status, when it answered with an error
 
 
 @dataclass
@@ -59,9 +57,11 @@ class RolloutSpec:
     task: Path
     harness: str
     proxy_url: str
-    rollout_id: str
+    rollout_id: str  # the plan's; attempt K runs as `attempt_id(rollout_id, K)`
     out: Path
-    model: str = "tiny"
+    model_name: str = "tiny"  # the served model's name, which the harness asks for
+    sample: int | None = None  # the plan's sample number: which member of its task's group this rollout is
+    attempt: int = 1
     admin_key: str = field(default="", repr=False)
     agent_timeout_s: float | None = None  # None: the task's own [agent] timeout_sec
     metadata: dict = field(default_factory=dict)
@@ -73,7 +73,7 @@ class RolloutSpec:
 class RolloutResult:
     """`OUT/result.json`: the step's output, read by the trajectories step and the run report."""
 
-    rollout_id: str
+    rollout_id: str  # the id it ran under (an attempt's, `ID-aK`, after a retry)
     task: str
     harness: str
     status: str  # ok | agent_timeout | infra_error
@@ -87,38 +87,30 @@ class RolloutResult:
     response_tokens: int = 0
     paths: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    sample: int | None = None  # the plan's sample number, as the step was given it
     metadata: dict = field(default_factory=dict)
 
 
-def admin_call(spec: RolloutSpec, method: str, path: str, body: dict | None = None) -> dict:
-    """One admin request to the proxy; any failure is an InfraError naming the route."""
-    req = urllib.request.Request(spec.proxy_url.rstrip("/") + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"authorization": f"Bearer {spec.admin_key}", "content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        detail = err.read()[:300].decode(errors="replace")
-        raise InfraError(f"proxy answered {err.code} to {method} {path}: {detail}", status=err.code) from None
-    except (urllib.error.URLError, OSError) as err:
-        raise InfraError(f"proxy at {spec.proxy_url} is unreachable: {err}") from None
+def proxy_client(spec: RolloutSpec) -> ProxyClient:
+    """The proxy's admin API as this rollout calls it."""
+    return ProxyClient(spec.proxy_url, spec.admin_key)
 
 
 def register(spec: RolloutSpec, metadata: dict) -> tuple[str, dict]:
     """Registers the rollout with the proxy: (the id it got, the proxy's answer with its key and URLs).
 
-    A retried step finds its id taken by the attempt that failed (Argo reruns a step with the same
-    parameters, and the proxy's store keeps that attempt's registration and calls): it registers as
-    `ID-a2`, `ID-a3`, ... instead, and its result names the id it ran under."""
-    for attempt in range(1, MAX_ATTEMPTS + 1):
-        rollout_id = spec.rollout_id if attempt == 1 else f"{spec.rollout_id}-a{attempt}"
+    Attempt K registers as `attempt_id(ID, K)`. A rerun step finds that id taken by the attempt that
+    failed (Argo reruns a step with the same parameters, and the proxy's store keeps that attempt's
+    registration and calls): it takes the next attempt's id instead, and its result names the id it ran under."""
+    client = proxy_client(spec)
+    for attempt in range(spec.attempt, spec.attempt + MAX_ATTEMPTS):
+        rollout_id = attempt_id(spec.rollout_id, attempt)
         try:
-            return rollout_id, admin_call(spec, "POST", "/rollouts", {"rollout_id": rollout_id, "metadata": metadata})
-        except InfraError as exc:
+            return rollout_id, client.register(rollout_id, metadata)
+        except ProxyClientError as exc:
             if exc.status != 409:
-                raise
-    raise InfraError(f"rollout ids {spec.rollout_id} to {spec.rollout_id}-a{MAX_ATTEMPTS} are all taken in the proxy")
+                raise InfraError(str(exc)) from None
+    raise InfraError(f"rollout ids {attempt_id(spec.rollout_id, spec.attempt)} to {rollout_id} are all taken in the proxy")
 
 
 def in_sandbox(env: dict[str, str], box: Sandbox) -> dict[str, str]:
@@ -154,7 +146,7 @@ def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result
     port = proxy.port or 80
     urls = {key: rollout[key] if spec.isolation == "pod" else on_loopback(rollout[key], port)
             for key in ("openai_base_url", "anthropic_base_url")}
-    endpoint = Endpoint(**urls, api_key=rollout["api_key"], model=spec.model)
+    endpoint = Endpoint(**urls, api_key=rollout["api_key"], model=spec.model_name)
     env = in_sandbox(harness.prepare(box.host_path(box.home), Path(box.workdir), endpoint), box)
     log = spec.out / "harness.log"
     result.paths["harness_log"] = str(log)
@@ -185,8 +177,12 @@ def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result
 
 def record_calls(spec: RolloutSpec, result: RolloutResult) -> None:
     """Closes the rollout's session and counts what the proxy recorded; no answered model call is an infra error."""
-    admin_call(spec, "POST", f"/rollouts/{spec.rollout_id}/close")
-    calls = admin_call(spec, "GET", f"/rollouts/{spec.rollout_id}/calls")["calls"]
+    client = proxy_client(spec)
+    try:
+        client.close(spec.rollout_id)
+        calls = client.calls(spec.rollout_id).calls
+    except ProxyClientError as exc:
+        raise InfraError(str(exc)) from None
     result.num_calls = len(calls)
     result.weight_versions = sorted({str(call["weight_version"]) for call in calls if call["weight_version"] is not None})
     result.response_tokens = sum(len(call["response_token_ids"] or []) for call in calls)
@@ -218,15 +214,17 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
     never scored. When `result.json` cannot be written (a full disk) the result says so, and no
     `result.json` is left in `OUT` (`write_result`)."""
     started = time.monotonic()
-    result = RolloutResult(rollout_id=spec.rollout_id, task=spec.task.name, harness=spec.harness,
-                           status="infra_error", reward=None, metadata=spec.metadata)
+    result = RolloutResult(rollout_id=attempt_id(spec.rollout_id, spec.attempt), task=spec.task.name,
+                           harness=spec.harness, status="infra_error", reward=None, sample=spec.sample,
+                           metadata=spec.metadata)
     try:
         spec.out.mkdir(parents=True, exist_ok=True)
         if spec.harness not in HARNESSES:
             raise InfraError(f"unknown harness {spec.harness!r}; choose from {', '.join(HARNESSES)}")
         task = load_task(spec.task)
         result.task = task.name
-        taken, rollout = register(spec, {"task": task.name, "harness": spec.harness, **spec.metadata})
+        taken, rollout = register(spec, {**spec.metadata, "task": task.name, "harness": spec.harness,
+                                         "sample": spec.sample})
         spec = replace(spec, rollout_id=taken)
         result.rollout_id = taken
         box = (PodSandbox.create(spec.out, task, agent_uid=spec.agent_uid) if spec.isolation == "pod"
@@ -281,9 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", type=Path, required=True)
     p.add_argument("--harness", required=True, help=", ".join(HARNESSES))
     p.add_argument("--proxy-url", required=True)
-    p.add_argument("--rollout-id", required=True)
+    p.add_argument("--rollout-id", required=True, help="the plan's id; attempt K runs as ID-aK")
+    p.add_argument("--sample", type=int, help="the plan's sample number: which of its task's rollouts this is")
+    p.add_argument("--attempt", type=int, default=1, help="which attempt of the rollout this is (1, 2, ...)")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--model", default="tiny", help="model name the harness asks for (the proxy serves its own)")
+    p.add_argument("--model-name", default="tiny", help="the served model's name, which the harness asks for "
+                   "(the proxy serves its own whatever the name)")
     p.add_argument("--agent-timeout", type=float, help="seconds, instead of the task's [agent] timeout_sec")
     p.add_argument("--metadata", type=json.loads, default={}, help="JSON object stored with the rollout")
     p.add_argument("--isolation", choices=ISOLATIONS, default="bwrap",
@@ -293,24 +294,29 @@ def main(argv: list[str] | None = None) -> int:
     admin_key = os.environ.get("OPENFORGE_ADMIN_KEY")
     if not admin_key:
         p.error("set OPENFORGE_ADMIN_KEY to the proxy's admin key")
+    if args.attempt < 1 or (args.sample is not None and args.sample < 0):
+        p.error("--attempt must be 1 or more and --sample 0 or more")
     if args.isolation == "pod" and not sys.flags.safe_path:
         p.error("run pod mode with python -P (or PYTHONSAFEPATH=1): the working folder is the agent's workspace "
                 "and must not be on the runner's import path")
     spec = RolloutSpec(task=args.task, harness=args.harness, proxy_url=args.proxy_url, rollout_id=args.rollout_id,
-                       out=args.out, model=args.model, admin_key=admin_key, agent_timeout_s=args.agent_timeout,
+                       out=args.out, model_name=args.model_name, sample=args.sample, attempt=args.attempt,
+                       admin_key=admin_key, agent_timeout_s=args.agent_timeout,
                        metadata=args.metadata, isolation=args.isolation, agent_uid=args.agent_uid)
     try:
         result = run_rollout(spec)
     except Exception as exc:  # noqa: BLE001 - run_rollout catches its own; this is a bug outside its guard
-        result = RolloutResult(rollout_id=spec.rollout_id, task=spec.task.name, harness=spec.harness,
-                               status="infra_error", reward=None, metadata=spec.metadata,
+        result = RolloutResult(rollout_id=attempt_id(spec.rollout_id, spec.attempt), task=spec.task.name,
+                               harness=spec.harness, status="infra_error", reward=None, sample=spec.sample,
+                               metadata=spec.metadata,
                                error=f"the rollout runner crashed ({type(exc).__name__}: {exc})")
         unwritten = write_result(spec.out, result)
         if unwritten:
             result.error += f"; {spec.out / RESULT_FILE} could not be written ({unwritten})"
     if not (spec.out / RESULT_FILE).is_file():
         print(f"steps.rollout: infra_error: {' '.join(str(result.error).split())}", file=sys.stderr)  # one line
-    print(json.dumps({k: getattr(result, k) for k in ("rollout_id", "task", "harness", "status", "reward", "num_calls", "error")}))
+    print(json.dumps({k: getattr(result, k) for k in ("rollout_id", "task", "sample", "harness", "status", "reward",
+                                                      "num_calls", "error")}))
     return INFRA_EXIT_CODE if result.status == "infra_error" else 0
 
 

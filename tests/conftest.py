@@ -4,7 +4,8 @@
 - `vllm_server`: the real vLLM OpenAI server on CPU serving it as "tiny"; yields its root URL.
 - `s3_server`: a moto S3 server with one bucket; yields its endpoint, bucket and the env for s3fs.
 - `proxy`: a factory that starts the real recording proxy (`python -m steps.proxy`) as a subprocess.
-  Each started proxy has `.register(rollout_id)` and `.calls(rollout_id)` for the admin routes.
+  Each started proxy (`tests/proxy_process.py`) has `.register(rollout_id)`, `.calls(rollout_id)` and
+  `.client`, the `ProxyClient` of every admin route.
 - `scripted`, `scripted_proxy` (per module): `tests/scripted_model.py`'s double of vLLM, which plays a model
   that calls the harness's shell tool (`scripted.set_commands([...])`), and a real proxy in front of it.
 """
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from proxy_process import ProxyProcess, start_proxy, stop_proxy
 from steps.net import HOST, free_port
-from steps.proxy.launch import ProxyProcess, start_proxy, stop_proxy
 from steps.tiny_model import build_tiny_model
 from vllm_process import serve_vllm
 

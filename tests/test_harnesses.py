@@ -32,7 +32,7 @@ from scripted_model import ScriptedModel
 from steps.harnesses import HARNESSES, Endpoint, codex, default_prefix
 from steps.harnesses.base import installed_version, node_bin_dir
 from steps.proxy import chat, messages, responses
-from steps.proxy.launch import ProxyProcess
+from proxy_process import ProxyProcess
 from steps.proxy.protocol import decode
 
 pytestmark = pytest.mark.harness
@@ -119,7 +119,7 @@ def test_harness_completes_task_through_proxy(name: str, scripted: ScriptedModel
     done = run_harness(harness.command(INSTRUCTION, workdir, exe), env, workdir)
     seconds = time.monotonic() - started
     calls = harness_proxy.calls(rollout_id)
-    harness_proxy.admin("POST", f"/rollouts/{rollout_id}/close")
+    harness_proxy.client.close(rollout_id)
     context = (f"{name} exited {done.returncode} after {seconds:.1f} s with {len(calls)} calls\n"
                f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}\n"
                f"proxy log:\n{harness_proxy.log_tail()}")
@@ -170,7 +170,7 @@ def tool_environment(name: str, scripted: ScriptedModel, harness_proxy: ProxyPro
     edit_home(home)
     done = run_harness(harness.command(INSTRUCTION, workdir, exe), env, workdir)
     calls = harness_proxy.calls(rollout_id)
-    harness_proxy.admin("POST", f"/rollouts/{rollout_id}/close")
+    harness_proxy.client.close(rollout_id)
     seen = workdir / "tool-env.txt"
     context = f"{name} exited {done.returncode}\nstdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-2000:]}"
     assert seen.exists() and "PATH=" in seen.read_text(), context  # the tool ran and wrote its environment

@@ -16,8 +16,8 @@ import urllib.request
 import httpx
 import pytest
 
+from proxy_process import serve_proxy, start_proxy
 from steps.net import free_port
-from steps.proxy.launch import serve_proxy, start_proxy
 
 ADMIN = "test-admin-key"
 CHAT = json.dumps({"model": "tiny", "messages": [{"role": "robot", "content": "hi"}]}).encode()  # 400 messages.0.role

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
+from proxy_process import serve_proxy, start_proxy, stop_proxy
 from steps.net import free_port
-from steps.proxy.launch import serve_proxy, start_proxy, stop_proxy
 from steps.tiny_model import build_tiny_model
 
 ADMIN = "test-admin-key"
@@ -79,7 +79,7 @@ def test_a_rollout_key_opens_only_its_own_session(dead_upstream_proxy):
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(urllib.request.Request(f"{proxy.url}/rollouts/one/calls", headers=bearer(one["api_key"])))
     assert err.value.code == 401
-    proxy.admin("POST", "/rollouts/one/close")
+    proxy.client.close("one")
     status, body = post(f"{one['openai_base_url']}/chat/completions", chat, bearer(one["api_key"]))
     assert status == 403 and "closed" in body["error"]["message"]
 
@@ -238,7 +238,7 @@ def test_64_concurrent_rollouts_each_get_all_their_calls(live_proxy):
 def test_a_weight_swap_holds_new_calls_and_finishes_in_flight_ones(vllm_server, tiny_model, live_proxy, tmp_path):
     other = build_tiny_model(tmp_path / "other", seed=1)
     rollout = live_proxy.register("swap")
-    initial = live_proxy.admin("GET", "/health")["weight_version"]  # vLLM's own, read at proxy start
+    initial = live_proxy.client.health()["weight_version"]  # vLLM's own, read at proxy start
     client = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"])
     ask = dict(model="tiny", max_tokens=8, temperature=0, messages=[{"role": "user", "content": "Say something."}])
     client.chat.completions.create(**ask)
@@ -247,12 +247,12 @@ def test_a_weight_swap_holds_new_calls_and_finishes_in_flight_ones(vllm_server, 
     long_call.start()
     time.sleep(0.3)  # the long call is in flight when the swap starts
     try:
-        health = live_proxy.admin("POST", "/weights/update", {"weights_path": str(other), "weight_version": "1"})
+        health = live_proxy.client.update_weights(str(other), "1")
         assert health["weight_version"] == "1" and not health["paused"]
         long_call.join(60)
         client.chat.completions.create(**ask)
     finally:
-        live_proxy.admin("POST", "/weights/update", {"weights_path": str(tiny_model), "weight_version": initial})
+        live_proxy.client.update_weights(str(tiny_model), initial)
     before, in_flight, after = live_proxy.calls("swap")
     assert (before["weight_version"], in_flight["weight_version"], after["weight_version"]) == (initial, initial, "1")
     assert in_flight["status"] == "ok" and len(in_flight["response_token_ids"]) == 400

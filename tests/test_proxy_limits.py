@@ -23,7 +23,7 @@ from benchmarks.fake_vllm import make_app
 from steps.net import HOST, free_port
 from steps.proxy.config import ProxyConfig
 from steps.proxy.connections import Connections
-from steps.proxy.launch import ProxyProcess, serve_proxy, start_proxy, stop_proxy
+from proxy_process import ProxyProcess, serve_proxy, start_proxy, stop_proxy
 from steps.proxy.sessions import Sessions
 from steps.proxy.store import CallStore
 
@@ -180,11 +180,11 @@ def test_a_closed_rollout_leaves_memory_and_still_answers_403(tmp_path):
 def test_a_closed_rollouts_calls_stay_readable(proxy):
     rollout = proxy.register("closed")
     assert chat(rollout) == 200
-    closed = proxy.admin("POST", "/rollouts/closed/close")
+    closed = proxy.client.close("closed")
     assert closed["num_calls"] == 1
     assert chat(rollout) == 403
     assert [call["status"] for call in proxy.calls("closed")] == ["ok"]
-    assert proxy.admin("POST", "/rollouts/closed/close") == closed  # closing again changes nothing
+    assert proxy.client.close("closed") == closed  # closing again changes nothing
 
 
 # --- request heads ------------------------------------------------------------------------------

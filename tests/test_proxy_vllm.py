@@ -331,7 +331,7 @@ def test_every_dialect_records_exactly_what_vllm_computed(dialect, kind, stream,
     seen, call, exchange = one_call(tap, recording_proxy, rollout, dialect, kind, stream)
 
     assert (call["dialect"], call["stream"], call["status"], call["call_index"]) == (dialect, stream, "ok", 0)
-    assert call["weight_version"] and call["weight_version"] == recording_proxy.admin("GET", "/health")["weight_version"]
+    assert call["weight_version"] and call["weight_version"] == recording_proxy.client.health()["weight_version"]
     check_token_exact(call, exchange, vllm_server, tokenizer, conversation(kind),
                       None if kind == "plain" else [CHAT_TOOL], unconstrained=kind != "forced")
     # (b) The ids decode to exactly what the SDK client received.

@@ -12,12 +12,13 @@ import shutil
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from steps.harnesses import HARNESSES
-from steps.rollout import RolloutSpec, run_rollout
+from steps.rollout import RolloutSpec, register, run_rollout
 from steps.tasks import BUILTIN_DATASET, load_task
 from test_harnesses import installed_exe
 
@@ -65,25 +66,37 @@ def test_the_oracle_as_tool_calls_earns_reward_1(harness, task_name, scripted, s
 def test_a_wrong_answer_earns_0_through_the_cli(scripted, scripted_proxy, tmp_path):
     scripted.set_commands(["echo goodbye > /app/answer.txt"])
     out = tmp_path / "cli"
+    rollout_id = f"cli-{uuid.uuid4().hex[:6]}"
     argv = [sys.executable, "-m", "steps.rollout", "--task", str(BUILTIN_DATASET / "hello-file"), "--harness", "direct",
-            "--proxy-url", scripted_proxy.url, "--rollout-id", f"cli-{uuid.uuid4().hex[:6]}", "--out", str(out)]
+            "--proxy-url", scripted_proxy.url, "--rollout-id", rollout_id, "--sample", "1", "--out", str(out),
+            "--model-name", "tiny"]
     done = subprocess.run(argv, env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     result = json.loads((out / "result.json").read_text())
-    assert (result["status"], result["reward"], result["num_calls"]) == ("ok", 0.0, 2)
+    assert (result["status"], result["reward"], result["num_calls"], result["sample"]) == ("ok", 0.0, 2, 1)
+    assert registration(scripted_proxy, rollout_id)["metadata"] == {"task": "hello-file", "harness": "direct", "sample": 1}
     assert Path(result["paths"]["verifier_output"], "reward.txt").read_text().strip() == "0"
+
+
+def registration(proxy, rollout_id: str) -> dict:
+    """What the proxy's store keeps of a rollout's registration."""
+    return json.loads((Path(proxy.store) / "rollouts" / rollout_id / "rollout.json").read_text())
 
 
 def test_a_retried_step_runs_under_a_new_id_when_its_failed_attempt_holds_the_old_one(scripted, scripted_proxy, tmp_path):
     # Argo reruns a failed rollout step with the same parameters; the failed attempt's registration and
     # calls stay in the proxy's store, which refuses the id (409): the retry registers as ID-a2.
     scripted.set_commands([oracle("hello-file")])
-    spec = spec_for(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path)
+    spec = spec_for(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path, sample=3)
     scripted_proxy.register(spec.rollout_id)  # the failed attempt
     result = run_rollout(spec)
-    assert (result.rollout_id, result.status, result.reward) == (f"{spec.rollout_id}-a2", "ok", 1.0)
-    assert json.loads((spec.out / "result.json").read_text())["rollout_id"] == f"{spec.rollout_id}-a2"
+    assert (result.rollout_id, result.status, result.reward, result.sample) == (f"{spec.rollout_id}-a2", "ok", 1.0, 3)
+    written = json.loads((spec.out / "result.json").read_text())
+    assert (written["rollout_id"], written["sample"]) == (f"{spec.rollout_id}-a2", 3)
+    assert registration(scripted_proxy, result.rollout_id)["metadata"]["sample"] == 3
     assert scripted_proxy.calls(spec.rollout_id) == [] and len(scripted_proxy.calls(result.rollout_id)) == result.num_calls
+    # The local runner's second attempt starts at ID-a2, which that rerun holds now: one numbering for both.
+    assert register(replace(spec, attempt=2), {})[0] == f"{spec.rollout_id}-a3"
 
 
 def test_the_agent_cannot_see_the_verifier(scripted, scripted_proxy, tmp_path):

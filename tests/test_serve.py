@@ -14,14 +14,14 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from proxy_process import ProxyProcess
 from steps.net import free_port
-from steps.proxy.launch import ProxyProcess
+from steps.proxy.client import ProxyClient, ProxyClientError
 from tests.conftest import ADMIN_KEY, MODEL_NAME
 from workflows import commands
 from workflows.config import load_config
@@ -35,9 +35,8 @@ def wait_for_health(url: str, process: subprocess.Popen, timeout_s: float) -> di
     while time.monotonic() < deadline:
         assert process.poll() is None, f"steps.serve exited with {process.returncode}"
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                return json.loads(resp.read())
-        except (urllib.error.URLError, OSError):
+            return ProxyClient(url, ADMIN_KEY, timeout_s=2, retries=0).health()
+        except ProxyClientError:
             time.sleep(0.5)
     raise AssertionError(f"steps.serve did not answer /health within {timeout_s} s")
 

@@ -25,8 +25,8 @@ import orjson
 import pytest
 import uvicorn
 
+from proxy_process import start_proxy, stop_proxy
 from steps.net import HOST, free_port
-from steps.proxy.launch import start_proxy, stop_proxy
 from steps.rollout import RolloutResult, RolloutSpec, record_calls
 from steps.trajectories import partition_url, read_table
 from vllm_process import serve_vllm
@@ -96,7 +96,8 @@ def stored_lines(store: Path, rollout_id: str) -> list[bytes]:
 
 
 def read_back(proxy, rollout_id: str) -> dict:
-    return proxy.admin("GET", f"/rollouts/{rollout_id}/calls")
+    answer = proxy.client.calls(rollout_id)
+    return {"calls": answer.calls, "skipped": answer.skipped}
 
 
 # --- 3. no bad byte or field poisons anything ------------------------------------------------------

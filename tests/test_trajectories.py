@@ -117,9 +117,9 @@ def test_failed_calls_are_skipped_and_missing_logprobs_are_not_invented():
 
 
 def test_each_rollout_weighs_one_in_the_loss_and_infra_errors_give_no_samples():
-    results = [{"rollout_id": "a", "task": "t", "harness": "direct", "status": "ok", "reward": 1.0},
-               {"rollout_id": "b", "task": "t", "harness": "direct", "status": "ok", "reward": 0.0},
-               {"rollout_id": "c", "task": "t", "harness": "direct", "status": "infra_error", "reward": None}]
+    results = [{"rollout_id": "a", "task": "t", "sample": 0, "harness": "direct", "status": "ok", "reward": 1.0},
+               {"rollout_id": "b", "task": "t", "sample": 1, "harness": "direct", "status": "ok", "reward": 0.0},
+               {"rollout_id": "c", "task": "t", "sample": 2, "harness": "direct", "status": "infra_error", "reward": None}]
     calls = {"a": [call(0, [1], [2]), call(1, [7], [8]), call(2, [9], [9])], "b": [call(0, [1], [3])],
              "c": [call(0, [1], [4])]}
     rows, stats = collect(results, calls, "run", 0)
@@ -173,6 +173,34 @@ def test_the_tiny_models_real_template_continues_unless_arguments_are_reserialis
         assert (built.continued_calls == {1}) is continued and len(built.samples) == (1 if continued else 2)
         for sample in built.samples:
             assert_aligned(sample, calls)
+
+
+def test_sample_numbers_come_from_the_results_when_a_failed_attempt_is_left_beside_its_retry(tmp_path):
+    """`r-0` failed (infra_error) and its retry ran as `r-0-a2`: both results sit in the iteration's folder.
+    Every table takes each rollout's sample number from its result; the failed attempt gives no samples,
+    so each (task, sample) is trained on once. A result that names no sample gets a null, not a position."""
+    from steps.trajectories.collect import load_results
+
+    results = {"r-0": ("infra_error", 0), "r-0-a2": ("ok", 0), "r-1": ("ok", 1), "old": ("ok", None)}
+    for rollout_id, (status, sample) in results.items():
+        (tmp_path / rollout_id).mkdir()
+        (tmp_path / rollout_id / "result.json").write_text(json.dumps({
+            "rollout_id": rollout_id, "task": "t" if rollout_id != "old" else "u", "harness": "direct",
+            "status": status, "reward": None if status == "infra_error" else 1.0,
+            **({} if sample is None else {"sample": sample})}))
+    calls = {rid: [call(0, [1], [2 + n]), call(1, [7], [8])] for n, rid in enumerate(results)}
+    tables = collect(load_results(str(tmp_path)), calls, "run", 0)[0].tables()
+    expected = {rid: sample for rid, (_, sample) in results.items()}
+    for name in ("rollouts", "calls", "samples"):
+        rows = tables[name].to_pylist()
+        assert rows and all(row["sample"] == expected[row["rollout_id"]] for row in rows), name
+    samples = tables["samples"].to_pylist()
+    assert {s["rollout_id"] for s in samples} == {"r-0-a2", "r-1", "old"}
+    trained = {(s["task"], s["sample"]): s["rollout_id"] for s in samples}
+    assert len(trained) == len({s["rollout_id"] for s in samples}) == 3  # one rollout per group member
+    # Control: numbering the task's rollouts by their position among its ids, as before, miscounts here.
+    by_position = {rid: n for n, rid in enumerate(sorted(rid for rid in results if rid != "old"))}
+    assert [by_position[r] for r in ("r-0-a2", "r-1")] != [expected[r] for r in ("r-0-a2", "r-1")]
 
 
 def test_results_that_are_not_rollout_results_are_named(tmp_path):
@@ -288,7 +316,7 @@ def recorded(proxy, tmp_path_factory):
             scripted.set_commands([f"bash <<'OPENFORGE_ORACLE'\n{script}\nOPENFORGE_ORACLE"])
             spec = RolloutSpec(task=BUILTIN_DATASET / "hello-file", harness=harness, proxy_url=served.url,
                                rollout_id=f"{harness}-hello-file-0", out=results / f"{harness}-hello-file-0",
-                               admin_key=ADMIN_KEY)
+                               admin_key=ADMIN_KEY, sample=0)
             result = run_rollout(spec)
             assert (result.status, result.reward) == ("ok", 1.0), result
             calls[spec.rollout_id] = served.calls(spec.rollout_id)
@@ -296,7 +324,7 @@ def recorded(proxy, tmp_path_factory):
         broken.mkdir()
         (broken / "result.json").write_text(json.dumps({"rollout_id": "direct-hello-file-1", "task": "hello-file",
                                                         "harness": "direct", "status": "infra_error", "reward": None,
-                                                        "error": "sandbox failed"}))
+                                                        "sample": 1, "error": "sandbox failed"}))
         yield served, store, results, calls
 
 
@@ -344,9 +372,9 @@ def test_the_cli_writes_readable_tables_from_the_proxy(recorded, tmp_path):
     assert summary["harnesses"]["direct"] == {"rollouts": 1, "calls": 2, "samples": 2, "continuity_rate": 0.0,
                                               "samples_per_rollout": 2.0}
     rollouts = read_table(partition, "rollouts").to_pylist()
-    # no `metadata.sample` given: the position among the task's rollouts ordered by id
-    assert [(r["rollout_id"], r["status"], r["reward"], r["sample"]) for r in rollouts][-1] == \
-        ("direct-hello-file-1", "infra_error", None, len(calls))
+    # each rollout's sample number as its result.json names it (the real step wrote the first ones)
+    assert [(r["rollout_id"], r["status"], r["reward"], r["sample"]) for r in rollouts] == \
+        [(rid, "ok", 1.0, 0) for rid in sorted(calls)] + [("direct-hello-file-1", "infra_error", None, 1)]
     recorded_calls = read_table(partition, "calls")
     assert recorded_calls.schema.equals(CALLS, check_metadata=True)
     for row in recorded_calls.to_pylist():

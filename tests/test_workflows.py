@@ -31,7 +31,7 @@ from hera.workflows.models import Workflow as WorkflowModel
 
 from steps import manifest, plan, sampling
 from steps.tasks import load_dataset
-from workflows import commands, submit
+from workflows import commands, layout, submit
 from workflows import lint
 from workflows.config import ConfigError, load_config, validate_for_argo
 from workflows.iteration import PRIVATE, WORKFLOW_POD_LABEL, app_layout, iteration_workflow, workflow_name
@@ -185,7 +185,7 @@ def test_commands_are_the_templates_commands() -> None:
     spec = iteration_workflow(config, 1).to_dict()["spec"]
     argv = {t["name"]: t["container"]["command"] for t in spec["templates"] if "container" in t}
     assert argv["plan"] == commands.plan(config, 1)
-    assert argv["update"] == commands.update(config, commands.partition_url(config, 1), config.checkpoint_url(1),
+    assert argv["update"] == commands.update(config, layout.run_partition_url(config.run_url, "t", 1), config.checkpoint_url(1),
                                              config.checkpoint_url(2))
     assert argv["trajectories"][:3] == ["python", "-m", "steps.trajectories"]
     assert argv["rollout"][1:3] == ["-m", "steps.rollout"] and "--harness" in argv["rollout"]
@@ -615,7 +615,7 @@ def test_step_parsers_accept_the_built_commands(monkeypatch: pytest.MonkeyPatch)
     assert proxy.model == serve_args.model_name == config.model_name
     assert proxy.forced_sampling == {**sampling.NEUTRAL, "temperature": config.temperature}  # every key, forced
     traj = trajectories_args(commands.trajectories(config, "http://proxy:8100", "s3://b/results", 2)[3:])
-    assert (traj.run, traj.iteration, traj.out) == ("t", 2, commands.trajectories_url(config))
+    assert (traj.run, traj.iteration, traj.out) == ("t", 2, layout.trajectories_url(config.run_url))
     from steps.update.train import parse_args as update_args
     from steps.update.config import load_config as update_config
 

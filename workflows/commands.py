@@ -1,42 +1,19 @@
-"""THE one place that builds each step's command line, and where each step's files go.
+"""THE one place that builds each step's command line; where each step's files go is `workflows.layout`.
 
 The Argo templates (`workflows/iteration.py`) and the local runner (`workflows/local.py`) both call
 these functions: on Argo the arguments are partly `{{...}}` placeholders Argo fills in, locally they
 are real values; the command is the same `python -m steps.X ...` line either way.
 
     from workflows.commands import rollout
-    rollout(config, task="steps/tasks/builtin/hello-file", rollout_id="it0-hello-file-s0",
-            proxy_url="http://127.0.0.1:8100", out="runs/demo/results/iteration-0/it0-hello-file-s0")
+    rollout(config, task="steps/tasks/builtin/hello-file", rollout_id="it0-hello-file-s0", sample=0,
+            proxy_url="http://127.0.0.1:8100", out=layout.rollout_url(config.run_url, 0, "it0-hello-file-s0"))
 """
 
 from steps import sampling
+from workflows import layout
 from workflows.config import RunConfig
 
 PROXY_PORT = 8100
-
-
-# ---- where a run's files go (all under the run's URL in the store) ----
-
-def calls_url(config: RunConfig) -> str:
-    """The proxy's store: one file per recorded model call."""
-    return f"{config.run_url}/calls"
-
-
-def results_url(config: RunConfig, iteration: int) -> str:
-    """The folder holding one `<rollout_id>/result.json` per rollout of an iteration."""
-    return f"{config.run_url}/results/iteration-{iteration}"
-
-
-def trajectories_url(config: RunConfig) -> str:
-    """Where `steps.trajectories` writes; tables land in `run=<run>/iteration=<N>/` below it."""
-    return f"{config.run_url}/trajectories"
-
-
-def partition_url(config: RunConfig, iteration: int) -> str:
-    """One iteration's trajectory tables (the partition `steps.trajectories` writes)."""
-    from steps.trajectories.io import partition_url as layout  # the step owns its layout
-
-    return layout(trajectories_url(config), config.run, iteration)
 
 
 def update_overrides(config: RunConfig) -> list[str]:
@@ -82,14 +59,16 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python") -> lis
             "--image-prefix", f"{config.image_registry}/task-", "--image-tag", config.image_tag]
 
 
-def rollout(config: RunConfig, task: str, rollout_id: str, proxy_url: str, out: str,
-            python: str = "python", isolation: str = "bwrap") -> list[str]:
-    """One rollout of `task` through the proxy; exit code 3 means infra_error (`steps.rollout`).
+def rollout(config: RunConfig, task: str, rollout_id: str, sample: int | str, proxy_url: str, out: str,
+            python: str = "python", isolation: str = "bwrap", attempt: int = 1) -> list[str]:
+    """Attempt `attempt` of the planned rollout `rollout_id`, sample `sample` of `task`, through the proxy;
+    exit code 3 means infra_error (`steps.rollout`).
 
     `isolation`: "bwrap" (a local bubblewrap sandbox) or "pod" (the Kubernetes rollout pod is the sandbox).
     """
     return [python, "-m", "steps.rollout", "--task", task, "--harness", config.harness, "--proxy-url", proxy_url,
-            "--rollout-id", rollout_id, "--out", out, "--model", config.model_name,
+            "--rollout-id", rollout_id, "--sample", str(sample), *(["--attempt", str(attempt)] if attempt != 1 else []),
+            "--out", out, "--model-name", config.model_name,
             *(["--isolation", isolation] if isolation != "bwrap" else [])]
 
 
@@ -97,7 +76,7 @@ def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int
                  python: str = "python") -> list[str]:
     """The iteration's Parquet tables from the rollout results and the proxy's calls (`steps.trajectories`)."""
     return [python, "-m", "steps.trajectories", "--proxy-url", proxy_url, "--results", results,
-            "--out", trajectories_url(config), "--run", config.run, "--iteration", str(iteration)]
+            "--out", layout.trajectories_url(config.run_url), "--run", config.run, "--iteration", str(iteration)]
 
 
 def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, python: str = "python") -> list[str]:

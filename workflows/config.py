@@ -22,6 +22,7 @@ from steps import sampling
 from steps.harnesses import HARNESSES
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
 from steps.vllm_server import check_vllm_args
+from workflows import layout
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -97,11 +98,11 @@ class RunConfig:
     @property
     def run_url(self) -> str:
         """The run's folder or URL in the store; everything the run writes lives under it."""
-        return f"{self.store.rstrip('/')}/{self.run}"
+        return layout.run_url(self.store, self.run)
 
     def checkpoint_url(self, iteration: int) -> str:
         """The checkpoint iteration `iteration` serves: the base model, then what the previous update wrote."""
-        return self.model if iteration == 0 else f"{self.run_url}/checkpoints/iteration-{iteration}"
+        return layout.checkpoint_url(self.run_url, iteration, self.model)
 
     def to_dict(self) -> dict:
         """The config as a flat dict (what the run manifest stores)."""

@@ -8,8 +8,8 @@ The outer DAG `iteration` runs `collect` then `update`. `collect` is a DAG of it
 `serve` daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajectories are
 done, before `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's
 /health answers; reached at `{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list),
-`rollout` (one pod per item of that list, in the task's image, with the harness and OpenForge copied
-in by init containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the
+`rollout` (one pod per item of that list, given its task, sample and rollout id, in the task's image,
+with the harness and OpenForge copied in by init containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the
 harness as an unprivileged uid; the task's CPUs and memory; no service account token; retried only on
 exit code 3, infra_error), `trajectories` (Parquet to S3). Before the rollouts, `isolate-rollouts` and
 `isolate-serve` apply two NetworkPolicies owned by the Workflow (deleted with it): a rollout pod reaches
@@ -33,7 +33,7 @@ from hera.workflows.models import (Backoff, ContainerPort, ExecutorConfig, HTTPG
 
 from steps.harnesses import HARNESSES
 from steps.harnesses.base import NODE_VERSION
-from workflows import commands
+from workflows import commands, layout
 from workflows.config import RunConfig, egress_cidrs
 
 SHARED = "/openforge"  # the emptyDir the init containers fill in a rollout pod
@@ -94,7 +94,7 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     weights (twice their size); an Argo input artifact would download the whole folder."""
     return Container(
         name="serve", image=image(config, "serve"), daemon=True, labels={ROLE: "serve"},
-        command=commands.serve(config, config.checkpoint_url(iteration), commands.calls_url(config), iteration,
+        command=commands.serve(config, config.checkpoint_url(iteration), layout.calls_url(config.run_url), iteration,
                                host="0.0.0.0", device="gpu", model_dir=MODEL_DIR),
         volumes=[EmptyDirVolume(name="models", mount_path=MODELS_VOLUME)],
         env=admin_env(config) + s3_env(config),
@@ -150,22 +150,24 @@ def rollout_template(config: RunConfig, iteration: int) -> Container:
     requests and limits, as a container runtime enforces them for Harbor.
     """
     out = "/tmp/rollout"
-    result_url = f"{commands.results_url(config, iteration)}/{{{{inputs.parameters.rollout_id}}}}/result.json"
+    result_url = layout.result_url(config.run_url, iteration, "{{inputs.parameters.rollout_id}}")
     quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
     return Container(
         name="rollout", image="{{inputs.parameters.image}}", labels={ROLE: "rollout"},
-        inputs=[Parameter(name=n) for n in ("task", "rollout_id", "image", "deadline", "cpus", "memory_mb", "proxy_url")],
+        inputs=[Parameter(name=n) for n in ("task", "sample", "rollout_id", "image", "deadline", "cpus", "memory_mb",
+                                            "proxy_url")],
         init_containers=init_containers(config),
         volumes=[EmptyDirVolume(name="openforge", mount_path=SHARED)],
         command=commands.rollout(config, f"{PRIVATE}/app/{{{{inputs.parameters.task}}}}",
-                                 "{{inputs.parameters.rollout_id}}", "{{inputs.parameters.proxy_url}}", out,
+                                 "{{inputs.parameters.rollout_id}}", "{{inputs.parameters.sample}}",
+                                 "{{inputs.parameters.proxy_url}}", out,
                                  python=f"{SHARED}/python/bin/python3", isolation="pod"),
         env=admin_env(config) + [Env(name="PYTHONPATH", value=f"{SHARED}/app"),
                                  Env(name="PYTHONSAFEPATH", value="1"),
                                  Env(name="LD_LIBRARY_PATH", value=f"{SHARED}/python/lib"),
                                  Env(name="OPENFORGE_CACHE", value=SHARED)],
         # optional: a rollout that died before writing result.json must fail by its exit code, not the upload
-        outputs=[s3_artifact(config, "result", result_url, f"{out}/result.json", single_file=True, optional=True)],
+        outputs=[s3_artifact(config, "result", result_url, f"{out}/{layout.RESULT_FILE}", single_file=True, optional=True)],
         resources=ResourceRequirements(requests=quantities, limits=quantities),
         automount_service_account_token=False,  # the agent has no business with the Kubernetes API
         executor=ExecutorConfig(service_account_name=config.service_account),  # Argo's wait container does
@@ -182,7 +184,7 @@ def trajectories_template(config: RunConfig, iteration: int) -> Container:
         name="trajectories", image=image(config, "steps"), inputs=[Parameter(name="proxy_url")],
         labels={ROLE: "trajectories"},
         command=commands.trajectories(config, "{{inputs.parameters.proxy_url}}",
-                                      commands.results_url(config, iteration), iteration),
+                                      layout.results_url(config.run_url, iteration), iteration),
         env=admin_env(config) + s3_env(config), resources=Resources(cpu_request=2, memory_request="8Gi"),
     )
 
@@ -191,8 +193,8 @@ def update_template(config: RunConfig, iteration: int) -> Container:
     """veRL on one iteration's trajectories: reads this checkpoint, writes the next (GPU)."""
     return Container(
         name="update", image=image(config, "train"), working_dir="/opt/openforge/app",
-        command=commands.update(config, commands.partition_url(config, iteration), config.checkpoint_url(iteration),
-                                config.checkpoint_url(iteration + 1)),
+        command=commands.update(config, layout.run_partition_url(config.run_url, config.run, iteration),
+                                config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)),
         env=s3_env(config), resources=Resources(gpus=config.update_gpus, cpu_request=8, memory_request="64Gi"),
     )
 
@@ -255,8 +257,9 @@ def record_template(config: RunConfig, iteration: int) -> Container:
 def collect_dag(config: RunConfig) -> DAG:
     """[isolate-rollouts, isolate-serve], serve, plan -> rollout x N -> trajectories; the daemon stops when this DAG ends."""
     proxy_url = f"http://{{{{tasks.serve.ip}}}}:{commands.PROXY_PORT}"
-    item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("rollout_id", "rollout_id"), ("image", "image"),
-                                                 ("deadline", "deadline_s"), ("cpus", "cpus"), ("memory_mb", "memory_mb"))}
+    item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("sample", "sample"), ("rollout_id", "rollout_id"),
+                                                 ("image", "image"), ("deadline", "deadline_s"), ("cpus", "cpus"),
+                                                 ("memory_mb", "memory_mb"))}
     isolate = [Task(name=name, template=name) for name in isolation_policies(config)]
     # No rollout pod starts before the policies exist: its agent never has the cluster's network.
     return DAG(

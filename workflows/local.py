@@ -3,10 +3,11 @@
     python workflows/submit.py --harness direct            # no Argo server configured: runs here
 
 Per iteration, the commands `workflows.commands` builds — the very lines the Argo templates run — as
-subprocesses: `plan`, `rollout` x N (at most `parallel_rollouts` at a time, retried with a fresh rollout
-id on exit code 3 only), `trajectories`, `update`; `serve` (vLLM on CPU + the recording proxy) runs once
-for the whole run and the new weights are swapped into it through the proxy (`POST /weights/update`),
-where a cluster starts a fresh serve pod. The run manifest is the cluster's, so `resume` works here too.
+subprocesses: `plan`, `rollout` x N (at most `parallel_rollouts` at a time; on exit code 3 only, attempt K
+runs as `ID-aK` in its own results folder, with the same sample number), `trajectories`, `update`;
+`serve` (vLLM on CPU + the recording proxy) runs once for the whole run and the new weights are swapped
+into it through the proxy (`POST /weights/update`), where a cluster starts a fresh serve pod. The run
+manifest is the cluster's, so `resume` works here too.
 The update runs on `$OPENFORGE_TRAIN_PYTHON`, else `.venv-train/bin/python` (veRL lives in its own
 environment), else this Python.
 """
@@ -19,7 +20,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -27,7 +27,9 @@ from pathlib import Path
 from steps import manifest
 from steps.metrics import dataset_metrics
 from steps.net import free_port
-from workflows import commands
+from steps.plan import attempt_id
+from steps.proxy.client import ProxyClient, ProxyClientError
+from workflows import commands, layout
 from workflows.config import REPO_ROOT, RunConfig
 
 SERVE_START_TIMEOUT_S = 900
@@ -69,21 +71,22 @@ def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
 def start_serve(config: RunConfig, model_dir: str, version: int, env: dict, logs: Path) -> tuple[subprocess.Popen, str]:
     """Starts `steps.serve` (vLLM + proxy) and waits until the proxy answers /health."""
     port = free_port()
-    argv = commands.serve(config, model_dir, commands.calls_url(config), version, port=port, python=sys.executable)
+    argv = commands.serve(config, model_dir, layout.calls_url(config.run_url), version, port=port, python=sys.executable)
     argv += ["--log", str(logs / "vllm.log")]
     # SIGTERM to serve (which then stops vLLM) if this driver dies, even by SIGKILL: nothing outlives a run.
     process = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                                stdout=open(logs / "serve.log", "ab"), stderr=subprocess.STDOUT,
                                preexec_fn=_die_with_driver)
     url = f"http://127.0.0.1:{port}"
+    proxy = ProxyClient(url, "", timeout_s=2, retries=0)
     deadline = time.monotonic() + SERVE_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise StepFailed(f"step serve exited with code {process.returncode}; see {logs / 'serve.log'}")
         try:
-            urllib.request.urlopen(f"{url}/health", timeout=2)
+            proxy.health()
             return process, url
-        except OSError:
+        except ProxyClientError:
             time.sleep(1)
     process.terminate()
     raise StepFailed(f"step serve did not become ready within {SERVE_START_TIMEOUT_S} s; see {logs / 'vllm.log'}")
@@ -91,29 +94,30 @@ def start_serve(config: RunConfig, model_dir: str, version: int, env: dict, logs
 
 def swap_weights(proxy_url: str, admin_key: str, checkpoint: str, version: int) -> None:
     """Serves `checkpoint` from now on: the proxy holds calls, vLLM reloads in place, calls resume."""
-    body = json.dumps({"weights_path": str(Path(checkpoint).resolve()), "weight_version": str(version)}).encode()
-    req = urllib.request.Request(f"{proxy_url}/weights/update", data=body, method="POST",
-                                 headers={"authorization": f"Bearer {admin_key}", "content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        resp.read()
+    try:
+        ProxyClient(proxy_url, admin_key).update_weights(str(Path(checkpoint).resolve()), str(version))
+    except ProxyClientError as exc:
+        raise StepFailed(f"the weight swap to {checkpoint} failed: {exc}") from None
 
 
 def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_url: str, env: dict) -> list[dict]:
-    """Every planned rollout, `parallel_rollouts` at a time; infra errors get fresh attempts (new ids)."""
-    results_dir = Path(commands.results_url(config, iteration))
+    """Every planned rollout, `parallel_rollouts` at a time; an infra error gets further attempts, each under
+    its own id and in its own folder (`attempt_id`), each with the plan's sample number."""
     counts = {"done": 0, "failed": 0, "rewards": []}
 
     def one(item: dict) -> dict:
-        for attempt in range(config.rollout_retries + 1):
-            rollout_id = item["rollout_id"] if attempt == 0 else f"{item['rollout_id']}-r{attempt}"
-            out = results_dir / rollout_id
-            argv = commands.rollout(config, item["task"], rollout_id, proxy_url, str(out), python=sys.executable)
+        for attempt in range(1, config.rollout_retries + 2):
+            rollout_id = attempt_id(item["rollout_id"], attempt)
+            out = Path(layout.rollout_url(config.run_url, iteration, rollout_id))
+            argv = commands.rollout(config, item["task"], item["rollout_id"], item["sample"], proxy_url, str(out),
+                                    python=sys.executable, attempt=attempt)
             # A rollout dies with the driver too (its sandbox dies with it): none writes into a restarted iteration.
             done = subprocess.run(argv, env=env, cwd=REPO_ROOT, capture_output=True, text=True,
                                   preexec_fn=_die_with_driver)
-            result_file = out / "result.json"
+            result_file = out / layout.RESULT_FILE
             result = json.loads(result_file.read_text()) if result_file.exists() else \
-                {"rollout_id": rollout_id, "task": item["task"], "status": "infra_error", "error": done.stderr[-500:]}
+                {"rollout_id": rollout_id, "task": item["task"], "sample": item["sample"], "status": "infra_error",
+                 "error": done.stderr[-500:]}
             if done.returncode != 3:
                 break
         counts["done"] += 1
@@ -132,10 +136,10 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
 def set_aside_earlier_results(config: RunConfig, iteration: int, attempt: int) -> None:
     """An iteration started again after an earlier start died or failed: that start's results move to
     `iteration-N-attempt-K` (kept for inspection), so that only this start's results are collected. (A
-    rollout whose id that start registered runs as `ID-a2`: see `steps.rollout.register`.)"""
-    results = Path(commands.results_url(config, iteration))
+    rollout whose id that start registered runs under the next attempt's id: see `steps.rollout.register`.)"""
+    results = Path(layout.results_url(config.run_url, iteration))
     if attempt > 0 and results.exists():
-        results.rename(results.with_name(f"{results.name}-attempt-{attempt - 1}"))
+        results.rename(layout.set_aside_results_url(config.run_url, iteration, attempt - 1))
 
 
 def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
@@ -149,12 +153,12 @@ def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: 
     results = run_rollouts(config, iteration, planned, proxy_url, env)
     timings["rollouts_s"] = time.monotonic() - started
     say(f"iteration {iteration}: writing trajectories")
-    run_step("trajectories", commands.trajectories(config, proxy_url, commands.results_url(config, iteration),
+    run_step("trajectories", commands.trajectories(config, proxy_url, layout.results_url(config.run_url, iteration),
                                                    iteration, python=sys.executable), env, logs / f"trajectories-{iteration}.log")
     timings["trajectories_s"] = time.monotonic() - started - timings["rollouts_s"]
     say(f"iteration {iteration}: veRL update")
     checkpoint, next_checkpoint = config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)
-    run_step("update", commands.update(config, commands.partition_url(config, iteration), checkpoint, next_checkpoint,
+    run_step("update", commands.update(config, layout.run_partition_url(config.run_url, config.run, iteration), checkpoint, next_checkpoint,
                                        python=train_python()), env, logs / f"update-{iteration}.log")
     timings["update_s"] = time.monotonic() - started - timings["rollouts_s"] - timings["trajectories_s"]
     if skipped := (manifest.read_metrics(next_checkpoint) or {}).get("skipped"):
@@ -211,7 +215,7 @@ def run_local(config: RunConfig) -> int:
               "folder (the cluster workflows take s3:// stores)", file=sys.stderr)
         return 2
     config = absolute(config)
-    logs = Path(config.run_url) / "logs"
+    logs = Path(layout.logs_url(config.run_url))
     logs.mkdir(parents=True, exist_ok=True)
     if manifest.read_run_config(config.run_url) is None:
         manifest.write_run_config(config.run_url, config.to_dict())

@@ -30,6 +30,7 @@ if __package__ in (None, ""):  # run as `python workflows/submit.py`: make the r
 
 from steps import manifest, sampling  # noqa: E402
 from steps.manifest import IterationRecord  # noqa: E402
+from workflows import layout  # noqa: E402
 from workflows.argo import ArgoClient, ArgoError, Progress  # noqa: E402
 from workflows.config import ConfigError, RunConfig, from_dict, load_config, validate_for_argo  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
@@ -75,7 +76,7 @@ def stored_config(config: RunConfig) -> RunConfig:
         raise ConfigError("name the run with --run NAME (its folder under the store)")
     stored = manifest.read_run_config(config.run_url)
     if stored is None:
-        raise ConfigError(f"no run named {config.run!r} in the store {config.store!r} (no {config.run_url}/manifest/run.json)")
+        raise ConfigError(f"no run named {config.run!r} in the store {config.store!r} (no {layout.run_config_url(config.run_url)})")
     return dataclasses.replace(from_dict(stored), argo_server=config.argo_server or stored.get("argo_server", ""))
 
 
@@ -132,7 +133,7 @@ def start(config: RunConfig, args: argparse.Namespace) -> int:
         raise ConfigError(f"run {config.run!r} already exists in {config.store}; continue it with "
                           f"`python workflows/submit.py resume --run {config.run}`")
     manifest.write_run_config(config.run_url, config.to_dict())
-    print(f"run {config.run}: {config.iterations} iterations, manifest in {config.run_url}/manifest", flush=True)
+    print(f"run {config.run}: {config.iterations} iterations, manifest in {layout.manifest_url(config.run_url)}", flush=True)
     return drive(config, client, args.poll)
 
 

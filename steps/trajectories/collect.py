@@ -2,7 +2,8 @@
 
 Results come from `{results}/*/result.json` (one folder per rollout, as `steps.rollout` writes them);
 calls come from the proxy's admin route or straight from its store. Infra-error rollouts keep their
-row in `rollouts` (and their calls in `calls`) but give no training samples.
+row in `rollouts` (and their calls in `calls`) but give no training samples. Every row's `task` and
+`sample` are the ones its result names (the plan's, carried by the rollout step), never re-derived.
 
 No bad record stops an iteration (docs/trajectories.md, "Bad records"): the store's reader skips what it
 cannot read, a call whose fields do not fit the tables is left out of `calls` and `samples`, and a
@@ -13,8 +14,6 @@ on stderr and in the summary's `skipped`, with its rollout.
 import asyncio
 import json
 import sys
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import fsspec
 import msgspec
 import pyarrow as pa
 
+from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.proxy.store import CallStore
 from steps.trajectories.samples import RolloutSamples, build_samples
 from steps.trajectories.schema import (
@@ -34,6 +34,7 @@ from steps.trajectories.schema import (
     ROLLOUTS,
     SAMPLES,
 )
+from workflows.layout import RESULT_FILE
 
 TRAINABLE_STATUSES = ("ok", "agent_timeout")  # infra_error rollouts are never trained on
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]  # the tables' int32 columns
@@ -66,9 +67,9 @@ class CollectError(RuntimeError):
 def load_results(results: str, storage_options: dict | None = None) -> list[dict]:
     """Every `result.json` one folder below `results`, ordered by rollout id."""
     fs, root = fsspec.core.url_to_fs(results, **(storage_options or {}))
-    paths = sorted(fs.glob(f"{root.rstrip('/')}/*/result.json"))
+    paths = sorted(fs.glob(f"{root.rstrip('/')}/*/{RESULT_FILE}"))
     if not paths:
-        raise CollectError(f"no rollout results under {results} (expected {results}/<rollout>/result.json).")
+        raise CollectError(f"no rollout results under {results} (expected {results}/<rollout>/{RESULT_FILE}).")
     contents = fs.cat(paths)
     loaded: dict[str, tuple[str, dict]] = {}
     for path in paths:
@@ -87,22 +88,18 @@ def fetch_calls_http(proxy_url: str, admin_key: str, rollout_ids: list[str],
                      workers: int = 16) -> tuple[dict[str, list[dict]], list[dict]]:
     """Each rollout's recorded calls from the proxy's `GET /rollouts/{id}/calls`, and the stored records
     skipped ({"rollout_id", "record", "error"}; a rollout whose calls the proxy failed to give is one)."""
+    client = ProxyClient(proxy_url, admin_key)
+
     def one(rollout_id: str) -> tuple[list[dict], list[dict]]:
-        req = urllib.request.Request(f"{proxy_url.rstrip('/')}/rollouts/{rollout_id}/calls",
-                                     headers={"authorization": f"Bearer {admin_key}"})
         try:
-            with urllib.request.urlopen(req, timeout=300) as resp:
-                answer = json.loads(resp.read())
-            return answer["calls"], [{"rollout_id": rollout_id, **s} for s in answer.get("skipped") or []]
-        except urllib.error.HTTPError as err:
-            if err.code == 404:  # never registered (an infra error before the harness started)
+            answer = client.calls(rollout_id)
+            return answer.calls, [{"rollout_id": rollout_id, **s} for s in answer.skipped]
+        except ProxyClientError as err:
+            if err.status == 404:  # never registered (an infra error before the harness started)
                 return [], []
-            said = f"proxy answered {err.code} to GET /rollouts/{rollout_id}/calls: {err.read()[:300].decode(errors='replace')}"
-            if err.code >= 500:  # this rollout's calls, not the whole iteration
-                return [], [{"rollout_id": rollout_id, "record": "all its calls", "error": said}]
-            raise CollectError(said) from None
-        except (urllib.error.URLError, OSError) as err:
-            raise CollectError(f"proxy at {proxy_url} is unreachable: {err}") from None
+            if err.status is not None and err.status >= 500:  # this rollout's calls, not the whole iteration
+                return [], [{"rollout_id": rollout_id, "record": "all its calls", "error": str(err)}]
+            raise CollectError(str(err)) from None
 
     with ThreadPoolExecutor(workers) as pool:
         answers = list(pool.map(one, rollout_ids))
@@ -143,16 +140,14 @@ def fitting_calls(rollout_id: str, calls: list[dict]) -> tuple[list[dict], list[
     return kept, skipped
 
 
-def group_indices(results: list[dict]) -> dict[str, int]:
-    """Each rollout's index within its task group: `metadata.sample` if the rollout step was given one,
-    else its position among the task's rollouts ordered by id."""
-    counters: dict[str, int] = defaultdict(int)
-    indices = {}
-    for result in results:
-        given = (result.get("metadata") or {}).get("sample")
-        indices[result["rollout_id"]] = int(given) if given is not None else counters[result["task"]]
-        counters[result["task"]] += 1
-    return indices
+def planned_sample(result: dict) -> int | None:
+    """The plan's sample number as the result names it; None for a result that names none (or not a number).
+
+    >>> planned_sample({"sample": 3}), planned_sample({}), planned_sample({"sample": "3"})
+    (3, None, None)
+    """
+    sample = result.get("sample")
+    return sample if isinstance(sample, int) and not isinstance(sample, bool) and 0 <= sample < 2**31 else None
 
 
 @dataclass
@@ -235,11 +230,10 @@ class HarnessStats:
 def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iteration: int) -> tuple[Rows, dict]:
     """The three tables' rows and per-harness statistics for one run-iteration."""
     rows, stats = Rows(), defaultdict(HarnessStats)
-    groups = group_indices(results)
     for n, result in enumerate(results, 1):
         rid = result["rollout_id"]
         keys = {"run": run, "iteration": iteration, "rollout_id": rid, "task": result.get("task"),
-                "sample": groups[rid], "harness": result.get("harness")}
+                "sample": planned_sample(result), "harness": result.get("harness")}
         trainable = result.get("status") in TRAINABLE_STATUSES
         stored, skipped = fitting_calls(rid, calls.get(rid, []))
         rows.skipped += skipped

@@ -1,6 +1,7 @@
 """Writing and reading trajectory tables as Parquet (zstd) on any fsspec URL: a local folder or `s3://`.
 
-Layout, partitioned by run and iteration (Hive-style names, so `pyarrow.dataset` can also read it):
+Layout, partitioned by run and iteration (Hive-style names, so `pyarrow.dataset` can also read it;
+`workflows.layout.partition_url` and `table_url` own it):
 
     {out}/run={run}/iteration={iteration}/{calls,rollouts,samples}.parquet
 
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from steps.trajectories.schema import TABLES, check_schema
+from workflows.layout import partition_url, table_url  # noqa: F401 - partition_url is this package's API too
 
 COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 3  # level 9 saved little and cost 2-3x on token ids (notes/argo-hera-s3.md)
@@ -24,16 +26,6 @@ COMPRESSION_LEVEL = 3  # level 9 saved little and cost 2-3x on token ids (notes/
 
 class TrajectoryFileError(ValueError):
     """A trajectory file that is missing, truncated or not Parquet."""
-
-
-def partition_url(out: str, run: str, iteration: int) -> str:
-    """The folder holding one run-iteration's tables."""
-    return f"{out.rstrip('/')}/run={run}/iteration={iteration}"
-
-
-def table_url(partition: str, name: str) -> str:
-    """The URL of one table's file in a partition folder."""
-    return f"{partition.rstrip('/')}/{name}.parquet"
 
 
 def _filesystem(url: str, storage_options: dict | None) -> tuple[fsspec.AbstractFileSystem, str, bool]:

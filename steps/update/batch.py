@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from steps.update.config import UpdateConfig
+from workflows.layout import table_url
 
 # The `samples` columns the update reads (written by `steps.trajectories`).
 SAMPLE_COLUMNS = ["rollout_id", "task", "prompt_token_ids", "response_token_ids", "response_mask",
@@ -93,7 +94,7 @@ def read_samples(url: str) -> list[Sample]:
     import pyarrow.parquet as pq
 
     if not url.endswith(".parquet"):
-        url = url.rstrip("/") + "/samples.parquet"
+        url = table_url(url, "samples")
     try:
         with fsspec.open(url, "rb") as handle:
             table = pq.read_table(handle)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from steps.update import batch as update_batch, cpu as update_cpu
-from steps.checkpoint import OPTIMIZER_DIR, fetch, is_remote, publish
+from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish
 from steps.update.batch import Batch, Sample, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
 
@@ -338,7 +338,7 @@ def write_output(worker, checkpoint: Path, out: Path, metrics: dict, config: Upd
         save_checkpoint(worker, checkpoint, out)
         if config.carry_optimizer:
             save_optimizer(worker, out, config, metrics["optimizer_steps_total"])
-    _write_text(out / "metrics.json", json.dumps(metrics, indent=2, allow_nan=False) + "\n")
+    _write_text(out / METRICS_FILE, json.dumps(metrics, indent=2, allow_nan=False) + "\n")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

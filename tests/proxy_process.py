@@ -1,13 +1,13 @@
-"""Start and stop the recording proxy as a subprocess (the local runner, the demo, the tests).
+"""Start and stop the recording proxy as a subprocess, for the tests and benchmarks.
 
     with serve_proxy(upstream, store, admin_key) as proxy:
         rollout = proxy.register("r-0")          # {"rollout_id", "api_key", "openai_base_url", ...}
         calls = proxy.calls("r-0")
+        proxy.client.close("r-0")                # every admin route: `steps.proxy.client.ProxyClient`
 
 The command is exactly `python -m steps.proxy ...`, the one the serve pod runs.
 """
 
-import json
 import os
 import resource
 import signal
@@ -15,8 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from pathlib import Path
 
 from steps.net import HOST, free_port
 from steps.proxy.__main__ import command_line
+from steps.proxy.client import ProxyClient, ProxyClientError
 
 
 @dataclass
@@ -35,27 +34,24 @@ class ProxyProcess:
     admin_key: str
     log_path: Path
     args: list[str] = field(default_factory=list)
+    store: str = ""  # the proxy's store: rollouts/<id>/rollout.json holds each registration
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
-    def admin(self, method: str, path: str, body: dict | None = None) -> dict:
-        """Calls an admin route and returns its JSON answer (raises urllib's HTTPError on >= 400)."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"authorization": f"Bearer {self.admin_key}",
-                                              "content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            return json.loads(resp.read())
+    @property
+    def client(self) -> ProxyClient:
+        """The admin API, with this proxy's admin key."""
+        return ProxyClient(self.url, self.admin_key)
 
     def register(self, rollout_id: str, metadata: dict | None = None) -> dict:
         """Registers a rollout; returns its key and base URLs."""
-        return self.admin("POST", "/rollouts", {"rollout_id": rollout_id, "metadata": metadata or {}})
+        return self.client.register(rollout_id, metadata)
 
     def calls(self, rollout_id: str) -> list[dict]:
         """The rollout's recorded calls, in order."""
-        return self.admin("GET", f"/rollouts/{rollout_id}/calls")["calls"]
+        return self.client.calls(rollout_id).calls
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -82,15 +78,16 @@ def start_proxy(upstream: str, store: str, admin_key: str, port: int | None = No
         process = subprocess.Popen(proxy_command(upstream, store, port, list(extra)), env=full_env,
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    preexec_fn=None if open_files is None else lambda: _limit_open_files(open_files))
-    proxy = ProxyProcess(process, port, admin_key, log_path, list(extra))
+    proxy = ProxyProcess(process, port, admin_key, log_path, list(extra), store)
+    probe = ProxyClient(proxy.url, admin_key, timeout_s=2, retries=0)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the proxy exited with code {process.returncode}; log:\n{proxy.log_tail()}")
         try:
-            with urllib.request.urlopen(f"{proxy.url}/health", timeout=2):
-                return proxy
-        except (urllib.error.URLError, OSError):
+            probe.health()
+            return proxy
+        except ProxyClientError:
             time.sleep(0.1)
     stop_proxy(proxy)
     raise RuntimeError(f"the proxy did not answer /health within {timeout_s:.0f} s; log:\n{proxy.log_tail()}")

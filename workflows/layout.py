@@ -1,0 +1,146 @@
+"""Where a run's files live: every URL under the run's folder in the store, and nowhere else.
+
+    from workflows import layout
+    run = layout.run_url("s3://openforge/runs", "demo")
+    layout.result_url(run, 0, "it0-hello-file-s0")  # 's3://openforge/runs/demo/results/iteration-0/it0-hello-file-s0/result.json'
+
+The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster):
+
+    <store>/<run>/
+    ├── manifest/
+    │   ├── run.json                      the run's config, written once when the run starts
+    │   └── iteration-<N>.json            one per iteration: workflow, checkpoints, phase, the update's metrics
+    ├── calls/                            the proxy's store (steps.proxy.store owns what is inside:
+    │   └── rollouts/<rollout_id>/...     rollout.json, then calls.jsonl or calls/<index>.json)
+    ├── results/
+    │   ├── iteration-<N>/
+    │   │   └── <rollout_id>/result.json  one folder per rollout attempt (steps.rollout's OUT)
+    │   └── iteration-<N>-attempt-<K>/    local runner: what an earlier, dead start of iteration N left
+    ├── trajectories/
+    │   └── run=<run>/iteration=<N>/      calls.parquet, rollouts.parquet, samples.parquet
+    ├── checkpoints/
+    │   └── iteration-<N>/                N >= 1: what iteration N-1's update wrote (iteration 0 serves
+    │       └── metrics.json              the run's `model`); the update's metrics beside the weights
+    ├── logs/                             local runner: one log per step, serve's and vLLM's
+    └── reports/                          the run's reports
+
+Every step and both runners (`workflows/local.py`, `workflows/iteration.py`) take their URLs from here,
+so a run written by one is read by the other. This module imports nothing beyond the standard library:
+the rollout pod's Python imports it through `steps.rollout`.
+"""
+
+RESULT_FILE = "result.json"  # the rollout step's output, in its OUT folder
+METRICS_FILE = "metrics.json"  # the update's metrics, in the checkpoint folder it wrote
+
+
+def _join(url: str, *parts: str) -> str:
+    return "/".join([url.rstrip("/"), *parts])
+
+
+def run_url(store: str, run: str) -> str:
+    """The run's folder or URL; everything the run writes lives under it.
+
+    >>> run_url("s3://bucket/runs/", "demo")
+    's3://bucket/runs/demo'
+    """
+    return _join(store, run)
+
+
+def calls_url(run_url: str) -> str:
+    """The proxy's store: one record per model call, by rollout."""
+    return _join(run_url, "calls")
+
+
+def results_url(run_url: str, iteration: int | str) -> str:
+    """The folder holding one `<rollout_id>/result.json` per rollout attempt of an iteration."""
+    return _join(run_url, "results", f"iteration-{iteration}")
+
+
+def rollout_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
+    """One rollout attempt's folder (the rollout step's `--out`)."""
+    return _join(results_url(run_url, iteration), rollout_id)
+
+
+def result_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
+    """One rollout attempt's `result.json`."""
+    return _join(rollout_url(run_url, iteration, rollout_id), RESULT_FILE)
+
+
+def set_aside_results_url(run_url: str, iteration: int, attempt: int) -> str:
+    """Where the local runner moves the results of iteration `iteration`'s start number `attempt` (0, 1, ...)
+    when a later start runs it again.
+
+    >>> set_aside_results_url("runs/demo", 1, 0)
+    'runs/demo/results/iteration-1-attempt-0'
+    """
+    return f"{results_url(run_url, iteration)}-attempt-{attempt}"
+
+
+def trajectories_url(run_url: str) -> str:
+    """Where the trajectories step writes; each iteration's tables are a partition below it."""
+    return _join(run_url, "trajectories")
+
+
+def partition_url(trajectories: str, run_name: str, iteration: int | str) -> str:
+    """The folder holding one run-iteration's tables below `trajectories` (Hive-style names, so that
+    `pyarrow.dataset` reads the whole folder as one dataset partitioned by run and iteration).
+
+    >>> partition_url("s3://b/runs/demo/trajectories", "demo", 2)
+    's3://b/runs/demo/trajectories/run=demo/iteration=2'
+    """
+    return _join(trajectories, f"run={run_name}", f"iteration={iteration}")
+
+
+def run_partition_url(run_url: str, run_name: str, iteration: int | str) -> str:
+    """One iteration's tables of the run at `run_url` (named `run_name`): what its update trains on."""
+    return partition_url(trajectories_url(run_url), run_name, iteration)
+
+
+def table_url(partition: str, table: str) -> str:
+    """One table's file in a partition folder."""
+    return _join(partition, f"{table}.parquet")
+
+
+def checkpoint_url(run_url: str, iteration: int, base_model: str) -> str:
+    """The checkpoint iteration `iteration` serves: the base model, then what the previous update wrote.
+
+    >>> checkpoint_url("runs/demo", 0, "models/base"), checkpoint_url("runs/demo", 2, "models/base")
+    ('models/base', 'runs/demo/checkpoints/iteration-2')
+    """
+    return base_model if iteration == 0 else _join(run_url, "checkpoints", f"iteration-{iteration}")
+
+
+def metrics_url(checkpoint: str) -> str:
+    """The update's `metrics.json`, in the checkpoint folder it wrote."""
+    return _join(checkpoint, METRICS_FILE)
+
+
+def manifest_url(run_url: str) -> str:
+    """The run manifest's folder."""
+    return _join(run_url, "manifest")
+
+
+def run_config_url(run_url: str) -> str:
+    """The run's config as it started (`manifest/run.json`)."""
+    return _join(manifest_url(run_url), "run.json")
+
+
+def iteration_record_url(run_url: str, iteration: int) -> str:
+    """One iteration's record in the manifest (one file each: the driver and Argo's exit handler never
+    rewrite each other's iterations)."""
+    return _join(manifest_url(run_url), f"iteration-{iteration}.json")
+
+
+def iteration_records_glob(run_url: str) -> str:
+    """A glob matching every iteration record of the manifest."""
+    return _join(manifest_url(run_url), "iteration-*.json")
+
+
+def logs_url(run_url: str) -> str:
+    """The local runner's step logs."""
+    return _join(run_url, "logs")
+
+
+def reports_url(run_url: str) -> str:
+    """The run's reports."""
+    return _join(run_url, "reports")
