@@ -288,3 +288,18 @@ def test_a_bad_sampling_flag_stops_the_proxy_in_one_sentence(flag: str, message:
     assert forced == {"temperature": 0.7, "top_p": 1.0, "top_k": 20, "min_p": 0.0, "presence_penalty": 0.0,
                       "frequency_penalty": 0.0, "repetition_penalty": 1.0}
     assert parse_args(argv).forced_sampling == {}  # no --sampling: a plain recorder
+
+
+def test_fields_that_reshape_the_distribution_are_removed_when_the_run_owns_sampling() -> None:
+    """logit_bias, token masks, min_tokens and structured outputs would make vLLM's logprobs those of another
+    distribution than the trainer's: with the run's sampling forced they never reach vLLM; a plain recorder
+    (the control) passes them on."""
+    from steps.proxy.config import ProxyConfig
+    from steps.sampling import NEUTRAL, RESHAPING
+
+    asked = {"temperature": 0.2, "logit_bias": {"10": 100}, "allowed_token_ids": [10], "min_tokens": 4,
+             "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a+"}, "stop": ["\n"]}
+    forced = ProxyConfig("u", "s", "k", forced_sampling=dict(NEUTRAL)).sampling(dict(asked))
+    assert forced == {"stop": ["\n"], **NEUTRAL}
+    assert ProxyConfig("u", "s", "k").sampling(dict(asked)) == asked
+    assert {"logit_bias", "allowed_token_ids", "min_tokens", "response_format", "structured_outputs"} <= set(RESHAPING)

@@ -38,7 +38,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from steps.net import HOST, free_port
-from steps.sampling import KEYS, NEUTRAL, as_flags
+from steps.sampling import KEYS, NEUTRAL, RESHAPING, as_flags
 from steps.vllm_server import spawn, stop_vllm, vllm_command, wait_healthy
 
 pytestmark = pytest.mark.vllm
@@ -445,12 +445,14 @@ def test_a_stop_string_cuts_the_text_but_the_sampled_tokens_are_all_recorded(dia
 RUN_SAMPLING = dict(NEUTRAL)  # a run's defaults: temperature 1.0, every other key neutral
 # What a harness asks for instead, in each SDK's own terms (Anthropic's top_k as well).
 HARNESS_ASKS = {
-    "chat_completions": dict(temperature=0.2, top_p=0.5, max_tokens=5, presence_penalty=0.5),
+    "chat_completions": dict(temperature=0.2, top_p=0.5, max_tokens=5, presence_penalty=0.5,
+                             logit_bias={"10": 100}, extra_body={"min_tokens": 3, "allowed_token_ids": [10, 11]}),
     "responses": dict(temperature=0.2, top_p=0.5, max_output_tokens=5),
     "messages": dict(max_tokens=5, extra_body={"temperature": 0.2, "top_p": 0.5, "top_k": 5}),
 }
 HARNESS_ASKS_UPSTREAM = {  # the same in vLLM's chat terms: what the record keeps as asked
-    "chat_completions": dict(temperature=0.2, top_p=0.5, presence_penalty=0.5),
+    "chat_completions": dict(temperature=0.2, top_p=0.5, presence_penalty=0.5, logit_bias={"10": 100},
+                             min_tokens=3, allowed_token_ids=[10, 11]),
     "responses": dict(temperature=0.2, top_p=0.5),
     "messages": dict(temperature=0.2, top_p=0.5, top_k=5),
 }
@@ -475,6 +477,7 @@ def test_the_runs_sampling_reaches_vllm_whatever_the_harness_asked(dialect, tap,
 
     assert {key: exchange["request"].get(key) for key in KEYS} == RUN_SAMPLING, "vLLM did not get the run's sampling"
     assert {key: call["sampling"].get(key) for key in KEYS} == RUN_SAMPLING
+    assert not set(RESHAPING) & set(exchange["request"]), "a field that reshapes the distribution reached vLLM"
     asked = HARNESS_ASKS_UPSTREAM[dialect]
     assert {key: call["sampling_requested"].get(key) for key in asked} == asked
     assert call["sampling_requested"]["max_tokens"] == call["sampling"]["max_tokens"] == 5

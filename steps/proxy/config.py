@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from steps.proxy.protocol import plain
+from steps.sampling import RESHAPING
 
 
 @dataclass
@@ -36,8 +37,17 @@ class ProxyConfig:
 
     def sampling(self, body: dict) -> dict:
         """The upstream chat body with the run's sampling forced on it, whatever the harness sent (neutral values
-        too: a harness's top_p 0.5 becomes the run's 1.0), and the token cap applied."""
-        body.update(self.forced_sampling)
+        too: a harness's top_p 0.5 becomes the run's 1.0) and the fields that reshape it removed (`steps.sampling.
+        RESHAPING`: logit_bias, structured outputs, ...), and the token cap applied.
+
+        >>> ProxyConfig("u", "s", "k", forced_sampling={"temperature": 1.0}).sampling(
+        ...     {"temperature": 0.2, "logit_bias": {"7": 100}, "max_tokens": 5})
+        {'temperature': 1.0, 'max_tokens': 5}
+        """
+        if self.forced_sampling:
+            for key in RESHAPING:
+                body.pop(key, None)
+            body.update(self.forced_sampling)
         if self.max_tokens_cap is not None:
             asked = plain(body.get("max_tokens"))
             body["max_tokens"] = min(asked or self.max_tokens_cap, self.max_tokens_cap)

@@ -26,6 +26,7 @@ from steps.logs import now
 from steps.proxy.errors import ProxyError
 from steps.proxy.protocol import Raw, decode, one_line
 from steps.proxy.sessions import Rollout
+from steps.sampling import RESHAPING
 from steps.proxy.store import CallIndexTaken, StoreWriteFailed, share_prompt, share_request
 
 log = logging.getLogger("openforge.proxy")
@@ -33,8 +34,10 @@ log = logging.getLogger("openforge.proxy")
 _ID_PREFIX = secrets.token_hex(8)
 _ID_COUNTER = itertools.count()
 
+# What a record keeps of an upstream body's settings, as the harness asked (`sampling_requested`) and as vLLM
+# was sent (`sampling`): the run's keys, the fields that reshape the distribution, and the harmless ones.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "presence_penalty",
-                 "frequency_penalty", "repetition_penalty", "min_p", "tool_choice")
+                 "frequency_penalty", "repetition_penalty", "min_p", "tool_choice", *RESHAPING)
 INDEX_RETRIES = 3  # an object store's index held by another writer: take the next free one, this often
 
 
