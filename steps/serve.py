@@ -45,6 +45,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens-cap", type=int)
     p.add_argument("--weight-version")
     vllm = p.add_argument_group("vLLM", "serving options (docs/serving.md)")
+    # Shown in every serve step (the DAG, a dry run) though its one value is the builder's own: sampling defaults
+    # are vLLM's, never the checkpoint's generation_config.json; the run's sampling is forced by the proxy.
+    vllm.add_argument("--generation-config", choices=("vllm",), default="vllm",
+                      help="where vLLM's sampling defaults come from: vllm (never the checkpoint)")
     vllm.add_argument("--tool-call-parser", default="", help="default: the one of the checkpoint's family")
     vllm.add_argument("--reasoning-parser", default="", help="default: none")
     vllm.add_argument("--max-model-len", type=int, default=0, help="0: vLLM's default on GPU, 32768 on CPU")

@@ -346,6 +346,10 @@ def test_dry_run_prints_every_workflow(capsys) -> None:
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert [d["metadata"]["name"] for d in docs] == ["openforge-dry-it0", "openforge-dry-it1", "openforge-dry-it2"]
     assert docs[2] == iteration_workflow(cluster_config("run=dry", "iterations=3"), 2).to_dict()
+    serve = next(t for t in docs[0]["spec"]["templates"] if t["name"] == "serve")["container"]["command"]
+    pairs = set(zip(serve, serve[1:]))  # the run's sampling and no checkpoint defaults, visible in the serve step
+    assert {("--generation-config", "vllm"), ("--sampling", "temperature=1.0"), ("--sampling", "top_p=1.0"),
+            ("--sampling", "top_k=0")} <= pairs
 
 
 def test_without_argo_server_calls_the_local_runner(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,6 +34,7 @@ def serve(config: RunConfig, model: str, store: str, weight_version: str | int, 
     return [python, "-m", "steps.serve", "--model", model, *(["--model-dir", model_dir] if model_dir else []),
             "--model-name", config.model_name, "--port", str(port), "--store", store, "--host", host,
             "--device", device, "--gpus", str(config.serve_gpus), "--max-tokens-cap", str(config.max_tokens_cap),
+            "--generation-config", "vllm",
             "--weight-version", str(weight_version), *vllm_flags(config, device),
             *sampling.as_flags(sampling.settings(config))]
 
