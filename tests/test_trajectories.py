@@ -403,3 +403,15 @@ def test_the_cli_names_a_store_that_is_not_one(recorded, tmp_path):
                           capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode == 2 and "typo is not a proxy store" in done.stderr, done.stderr
     assert not (tmp_path / "typo").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_calls_table_written_before_the_sampling_columns_reads_with_nulls_there(tmp_path):
+    """An older run's calls.parquet (no temperature, top_p, top_k) stays readable: those columns are null.
+    Any other missing column is still refused (`test_a_missing_column_is_refused_on_read`)."""
+    table = crafted_tables()["calls"]
+    (tmp_path / "p").mkdir()
+    pq.write_table(table.drop_columns(["temperature", "top_p", "top_k"]), tmp_path / "p" / "calls.parquet")
+    read = read_table(str(tmp_path / "p"), "calls")
+    assert read.schema == table.schema and read.num_rows == table.num_rows
+    assert read.column("temperature").null_count == read.column("top_k").null_count == table.num_rows
+    assert read.column("prompt_token_ids").to_pylist() == table.column("prompt_token_ids").to_pylist()

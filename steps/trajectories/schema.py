@@ -75,6 +75,9 @@ SAMPLES = _with_meta("samples", _KEYS + [
     pa.field("weight_versions", pa.list_(pa.string())),
 ])
 
+# Columns a table gained after schema version 1 was first written: an older file reads with nulls there.
+ADDED_LATER = {"calls": ("temperature", "top_p", "top_k")}
+
 TABLES: dict[str, pa.Schema] = {"calls": CALLS, "rollouts": ROLLOUTS, "samples": SAMPLES}
 
 
@@ -96,10 +99,14 @@ def describe(data_type: pa.DataType) -> str:
 def check_schema(table: pa.Table, expected: pa.Schema, where: str) -> pa.Table:
     """`table` restricted to `expected`'s columns, in order; raises SchemaError naming the first bad column.
 
-    Extra columns are dropped (a newer writer may add some); a missing column or another type is refused.
+    Extra columns are dropped (a newer writer may add some); a column added since a table was written
+    (`ADDED_LATER`) reads as nulls; any other missing column or another type is refused.
     """
     for field in expected:
         index = table.schema.get_field_index(field.name)
+        if index < 0 and field.name in ADDED_LATER.get(expected.metadata[b"openforge.table"].decode(), ()):
+            table = table.append_column(field, pa.nulls(len(table), field.type))
+            continue
         if index < 0:
             raise SchemaError(f"{where} has no column {field.name!r} (expected {describe(field.type)}).")
         found = table.schema.field(index).type
