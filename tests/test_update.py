@@ -22,7 +22,7 @@ from update_reference import craft_samples, load_model, reference_update, respon
 
 # fp32 compute so that the worker and the reference loop agree to float rounding; a large lr so that
 # one step visibly moves the weights.
-OVERRIDES = ["lr=1e-3", "compute_dtype=fp32", "weight_decay=0.0"]
+OVERRIDES = ["learning_rate=1e-3", "compute_dtype=fp32", "weight_decay=0.0"]
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +146,9 @@ def test_a_second_update_continues_the_optimizer_like_one_run(continued: dict) -
 
 
 def test_an_optimizer_state_saved_with_another_lr_is_not_carried(updated: dict) -> None:
-    """veRL's load would bring back the saved lr over the config's, so a changed lr starts fresh."""
-    saved, why = update.saved_optimizer(updated["out"], load_config(None, [*OVERRIDES, "lr=2e-3"]))
-    assert saved is None and why == "fresh: saved with another lr"
+    """veRL's load would bring back the saved learning rate over the config's, so a changed one starts fresh."""
+    saved, why = update.saved_optimizer(updated["out"], load_config(None, [*OVERRIDES, "learning_rate=2e-3"]))
+    assert saved is None and why == "fresh: saved with another learning_rate"
     assert update.saved_optimizer(updated["out"], updated["config"])[1] == "carried"
 
 
@@ -356,19 +356,20 @@ def test_an_out_of_vocabulary_id_would_crash_the_model_and_nan_poisons_the_advan
 
 
 BAD_CONFIGS = [  # (the YAML line or override, what the message says)
-    ("epochs: '2'", "epochs='2': expected a whole number >= 1 (written without quotes)"),
-    ("policy_loss: vanila", "policy_loss='vanila': use one of vanilla, "),
-    ("lr: -1", "lr=-1: expected a number > 0"),
-    ("carry_optimizer: 'no'", "carry_optimizer='no': expected true or false (a YAML boolean, unquoted)"),
-    ("lr: .nan", "lr=nan: expected a number > 0"),
-    ("grad_clip: .inf", "grad_clip=inf: expected a number > 0"),
-    ("betas: [0.9]", "betas=[0.9]: expected a list of two numbers in [0, 1)"),
-    ("clip_ratio_c: 1.0", "clip_ratio_c=1.0: expected a number > 1"),
-    ("loss_agg_mode: mean", "loss_agg_mode='mean': use one of token-mean, "),
-    ("mini_batches: true", "mini_batches=True: expected a whole number >= 1"),
-    ("seed: -3", "seed=-3: expected a whole number in [0, 2**32)"),
-    ("learning_rate: 1.0e-6", "unknown config key 'learning_rate'"),
-    ("compute_dtype: fp16", "compute_dtype='fp16': use one of bf16, fp32"),
+    ("epochs: '2'", "config key 'epochs' must be a whole number >= 1, got '2'; write it without quotes"),
+    ("policy_loss: vanila", "config key 'policy_loss' must be one of vanilla, "),
+    ("learning_rate: -1", "config key 'learning_rate' must be a number > 0, got -1"),
+    ("carry_optimizer: 'no'", "config key 'carry_optimizer' must be true or false, got 'no'; write it without quotes"),
+    ("learning_rate: .nan", "config key 'learning_rate' must be a number > 0, got nan"),
+    ("grad_clip: .inf", "config key 'grad_clip' must be a number > 0, got inf"),
+    ("betas: [0.9]", "config key 'betas' must be a list of two numbers in [0, 1), e.g. [0.9, 0.999], got [0.9]"),
+    ("clip_ratio_c: 1.0", "config key 'clip_ratio_c' must be a number > 1"),
+    ("loss_agg_mode: mean", "config key 'loss_agg_mode' must be one of token-mean, "),
+    ("mini_batches: true", "config key 'mini_batches' must be a whole number >= 1, got True"),
+    ("seed: -3", "config key 'seed' must be a whole number in [0, 2**32), got -3"),
+    ("lr: 1.0e-6", "was renamed to 'learning_rate'"),
+    ("max_tokens_per_microbatch: 8", "unknown config key 'max_tokens_per_microbatch' (in "),
+    ("compute_dtype: fp16", "config key 'compute_dtype' must be one of bf16, fp32, got 'fp16'"),
 ]
 
 
@@ -392,9 +393,10 @@ def test_a_bad_config_key_is_refused_in_one_sentence_before_a_model_is_loaded(li
 def test_valid_spellings_of_the_same_keys_are_accepted(tmp_path: Path) -> None:
     """Control: the same keys written as their types want them load, and YAML's unquoted no is false."""
     config = tmp_path / "update.yaml"
-    config.write_text("epochs: 2\npolicy_loss: vanilla\nlr: 3e-6\ncarry_optimizer: no\nbetas: [0.9, 0.95]\n")
+    config.write_text("epochs: 2\npolicy_loss: vanilla\nlearning_rate: 3e-6\ncarry_optimizer: no\nbetas: [0.9, 0.95]\n")
     loaded = load_config(config, ["seed=7", "correction=tis", "norm_adv_by_std_in_grpo=false"])
-    assert (loaded.epochs, loaded.policy_loss, loaded.lr, loaded.carry_optimizer) == (2, "vanilla", 3e-6, False)
+    assert (loaded.epochs, loaded.policy_loss, loaded.learning_rate, loaded.carry_optimizer) == (2, "vanilla", 3e-6,
+                                                                                                 False)
     assert (loaded.betas, loaded.seed, loaded.correction, loaded.norm_adv_by_std_in_grpo) == ([0.9, 0.95], 7, "tis",
                                                                                              False)
     assert load_config(None, ["carry_optimizer=true"]).carry_optimizer is True

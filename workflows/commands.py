@@ -39,9 +39,9 @@ def partition_url(config: RunConfig, iteration: int) -> str:
 
 
 def update_overrides(config: RunConfig) -> list[str]:
-    """The run's algorithm settings as `key=value` overrides of the update's own config file."""
-    return [f"adv_estimator={config.algorithm}", f"lr={config.learning_rate!r}", f"epochs={config.epochs}",
-            f"seed={config.seed}"]
+    """The run's algorithm settings as `key=value` overrides of the update's own config file (same names)."""
+    return [f"adv_estimator={config.adv_estimator}", f"learning_rate={config.learning_rate!r}",
+            f"epochs={config.epochs}", f"seed={config.seed}"]
 
 
 # ---- the commands ----
