@@ -145,7 +145,7 @@ def test_a_second_update_continues_the_optimizer_like_one_run(continued: dict) -
     assert fresh_gap > 1e-4  # a fresh optimiser's first step is ~lr on every parameter
 
 
-def test_an_optimizer_state_saved_with_another_lr_is_not_carried(updated: dict) -> None:
+def test_an_optimizer_state_saved_with_another_learning_rate_is_not_carried(updated: dict) -> None:
     """veRL's load would bring back the saved learning rate over the config's, so a changed one starts fresh."""
     saved, why = update.saved_optimizer(updated["out"], load_config(None, [*OVERRIDES, "learning_rate=2e-3"]))
     assert saved is None and why == "fresh: saved with another learning_rate"
