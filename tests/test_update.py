@@ -2,7 +2,8 @@
 
 Needs the training environment (torch + verl==0.9.1, see `docs/update.md`); skipped where verl is not
 importable. One update runs once per module and is checked against a plain reference loop built from
-veRL's own policy loss + AdamW (`update_reference.py`).
+veRL's own policy loss + AdamW (`update_reference.py`). The tests that run an update are marked `slow`;
+the rest (advantages, refused samples and config keys) load no model and are in `make test-fast`.
 """
 
 import importlib.util
@@ -100,6 +101,7 @@ def test_a_group_whose_rewards_are_all_equal_gets_exactly_no_advantage() -> None
     assert update.no_gradient({k: v for k, v in advantages.items() if k.startswith("t0-")}, load_config(None, []))
 
 
+@pytest.mark.slow
 def test_worker_update_equals_reference_loop(updated: dict) -> None:
     """Loss, grad norm and updated weights of veRL's worker match the plain loop's."""
     metrics, reference = updated["metrics"], updated["reference"]
@@ -114,6 +116,7 @@ def test_worker_update_equals_reference_loop(updated: dict) -> None:
     assert metrics["entropy"] > 0
 
 
+@pytest.mark.slow
 def test_the_first_update_starts_a_fresh_optimizer_and_saves_it(updated: dict) -> None:
     """The base model has no optimiser state; the update saves AdamW's, as it was after the step."""
     assert updated["metrics"]["optimizer_state"] == "fresh: the checkpoint has no optimizer state"
@@ -127,6 +130,7 @@ def test_the_first_update_starts_a_fresh_optimizer_and_saves_it(updated: dict) -
         assert int(state["step"]) == 1
 
 
+@pytest.mark.slow
 def test_a_second_update_continues_the_optimizer_like_one_run(continued: dict) -> None:
     """Carried: step count 2 and the same moments and weights as two steps of one worker; off: neither."""
     assert continued["carried_metrics"]["optimizer_state"] == "carried"
@@ -145,6 +149,7 @@ def test_a_second_update_continues_the_optimizer_like_one_run(continued: dict) -
     assert fresh_gap > 1e-4  # a fresh optimiser's first step is ~lr on every parameter
 
 
+@pytest.mark.slow
 def test_an_optimizer_state_saved_with_another_learning_rate_is_not_carried(updated: dict) -> None:
     """veRL's load would bring back the saved learning rate over the config's, so a changed one starts fresh."""
     saved, why = update.saved_optimizer(updated["out"], load_config(None, [*OVERRIDES, "learning_rate=2e-3"]))
@@ -152,6 +157,7 @@ def test_an_optimizer_state_saved_with_another_learning_rate_is_not_carried(upda
     assert update.saved_optimizer(updated["out"], updated["config"])[1] == "carried"
 
 
+@pytest.mark.slow
 def test_parameters_change(updated: dict, checkpoint: Path) -> None:
     """Every trained matrix moved."""
     original = load_model(checkpoint).state_dict()
@@ -159,6 +165,7 @@ def test_parameters_change(updated: dict, checkpoint: Path) -> None:
     assert len(moved) == len(updated["params"])
 
 
+@pytest.mark.slow
 def test_masked_tokens_get_no_gradient(checkpoint: Path, samples, updated: dict) -> None:
     """Garbage advantages / old logprobs on response_mask 0 tokens change neither loss nor grad norm."""
     config = updated["config"]
@@ -175,6 +182,7 @@ def test_masked_tokens_get_no_gradient(checkpoint: Path, samples, updated: dict)
     assert metrics["grad_norm"][0] == pytest.approx(updated["metrics"]["grad_norm"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_and_changes_output(updated: dict, checkpoint: Path, samples) -> None:
     """The written folder is a complete HF model with the trained weights; it moved the policy the right way."""
     out = updated["out"]
@@ -199,6 +207,7 @@ def test_checkpoint_loads_and_changes_output(updated: dict, checkpoint: Path, sa
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("OPENFORGE_SERVE_PYTHON"),
                     reason="vLLM is not installed here and OPENFORGE_SERVE_PYTHON names no serving env's Python")
 def test_vllm_reloads_checkpoint_and_output_changes(updated: dict, samples, vllm_server: str,
@@ -224,6 +233,7 @@ def test_vllm_reloads_checkpoint_and_output_changes(updated: dict, samples, vllm
     assert after != before
 
 
+@pytest.mark.slow
 def test_cli_trains_on_samples_parquet(checkpoint: Path, samples, tmp_path: Path) -> None:
     """`python -m steps.update` end to end on a samples Parquet file, with TIS correction."""
     import pyarrow as pa
@@ -242,6 +252,7 @@ def test_cli_trains_on_samples_parquet(checkpoint: Path, samples, tmp_path: Path
                         str(tmp_path / "bad"), "correction=nope"]) == 2
 
 
+@pytest.mark.slow
 def test_cli_skips_the_step_when_no_rollout_has_an_advantage(updated: dict, samples, tmp_path: Path) -> None:
     """Every task's rollouts earned the same reward: no gradient, so no worker; the weights and the optimiser
     state are copied unchanged."""
