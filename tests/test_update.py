@@ -158,6 +158,18 @@ def test_an_optimizer_state_saved_with_another_learning_rate_is_not_carried(upda
 
 
 @pytest.mark.slow
+def test_an_optimizer_state_saved_before_lr_was_renamed_is_carried(updated: dict, tmp_path: Path) -> None:
+    """A checkpoint whose `state.json` says `lr` (the name before `learning_rate`) continues its optimiser;
+    the same state with another value under the old name still starts fresh (control)."""
+    state = json.loads((updated["out"] / "optimizer" / "state.json").read_text())
+    for value, expected in ((state["learning_rate"], "carried"), (2e-3, "fresh: saved with another learning_rate")):
+        (tmp_path / "optimizer").mkdir(exist_ok=True)
+        old = {("lr" if key == "learning_rate" else key): item for key, item in state.items()} | {"lr": value}
+        (tmp_path / "optimizer" / "state.json").write_text(json.dumps(old))
+        assert update.saved_optimizer(tmp_path, updated["config"])[1] == expected
+
+
+@pytest.mark.slow
 def test_parameters_change(updated: dict, checkpoint: Path) -> None:
     """Every trained matrix moved."""
     original = load_model(checkpoint).state_dict()
