@@ -11,7 +11,8 @@ value is checked against its field's type, strictly:
   reads an exponent without a dot as a string), never NaN or infinity;
 - a boolean is YAML's unquoted true/false (or yes/no, on/off), never a quoted string such as 'no';
 - text (`str`) is a string; an empty value is "";
-- a list (`list[float]`, `list[int]`, `list[str]`) holds values of that type; an empty value is [];
+- a list (`list[float]`, `list[int]`, `list[str]`, or `tuple[str, ...]` in a frozen dataclass) holds values
+  of that type; an empty value is an empty list;
 - a field typed `X | None` also takes an empty value, as None.
 
 A field may have a range (a test and the words for what it accepts) and a set of choices. Every
@@ -168,14 +169,16 @@ def _unwrap(annotation: Any) -> tuple[Any, bool]:
 
 
 def _typed(key: str, kind: Any, value: Any, words: str | None):
-    """`value` as `kind` (int, float, str, bool or list[...]); `words` override the type's in a message."""
-    if typing.get_origin(kind) is list:
-        (item,) = typing.get_args(kind)
+    """`value` as `kind` (int, float, str, bool, list[...] or tuple[..., ...]); `words` override the type's in
+    a message."""
+    container = typing.get_origin(kind)
+    if container in (list, tuple):  # a frozen config may hold a tuple[str, ...]; YAML writes both as a list
+        item = typing.get_args(kind)[0]
         if value is None:
-            return []
+            return container()
         if isinstance(value, list | tuple):
             try:
-                return [_typed(key, item, element, None) for element in value]
+                return container(_typed(key, item, element, None) for element in value)
             except ConfigError:
                 pass
         raise ConfigError(f"config key {key!r} must be {words or _list_words(item)}, got {value!r}")
