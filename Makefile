@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(HASH)
 TRAIN_VENV := .venv-train
 TRAIN_STAMP := $(TRAIN_VENV)/.installed-$(HASH)
 
-.PHONY: setup train-setup system harnesses test run bench clean
+.PHONY: setup train-setup system harnesses test test-fast run bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,6 +44,16 @@ test: setup train-setup harnesses
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	# the update's tests need veRL, which lives in the train environment (vLLM runs from the serving one)
 	OPENFORGE_SERVE_PYTHON=$(abspath $(BIN))/python $(TRAIN_VENV)/bin/python -m pytest -q tests/test_update.py
+
+# Everyday tests, a few minutes on two cores: no vLLM, no harness CLIs, no veRL update run, no task image
+# builds or local run end to end (the markers in pyproject.toml); the update's checks that load no model
+# run in the train environment when it is there. `make test` is the whole suite.
+FAST := not vllm and not harness and not slow
+test-fast: setup
+	OPENFORGE_TEST_HARNESS_CLIS=off $(BIN)/python -m pytest -q -m "$(FAST)" $(PYTEST_ARGS)
+	@if test -x $(TRAIN_VENV)/bin/python; then \
+	  $(TRAIN_VENV)/bin/python -m pytest -q -m "$(FAST)" tests/test_update.py; \
+	else echo "test-fast: no $(TRAIN_VENV) (make train-setup): the update's checks were not run"; fi
 
 run: setup train-setup harnesses
 	$(BIN)/python workflows/submit.py --harness codex $(ARGS)

@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--compute-dtype", default="fp32", choices=["fp32", "bf16"])
     args = parser.parse_args()
-    config = load_config(None, ["lr=1e-5", f"compute_dtype={args.compute_dtype}"])
+    config = load_config(None, ["learning_rate=1e-5", f"compute_dtype={args.compute_dtype}"])
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = build_tiny_model(Path(tmp), seed=0)
         samples = craft_samples(checkpoint, seed=0, prompt_len=args.prompt_len, response_len=args.response_len,

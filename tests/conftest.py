@@ -8,6 +8,9 @@
   `.client`, the `ProxyClient` of every admin route.
 - `scripted`, `scripted_proxy` (per module): `tests/scripted_model.py`'s double of vLLM, which plays a model
   that calls the harness's shell tool (`scripted.set_commands([...])`), and a real proxy in front of it.
+
+Markers (pyproject.toml): `vllm`, put on every user of `vllm_server` here; `harness` and `slow`, put on
+the tests themselves. `make test-fast` leaves all three out.
 """
 
 import os
@@ -27,6 +30,14 @@ S3_BUCKET = "openforge-test"
 # Nothing in a test may download: tokenizers and models load from local folders only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`vllm` on every test that uses `vllm_server`, directly or through another fixture, so that none is
+    forgotten (`make test-fast` leaves them out)."""
+    for item in items:
+        if "vllm_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.vllm)
 
 
 @pytest.fixture(scope="session")

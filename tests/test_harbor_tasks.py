@@ -38,6 +38,7 @@ from steps.tasks.check import OK, check_dataset
 from steps.tasks.verify import run_verifier
 from tests.offline_packages import WheelError, build_wheels, repack_wheel
 
+pytestmark = pytest.mark.slow  # every test builds task layers from Dockerfiles
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO / "tests" / "data" / "harbor-tasks"
 TASKS = sorted(path.name for path in DATASET.iterdir() if (path / "task.toml").is_file())

@@ -56,8 +56,11 @@ def harness_proxy(proxy: Callable[..., ProxyProcess], scripted: ScriptedModel) -
 
 
 def installed_exe(name: str) -> Path:
-    """The pinned harness's executable, or skip the test when it is not installed."""
+    """The pinned harness's executable, or skip the test when it is not installed (or harness CLIs are off for
+    this run: OPENFORGE_TEST_HARNESS_CLIS=off, `make test-fast`)."""
     harness = HARNESSES[name]
+    if harness.NPM_PACKAGE is not None and os.environ.get("OPENFORGE_TEST_HARNESS_CLIS") == "off":
+        pytest.skip(f"harness CLIs are off for this run (OPENFORGE_TEST_HARNESS_CLIS=off): {name}")
     prefix = default_prefix(name, harness.VERSION)
     if harness.NPM_PACKAGE is None:  # built in: nothing to install
         return harness.install(prefix)

@@ -19,9 +19,10 @@ from safetensors.torch import load_file
 from steps.trajectories.io import partition_url, read_table
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not (REPO / ".venv-train" / "bin" / "python").exists() and
-                                not os.environ.get("OPENFORGE_TRAIN_PYTHON"),
-                                reason="veRL's environment (.venv-train) is not set up: run `make train-setup`")
+pytestmark = [pytest.mark.vllm, pytest.mark.slow,
+              pytest.mark.skipif(not (REPO / ".venv-train" / "bin" / "python").exists() and
+                                 not os.environ.get("OPENFORGE_TRAIN_PYTHON"),
+                                 reason="veRL's environment (.venv-train) is not set up: run `make train-setup`")]
 
 
 def wait_for(predicate, timeout_s: float, what: str):

@@ -33,6 +33,7 @@ from test_rollout import ADMIN_KEY, oracle, tool_outputs
 from workflows.config import load_config
 from workflows.iteration import app_layout, iteration_workflow
 
+pytestmark = pytest.mark.slow  # each test copies a task's image into a simulated pod: 15-50 s apiece
 REPO = Path(__file__).resolve().parents[1]
 SECRET = f"fake-secret-{uuid.uuid4().hex}"  # what the runner holds and the agent must never see
 POD_SCRIPT = r"""
@@ -140,7 +141,8 @@ def needs_root_and_unshare():
         pytest.skip("the simulated pod needs root and util-linux unshare")
 
 
-@pytest.mark.parametrize("harness, task_name", [("direct", "csv-stats"), ("codex", "hello-file")])
+@pytest.mark.parametrize("harness, task_name", [("direct", "csv-stats"),
+                                               pytest.param("codex", "hello-file", marks=pytest.mark.harness)])
 def test_the_oracle_in_the_pod_earns_reward_1(harness, task_name, scripted, scripted_proxy, tmp_path):
     """The image's files (csv-stats COPYs its data), the harness from the init containers, grading as root."""
     if harness != "direct":

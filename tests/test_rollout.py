@@ -43,7 +43,8 @@ def tool_outputs(calls: list[dict]) -> list[str]:
     return [json.dumps(m.get("content")) for m in request.get("messages", []) if m.get("role") == "tool"]
 
 
-CASES = [(harness, task) for harness in HARNESSES for task in ("hello-file", "csv-stats")
+CASES = [pytest.param(harness, task, marks=() if harness == "direct" else pytest.mark.harness)  # direct: no CLI
+         for harness in HARNESSES for task in ("hello-file", "csv-stats")
          if not (harness == "openclaw" and task == "csv-stats")]  # openclaw spends ~20 s starting; one task will do
 
 

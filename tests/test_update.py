@@ -2,7 +2,8 @@
 
 Needs the training environment (torch + verl==0.9.1, see `docs/update.md`); skipped where verl is not
 importable. One update runs once per module and is checked against a plain reference loop built from
-veRL's own policy loss + AdamW (`update_reference.py`).
+veRL's own policy loss + AdamW (`update_reference.py`). The tests that run an update are marked `slow`;
+the rest (advantages, refused samples and config keys) load no model and are in `make test-fast`.
 """
 
 import importlib.util
@@ -23,7 +24,7 @@ from update_reference import craft_samples, load_model, reference_update, respon
 
 # fp32 compute so that the worker and the reference loop agree to float rounding; a large lr so that
 # one step visibly moves the weights.
-OVERRIDES = ["lr=1e-3", "compute_dtype=fp32", "weight_decay=0.0"]
+OVERRIDES = ["learning_rate=1e-3", "compute_dtype=fp32", "weight_decay=0.0"]
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,7 @@ def test_a_group_whose_rewards_are_all_equal_gets_exactly_no_advantage() -> None
     assert update.no_gradient({k: v for k, v in advantages.items() if k.startswith("t0-")}, load_config(None, []))
 
 
+@pytest.mark.slow
 def test_worker_update_equals_reference_loop(updated: dict) -> None:
     """Loss, grad norm and updated weights of veRL's worker match the plain loop's."""
     metrics, reference = updated["metrics"], updated["reference"]
@@ -115,6 +117,7 @@ def test_worker_update_equals_reference_loop(updated: dict) -> None:
     assert metrics["entropy"] > 0
 
 
+@pytest.mark.slow
 def test_the_first_update_starts_a_fresh_optimizer_and_saves_it(updated: dict) -> None:
     """The base model has no optimiser state; the update saves AdamW's, as it was after the step."""
     assert updated["metrics"]["optimizer_state"] == "fresh: the checkpoint has no optimizer state"
@@ -128,6 +131,7 @@ def test_the_first_update_starts_a_fresh_optimizer_and_saves_it(updated: dict) -
         assert int(state["step"]) == 1
 
 
+@pytest.mark.slow
 def test_a_second_update_continues_the_optimizer_like_one_run(continued: dict) -> None:
     """Carried: step count 2 and the same moments and weights as two steps of one worker; off: neither."""
     assert continued["carried_metrics"]["optimizer_state"] == "carried"
@@ -146,13 +150,27 @@ def test_a_second_update_continues_the_optimizer_like_one_run(continued: dict) -
     assert fresh_gap > 1e-4  # a fresh optimiser's first step is ~lr on every parameter
 
 
-def test_an_optimizer_state_saved_with_another_lr_is_not_carried(updated: dict) -> None:
-    """veRL's load would bring back the saved lr over the config's, so a changed lr starts fresh."""
-    saved, why = update.saved_optimizer(updated["out"], load_config(None, [*OVERRIDES, "lr=2e-3"]))
-    assert saved is None and why == "fresh: saved with another lr"
+@pytest.mark.slow
+def test_an_optimizer_state_saved_with_another_learning_rate_is_not_carried(updated: dict) -> None:
+    """veRL's load would bring back the saved learning rate over the config's, so a changed one starts fresh."""
+    saved, why = update.saved_optimizer(updated["out"], load_config(None, [*OVERRIDES, "learning_rate=2e-3"]))
+    assert saved is None and why == "fresh: saved with another learning_rate"
     assert update.saved_optimizer(updated["out"], updated["config"])[1] == "carried"
 
 
+@pytest.mark.slow
+def test_an_optimizer_state_saved_before_lr_was_renamed_is_carried(updated: dict, tmp_path: Path) -> None:
+    """A checkpoint whose `state.json` says `lr` (the name before `learning_rate`) continues its optimiser;
+    the same state with another value under the old name still starts fresh (control)."""
+    state = json.loads((updated["out"] / "optimizer" / "state.json").read_text())
+    for value, expected in ((state["learning_rate"], "carried"), (2e-3, "fresh: saved with another learning_rate")):
+        (tmp_path / "optimizer").mkdir(exist_ok=True)
+        old = {("lr" if key == "learning_rate" else key): item for key, item in state.items()} | {"lr": value}
+        (tmp_path / "optimizer" / "state.json").write_text(json.dumps(old))
+        assert update.saved_optimizer(tmp_path, updated["config"])[1] == expected
+
+
+@pytest.mark.slow
 def test_parameters_change(updated: dict, checkpoint: Path) -> None:
     """Every trained matrix moved."""
     original = load_model(checkpoint).state_dict()
@@ -160,6 +178,7 @@ def test_parameters_change(updated: dict, checkpoint: Path) -> None:
     assert len(moved) == len(updated["params"])
 
 
+@pytest.mark.slow
 def test_masked_tokens_get_no_gradient(checkpoint: Path, samples, updated: dict) -> None:
     """Garbage advantages / old logprobs on response_mask 0 tokens change neither loss nor grad norm."""
     config = updated["config"]
@@ -176,6 +195,7 @@ def test_masked_tokens_get_no_gradient(checkpoint: Path, samples, updated: dict)
     assert metrics["grad_norm"][0] == pytest.approx(updated["metrics"]["grad_norm"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_and_changes_output(updated: dict, checkpoint: Path, samples) -> None:
     """The written folder is a complete HF model with the trained weights; it moved the policy the right way."""
     out = updated["out"]
@@ -200,6 +220,7 @@ def test_checkpoint_loads_and_changes_output(updated: dict, checkpoint: Path, sa
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("OPENFORGE_SERVE_PYTHON"),
                     reason="vLLM is not installed here and OPENFORGE_SERVE_PYTHON names no serving env's Python")
 def test_vllm_reloads_checkpoint_and_output_changes(updated: dict, samples, vllm_server: str,
@@ -226,6 +247,7 @@ def test_vllm_reloads_checkpoint_and_output_changes(updated: dict, samples, vllm
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("OPENFORGE_SERVE_PYTHON"),
                     reason="vLLM is not installed here and OPENFORGE_SERVE_PYTHON names no serving env's Python")
 def test_the_update_reproduces_vllms_logprobs_at_the_runs_temperature(vllm_server: str, tiny_model: Path) -> None:
@@ -256,6 +278,7 @@ def test_the_update_reproduces_vllms_logprobs_at_the_runs_temperature(vllm_serve
     assert gaps[1.0] > 5 * gaps[0.7]
 
 
+@pytest.mark.slow
 def test_cli_trains_on_samples_parquet(checkpoint: Path, samples, tmp_path: Path) -> None:
     """`python -m steps.update` end to end on a samples Parquet file, with TIS correction."""
     import pyarrow as pa
@@ -274,6 +297,7 @@ def test_cli_trains_on_samples_parquet(checkpoint: Path, samples, tmp_path: Path
                         str(tmp_path / "bad"), "correction=nope"]) == 2
 
 
+@pytest.mark.slow
 def test_cli_skips_the_step_when_no_rollout_has_an_advantage(updated: dict, samples, tmp_path: Path) -> None:
     """Every task's rollouts earned the same reward: no gradient, so no worker; the weights and the optimiser
     state are copied unchanged."""
@@ -388,19 +412,20 @@ def test_an_out_of_vocabulary_id_would_crash_the_model_and_nan_poisons_the_advan
 
 
 BAD_CONFIGS = [  # (the YAML line or override, what the message says)
-    ("epochs: '2'", "epochs='2': expected a whole number >= 1 (written without quotes)"),
-    ("policy_loss: vanila", "policy_loss='vanila': use one of vanilla, "),
-    ("lr: -1", "lr=-1: expected a number > 0"),
-    ("carry_optimizer: 'no'", "carry_optimizer='no': expected true or false (a YAML boolean, unquoted)"),
-    ("lr: .nan", "lr=nan: expected a number > 0"),
-    ("grad_clip: .inf", "grad_clip=inf: expected a number > 0"),
-    ("betas: [0.9]", "betas=[0.9]: expected a list of two numbers in [0, 1)"),
-    ("clip_ratio_c: 1.0", "clip_ratio_c=1.0: expected a number > 1"),
-    ("loss_agg_mode: mean", "loss_agg_mode='mean': use one of token-mean, "),
-    ("mini_batches: true", "mini_batches=True: expected a whole number >= 1"),
-    ("seed: -3", "seed=-3: expected a whole number in [0, 2**32)"),
-    ("learning_rate: 1.0e-6", "unknown config key 'learning_rate'"),
-    ("compute_dtype: fp16", "compute_dtype='fp16': use one of bf16, fp32"),
+    ("epochs: '2'", "config key 'epochs' must be a whole number >= 1, got '2'; write it without quotes"),
+    ("policy_loss: vanila", "config key 'policy_loss' must be one of vanilla, "),
+    ("learning_rate: -1", "config key 'learning_rate' must be a number > 0, got -1"),
+    ("carry_optimizer: 'no'", "config key 'carry_optimizer' must be true or false, got 'no'; write it without quotes"),
+    ("learning_rate: .nan", "config key 'learning_rate' must be a number > 0, got nan"),
+    ("grad_clip: .inf", "config key 'grad_clip' must be a number > 0, got inf"),
+    ("betas: [0.9]", "config key 'betas' must be a list of two numbers in [0, 1), e.g. [0.9, 0.999], got [0.9]"),
+    ("clip_ratio_c: 1.0", "config key 'clip_ratio_c' must be a number > 1"),
+    ("loss_agg_mode: mean", "config key 'loss_agg_mode' must be one of token-mean, "),
+    ("mini_batches: true", "config key 'mini_batches' must be a whole number >= 1, got True"),
+    ("seed: -3", "config key 'seed' must be a whole number in [0, 2**32), got -3"),
+    ("lr: 1.0e-6", "was renamed to 'learning_rate'"),
+    ("max_tokens_per_microbatch: 8", "unknown config key 'max_tokens_per_microbatch' (in "),
+    ("compute_dtype: fp16", "config key 'compute_dtype' must be one of bf16, fp32, got 'fp16'"),
 ]
 
 
@@ -424,9 +449,10 @@ def test_a_bad_config_key_is_refused_in_one_sentence_before_a_model_is_loaded(li
 def test_valid_spellings_of_the_same_keys_are_accepted(tmp_path: Path) -> None:
     """Control: the same keys written as their types want them load, and YAML's unquoted no is false."""
     config = tmp_path / "update.yaml"
-    config.write_text("epochs: 2\npolicy_loss: vanilla\nlr: 3e-6\ncarry_optimizer: no\nbetas: [0.9, 0.95]\n")
+    config.write_text("epochs: 2\npolicy_loss: vanilla\nlearning_rate: 3e-6\ncarry_optimizer: no\nbetas: [0.9, 0.95]\n")
     loaded = load_config(config, ["seed=7", "correction=tis", "norm_adv_by_std_in_grpo=false"])
-    assert (loaded.epochs, loaded.policy_loss, loaded.lr, loaded.carry_optimizer) == (2, "vanilla", 3e-6, False)
+    assert (loaded.epochs, loaded.policy_loss, loaded.learning_rate, loaded.carry_optimizer) == (2, "vanilla", 3e-6,
+                                                                                                 False)
     assert (loaded.betas, loaded.seed, loaded.correction, loaded.norm_adv_by_std_in_grpo) == ([0.9, 0.95], 7, "tis",
                                                                                              False)
     assert load_config(None, ["carry_optimizer=true"]).carry_optimizer is True

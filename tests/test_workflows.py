@@ -318,7 +318,8 @@ def test_vllm_listens_on_the_serve_pods_loopback_only() -> None:
 
 @pytest.mark.parametrize("argv, expected", [
     (["--harness", "codx"], "unknown harness 'codx'; did you mean codex?"),
-    (["iteratons=3"], "unknown config key 'iteratons' (did you mean iterations?)"),
+    (["iteratons=3"], "unknown config key 'iteratons' (in the override iteratons=3) (did you mean iterations?)"),
+    (["algorithm=rloo"], "config key 'algorithm' (in the override algorithm=rloo) was renamed to 'adv_estimator'"),
     (["iterations=two"], "config key 'iterations' must be a whole number, got 'two'"),
     (["dataset=no/such/tasks"], "dataset 'no/such/tasks' does not exist"),
     (["--config", "configs/nope.yaml"], "cannot read config file configs/nope.yaml"),
@@ -625,7 +626,7 @@ def test_step_parsers_accept_the_built_commands(monkeypatch: pytest.MonkeyPatch)
 
     upd = update_args(commands.update(config, "s3://b/t", "s3://b/c0", "s3://b/c1")[3:])
     loaded = update_config(REPO / upd.config, upd.overrides)  # the update's own checks of the overrides
-    assert (loaded.adv_estimator, loaded.lr, loaded.epochs) == ("grpo", 1e-6, 1)
+    assert (loaded.adv_estimator, loaded.learning_rate, loaded.epochs) == ("grpo", 1e-6, 1)
     assert (loaded.temperature, loaded.unmatched_sampling) == (config.temperature, "")
 
 
@@ -677,7 +678,7 @@ def test_exit_handler_command_writes_the_manifest(tmp_path: Path) -> None:
     ("learning_rate=.inf", "config key 'learning_rate' must be a finite number, got inf"),
     ("learning_rate=-1", "config key 'learning_rate' must be more than 0, got -1.0"),
     ("learning_rate=true", "config key 'learning_rate' must be a number, got True"),
-    ("algorithm=grpoo", "adv_estimator='grpoo': use one of grpo, "),
+    ("adv_estimator=grpoo", "config key 'adv_estimator' must be one of grpo, "),
 ])
 def test_a_run_config_the_update_would_refuse_is_refused_before_the_run(override: str, expected: str) -> None:
     """NaN, infinity, a negative rate or a misspelt estimator stop the run at load, not at the first update;
@@ -685,5 +686,5 @@ def test_a_run_config_the_update_would_refuse_is_refused_before_the_run(override
     with pytest.raises(ConfigError) as refused:
         load_config(None, [override, "run=x"])
     assert expected in str(refused.value) and len(str(refused.value).splitlines()) == 1
-    valid = load_config(None, ["learning_rate=1e-5", "algorithm=rloo", "run=x"])
-    assert (valid.learning_rate, valid.algorithm) == (1e-5, "rloo")
+    valid = load_config(None, ["learning_rate=1e-5", "adv_estimator=rloo", "run=x"])
+    assert (valid.learning_rate, valid.adv_estimator) == (1e-5, "rloo")

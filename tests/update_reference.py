@@ -71,7 +71,7 @@ def reference_update(model, batch: Batch, config: UpdateConfig) -> dict[str, flo
     prompt_width = batch.prompts.shape[1]
     input_ids = torch.cat([batch.prompts, batch.responses], dim=1)
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=tuple(config.betas),
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=tuple(config.betas),
                                   weight_decay=config.weight_decay)
     model.train()
     logits = model(input_ids=input_ids, attention_mask=batch.attention_mask, position_ids=position_ids).logits

@@ -17,11 +17,12 @@ PROXY_PORT = 8100
 
 
 def update_overrides(config: RunConfig) -> list[str]:
-    """The run's algorithm settings as `key=value` overrides of the update's own config file; its logprobs are
-    computed at the temperature the rollouts were sampled with, and it is told of settings it cannot reproduce."""
+    """The run's algorithm settings as `key=value` overrides of the update's own config file (same names); its
+    logprobs are computed at the temperature the rollouts were sampled with, and it is told of settings it
+    cannot reproduce."""
     unmatched = sampling.unmatched(sampling.settings(config))
-    return [f"adv_estimator={config.algorithm}", f"lr={config.learning_rate!r}", f"epochs={config.epochs}",
-            f"seed={config.seed}", f"temperature={config.temperature!r}",
+    return [f"adv_estimator={config.adv_estimator}", f"learning_rate={config.learning_rate!r}",
+            f"epochs={config.epochs}", f"seed={config.seed}", f"temperature={config.temperature!r}",
             *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else [])]
 
 

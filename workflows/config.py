@@ -11,25 +11,20 @@ anything starts.
 import dataclasses
 import difflib
 import ipaddress
-import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from steps import sampling
+from steps import sampling, settings
 from steps.harnesses import HARNESSES
+from steps.settings import ConfigError
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
 from steps.vllm_server import check_vllm_args
 from workflows import layout
 
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
-
-
-class ConfigError(ValueError):
-    """A bad run config; the message is one sentence for the person who wrote it."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +60,8 @@ class RunConfig:
     seed: int = 0
     # the update: its own flat YAML (steps/update/config.py), plus these run-level settings as overrides
     update_config: str = "configs/update.yaml"
-    algorithm: str = "grpo"  # the advantage estimator (update's adv_estimator)
-    learning_rate: float = 1e-6  # update's lr
+    adv_estimator: str = "grpo"  # veRL's advantage estimator: grpo, rloo, ... (steps/update/config.py)
+    learning_rate: float = 1e-6  # AdamW's, constant
     epochs: int = 1  # passes over the iteration's samples
     # where everything goes
     store: str = "runs"  # local folder or s3:// URL
@@ -111,84 +106,17 @@ class RunConfig:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
                 check_dataset: bool = True) -> RunConfig:
-    """Defaults, then the YAML file at `path`, then `key=value` overrides; checked field by field."""
-    raw: dict = {}
-    for source in ([DEFAULT_CONFIG] + ([Path(path)] if path else [])):
-        raw.update(_read_yaml(Path(source)))
-    raw.update(parse_overrides(overrides))
-    config = from_dict(raw)
+    """Defaults, then the YAML file at `path`, then `key=value` overrides; checked field by field
+    (`steps.settings`: strict types, a renamed or misspelt key named)."""
+    config = settings.load(RunConfig, [DEFAULT_CONFIG, *([path] if path else [])], overrides)
     validate(config, check_dataset=check_dataset)
     return config
 
 
-def _read_yaml(path: Path) -> dict:
-    """A flat YAML mapping, or a ConfigError naming the file."""
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must be a flat mapping of key: value, got {type(data).__name__}")
-    return data
-
-
-def parse_overrides(items: list[str] | tuple[str, ...]) -> dict:
-    """`["iterations=3", "store=s3://b/runs"]` as a dict, values read as YAML scalars.
-
-    >>> parse_overrides(["iterations=3", "run=demo", "learning_rate=1e-5"])
-    {'iterations': 3, 'run': 'demo', 'learning_rate': '1e-5'}
-    """
-    out: dict = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"an override must look like key=value, got {item!r}")
-        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
-    return out
-
-
 def from_dict(raw: dict) -> RunConfig:
-    """A RunConfig from a flat dict; unknown keys and wrong types are one-sentence ConfigErrors."""
-    known = {f.name: f for f in fields(RunConfig)}
-    values = {}
-    for key, value in raw.items():
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]}?)" if close else f"; known keys: {', '.join(known)}"
-            raise ConfigError(f"unknown config key {key!r}{hint}")
-        values[key] = _coerce(key, known[key].type, value)
-    return RunConfig(**values)
-
-
-def _coerce(key: str, type_name: object, value: object) -> object:
-    """`value` as the field's type (int, float, str, bool or a list of strings); a ConfigError when it is not one."""
-    if getattr(type_name, "__origin__", None) is tuple:  # a list of strings: YAML list, or one string
-        items = [] if value in (None, "") else [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-            raise ConfigError(f"config key {key!r} must be a list of strings, got {value!r}")
-        return tuple(items)
-    expected = {"int": int, "float": float, "str": str, "bool": bool}.get(getattr(type_name, "__name__", str(type_name)))
-    if expected is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"config key {key!r} must be true or false, got {value!r}")
-    if value is None and expected is str:
-        return ""
-    if expected is float and not isinstance(value, bool):
-        try:  # YAML 1.1 reads 1e-5 (no dot) as a string
-            number = float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            number = None
-        if number is not None and not math.isfinite(number):  # float() also reads "nan" and "inf"; YAML .nan, .inf
-            raise ConfigError(f"config key {key!r} must be a finite number, got {value!r}")
-        if number is not None:
-            return number
-    if expected is None or (isinstance(value, expected) and not isinstance(value, bool)):
-        return value
-    words = {int: "a whole number", float: "a number", str: "a string"}
-    raise ConfigError(f"config key {key!r} must be {words[expected]}, got {value!r}")
+    """A RunConfig from a stored run's flat dict (its manifest), checked as a config file is; keys renamed
+    since the run started are read under their new names."""
+    return settings.from_dict(RunConfig, settings.with_new_names(raw))
 
 
 def validate(config: RunConfig, check_dataset: bool = True) -> None:
@@ -261,8 +189,8 @@ def check_update_config(config: RunConfig) -> None:
 
     try:
         update_config.load_config(REPO_ROOT / config.update_config, update_overrides(config))
-    except update_config.ConfigError as exc:
-        raise ConfigError(f"the update's config ({config.update_config} with the run's algorithm, learning_rate, "
+    except ConfigError as exc:
+        raise ConfigError(f"the update's config ({config.update_config} with the run's adv_estimator, learning_rate, "
                           f"epochs and seed): {exc}") from None
 
 

@@ -110,8 +110,8 @@ def forced_sampling(p: argparse.ArgumentParser, items: list[str]) -> dict:
     return {**sampling.NEUTRAL, **given} if given else {}
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Starts the proxy and serves until interrupted."""
+def main(argv: list[str] | None = None) -> int:
+    """Starts the proxy and serves until interrupted; exit code 0 once it has shut down."""
     config = parse_args(argv)
     logs.setup(config.log_level)
     app = create_app(config)
@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
                 loop="auto", http=http, timeout_keep_alive=config.keep_alive_s or 10**9, limit_concurrency=concurrency,
                 log_config=None, proxy_headers=False, server_header=False)
+    return 0
 
 
 if __name__ == "__main__":

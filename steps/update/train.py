@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from steps import settings
 from steps.update import batch as update_batch, cpu as update_cpu
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish
 from steps.update.batch import Batch, Sample, read_samples
@@ -83,8 +84,9 @@ def build_worker(checkpoint: Path, config: UpdateConfig):
                               mixed_precision={"param_dtype": config.compute_dtype, "reduce_dtype": "fp32",
                                                "buffer_dtype": "fp32"}, strategy="fsdp2",
                               **(update_cpu.ENGINE_OVERRIDES if cpu else {}))
-    optim = FSDPOptimizerConfig(lr=config.lr, weight_decay=config.weight_decay, betas=tuple(config.betas),
-                                clip_grad=config.grad_clip, total_training_steps=config.epochs * config.mini_batches)
+    optim = FSDPOptimizerConfig(lr=config.learning_rate, weight_decay=config.weight_decay,
+                                betas=tuple(config.betas), clip_grad=config.grad_clip,
+                                total_training_steps=config.epochs * config.mini_batches)
     actor = FSDPActorConfig(
         strategy=engine.strategy, rollout_n=1, use_dynamic_bsz=True, fsdp_config=engine, optim=optim,
         clip_ratio=config.clip_ratio_high, clip_ratio_low=config.clip_ratio_low,
@@ -141,23 +143,24 @@ def optimizer_settings(config: UpdateConfig) -> dict:
     >>> optimizer_settings(UpdateConfig())["betas"]
     [0.9, 0.999]
     """
-    return {"lr": config.lr, "betas": list(config.betas), "weight_decay": config.weight_decay,
-            "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    return {"learning_rate": config.learning_rate, "betas": list(config.betas),
+            "weight_decay": config.weight_decay, "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
 
 
 def saved_optimizer(checkpoint: Path, config: UpdateConfig) -> tuple[dict | None, str]:
     """The checkpoint's `state.json` when its optimiser state is to be carried, else None; and, for metrics,
     "carried" or "fresh: " and why.
 
-    A state saved with another lr, betas or weight decay starts fresh: veRL's load would restore the saved
-    values and silently override the config's.
+    A state saved with another learning_rate, betas or weight decay starts fresh: veRL's load would restore
+    the saved values and silently override the config's.
     """
     if not config.carry_optimizer:
         return None, "fresh: carry_optimizer is off"
     path = checkpoint / OPTIMIZER_DIR / "state.json"
     if not path.is_file():
         return None, "fresh: the checkpoint has no optimizer state"
-    saved, wanted = json.loads(path.read_text()), optimizer_settings(config)
+    # a state saved before `lr` was renamed still carries
+    saved, wanted = settings.with_new_names(json.loads(path.read_text())), optimizer_settings(config)
     changed = [name for name, value in wanted.items() if saved.get(name) != value]
     if changed:
         return None, f"fresh: saved with another {', '.join(changed)}"
