@@ -12,7 +12,8 @@ value is checked against its field's type, strictly:
 - a boolean is YAML's unquoted true/false (or yes/no, on/off), never a quoted string such as 'no';
 - text (`str`) is a string; an empty value is "";
 - a list (`list[float]`, `list[int]`, `list[str]`, or `tuple[str, ...]` in a frozen dataclass) holds values
-  of that type; an empty value is an empty list;
+  of that type; an empty value is an empty list, and a list of strings also takes one string as a one-item
+  list (`vllm_args=--enable-prefix-caching` on a command line);
 - a field typed `X | None` also takes an empty value, as None.
 
 A field may have a range (a test and the words for what it accepts) and a set of choices. Every
@@ -174,8 +175,10 @@ def _typed(key: str, kind: Any, value: Any, words: str | None):
     container = typing.get_origin(kind)
     if container in (list, tuple):  # a frozen config may hold a tuple[str, ...]; YAML writes both as a list
         item = typing.get_args(kind)[0]
-        if value is None:
+        if value is None or value == "":
             return container()
+        if item is str and isinstance(value, str):  # one word on a command line: vllm_args=--enforce-eager
+            return container([value])
         if isinstance(value, list | tuple):
             try:
                 return container(_typed(key, item, element, None) for element in value)

@@ -135,7 +135,7 @@ def test_vllm_args_is_a_list_of_strings():
     assert load_config(None, ["vllm_args=--enable-prefix-caching"]).vllm_args == ("--enable-prefix-caching",)
     assert load_config(None, ["vllm_args="]).vllm_args == () == load_config(None).vllm_args
     for bad in ('["--max-num-seqs", 64]', "{a: 1}", "3"):
-        with pytest.raises(ConfigError, match="config key 'vllm_args' must be a list of strings, got"):
+        with pytest.raises(ConfigError, match=r"config key 'vllm_args' must be a list of strings, e\.g\. .*, got"):
             load_config(None, [f"vllm_args={bad}"])
 
 

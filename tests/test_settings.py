@@ -41,6 +41,7 @@ class Example:
     ("args", ["--enforce-eager", "--max-num-seqs", "4"], ["--enforce-eager", "--max-num-seqs", "4"]),
     ("args", None, []),
     ("flags", ["--enforce-eager"], ("--enforce-eager",)),
+    ("flags", "--enforce-eager", ("--enforce-eager",)),  # one word on a command line
     ("limit", None, None),
     ("limit", 7, 7),
 ])
@@ -66,7 +67,7 @@ def test_values_of_each_type_load(key: str, value, expected) -> None:
     ("sizes", 0.9, "config key 'sizes' must be a list of numbers, e.g. [1, 2], got 0.9"),
     ("args", ["--max-num-seqs", 4], "config key 'args' must be a list of strings, e.g. ['--enforce-eager', '4']"),
     ("limit", "7", "config key 'limit' must be a whole number, got '7'; write it without quotes"),
-    ("flags", "--enforce-eager", "config key 'flags' must be a list of strings, e.g. ['--enforce-eager', '4'], got"),
+    ("flags", 4, "config key 'flags' must be a list of strings, e.g. ['--enforce-eager', '4'], got"),
 ])
 def test_a_value_of_another_type_is_refused_in_one_sentence(key: str, value, message: str) -> None:
     """Each type's refusal names the key, what it accepts and the value as written."""
