@@ -18,6 +18,7 @@ Broken tasks are skipped with a warning on stderr; exit code 2 when no task can 
 import argparse
 import json
 import random
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,6 +52,16 @@ def attempt_id(rollout_id: str, attempt: int) -> str:
     if attempt < 1:
         raise ValueError(f"attempt must be 1 or more, got {attempt}")
     return rollout_id if attempt == 1 else f"{rollout_id}-a{attempt}"
+
+
+def attempt_of(rollout_id: str) -> tuple[str, int]:
+    """The planned id and attempt number K of an id `attempt_id` made (`ID-aK`; K 1 for the plan's own id).
+
+    >>> attempt_of("it0-hello-s1-a3"), attempt_of("it0-hello-s1")
+    (('it0-hello-s1', 3), ('it0-hello-s1', 1))
+    """
+    match = re.search(r"-a(\d+)$", rollout_id)
+    return (rollout_id[:match.start()], int(match.group(1))) if match else (rollout_id, 1)
 
 
 def pick_tasks(tasks: list[Task], iteration: int, count: int, seed: int) -> list[Task]:

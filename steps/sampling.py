@@ -22,11 +22,12 @@ KEYS = tuple(NEUTRAL)
 # Request fields of vLLM's chat API that also reshape the distribution tokens are drawn from (or how they are
 # drawn): with the run's sampling forced, the proxy removes them from every upstream call, so a harness cannot
 # bias, mask or constrain what the trainer takes for the policy's own distribution. The record keeps what the
-# harness asked for (`sampling_requested`).
+# harness asked for (`sampling_requested`). Tool-call grammars are lifted as well (`steps.proxy.config.
+# unconstrained_tools`): a required or named tool_choice, parallel_tool_calls false, strict tools.
 RESHAPING = ("logit_bias", "allowed_token_ids", "bad_words", "min_tokens", "ignore_eos", "logits_processors",
              "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
              "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern", "use_beam_search", "best_of",
-             "length_penalty", "typical_p", "vllm_xargs")
+             "length_penalty", "typical_p", "vllm_xargs", "thinking_token_budget")
 # Each key's accepted values: (test, what a message says is accepted).
 RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "temperature": (lambda v: 0 < v <= 2, "a number in (0, 2] (0 would be greedy: no distribution to train on)"),

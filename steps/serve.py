@@ -22,9 +22,11 @@ import signal
 import sys
 from pathlib import Path
 
+from steps import sampling
 from steps.checkpoint import TRAINING_ONLY, fetch
 from steps.net import HOST, free_port
 from steps.proxy.__main__ import command_line as proxy_command_line
+from steps.proxy.__main__ import forced_sampling
 from steps.proxy.__main__ import main as proxy_main
 from steps.vllm_parsers import UnknownFamily
 from steps.vllm_server import ServingOptions, check_vllm_args, spawn, stop_vllm, vllm_command, wait_healthy
@@ -56,7 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     vllm.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                       help="one more argument for vLLM, written --vllm-arg=ARG (repeatable)")
     p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
-                   help="the run's sampling, forced by the proxy on every call (repeatable; steps/sampling.py)")
+                   help="the run's sampling, forced by the proxy on every call (repeatable; steps/sampling.py; "
+                        "keys not given, or none at all, are forced to their neutral values)")
     p.add_argument("--log", type=Path, default=Path("vllm.log"), help="vLLM's log file")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds vLLM may take to start")
     args = p.parse_args(argv)
@@ -64,6 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         check_vllm_args(args.vllm_arg, where="--vllm-arg")
     except ValueError as exc:
         p.error(str(exc))
+    # Checked now, not once vLLM has loaded; and never a plain recorder: the harness does not choose sampling.
+    args.sampling = sampling.as_flags(forced_sampling(p, args.sampling) or sampling.NEUTRAL)[1::2]
     return args
 
 

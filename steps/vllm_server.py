@@ -39,6 +39,12 @@ OWNED_FLAGS = {
     "--reasoning-parser": "`reasoning_parser`", "--max-model-len": "`max_model_len`",
     "--gpu-memory-utilization": "`gpu_memory_utilization`", "--tensor-parallel-size": "`serve_gpus`",
     "-tp": "`serve_gpus`",
+    # what would reshape sampling or bypass the proxy: the recorded logprobs must be the trainer's distribution
+    "--override-generation-config": "the run config's `temperature`, `top_p`, ... (the run owns sampling)",
+    "--logits-processors": "nothing (they would change the distribution the trainer does not reproduce)",
+    "--tool-strict-level": "nothing (a grammar on tool calls changes the distribution the trainer reproduces)",
+    "--trust-request-chat-template": "nothing (a harness may not replace the model's chat template)",
+    "--api-key": "nothing (vLLM is reachable only on loopback, from the proxy, which holds no key for it)",
 }
 
 

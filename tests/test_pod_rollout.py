@@ -90,6 +90,7 @@ def rollout_pod(config, values: dict[str, str]) -> tuple[list[str], dict[str, st
         for name, value in values.items():
             arg = arg.replace(f"{{{{inputs.parameters.{name}}}}}", value)
         argv.append(arg)
+    assert not any("{{inputs." in arg for arg in argv), f"an input parameter was not filled in: {argv}"
     return argv, {e["name"]: e["value"] for e in template["container"]["env"] if "value" in e}
 
 
@@ -114,7 +115,7 @@ def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: 
     root.mkdir()
     rollout_id = f"pod-{harness}-{task.name}-{uuid.uuid4().hex[:6]}"
     config = load_config(REPO / "configs" / "cluster-example.yaml", ["run=pod", f"harness={harness}", "model_name=tiny"])
-    argv, env = rollout_pod(config, {"task": str(relative), "rollout_id": rollout_id,
+    argv, env = rollout_pod(config, {"task": str(relative), "rollout_id": rollout_id, "sample": "0",
                                      "proxy_url": proxy.url if proxy else "http://127.0.0.1:9"})
     if driver is not None:
         argv = [argv[0], "-P", "-c", driver, argv[argv.index("--task") + 1]]

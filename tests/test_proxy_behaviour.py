@@ -303,3 +303,39 @@ def test_fields_that_reshape_the_distribution_are_removed_when_the_run_owns_samp
     assert forced == {"stop": ["\n"], **NEUTRAL}
     assert ProxyConfig("u", "s", "k").sampling(dict(asked)) == asked
     assert {"logit_bias", "allowed_token_ids", "min_tokens", "response_format", "structured_outputs"} <= set(RESHAPING)
+
+
+def test_tool_call_grammars_are_lifted_when_the_run_owns_sampling() -> None:
+    """A required or named tool_choice, parallel_tool_calls false and strict tools make vLLM sample tool calls
+    under a grammar, whose logprobs the trainer does not reproduce: with the run's sampling forced the model
+    chooses freely ("auto"); a plain recorder (the control) passes them on. Raw JSON (the Chat dialect) too."""
+    from msgspec import Raw
+
+    from steps.proxy.config import ProxyConfig
+    from steps.sampling import NEUTRAL
+
+    tools = b'[{"type":"function","function":{"name":"shell","parameters":{},"strict":true}}]'
+    asked = {"tool_choice": Raw(b'{"type":"function","function":{"name":"shell"}}'), "parallel_tool_calls": False,
+             "tools": Raw(tools), "max_tokens": 5}
+    forced = ProxyConfig("u", "s", "k", forced_sampling=dict(NEUTRAL)).sampling(dict(asked))
+    assert forced["tool_choice"] == "auto" and "parallel_tool_calls" not in forced
+    assert forced["tools"] == [{"type": "function", "function": {"name": "shell", "parameters": {}}}]
+    for choice in ("required", "auto", "none"):
+        lifted = ProxyConfig("u", "s", "k", forced_sampling=dict(NEUTRAL)).sampling({"tool_choice": choice})
+        assert lifted["tool_choice"] == ("auto" if choice == "required" else choice)
+    assert ProxyConfig("u", "s", "k").sampling(dict(asked)) == asked
+
+
+def test_max_completion_tokens_cannot_pass_the_token_cap() -> None:
+    """vLLM takes max_completion_tokens over max_tokens: sent beside a small max_tokens it would have bypassed
+    the run's cap. It becomes the one max_tokens, which the cap bounds."""
+    from steps.proxy import chat
+    from steps.proxy.config import ProxyConfig
+    from steps.proxy.protocol import decode
+
+    data = b'{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"max_completion_tokens":100000}'
+    req, raw = decode(data, chat.Request, fields=chat.RAW_FIELDS)
+    body = ProxyConfig("u", "s", "k", max_tokens_cap=256).sampling(chat.to_upstream(req, raw))
+    assert body["max_tokens"] == 256 and "max_completion_tokens" not in body
+    req, raw = decode(data.replace(b',"max_completion_tokens":100000', b""), chat.Request, fields=chat.RAW_FIELDS)
+    assert ProxyConfig("u", "s", "k", max_tokens_cap=256).sampling(chat.to_upstream(req, raw))["max_tokens"] == 5

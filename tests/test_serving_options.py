@@ -122,7 +122,9 @@ def test_vllm_args_may_not_set_what_a_key_sets(args, key):
     assert load_config(None, ['vllm_args=["--max-num-seqs", "64"]']).vllm_args  # a flag of its own passes
 
 
-@pytest.mark.parametrize("flag_name", ["--port", "--host", "--generation-config", "--logprobs-mode", "--max-logprobs"])
+@pytest.mark.parametrize("flag_name", ["--port", "--host", "--generation-config", "--logprobs-mode", "--max-logprobs",
+                                       "--logits-processors", "--tool-strict-level", "--trust-request-chat-template",
+                                       "--api-key"])
 def test_vllm_args_may_not_set_what_openforge_relies_on(flag_name):
     """Flags no key sets (loopback, sampling defaults, logprobs) are refused too, saying why."""
     with pytest.raises(ConfigError, match=f"'vllm_args' may not set {flag_name} \\(OpenForge sets it\\); use nothing"):
@@ -201,3 +203,21 @@ def test_the_serve_step_refuses_a_flag_it_sets(capsys):
                           "--vllm-arg=--port=9"])
     assert exit_.value.code == 2
     assert "--vllm-arg may not set --port (OpenForge sets it)" in capsys.readouterr().err
+
+
+def test_the_serve_step_always_forces_sampling_and_checks_it_before_vllm_loads(capsys):
+    """Without --sampling the serve step's proxy still forces the neutral settings (it is never a plain
+    recorder, where the harness would choose); a bad value stops it at parse time, before a model loads."""
+    from steps import serve
+    from steps.proxy.__main__ import parse_args as proxy_args
+    from steps.sampling import NEUTRAL
+
+    base = ["--model", "m", "--model-name", "tiny", "--port", "8100", "--store", "calls"]
+    proxy = proxy_args([*serve.proxy_argv(serve.parse_args(base), 9000), "--admin-key", "k"])
+    assert proxy.forced_sampling == NEUTRAL
+    warm = serve.parse_args([*base, "--sampling", "temperature=0.7"])
+    assert proxy_args([*serve.proxy_argv(warm, 9000), "--admin-key", "k"]).forced_sampling == {
+        **NEUTRAL, "temperature": 0.7}
+    with pytest.raises(SystemExit):
+        serve.parse_args([*base, "--sampling", "top_k=-1"])
+    assert "--sampling top_k must be 0 (off) or a whole number >= 1, got -1" in capsys.readouterr().err

@@ -415,3 +415,20 @@ def test_a_calls_table_written_before_the_sampling_columns_reads_with_nulls_ther
     assert read.schema == table.schema and read.num_rows == table.num_rows
     assert read.column("temperature").null_count == read.column("top_k").null_count == table.num_rows
     assert read.column("prompt_token_ids").to_pylist() == table.column("prompt_token_ids").to_pylist()
+
+
+def test_an_attempt_that_finished_and_was_retried_anyway_is_trained_on_once(tmp_path):
+    """`r-0` wrote an ok result and then its step failed, so it was retried as `r-0-a2`, which finished too:
+    sample 0 of task t is one group member, trained on once, from the last attempt. Control: a different
+    sample of the same task (`r-1`) is still trained on beside it."""
+    from steps.trajectories.collect import load_results
+
+    for rollout_id, sample in (("r-0", 0), ("r-0-a2", 0), ("r-1", 1)):
+        (tmp_path / rollout_id).mkdir()
+        (tmp_path / rollout_id / "result.json").write_text(json.dumps({
+            "rollout_id": rollout_id, "task": "t", "harness": "direct", "status": "ok", "reward": 1.0,
+            "sample": sample}))
+    calls = {rid: [call(0, [1], [2 + n])] for n, rid in enumerate(("r-0", "r-0-a2", "r-1"))}
+    tables = collect(load_results(str(tmp_path)), calls, "run", 0)[0].tables()
+    assert sorted(s["rollout_id"] for s in tables["samples"].to_pylist()) == ["r-0-a2", "r-1"]
+    assert len(tables["rollouts"]) == 3  # the superseded attempt is still a row of the rollouts table

@@ -19,8 +19,9 @@ def to_upstream(req: Request, raw: dict) -> dict:
     if req.stream_options and not req.stream:
         raise ProxyError(400, "stream_options is only allowed with stream: true", param="stream_options")
     body = {key: value for key, value in raw.items() if key not in _NOT_FORWARDED}
-    if req.max_completion_tokens is not None and req.max_tokens is None:
-        body["max_tokens"] = body.pop("max_completion_tokens")
+    if req.max_completion_tokens is not None:  # vLLM takes it over max_tokens: one key, which the cap bounds
+        body.pop("max_completion_tokens", None)
+        body["max_tokens"] = req.max_completion_tokens
     if req.top_logprobs:
         body["top_logprobs"] = req.top_logprobs
     return body

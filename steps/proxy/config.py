@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from msgspec import Raw
+
 from steps.proxy.protocol import plain
 from steps.sampling import RESHAPING
 
@@ -48,7 +50,36 @@ class ProxyConfig:
             for key in RESHAPING:
                 body.pop(key, None)
             body.update(self.forced_sampling)
+            unconstrained_tools(body)
         if self.max_tokens_cap is not None:
             asked = plain(body.get("max_tokens"))
             body["max_tokens"] = min(asked or self.max_tokens_cap, self.max_tokens_cap)
         return body
+
+
+def unconstrained_tools(body: dict) -> None:
+    """Removes what makes vLLM constrain tool calls with a grammar, so that whether and which tool the model
+    calls is its own sample: a required or named `tool_choice` becomes "auto", `parallel_tool_calls: false`
+    and the tools' `strict` are dropped. (Under such a grammar vLLM's logprobs are those of the masked
+    distribution, which the trainer does not reproduce: docs/proxy.md, "Sampling".)
+
+    >>> body = {"tool_choice": "required", "parallel_tool_calls": False,
+    ...         "tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}
+    >>> unconstrained_tools(body); body
+    {'tool_choice': 'auto', 'tools': [{'type': 'function', 'function': {'name': 'f'}}]}
+    """
+    choice = plain(body.get("tool_choice"))
+    if choice == "required" or isinstance(choice, dict):
+        body["tool_choice"] = "auto"
+    if plain(body.get("parallel_tool_calls")) is False:
+        del body["parallel_tool_calls"]
+    tools = body.get("tools")
+    if not tools or (isinstance(tools, Raw) and b'"strict"' not in bytes(tools)):  # most calls: nothing decoded
+        return
+    tools = plain(tools)
+    if isinstance(tools, list):
+        for tool in tools:
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if isinstance(function, dict):
+                function.pop("strict", None)
+        body["tools"] = tools

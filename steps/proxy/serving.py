@@ -37,7 +37,8 @@ _ID_COUNTER = itertools.count()
 # What a record keeps of an upstream body's settings, as the harness asked (`sampling_requested`) and as vLLM
 # was sent (`sampling`): the run's keys, the fields that reshape the distribution, and the harmless ones.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "presence_penalty",
-                 "frequency_penalty", "repetition_penalty", "min_p", "tool_choice", *RESHAPING)
+                 "frequency_penalty", "repetition_penalty", "min_p", "tool_choice", "parallel_tool_calls",
+                 *RESHAPING)
 INDEX_RETRIES = 3  # an object store's index held by another writer: take the next free one, this often
 
 

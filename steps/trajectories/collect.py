@@ -24,6 +24,7 @@ import fsspec
 import msgspec
 import pyarrow as pa
 
+from steps.plan import attempt_of
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.proxy.store import CallStore
 from steps.trajectories.samples import RolloutSamples, build_samples
@@ -209,6 +210,23 @@ def add_rollout(rows: Rows, keys: dict, result: dict, built: RolloutSamples | No
         rows.rollouts[name].append(values[name])
 
 
+def superseded_attempts(results: list[dict]) -> set[str]:
+    """Trainable results of one planned rollout but its last attempt's (`ID-aK`, highest K): a group member
+    is trained on once, even when an attempt that finished was retried anyway (it wrote its result, then its
+    step failed).
+
+    >>> sorted(superseded_attempts([{"rollout_id": "r", "status": "ok"}, {"rollout_id": "r-a2", "status": "ok"},
+    ...                             {"rollout_id": "q", "status": "ok"}]))
+    ['r']
+    """
+    attempts = defaultdict(list)
+    for result in results:
+        if result.get("status") in TRAINABLE_STATUSES:
+            planned, attempt = attempt_of(result["rollout_id"])
+            attempts[planned].append((attempt, result["rollout_id"]))
+    return {rollout_id for found in attempts.values() for _, rollout_id in sorted(found)[:-1]}
+
+
 @dataclass
 class HarnessStats:
     """Per-harness drift telemetry: how often a call continued a sample, and samples per rollout."""
@@ -230,11 +248,15 @@ class HarnessStats:
 def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iteration: int) -> tuple[Rows, dict]:
     """The three tables' rows and per-harness statistics for one run-iteration."""
     rows, stats = Rows(), defaultdict(HarnessStats)
+    superseded = superseded_attempts(results)
     for n, result in enumerate(results, 1):
         rid = result["rollout_id"]
         keys = {"run": run, "iteration": iteration, "rollout_id": rid, "task": result.get("task"),
                 "sample": planned_sample(result), "harness": result.get("harness")}
-        trainable = result.get("status") in TRAINABLE_STATUSES
+        trainable = result.get("status") in TRAINABLE_STATUSES and rid not in superseded
+        if rid in superseded:
+            print(f"trajectories: warning: rollout {rid} is not trained on: a later attempt of the same planned "
+                  f"rollout finished too", file=sys.stderr, flush=True)
         stored, skipped = fitting_calls(rid, calls.get(rid, []))
         rows.skipped += skipped
         for bad in skipped:
