@@ -578,3 +578,30 @@ def test_metrics_name_the_sampling_the_update_did_not_reproduce(checkpoint: Path
     assert metrics["unmatched_sampling"] == "top_p=0.9,top_k=20"
     assert run_cli(trajectories, checkpoint, tmp_path / "matched") == 0
     assert "unmatched_sampling" not in json.loads((tmp_path / "matched" / "metrics.json").read_text())
+
+
+def test_samples_drawn_at_another_temperature_than_the_updates_are_refused(checkpoint: Path, tmp_path: Path,
+                                                                          capsys, no_model) -> None:
+    """The calls table beside the samples says they were drawn at 0.7; an update computing its logprobs at
+    1.0 (the default, when no run passed its temperature) would train on wrong ratios: one sentence, exit 2,
+    before a model loads. Controls: calls at the update's temperature, and calls that went into no sample,
+    pass the check."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    partition = write_samples(simple_samples(), tmp_path / "p")
+
+    def calls_at(temperatures: list, indices: list) -> None:
+        pq.write_table(pa.table({"temperature": pa.array(temperatures, pa.float64()),
+                                 "sample_index": pa.array(indices, pa.int32())}), partition / "calls.parquet")
+
+    calls_at([0.7, 0.7], [0, 1])
+    assert run_cli(partition, checkpoint, tmp_path / "out") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (f"steps.update: {partition / 'calls.parquet'}: the rollouts were sampled at temperature 0.7 "
+                    "but the update would compute its logprobs at 1; give temperature=0.7 (a run passes its own "
+                    "`temperature`)")
+    update_batch.check_sampled_temperature(str(partition), 0.7)  # what a run at 0.7 passes
+    calls_at([1.0, 0.7, None], [0, None, 1])  # the 0.7 call trained nothing; a null is an older record
+    update_batch.check_sampled_temperature(str(partition), 1.0)
+    update_batch.check_sampled_temperature(str(partition / "samples.parquet"), 1.0)

@@ -88,6 +88,29 @@ def _is_finite(value) -> bool:
         bool(np.isfinite(value))
 
 
+def check_sampled_temperature(url: str, temperature: float) -> None:
+    """Refuses samples drawn at another temperature than `temperature`, the one the update computes its logprobs
+    at, as the calls table beside them records it (`url`: a samples.parquet file or its partition folder).
+    Nothing to check without that table (a samples file alone) or where it has no temperature (older runs).
+    Only the calls that went into a sample count."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    calls = table_url(url.rsplit("/", 1)[0] if url.endswith(".parquet") else url, "calls")
+    try:
+        with fsspec.open(calls, "rb") as handle:
+            table = pq.read_table(handle, columns=["temperature", "sample_index"])
+    except (OSError, ValueError, KeyError):  # no calls table, or one without the column
+        return
+    used = {t for t, index in zip(table.column("temperature").to_pylist(), table.column("sample_index").to_pylist())
+            if index is not None and t is not None}
+    other = sorted(t for t in used if abs(t - temperature) > 1e-9)
+    if other:
+        raise SampleError(f"{calls}: the rollouts were sampled at temperature {other[0]:g} but the update would "
+                          f"compute its logprobs at {temperature:g}; give temperature={other[0]:g} (a run passes its "
+                          f"own `temperature`)")
+
+
 def read_samples(url: str) -> list[Sample]:
     """Samples from a `samples.parquet` URL, or from the partition folder holding one (local or s3://)."""
     import fsspec

@@ -31,7 +31,7 @@ import torch
 from steps import settings
 from steps.update import batch as update_batch, cpu as update_cpu
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish
-from steps.update.batch import Batch, Sample, read_samples
+from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
 
 # `metrics.json`'s "skipped" value when no step was taken: every rollout's advantage was 0.
@@ -362,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, args.overrides)
         samples = read_samples(args.trajectories)
+        check_sampled_temperature(args.trajectories, config.temperature)
     except (ConfigError, update_batch.SampleError) as error:
         print(f"steps.update: {error}", file=sys.stderr)
         return 2
