@@ -71,7 +71,9 @@ def calls_table(calls: int, tokens: int, seed: int = 0) -> pa.Table:
     columns["error"] = pa.nulls(calls, pa.string())
     columns["sample_index"] = pa.array(np.zeros(calls, np.int32))
     columns["continued"] = pa.array(np.ones(calls, bool))
-    return pa.table(columns).cast(CALLS)
+    columns |= {"temperature": pa.array(np.ones(calls)), "top_p": pa.array(np.ones(calls)),
+                "top_k": pa.array(np.zeros(calls, np.int32))}
+    return pa.table({name: columns[name] for name in CALLS.names}).cast(CALLS)
 
 
 def interleaved(repeats: int, ours: Callable[[], object], plain: Callable[[], object]) -> tuple[float, float]:
