@@ -79,7 +79,7 @@ def figures(config: RunConfig, summaries: list[dict], wall_s: float, window: int
         "weight_versions_ok": all(served_versions(config.run_url, s["iteration"]) == {str(s["iteration"])}
                                   for s in summaries),
         "window": window, "first_window_mean": first, "last_window_mean": last,
-        "ratio": last / first if first else float("inf"), "wall_s": round(wall_s, 1),
+        "ratio": last / first if first else float("inf") if last else 0.0,  # 0 -> 0 learned nothing "wall_s": round(wall_s, 1),
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
