@@ -324,6 +324,8 @@ def test_tool_call_grammars_are_lifted_when_the_run_owns_sampling() -> None:
         lifted = ProxyConfig("u", "s", "k", forced_sampling=dict(NEUTRAL)).sampling({"tool_choice": choice})
         assert lifted["tool_choice"] == ("auto" if choice == "required" else choice)
     assert ProxyConfig("u", "s", "k").sampling(dict(asked)) == asked
+    loose = Raw(tools.replace(b"true", b"false"))  # strict false constrains nothing: forwarded as sent
+    assert ProxyConfig("u", "s", "k", forced_sampling=dict(NEUTRAL)).sampling({"tools": loose})["tools"] is loose
 
 
 def test_max_completion_tokens_cannot_pass_the_token_cap() -> None:

@@ -60,7 +60,7 @@ class ProxyConfig:
 def unconstrained_tools(body: dict) -> None:
     """Removes what makes vLLM constrain tool calls with a grammar, so that whether and which tool the model
     calls is its own sample: a required or named `tool_choice` becomes "auto", `parallel_tool_calls: false`
-    and the tools' `strict` are dropped. (Under such a grammar vLLM's logprobs are those of the masked
+    and the tools' `strict: true` are dropped. (Under such a grammar vLLM's logprobs are those of the masked
     distribution, which the trainer does not reproduce: docs/proxy.md, "Sampling".)
 
     >>> body = {"tool_choice": "required", "parallel_tool_calls": False,
@@ -77,9 +77,9 @@ def unconstrained_tools(body: dict) -> None:
     if not tools or (isinstance(tools, Raw) and b'"strict"' not in bytes(tools)):  # most calls: nothing decoded
         return
     tools = plain(tools)
-    if isinstance(tools, list):
-        for tool in tools:
-            function = tool.get("function") if isinstance(tool, dict) else None
-            if isinstance(function, dict):
-                function.pop("strict", None)
+    functions = [tool.get("function") for tool in tools if isinstance(tool, dict)] if isinstance(tools, list) else []
+    functions = [function for function in functions if isinstance(function, dict) and function.get("strict")]
+    for function in functions:  # `strict: false` constrains nothing: such tools go on as sent, not re-encoded
+        del function["strict"]
+    if functions:
         body["tools"] = tools
