@@ -21,8 +21,13 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     ├── checkpoints/
     │   └── iteration-<N>/                N >= 1: what iteration N-1's update wrote (iteration 0 serves
     │       └── metrics.json              the run's `model`); the update's metrics beside the weights
+    ├── evals/
+    │   └── iteration-<N>/                one evaluation of the checkpoint iteration N serves (an eval run: N 0)
+    │       ├── results/<rollout_id>/     result.json per eval rollout attempt, as under results/
+    │       ├── trajectories/             run=<run>/iteration=<N>/: the eval's calls and rollouts tables
+    │       └── summary.json              per task and overall: tries, pass@1, pass@k, pass^k, ... (steps.evaluate)
     ├── logs/                             local runner: one log per step, serve's and vLLM's
-    └── reports/                          the run's reports
+    └── reports/                          the run's report (steps.report): index.html and its pages
 
 Every step and both runners (`workflows/local.py`, `workflows/iteration.py`) take their URLs from here,
 so a run written by one is read by the other. This module imports nothing beyond the standard library:
@@ -144,3 +149,42 @@ def logs_url(run_url: str) -> str:
 def reports_url(run_url: str) -> str:
     """The run's reports."""
     return _join(run_url, "reports")
+
+
+def evals_url(run_url: str) -> str:
+    """The folder of every evaluation of the run (an eval run has one; a training run one per `eval_every`)."""
+    return _join(run_url, "evals")
+
+
+def eval_url(run_url: str, iteration: int | str) -> str:
+    """One evaluation: of the checkpoint iteration `iteration` serves (an eval run's is 0).
+
+    >>> eval_url("runs/demo", 2)
+    'runs/demo/evals/iteration-2'
+    """
+    return _join(evals_url(run_url), f"iteration-{iteration}")
+
+
+def eval_results_url(run_url: str, iteration: int | str) -> str:
+    """The folder holding one `<rollout_id>/result.json` per eval rollout attempt."""
+    return _join(eval_url(run_url, iteration), "results")
+
+
+def eval_rollout_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
+    """One eval rollout attempt's folder (the rollout step's `--out`)."""
+    return _join(eval_results_url(run_url, iteration), rollout_id)
+
+
+def eval_trajectories_url(run_url: str, iteration: int | str) -> str:
+    """Where the trajectories step writes an evaluation's tables (a partition `run=<run>/iteration=<N>` below)."""
+    return _join(eval_url(run_url, iteration), "trajectories")
+
+
+def eval_summary_url(run_url: str, iteration: int | str) -> str:
+    """An evaluation's `summary.json` (`steps.evaluate`)."""
+    return _join(eval_url(run_url, iteration), "summary.json")
+
+
+def report_index_url(run_url: str) -> str:
+    """The run report's front page."""
+    return _join(reports_url(run_url), "index.html")
