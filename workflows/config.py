@@ -58,6 +58,12 @@ class RunConfig:
     allow_unmatched_sampling: bool = False  # true: train on samples drawn with settings the trainer cannot reproduce
     parallel_rollouts: int = 4
     seed: int = 0
+    # evaluation (docs/eval.md): `submit.py eval` runs, and a training run's held-out evaluations
+    eval_every: int = 0  # training runs: evaluate the served checkpoint every N iterations; 0: never
+    eval_dataset: str = ""  # empty: `dataset`
+    eval_k: int = 3  # tries per task: pass@k and pass^k are computed for this k
+    upstream: str = ""  # eval runs: an OpenAI-compatible server already running, served behind the proxy instead of vLLM
+    upstream_model: str = ""  # the model name that upstream serves; empty: `model_name`
     # the update: its own flat YAML (steps/update/config.py), plus these run-level settings as overrides
     update_config: str = "configs/update.yaml"
     adv_estimator: str = "grpo"  # veRL's advantage estimator: grpo, rloo, ... (steps/update/config.py)
@@ -126,10 +132,10 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         hint = f"did you mean {close[0]}? " if close else ""
         raise ConfigError(f"unknown harness {config.harness!r}; {hint}choose one of {', '.join(HARNESSES)}")
     for key in ("iterations", "tasks_per_iteration", "samples_per_task", "max_tokens_cap", "parallel_rollouts",
-                "epochs"):
+                "epochs", "eval_k"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
-    for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed"):
+    for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed", "eval_every"):
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
     check_serving(config)
@@ -151,6 +157,13 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         raise ConfigError(f"update_config {config.update_config!r} is not a file; give the update step's flat YAML, "
                           f"relative to the repository (e.g. configs/update.yaml)")
     check_update_config(config)
+    if config.upstream and not config.upstream.startswith(("http://", "https://")):
+        raise ConfigError(f"config key 'upstream' must be an http:// or https:// URL of an OpenAI-compatible server "
+                          f"(its base, e.g. http://10.0.0.5:8000), got {config.upstream!r}")
+    if check_dataset and config.eval_dataset and not dataset_path(config, config.eval_dataset).exists():
+        raise ConfigError(f"eval_dataset {config.eval_dataset!r} does not exist (looked in "
+                          f"{dataset_path(config, config.eval_dataset)}); give a task folder, a folder of task "
+                          f"folders, or a .txt/.yaml list")
     if check_dataset and not dataset_path(config).exists():
         raise ConfigError(f"dataset {config.dataset!r} does not exist (looked in {dataset_path(config)}); "
                           f"give a task folder, a folder of task folders, or a .txt/.yaml list")
@@ -194,9 +207,10 @@ def check_update_config(config: RunConfig) -> None:
                           f"epochs and seed): {exc}") from None
 
 
-def dataset_path(config: RunConfig) -> Path:
-    """The dataset on this machine: absolute, or relative to the repository (where the steps image has it)."""
-    path = Path(config.dataset)
+def dataset_path(config: RunConfig, dataset: str | None = None) -> Path:
+    """The dataset (or another one, `dataset`) on this machine: absolute, or relative to the repository (where
+    the steps image has it)."""
+    path = Path(config.dataset if dataset is None else dataset)
     return path if path.is_absolute() else REPO_ROOT / path
 
 
