@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -129,3 +130,51 @@ def dir_size(path: Path) -> int:
                 seen.add((stat.st_dev, stat.st_ino))
                 total += stat.st_size
     return total
+
+
+# Behaviour analytics (`steps.analytics`) reads each harness's tools through the same few names in every
+# harness module: SHELL_TOOLS, EDIT_TOOLS, READ_TOOLS, PLAN_TOOLS, and the functions shell_command(arguments),
+# exit_code(output) and plan_items(arguments). The helpers below are what they share.
+
+def argument_text(arguments: dict | None, *keys: str) -> str | None:
+    """The first of `keys` in a tool call's decoded arguments that holds text (an argv list is joined).
+
+    >>> argument_text({"cmd": "ls -la"}, "cmd"), argument_text({"command": ["bash", "-lc", "ls"]}, "command")
+    ('ls -la', 'bash -lc ls')
+    >>> argument_text({"cmd": 3}, "cmd") is None, argument_text(None, "cmd") is None
+    (True, True)
+    """
+    for key in keys:
+        value = arguments.get(key) if isinstance(arguments, dict) else None
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value and all(isinstance(part, str) for part in value):
+            return " ".join(value)
+    return None
+
+
+def exit_code_in(pattern: re.Pattern, output: str) -> int | None:
+    """The exit code a tool result's text states through `pattern` (its first group), else None.
+
+    >>> exit_code_in(re.compile(r"exit code: (\\d+)"), "exit code: 1\\nboom")
+    1
+    """
+    found = pattern.search(output) if isinstance(output, str) else None
+    return int(found.group(1)) if found else None
+
+
+def todo_items(arguments: dict | None, key: str, done: str = "completed",
+               dropped: tuple[str, ...] = ("cancelled",)) -> list[bool] | None:
+    """Whether each item of a todo list is done, for the list-of-`{"status": ...}` shape the todo tools share;
+    items the agent dropped (`dropped`) are left out; None when the list is not there.
+
+    >>> todo_items({"todos": [{"status": "completed"}, {"status": "pending"}, {"status": "cancelled"}]}, "todos")
+    [True, False]
+    >>> todo_items({"todos": "all done"}, "todos") is None
+    True
+    """
+    items = arguments.get(key) if isinstance(arguments, dict) else None
+    if not isinstance(items, list):
+        return None
+    statuses = [item.get("status") if isinstance(item, dict) else None for item in items]
+    return [status == done for status in statuses if status not in dropped]

@@ -13,10 +13,11 @@ whose `apiKeyHelper` prints the rollout's key from a file beside it. Its event l
 from __future__ import annotations
 
 import json
+import re
 import os
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, clean_env, npm_binds, npm_install
+from steps.harnesses.base import Endpoint, argument_text, clean_env, exit_code_in, npm_binds, npm_install, todo_items
 
 NPM_PACKAGE = "@anthropic-ai/claude-code"
 VERSION = "2.1.332"
@@ -24,6 +25,15 @@ DIALECT = "messages"
 BINARY = "claude"
 # Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
 KEY_IN_TOOL_ENV = False
+
+# Behaviour analytics (steps/analytics, docs/analytics.md): the tools that run commands, change files, read
+# files back, and keep a plan.
+SHELL_TOOLS = ("Bash",)
+EDIT_TOOLS = ("Edit", "Write", "MultiEdit", "NotebookEdit")
+READ_TOOLS = ("Read", "Grep")
+PLAN_TOOLS = ("TodoWrite",)
+EXIT_CODE = re.compile(r"\AExit code (-?\d+)")
+
 KEY_FILE = "openforge-key"
 
 
@@ -82,3 +92,20 @@ def log_paths(home: Path) -> list[Path]:
 def binds() -> list[tuple[Path, str, bool]]:
     """Host paths the harness needs inside a rollout sandbox (read-only, at the same place)."""
     return npm_binds()
+
+
+def shell_command(arguments: dict | None) -> str | None:
+    """The command a call of one of SHELL_TOOLS runs, from its decoded arguments."""
+    return argument_text(arguments, "command")
+
+
+def exit_code(output: str) -> int | None:
+    """The exit code a shell result states: "Exit code 1" opening a failed `Bash` result (a success states none;
+    the Messages `is_error` flag says it)."""
+    return exit_code_in(EXIT_CODE, output)
+
+
+def plan_items(arguments: dict | None) -> list[bool] | None:
+    """Whether each item of the plan a call of PLAN_TOOLS sets is done: `TodoWrite` takes `{"todos": [{"content",
+    "status", "activeForm"}]}` (2.1.332 offers none)."""
+    return todo_items(arguments, "todos")

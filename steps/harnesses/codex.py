@@ -13,9 +13,10 @@ event per line on stdout, and the session is kept in `$CODEX_HOME/sessions/YYYY/
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, clean_env, npm_binds, npm_install
+from steps.harnesses.base import Endpoint, argument_text, clean_env, exit_code_in, npm_binds, npm_install, todo_items
 
 NPM_PACKAGE = "@openai/codex"
 VERSION = "0.171.0"
@@ -24,6 +25,14 @@ BINARY = "codex"
 API_KEY_VAR = "OPENFORGE_API_KEY"
 # Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
 KEY_IN_TOOL_ENV = False
+
+# Behaviour analytics (steps/analytics, docs/analytics.md): the tools that run commands, change files, read
+# files back, and keep a plan.
+SHELL_TOOLS = ("exec_command",)
+EDIT_TOOLS = ("apply_patch",)
+READ_TOOLS = ("view_image",)
+PLAN_TOOLS = ("update_plan",)
+EXIT_CODE = re.compile(r"Process exited with code (-?\d+)")
 
 
 def install(prefix: Path) -> Path:
@@ -94,3 +103,19 @@ def log_paths(home: Path) -> list[Path]:
 def binds() -> list[tuple[Path, str, bool]]:
     """Host paths the harness needs inside a rollout sandbox (read-only, at the same place)."""
     return npm_binds()
+
+
+def shell_command(arguments: dict | None) -> str | None:
+    """The command a call of one of SHELL_TOOLS runs, from its decoded arguments."""
+    return argument_text(arguments, "cmd", "command")
+
+
+def exit_code(output: str) -> int | None:
+    """The exit code a shell result states: "Process exited with code 1" in its `exec_command` result."""
+    return exit_code_in(EXIT_CODE, output)
+
+
+def plan_items(arguments: dict | None) -> list[bool] | None:
+    """Whether each item of the plan a call of PLAN_TOOLS sets is done: Codex's `update_plan` takes `{"plan":
+    [{"step", "status"}]}` (builds that offer it; 0.171 does not)."""
+    return todo_items(arguments, "plan")

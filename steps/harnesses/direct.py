@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, SYSTEM_PATH
+from steps.harnesses.base import Endpoint, SYSTEM_PATH, argument_text, exit_code_in
 
 NPM_PACKAGE = None
 VERSION = "builtin"
@@ -29,6 +30,14 @@ DIALECT = "chat_completions"
 BINARY = "python"
 # Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
 KEY_IN_TOOL_ENV = False
+
+# Behaviour analytics (steps/analytics, docs/analytics.md): the tools that run commands, change files, read
+# files back, and keep a plan.
+SHELL_TOOLS = ("shell",)
+EDIT_TOOLS = ()
+READ_TOOLS = ()
+PLAN_TOOLS = ()
+EXIT_CODE = re.compile(r"\Aexit code: (-?\d+)")
 
 SYSTEM_PROMPT = ("You are an autonomous agent working in a Linux shell. Use the `shell` tool to run commands "
                  "until the task is done, then reply with a short final answer and no tool call.")
@@ -151,3 +160,19 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def shell_command(arguments: dict | None) -> str | None:
+    """The command a call of one of SHELL_TOOLS runs, from its decoded arguments."""
+    return argument_text(arguments, "command")
+
+
+def exit_code(output: str) -> int | None:
+    """The exit code a shell result states: "exit code: 1" on the first line of its `shell` result (a timeout
+    states none)."""
+    return exit_code_in(EXIT_CODE, output)
+
+
+def plan_items(arguments: dict | None) -> list[bool] | None:
+    """None: `direct` has only its shell tool."""
+    return None

@@ -13,9 +13,10 @@ envelope on stdout (final text, tool summary, usage); the session itself lives i
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, clean_env, npm_binds, npm_install
+from steps.harnesses.base import Endpoint, argument_text, clean_env, npm_binds, npm_install
 
 NPM_PACKAGE = "openclaw"
 VERSION = "2026.9.6"
@@ -23,6 +24,17 @@ DIALECT = "chat_completions"
 BINARY = "openclaw"
 # Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
 KEY_IN_TOOL_ENV = False
+
+# Behaviour analytics (steps/analytics, docs/analytics.md): the tools that run commands, change files, read
+# files back, and keep a plan.
+SHELL_TOOLS = ("exec",)
+EDIT_TOOLS = ("write", "edit", "apply_patch")
+READ_TOOLS = ("read",)
+PLAN_TOOLS = ()
+EXIT_CODE = re.compile(r"Command exited with code (-?\d+)")
+NOT_FINISHED = re.compile(r"^Command (timed out|output exceeded|was canceled|was terminated|failed during launch)",
+                          re.MULTILINE)
+
 PROVIDER = "openforge"
 # What OpenClaw is told about the served model; it plans compaction and output caps from these.
 CONTEXT_WINDOW = 32768
@@ -75,3 +87,23 @@ def log_paths(home: Path) -> list[Path]:
 def binds() -> list[tuple[Path, str, bool]]:
     """Host paths the harness needs inside a rollout sandbox (read-only, at the same place)."""
     return npm_binds()
+
+
+def shell_command(arguments: dict | None) -> str | None:
+    """The command a call of one of SHELL_TOOLS runs, from its decoded arguments."""
+    return argument_text(arguments, "command")
+
+
+def exit_code(output: str) -> int | None:
+    """The exit code an `exec` result states: "(Command exited with code N)" is appended only when N is not
+    0, so a finished command's result that says nothing exited 0; None when it did not finish (timed out,
+    canceled, terminated, failed to launch)."""
+    if not isinstance(output, str) or NOT_FINISHED.search(output):
+        return None
+    found = EXIT_CODE.search(output)
+    return int(found.group(1)) if found else 0
+
+
+def plan_items(arguments: dict | None) -> list[bool] | None:
+    """None: OpenClaw has no plan or todo tool."""
+    return None

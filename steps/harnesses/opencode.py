@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, clean_env, npm_binds, npm_install
+from steps.harnesses.base import Endpoint, argument_text, clean_env, npm_binds, npm_install, todo_items
 
 NPM_PACKAGE = "opencode-ai"
 VERSION = "1.18.33"
@@ -22,6 +22,14 @@ DIALECT = "chat_completions"
 BINARY = "opencode"
 # Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
 KEY_IN_TOOL_ENV = False
+
+# Behaviour analytics (steps/analytics, docs/analytics.md): the tools that run commands, change files, read
+# files back, and keep a plan.
+SHELL_TOOLS = ("bash",)
+EDIT_TOOLS = ("edit", "write", "patch", "multiedit")
+READ_TOOLS = ("read", "grep")
+PLAN_TOOLS = ("todowrite",)
+
 PROVIDER = "openforge"
 CONTEXT_WINDOW = 32768
 MAX_TOKENS = 4096
@@ -94,3 +102,19 @@ def log_paths(home: Path) -> list[Path]:
 def binds() -> list[tuple[Path, str, bool]]:
     """Host paths the harness needs inside a rollout sandbox (read-only, at the same place)."""
     return npm_binds()
+
+
+def shell_command(arguments: dict | None) -> str | None:
+    """The command a call of one of SHELL_TOOLS runs, from its decoded arguments."""
+    return argument_text(arguments, "command")
+
+
+def exit_code(output: str) -> int | None:
+    """Always None: opencode's `bash` result is the command's output alone, with no exit code in it."""
+    return None
+
+
+def plan_items(arguments: dict | None) -> list[bool] | None:
+    """Whether each item of the plan a call of PLAN_TOOLS sets is done: `todowrite` takes `{"todos": [{"content",
+    "status", "priority"}]}`."""
+    return todo_items(arguments, "todos")

@@ -12,9 +12,10 @@ log: `--output-format stream-json` prints one event per line on stdout, and chat
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, clean_env, npm_binds, npm_install
+from steps.harnesses.base import Endpoint, argument_text, clean_env, exit_code_in, npm_binds, npm_install, todo_items
 
 NPM_PACKAGE = "@qwen-code/qwen-code"
 VERSION = "0.24.4"
@@ -22,6 +23,14 @@ DIALECT = "chat_completions"
 BINARY = "qwen"
 # Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
 KEY_IN_TOOL_ENV = False
+
+# Behaviour analytics (steps/analytics, docs/analytics.md): the tools that run commands, change files, read
+# files back, and keep a plan.
+SHELL_TOOLS = ("run_shell_command",)
+EDIT_TOOLS = ("edit", "write_file", "notebook_edit")
+READ_TOOLS = ("read_file", "read_many_files", "grep_search")
+PLAN_TOOLS = ("todo_write",)
+EXIT_CODE = re.compile(r"^Exit Code: (-?\d+)", re.MULTILINE)
 
 SETTINGS = {
     "general": {"enableAutoUpdate": False},
@@ -78,3 +87,19 @@ def log_paths(home: Path) -> list[Path]:
 def binds() -> list[tuple[Path, str, bool]]:
     """Host paths the harness needs inside a rollout sandbox (read-only, at the same place)."""
     return npm_binds()
+
+
+def shell_command(arguments: dict | None) -> str | None:
+    """The command a call of one of SHELL_TOOLS runs, from its decoded arguments."""
+    return argument_text(arguments, "command")
+
+
+def exit_code(output: str) -> int | None:
+    """The exit code a shell result states: "Exit Code: 1" on a line of its `run_shell_command` result."""
+    return exit_code_in(EXIT_CODE, output)
+
+
+def plan_items(arguments: dict | None) -> list[bool] | None:
+    """Whether each item of the plan a call of PLAN_TOOLS sets is done: `todo_write` takes `{"todos": [{"id",
+    "content", "status"}]}` (0.24 offers none)."""
+    return todo_items(arguments, "todos")

@@ -1,0 +1,137 @@
+"""The behaviour metrics, each a pure function of a rollout's tool uses or recorded calls.
+
+Definitions, with examples from real harness traffic, are in docs/analytics.md. In the examples below,
+`use(...)` builds one tool use the way `steps.analytics.tools.read_calls` reads it from the records.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from steps.analytics.tools import ToolUse, canonical, changes_and_checks
+
+
+def use(name: str, kind: str = "other", command: str | None = None, failed: bool | None = None,
+        arguments: dict | None = None) -> ToolUse:
+    """One tool use, for examples and tests: its key is the tool and its arguments (or command).
+
+    >>> use("shell", "shell", "ls").key
+    'shell:{"command": "ls"}'
+    """
+    arguments = arguments if arguments is not None else {"command": command} if command is not None else {}
+    return ToolUse(0, name, kind, arguments, f"{name}:{canonical(arguments)}", command, None, failed)
+
+
+def tool_counts(uses: list[ToolUse]) -> dict[str, int]:
+    """Tool calls by tool name, most used first.
+
+    >>> tool_counts([use("Bash"), use("Read"), use("Bash")])
+    {'Bash': 2, 'Read': 1}
+    """
+    return dict(Counter(u.name for u in uses).most_common())
+
+
+def tool_coverage(uses: list[ToolUse], offered: set[str]) -> float | None:
+    """Distinct offered tools the rollout used, over the tools offered; None when none was offered.
+    A call of a tool that was not offered does not count.
+
+    >>> tool_coverage([use("bash"), use("bash"), use("read"), use("made_up")], {"bash", "read", "edit", "write"})
+    0.5
+    """
+    if not offered:
+        return None
+    return len({u.name for u in uses} & offered) / len(offered)
+
+
+def shell_share(uses: list[ToolUse]) -> float | None:
+    """The share of tool calls that went to the harness's shell tool (the rest are dedicated tools);
+    None for a rollout without tool calls.
+
+    >>> shell_share([use("exec", "shell", "ls"), use("read", "read"), use("write", "edit"), use("exec", "shell", "ls")])
+    0.5
+    """
+    return sum(u.kind == "shell" for u in uses) / len(uses) if uses else None
+
+
+def self_verified(uses: list[ToolUse]) -> bool | None:
+    """After its last change to the workspace, did the rollout check something? None when it changed nothing.
+
+    A change: a shell step that writes (a redirection into a file, `cp`, `sed -i`, ...) or a dedicated edit
+    tool that did not fail. A check: a later shell step that reads or runs something (`cat`, `pytest`,
+    `python prog.py`, `./prog`) or a dedicated read tool. The steps of one command count in their order.
+
+    >>> self_verified([use("shell", "shell", "echo hello > answer.txt"), use("shell", "shell", "cat answer.txt")])
+    True
+    >>> self_verified([use("shell", "shell", "cat answer.txt"), use("shell", "shell", "echo hello > answer.txt")])
+    False
+    >>> self_verified([use("shell", "shell", "ls")]) is None
+    True
+    """
+    steps = [step for u in uses for step in changes_and_checks(u)]
+    if "change" not in steps:
+        return None
+    last_change = len(steps) - 1 - steps[::-1].index("change")
+    return "check" in steps[last_change + 1:]
+
+
+def changes(uses: list[ToolUse]) -> int:
+    """Tool calls that changed the workspace (at least one step of a command, or an edit that did not fail).
+
+    >>> changes([use("shell", "shell", "mkdir d && cd d"), use("write", "edit", failed=True), use("edit", "edit")])
+    2
+    """
+    return sum("change" in changes_and_checks(u) for u in uses)
+
+
+def plan_completion(uses: list[ToolUse], plan_items: Callable[[dict | None], list[bool] | None]) -> float | None:
+    """The share of items done in the last plan the rollout set with its harness's plan tool (`plan_items`
+    reads one call's items); None when it never set a readable, non-empty plan.
+
+    >>> todos = lambda args: [item == "done" for item in args["items"]]
+    >>> plan_completion([use("todo", "plan", arguments={"items": ["done", "todo"]}),
+    ...                  use("todo", "plan", arguments={"items": ["done", "done", "todo", "todo"]})], todos)
+    0.5
+    """
+    for u in reversed(uses):
+        if u.kind == "plan":
+            items = plan_items(u.arguments)
+            if items:
+                return sum(items) / len(items)
+    return None
+
+
+def error_recovery(uses: list[ToolUse]) -> tuple[int, int, int]:
+    """(failed tool results, of them followed by the same call again, followed by a different call).
+
+    A failure is a result with a non-zero exit code or an error flag. The next tool call repeats it when it
+    is the same tool with the same arguments (compared as canonical JSON); a failure with no call after it
+    counts in neither.
+
+    >>> error_recovery([use("sh", "shell", "cat a", failed=True), use("sh", "shell", "cat a", failed=True),
+    ...                 use("sh", "shell", "ls", failed=False), use("sh", "shell", "make", failed=True)])
+    (3, 1, 1)
+    """
+    failures = [n for n, u in enumerate(uses) if u.failed]
+    repeated = sum(1 for n in failures if n + 1 < len(uses) and uses[n + 1].key == uses[n].key)
+    changed = sum(1 for n in failures if n + 1 < len(uses) and uses[n + 1].key != uses[n].key)
+    return len(failures), repeated, changed
+
+
+def finish_reasons(records: list[dict]) -> dict[str, int]:
+    """Recorded calls by finish reason (`none` for a call that has none: failed, or cut off).
+
+    >>> finish_reasons([{"finish_reason": "tool_calls"}, {"finish_reason": "stop"}, {"finish_reason": None}])
+    {'none': 1, 'stop': 1, 'tool_calls': 1}
+    """
+    return dict(sorted(Counter(str(r.get("finish_reason") or "none") for r in records).items()))
+
+
+def response_tokens(records: list[dict]) -> tuple[int, float | None]:
+    """(response tokens, mean per call), over the calls that recorded their response token ids.
+
+    >>> response_tokens([{"response_token_ids": [1, 2, 3]}, {"response_token_ids": [4]}, {"response_token_ids": None}])
+    (4, 2.0)
+    """
+    counts = [len(ids) for r in records if isinstance(ids := r.get("response_token_ids"), list)]
+    return sum(counts), (sum(counts) / len(counts) if counts else None)

@@ -1,0 +1,113 @@
+"""What a shell command does to the workspace, read from its text alone (no LLM, no sandbox).
+
+A command is split into segments at `&&`, `||`, `;`, `|`, `&` and line breaks (quotes respected). Each
+segment is a *change* (it writes the workspace: a redirection into a file other than /dev/null, or a
+program that writes files: `WRITERS`, `sed -i`, `git apply`, ...), a *check* (it reads or runs something:
+`CHECKERS`, a test runner, an interpreter, `./prog`), or neither (`cd`, `echo`, `ls`). A segment that
+writes is a change even when it also runs something (`python gen.py > out.txt`). Running a program counts
+as a check, not a change, though it may write files: the text cannot tell, and the verifier's view is
+what the agent checked, not what it wrote.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+SEPARATORS = {"&&", "||", ";", "|", "&", "|&", ";;", "\n"}
+REDIRECTS = {">", ">>", ">|", "&>", "&>>"}
+WRITERS = {"tee", "cp", "mv", "rm", "rmdir", "mkdir", "touch", "ln", "chmod", "chown", "install", "patch",
+           "dd", "truncate", "unzip", "tar", "gunzip", "gzip"}
+# Programs whose second word decides: `git apply` writes, `git diff` reads.
+WRITING_SUBCOMMANDS = {"git": {"apply", "checkout", "restore", "reset", "mv", "rm", "am", "stash", "clone"},
+                       "pip": {"install", "uninstall"}, "npm": {"install", "ci", "uninstall"},
+                       "uv": {"add", "remove", "sync", "pip"}}
+IN_PLACE = {"sed": {"-i", "--in-place"}, "perl": {"-i", "-pi"}}
+CHECKERS = {
+    # read-backs of a file's content
+    "cat", "head", "tail", "less", "more", "diff", "cmp", "grep", "egrep", "rg", "wc", "od", "xxd", "hexdump",
+    "jq", "md5sum", "sha256sum", "sha1sum", "file", "stat", "test", "[", "[[", "nl", "sort", "uniq", "awk",
+    "sed", "git",
+    # test runners, builds and interpreters running the program
+    "pytest", "python", "python3", "node", "npx", "npm", "bash", "sh", "make", "cargo", "go", "java", "javac",
+    "gcc", "g++", "cc", "clang", "ruby", "perl", "deno", "bun", "tox", "uv", "ctest", "mvn", "gradle", "php",
+    "rustc", "tsc",
+}
+PREFIXES = {"sudo", "env", "time", "timeout", "nice", "nohup", "command", "exec", "xargs"}
+
+
+def words(command: str) -> list[str]:
+    """The command's words and operators (quotes respected; unbalanced quotes fall back to a plain split).
+
+    >>> words("echo 'a; b' > out.txt && cat out.txt")
+    ['echo', 'a; b', '>', 'out.txt', '&&', 'cat', 'out.txt']
+    """
+    lexer = shlex.shlex(command.replace("\n", " \n "), posix=True, punctuation_chars=True)
+    lexer.whitespace = " \t\r"
+    try:
+        return list(lexer)
+    except ValueError:
+        return command.split()
+
+
+def segments(command: str) -> list[list[str]]:
+    """The command split into its simple commands.
+
+    >>> segments("cd src && pytest -q | tail -1")
+    [['cd', 'src'], ['pytest', '-q'], ['tail', '-1']]
+    """
+    found, current = [], []
+    for word in words(command):
+        if word in SEPARATORS:
+            found.append(current)
+            current = []
+        else:
+            current.append(word)
+    found.append(current)
+    return [segment for segment in found if segment]
+
+
+def program(segment: list[str]) -> tuple[str, list[str]]:
+    """The program a segment runs and its arguments, past variable assignments and wrappers like `sudo`.
+
+    >>> program(["FOO=1", "timeout", "10", "python3", "-m", "pytest"])
+    ('python3', ['-m', 'pytest'])
+    """
+    rest = list(segment)
+    while rest and ("=" in rest[0] and not rest[0].startswith("=") or rest[0] in PREFIXES
+                    or rest[0].replace(".", "").isdigit() or rest[0].startswith("-")):
+        rest.pop(0)
+    if not rest:
+        return "", []
+    name = rest[0].rsplit("/", 1)[-1] if not rest[0].startswith("./") else rest[0]
+    return name, rest[1:]
+
+
+def is_change(segment: list[str]) -> bool:
+    """Whether a segment writes the workspace.
+
+    >>> is_change(["echo", "hello", ">", "answer.txt"]), is_change(["ls", ">", "/dev/null"])
+    (True, False)
+    >>> is_change(["sed", "-i", "s/a/b/", "f.py"]), is_change(["git", "diff"])
+    (True, False)
+    """
+    for n, word in enumerate(segment[:-1]):
+        if word in REDIRECTS and segment[n + 1] != "/dev/null" and not segment[n + 1].startswith("&"):
+            return True
+    name, args = program(segment)
+    if name in WRITERS:
+        return True
+    if args and args[0] in WRITING_SUBCOMMANDS.get(name, ()):
+        return True
+    return any(arg in IN_PLACE.get(name, ()) for arg in args)
+
+
+def is_check(segment: list[str]) -> bool:
+    """Whether a segment that does not write reads or runs something that checks the work.
+
+    >>> is_check(["cat", "answer.txt"]), is_check(["./solution"]), is_check(["echo", "done"])
+    (True, True, False)
+    """
+    if is_change(segment):
+        return False
+    name, _ = program(segment)
+    return name in CHECKERS or name.startswith("./") or name.endswith((".sh", ".py"))
