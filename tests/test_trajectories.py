@@ -239,7 +239,8 @@ def assert_round_trip(out: str, storage_options: dict | None = None) -> None:
 def test_round_trip_through_a_local_folder(tmp_path):
     assert_round_trip(str(tmp_path / "traj"))
     folder = tmp_path / "traj" / "run=demo" / "iteration=4"
-    assert sorted(p.name for p in folder.iterdir()) == ["calls.parquet", "rollouts.parquet", "samples.parquet"]
+    assert sorted(p.name for p in folder.iterdir()) == ["behaviour.parquet", "calls.parquet", "rollouts.parquet",
+                                                        "samples.parquet"]
     assert pq.read_metadata(folder / "calls.parquet").row_group(0).column(0).compression == "ZSTD"
 
 
@@ -368,7 +369,8 @@ def test_the_cli_writes_readable_tables_from_the_proxy(recorded, tmp_path):
     partition = partition_url(str(tmp_path), "t", 2)
     assert summary["partition"] == partition
     n_calls = sum(len(c) for c in calls.values())
-    assert summary["rows"] == {"calls": n_calls, "rollouts": len(calls) + 1, "samples": n_calls}
+    assert summary["rows"] == {"calls": n_calls, "rollouts": len(calls) + 1, "samples": n_calls,
+                               "behaviour": len(calls) + 1}
     assert summary["harnesses"]["direct"] == {"rollouts": 1, "calls": 2, "samples": 2, "continuity_rate": 0.0,
                                               "samples_per_rollout": 2.0}
     rollouts = read_table(partition, "rollouts").to_pylist()
@@ -385,6 +387,16 @@ def test_the_cli_writes_readable_tables_from_the_proxy(recorded, tmp_path):
     samples = read_table(partition, "samples")
     assert samples.schema.equals(SAMPLES, check_metadata=True)
     assert {r["rollout_id"] for r in samples.to_pylist()} == set(calls)
+    # One behaviour row per rollout, infra errors included: the oracle's one shell call writes the answer
+    # and never reads it back.
+    behaviour = {r["rollout_id"]: r for r in read_table(partition, "behaviour").to_pylist()}
+    assert set(behaviour) == set(calls) | {"direct-hello-file-1"}
+    for rollout_id, rollout_calls in calls.items():
+        row = behaviour[rollout_id]
+        assert (row["status"], row["reward"], row["calls"], row["tool_calls"], row["shell_calls"]) == \
+            ("ok", 1.0, len(rollout_calls), 1, 1), row
+        assert (row["changes"], row["self_verified"], row["tool_failures"], row["unreadable"]) == (1, False, 0, 0), row
+    assert behaviour["direct-hello-file-1"]["calls"] == 0 and behaviour["direct-hello-file-1"]["status"] == "infra_error"
 
 
 def test_the_cli_reads_the_store_and_writes_to_s3(recorded, s3_server):

@@ -1,4 +1,4 @@
-"""Writes one run-iteration's trajectory tables (calls, rollouts, samples) as Parquet.
+"""Writes one run-iteration's trajectory tables (calls, rollouts, samples, behaviour) as Parquet.
 
     OPENFORGE_ADMIN_KEY=... python -m steps.trajectories --proxy-url http://127.0.0.1:8100 \
         --results runs/it0 --out s3://bucket/trajectories --run demo --iteration 0
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Collects results and calls, writes the three tables, prints the summary."""
+    """Collects results and calls, writes the four tables, prints the summary."""
     args = parse_args(argv)
     started = time.monotonic()
     try:

@@ -1,4 +1,4 @@
-"""Gathering a run-iteration's rollout results and recorded calls into the three trajectory tables.
+"""Gathering a run-iteration's rollout results and recorded calls into the four trajectory tables.
 
 Results come from `{results}/*/result.json` (one folder per rollout, as `steps.rollout` writes them);
 calls come from the proxy's admin route or straight from its store. Infra-error rollouts keep their
@@ -24,11 +24,13 @@ import fsspec
 import msgspec
 import pyarrow as pa
 
+from steps.analytics import behaviour_row
 from steps.plan import attempt_of
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.proxy.store import CallStore
 from steps.trajectories.samples import RolloutSamples, build_samples
 from steps.trajectories.schema import (
+    BEHAVIOUR,
     CALL_TIMINGS,
     CALLS,
     ROLLOUT_DURATIONS,
@@ -153,17 +155,19 @@ def planned_sample(result: dict) -> int | None:
 
 @dataclass
 class Rows:
-    """Column lists for the three tables, filled rollout by rollout."""
+    """Column lists for the four tables, filled rollout by rollout."""
 
     calls: dict = field(default_factory=lambda: {name: [] for name in CALLS.names})
     rollouts: dict = field(default_factory=lambda: {name: [] for name in ROLLOUTS.names})
     samples: dict = field(default_factory=lambda: {name: [] for name in SAMPLES.names})
+    behaviour: dict = field(default_factory=lambda: {name: [] for name in BEHAVIOUR.names})
     skipped: list[dict] = field(default_factory=list)  # calls left out: {"rollout_id", "record", "error"}
 
     def tables(self) -> dict[str, pa.Table]:
         """The filled columns as tables of the documented schemas."""
         return {"calls": pa.table(self.calls, schema=CALLS), "rollouts": pa.table(self.rollouts, schema=ROLLOUTS),
-                "samples": pa.table(self.samples, schema=SAMPLES)}
+                "samples": pa.table(self.samples, schema=SAMPLES),
+                "behaviour": pa.table(self.behaviour, schema=BEHAVIOUR)}
 
 
 def add_calls(rows: Rows, keys: dict, calls: list[dict], built: RolloutSamples | None) -> None:
@@ -246,7 +250,7 @@ class HarnessStats:
 
 
 def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iteration: int) -> tuple[Rows, dict]:
-    """The three tables' rows and per-harness statistics for one run-iteration."""
+    """The four tables' rows and per-harness statistics for one run-iteration."""
     rows, stats = Rows(), defaultdict(HarnessStats)
     superseded = superseded_attempts(results)
     for n, result in enumerate(results, 1):
@@ -268,6 +272,9 @@ def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iterati
                   f"{len(stored)} are stored and readable", file=sys.stderr, flush=True)
         add_calls(rows, keys, stored, built)
         add_rollout(rows, keys, result, built)
+        # Behaviour reads every call the store gave, also those left out of `calls` for their token fields.
+        for name, value in behaviour_row(keys, result, calls.get(rid, [])).items():
+            rows.behaviour[name].append(value)
         if built is not None:
             add_samples(rows, keys, built, result.get("reward"))
             harness = stats[result.get("harness")]

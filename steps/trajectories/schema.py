@@ -1,7 +1,8 @@
-"""The three trajectory tables as pyarrow schemas, defined once and checked on every read.
+"""The four trajectory tables as pyarrow schemas, defined once and checked on every read.
 
 `calls`: one row per recorded model call. `rollouts`: one row per rollout result. `samples`: the
-training samples built from a rollout's calls (see `steps.trajectories.samples`). Column meanings are
+training samples built from a rollout's calls (see `steps.trajectories.samples`). `behaviour`: one row per
+rollout, what the agent did (see `steps.analytics`; its metric columns are `RolloutBehaviour`'s fields). Column meanings are
 in `docs/trajectories.md`.
 """
 
@@ -11,7 +12,7 @@ SCHEMA_VERSION = "1"
 TOKENS = pa.list_(pa.int32())
 LOGPROBS = pa.list_(pa.float32())
 
-# Who a row belongs to; leads every table so the three join on (run, iteration, rollout_id).
+# Who a row belongs to; leads every table so the four join on (run, iteration, rollout_id).
 _KEYS = [
     pa.field("run", pa.string(), nullable=False),
     pa.field("iteration", pa.int32(), nullable=False),
@@ -75,10 +76,37 @@ SAMPLES = _with_meta("samples", _KEYS + [
     pa.field("weight_versions", pa.list_(pa.string())),
 ])
 
+BEHAVIOUR = _with_meta("behaviour", _KEYS + [
+    # The rollout's outcome and weights, so that pass/fail and checkpoint splits need no join.
+    pa.field("status", pa.string()),
+    pa.field("reward", pa.float64()),
+    pa.field("weight_version", pa.string()),  # comma-separated when it changed mid-rollout
+    pa.field("calls", pa.int32()),
+    pa.field("turns", pa.int32()),
+    pa.field("failed_calls", pa.int32()),
+    pa.field("tool_calls", pa.int32()),
+    pa.field("tool_counts", pa.string()),  # JSON object: tool name -> calls
+    pa.field("tools_offered", pa.int32()),
+    pa.field("tools_used", pa.int32()),
+    pa.field("tool_coverage", pa.float64()),
+    pa.field("shell_calls", pa.int32()),
+    pa.field("shell_share", pa.float64()),
+    pa.field("changes", pa.int32()),
+    pa.field("self_verified", pa.bool_()),
+    pa.field("plan_completion", pa.float64()),
+    pa.field("tool_failures", pa.int32()),
+    pa.field("repeated_after_failure", pa.int32()),
+    pa.field("changed_after_failure", pa.int32()),
+    pa.field("response_tokens", pa.int64()),
+    pa.field("tokens_per_call", pa.float64()),
+    pa.field("finish_reasons", pa.string()),  # JSON object: finish reason -> calls
+    pa.field("unreadable", pa.int32()),
+])
+
 # Columns a table gained after schema version 1 was first written: an older file reads with nulls there.
 ADDED_LATER = {"calls": ("temperature", "top_p", "top_k")}
 
-TABLES: dict[str, pa.Schema] = {"calls": CALLS, "rollouts": ROLLOUTS, "samples": SAMPLES}
+TABLES: dict[str, pa.Schema] = {"calls": CALLS, "rollouts": ROLLOUTS, "samples": SAMPLES, "behaviour": BEHAVIOUR}
 
 
 class SchemaError(ValueError):
