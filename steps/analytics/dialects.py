@@ -126,7 +126,7 @@ class Responses:
             items = [_get(e, "item", dict) for e in events if _get(e, "type") == "response.output_item.done"]
         return [ToolCall(_get(item, "call_id", str) or "", _get(item, "name", str) or "",
                          _get(item, self.CALLS[kind]))
-                for item in items if (kind := _get(item, "type")) in self.CALLS]
+                for item in items if (kind := _get(item, "type", str)) in self.CALLS]
 
     def tool_results(self, request: object) -> list[ToolResult]:
         return [ToolResult(_get(item, "call_id", str) or "", _text(_get(item, "output")))
@@ -146,7 +146,7 @@ class Messages:
                     for b in _list(response, "content") if _get(b, "type") == "tool_use"]
         blocks: dict[object, dict] = {}
         for data in _events(response):
-            index, block = _get(data, "index"), _get(data, "content_block", dict)
+            index, block = _get(data, "index", int), _get(data, "content_block", dict)
             if _get(data, "type") == "content_block_start" and _get(block, "type") == "tool_use":
                 blocks[index] = {"id": _get(block, "id", str) or "", "name": _get(block, "name", str) or "",
                                  "json": "", "input": _get(block, "input")}

@@ -6,13 +6,15 @@ program that writes files: `WRITERS`, `sed -i`, `git apply`, ...), a *check* (it
 `CHECKERS`, a test runner, an interpreter, `./prog`), or neither (`cd`, `echo`, `ls`). A segment that
 writes is a change even when it also runs something (`python gen.py > out.txt`). Running a program counts
 as a check, not a change, though it may write files: the text cannot tell, and the verifier's view is
-what the agent checked, not what it wrote.
+what the agent checked, not what it wrote. Only a command's first `COMMAND_LIMIT` characters are read: the
+agent writes the command, and a megabyte of it must not stall the analytics.
 """
 
 from __future__ import annotations
 
 import shlex
 
+COMMAND_LIMIT = 10_000
 SEPARATORS = {"&&", "||", ";", "|", "&", "|&", ";;", "\n"}
 REDIRECTS = {">", ">>", ">|", "&>", "&>>"}
 WRITERS = {"tee", "cp", "mv", "rm", "rmdir", "mkdir", "touch", "ln", "chmod", "chown", "install", "patch",
@@ -41,6 +43,7 @@ def words(command: str) -> list[str]:
     >>> words("echo 'a; b' > out.txt && cat out.txt")
     ['echo', 'a; b', '>', 'out.txt', '&&', 'cat', 'out.txt']
     """
+    command = command[:COMMAND_LIMIT]
     lexer = shlex.shlex(command.replace("\n", " \n "), posix=True, punctuation_chars=True)
     lexer.whitespace = " \t\r"
     try:

@@ -110,19 +110,19 @@ def read_calls(records: list, harness: ModuleType | None) -> ReadCalls:
     offered, emitted, results = set(), [], {}
     agent_calls = 0
     for record in calls:
-        reader = READERS.get(record.get("dialect"))
-        if reader is None or record.get("store_error"):
-            unreadable += 1
+        dialect, request, response = record.get("dialect"), record.get("request"), record.get("response")
+        reader = READERS.get(dialect) if isinstance(dialect, str) else None
+        # One count per record: an unknown dialect, a field the store could not read back, an answered
+        # call without its response.
+        unreadable += reader is None or bool(record.get("store_error")) or (
+            record.get("status") == "ok" and response is None)
         if reader is None:
             continue
-        request, response = record.get("request"), record.get("response")
         names = reader.offered_tools(request)
         offered.update(names)
         agent_calls += bool(names)
         for result in reader.tool_results(request):
             results.setdefault(plain_id(result.id), result)
-        if record.get("status") == "ok" and response is None:
-            unreadable += 1
         emitted += [(record["call_index"], call) for call in reader.tool_calls(response)]
     uses = []
     for call_index, call in emitted:
