@@ -11,7 +11,8 @@ a non-streaming `/v1/chat/completions` with `prompt_token_ids`, `choices[0].toke
 The script: while the conversation holds fewer tool results than there are commands, answer with one
 call of the offered shell tool running the next command; after that, answer "done". A request
 without tools (titles, summaries) gets a short plain answer. Commands come from `--command`
-(repeatable) or `POST /script {"commands": [...]}`; the default writes `hello` into `answer.txt`.
+(repeatable) or `POST /script {"commands": [...]}`; the default writes `hello` into `answer.txt`. A
+command may also be `{"tool": NAME, "arguments": {...}}`: one call of that tool (a plan tool, say).
 
 Tokens are simple and recomputable: the text is UTF-8 encoded and every 3 bytes form one token id
 (`int.from_bytes(chunk, "big")`, so ids stay below 2**24). Three bytes per token keeps token counts
@@ -106,15 +107,27 @@ class Reply:
         return f"<tool_call>\n{call}\n</tool_call>"
 
 
-def next_reply(body: dict, commands: list[str]) -> Reply:
-    """The script: one shell call per command not yet answered by a tool result, then "done"."""
+def scripted_call(tools: list[dict], command: dict) -> Reply:
+    """A scripted call of a named tool (a plan tool, say), if the request offers it."""
+    offered = [tool_schema(tool)[0] for tool in tools]
+    if command.get("tool") not in offered:
+        return Reply(content=f"No tool {command.get('tool')!r} among {offered}")
+    return Reply(tool_name=command["tool"], arguments=dict(command.get("arguments") or {}))
+
+
+def next_reply(body: dict, commands: list) -> Reply:
+    """The script: one call per command not yet answered by a tool result, then "done". A command is a
+    shell command (run with the offered shell tool) or `{"tool": name, "arguments": {...}}`."""
     tools = body.get("tools") or []
     if not tools:
         return Reply(content=PLAIN_ANSWER)
     answered = sum(1 for message in body.get("messages", []) if message.get("role") == "tool")
     if answered >= len(commands):
         return Reply(content=FINAL_ANSWER)
-    call = shell_call(tools, commands[answered])
+    command = commands[answered]
+    if isinstance(command, dict):  # a call of another tool: {"tool": name, "arguments": {...}}
+        return scripted_call(tools, command)
+    call = shell_call(tools, command)
     if call is None:
         offered = [tool_schema(tool)[0] for tool in tools]
         return Reply(content=f"No shell tool among {offered}; expected one of {SHELL_TOOLS}")
@@ -234,7 +247,7 @@ class ScriptedModel:
         """Every chat completion served so far: `{"request": ..., "response": ...}`."""
         return self.app.state.exchanges
 
-    def set_commands(self, commands: list[str]) -> None:
+    def set_commands(self, commands: list) -> None:
         """Replace the script's commands and clear the request log."""
         self.app.state.commands = list(commands)
         self.app.state.exchanges.clear()

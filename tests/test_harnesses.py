@@ -5,11 +5,13 @@
 
 Each test runs the real harness CLI (pinned npm version), headless, with a throwaway HOME and a fresh
 workdir, against a proxy rollout whose upstream is `tests/scripted_model.py`: a double of vLLM's
-server, because a small random model cannot call tools. The script makes one shell tool call that
-writes `hello` into `answer.txt`, then answers "done". The test checks the file on disk, and that
-every call the proxy recorded carries exactly the token ids and logprobs the upstream returned. Another
-has the shell tool write `env` into a file: the rollout's key is there only for a harness whose
-`KEY_IN_TOOL_ENV` says so (none now; Codex without its environment policy is the control).
+server, because a small random model cannot call tools. The script has the shell tool read `answer.txt`
+before it exists (a failure), write `hello` into it, read it back, (for a harness with a plan tool) set a
+plan, then answers "done". The test checks the file on disk, that every call the proxy recorded carries
+exactly the token ids and logprobs the upstream returned, and the behaviour analytics of what the proxy
+recorded (steps/analytics). Another has the shell tool write `env` into a file: the rollout's key is there
+only for a harness whose `KEY_IN_TOOL_ENV` says so (none now; Codex without its environment policy is the
+control), and that rollout, which never reads back what it wrote, is not self-verified.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import orjson
 import pytest
 from scripted_model import ScriptedModel
 
+from steps.analytics import rollout_behaviour
 from steps.harnesses import HARNESSES, Endpoint, codex, default_prefix
 from steps.harnesses.base import installed_version, node_bin_dir
 from steps.proxy import chat, messages, responses
@@ -39,7 +42,21 @@ pytestmark = pytest.mark.harness
 
 INSTRUCTION = "Write the word hello into a file named answer.txt in the current directory."
 COMMAND = "echo hello > answer.txt"
+READ_BACK = "cat answer.txt"  # run first too, before the file exists: a failed tool result
 HARNESS_TIMEOUT_S = 180
+# A plan the scripted model sets with the harness's plan tool, 2 of 3 items done (only opencode's pinned
+# version offers one: docs/analytics.md).
+PLANS = {"opencode": {"tool": "todowrite", "arguments": {"todos": [
+    {"content": "write answer.txt", "status": "completed", "priority": "high"},
+    {"content": "read it back", "status": "completed", "priority": "high"},
+    {"content": "tidy up", "status": "pending", "priority": "low"}]}}}
+# Harnesses whose shell results state no exit code: their failures cannot be read.
+NO_EXIT_CODE = {"opencode"}
+
+
+def script(name: str) -> list:
+    """What the scripted model does in the main test: fail, write, read back, (plan)."""
+    return [READ_BACK, COMMAND, READ_BACK] + ([PLANS[name]] if name in PLANS else [])
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +125,7 @@ def test_harness_completes_task_through_proxy(name: str, scripted: ScriptedModel
                                               harness_proxy: ProxyProcess, tmp_path: Path) -> None:
     harness = HARNESSES[name]
     exe = installed_exe(name)
-    scripted.set_commands([COMMAND])
+    scripted.set_commands(script(name))
     rollout_id = f"{name}-{uuid.uuid4().hex[:8]}"
     rollout = harness_proxy.register(rollout_id, {"harness": name})
     endpoint = Endpoint(openai_base_url=rollout["openai_base_url"],
@@ -150,7 +167,56 @@ def test_harness_completes_task_through_proxy(name: str, scripted: ScriptedModel
     # anew, it gives exactly the messages the upstream received for one of the exchanges.
     assert (collections.Counter(upstream_messages(harness.DIALECT, call["request"]) for call in calls)
             == collections.Counter(orjson.dumps(exchange["request"]["messages"]) for exchange in scripted.exchanges)), context
+    assert_behaviour(name, calls, context)
     print(f"{name}: {len(calls)} calls in {seconds:.1f} s")
+
+
+def assert_behaviour(name: str, calls: list[dict], context: str) -> None:
+    """The behaviour analytics of the recorded calls are what the script did."""
+    harness, behaviour = HARNESSES[name], rollout_behaviour(calls, name)
+    shell_tool = next(tool for tool in harness.SHELL_TOOLS if f'"{tool}"' in behaviour.tool_counts)
+    counts = {shell_tool: 3, **({PLANS[name]["tool"]: 1} if name in PLANS else {})}
+    side_calls = sum(1 for call in calls if not call["request"].get("tools"))  # titles: no tools offered
+    failure_seen = name not in NO_EXIT_CODE
+    context = f"{behaviour}\n{context}"
+    assert (behaviour.calls, behaviour.turns, behaviour.failed_calls, behaviour.unreadable) == \
+        (len(calls), len(calls) - side_calls, 0, 0), context
+    assert orjson.loads(behaviour.tool_counts) == counts and behaviour.tool_calls == sum(counts.values()), context
+    assert behaviour.shell_calls == 3 and behaviour.shell_share == 3 / behaviour.tool_calls, context
+    assert behaviour.tool_coverage == behaviour.tools_used / behaviour.tools_offered == len(counts) / behaviour.tools_offered
+    assert (behaviour.changes, behaviour.self_verified) == (1, True), context
+    assert (behaviour.tool_failures, behaviour.changed_after_failure, behaviour.repeated_after_failure) == \
+        ((1, 1, 0) if failure_seen else (0, 0, 0)), context
+    assert behaviour.plan_completion == (pytest.approx(2 / 3) if name in PLANS else None), context
+    assert orjson.loads(behaviour.finish_reasons)["tool_calls"] == behaviour.tool_calls, context
+    assert behaviour.response_tokens == sum(len(call["response_token_ids"]) for call in calls), context
+
+
+def run_recorded(name: str, harness_proxy: ProxyProcess, tmp_path: Path) -> list[dict]:
+    """Runs the harness once on the instruction through the proxy; the calls it recorded."""
+    harness = HARNESSES[name]
+    exe = installed_exe(name)
+    rollout_id = f"{name}-{uuid.uuid4().hex[:8]}"
+    rollout = harness_proxy.register(rollout_id, {"harness": name})
+    endpoint = Endpoint(openai_base_url=rollout["openai_base_url"], anthropic_base_url=rollout["anthropic_base_url"],
+                        api_key=rollout["api_key"], model="tiny")
+    home, workdir = tmp_path / "home", tmp_path / "work"
+    workdir.mkdir()
+    done = run_harness(harness.command(INSTRUCTION, workdir, exe), harness.prepare(home, workdir, endpoint), workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    calls = harness_proxy.calls(rollout_id)
+    harness_proxy.client.close(rollout_id)
+    return calls
+
+
+def test_direct_repeating_a_failed_call_counts_as_repeated(scripted: ScriptedModel, harness_proxy: ProxyProcess,
+                                                           tmp_path: Path) -> None:
+    """Control for error recovery: the same failing command twice, then another one, through the real proxy."""
+    scripted.set_commands(["cat missing.txt", "cat missing.txt", COMMAND])
+    calls = run_recorded("direct", harness_proxy, tmp_path)
+    behaviour = rollout_behaviour(calls, "direct")
+    assert (behaviour.tool_failures, behaviour.repeated_after_failure, behaviour.changed_after_failure) == (2, 1, 1)
+    assert (behaviour.changes, behaviour.self_verified) == (1, False), behaviour
 
 
 ENV_COMMAND = "env > tool-env.txt"
@@ -178,6 +244,8 @@ def tool_environment(name: str, scripted: ScriptedModel, harness_proxy: ProxyPro
     context = f"{name} exited {done.returncode}\nstdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-2000:]}"
     assert seen.exists() and "PATH=" in seen.read_text(), context  # the tool ran and wrote its environment
     assert {call["status"] for call in calls} == {"ok"} and len(calls) >= 2, context  # the key did reach the proxy
+    # Control for self-verification: it wrote a file and never read it back.
+    assert rollout_behaviour(calls, name).self_verified is False, context
     return endpoint.api_key, seen.read_text()
 
 
