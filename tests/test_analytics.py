@@ -24,6 +24,8 @@ import steps.harnesses.base
 from steps.analytics import METRICS, RolloutBehaviour, rollout_behaviour, summarize_behaviour
 from steps.analytics.__main__ import main as analytics_main
 from steps.analytics.dialects import READERS
+from steps.analytics.metrics import use
+from steps.analytics.tools import changes_and_checks
 from steps.harnesses import HARNESSES
 from steps.trajectories.schema import BEHAVIOUR
 
@@ -146,6 +148,24 @@ def test_error_recovery_and_self_verification_in_each_dialect():
               messages_record(2, [], [("m0", "", False), ("m1", "hi", False)])]
     b = rollout_behaviour(claude, "claude-code")
     assert (b.self_verified, b.shell_share, b.tool_counts, b.tool_failures) == (True, 0.5, '{"Bash": 1, "Read": 1}', 0)
+
+
+@pytest.mark.parametrize("command, expected", [
+    ("echo hello > answer.txt", ["change"]),
+    ("cat answer.txt", ["check"]),
+    ("ls -la && echo done", ["", ""]),
+    ("pytest -q 2>&1 | tail -5", ["check", "check"]),
+    ("python3 solve.py > out.txt; diff out.txt expected.txt", ["change", "check"]),
+    ("echo 'a; b > c' && cd src", ["", ""]),  # quoted operators are text
+    ("cat > f.py <<'EOF'\nif a > b:\n    print(1)\nEOF\npython3 f.py", ["change", "check"]),  # heredoc body is data
+    ("bash <<'EOF'\nset -e\necho hi > /app/answer.txt\nEOF", ["check", "", "change"]),  # ... unless a shell runs it
+    ("sed -i 's/a/b/' main.py && git diff", ["change", "check"]),
+    ("FOO=1 timeout 30 ./run_tests.sh", ["check"]),
+    ("ls > /dev/null", [""]),
+    ("echo 'unbalanced > x", ["change"]),  # unbalanced quotes: a plain split
+])
+def test_what_each_shell_step_does(command, expected):
+    assert changes_and_checks(use("shell", "shell", command)) == expected
 
 
 # --- controls ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from steps.analytics import metrics
 from steps.analytics.tools import ordered_records, read_calls
 from steps.harnesses import HARNESSES
 
-PASS_REWARD = 1.0  # a rollout passes when its verifier gives the full reward
+PASS_REWARD = 1.0  # a rollout passes when its verifier gives the full reward (as steps.metrics counts a pass)
 EXCLUDED_STATUSES = ("infra_error",)  # not the agent's doing: left out of every mean, as in evaluations
 
 

@@ -3,7 +3,8 @@
 A command is split into segments at `&&`, `||`, `;`, `|`, `&` and line breaks (quotes respected). Each
 segment is a *change* (it writes the workspace: a redirection into a file other than /dev/null, or a
 program that writes files: `WRITERS`, `sed -i`, `git apply`, ...), a *check* (it reads or runs something:
-`CHECKERS`, a test runner, an interpreter, `./prog`), or neither (`cd`, `echo`, `ls`). A segment that
+`CHECKERS`, a test runner, an interpreter, `./prog`), or neither (`cd`, `echo`, `ls`). A heredoc's body is
+data, left out, unless it is fed to a shell (`bash <<EOF`), where its lines are commands too. A segment that
 writes is a change even when it also runs something (`python gen.py > out.txt`). Running a program counts
 as a check, not a change, though it may write files: the text cannot tell, and the verifier's view is
 what the agent checked, not what it wrote. Only a command's first `COMMAND_LIMIT` characters are read: the
@@ -12,9 +13,13 @@ agent writes the command, and a megabyte of it must not stall the analytics.
 
 from __future__ import annotations
 
+import re
 import shlex
 
 COMMAND_LIMIT = 10_000
+# A heredoc's start (`<<EOF`, `<<-'EOF'`), not a here-string (`<<<`).
+HEREDOC = re.compile(r"(?<!<)<<-?(?!<)\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
+SHELLS = {"bash", "sh", "zsh", "dash"}
 SEPARATORS = {"&&", "||", ";", "|", "&", "|&", ";;", "\n"}
 REDIRECTS = {">", ">>", ">|", "&>", "&>>"}
 WRITERS = {"tee", "cp", "mv", "rm", "rmdir", "mkdir", "touch", "ln", "chmod", "chown", "install", "patch",
@@ -52,14 +57,41 @@ def words(command: str) -> list[str]:
         return command.split()
 
 
-def segments(command: str) -> list[list[str]]:
-    """The command split into its simple commands.
+def without_data(command: str) -> str:
+    r"""The command without its heredoc bodies, which are data (`cat > f <<EOF`, `python - <<EOF`), except
+    a body fed to a shell (`bash <<EOF`), whose lines run as commands.
+
+    >>> without_data("python3 - <<'EOF'\nif a > b: pass\nEOF\ncat out")
+    "python3 - <<'EOF'\ncat out"
+    >>> without_data("bash <<EOF\necho hi > a.txt\nEOF")
+    'bash <<EOF\necho hi > a.txt'
+    """
+    lines, kept, n = command.split("\n"), [], 0
+    while n < len(lines):
+        line, n = lines[n], n + 1
+        kept.append(line)
+        found = HEREDOC.search(line)
+        if not found:
+            continue
+        body = []
+        while n < len(lines) and lines[n].strip() != found.group(2):
+            body.append(lines[n])
+            n += 1
+        n += 1  # the delimiter's line
+        head = segments(line[:found.start()], data=False)
+        if head and program(head[-1])[0] in SHELLS:
+            kept += body
+    return "\n".join(kept)
+
+
+def segments(command: str, data: bool = True) -> list[list[str]]:
+    """The command split into its simple commands (heredoc bodies left out as data, see `without_data`).
 
     >>> segments("cd src && pytest -q | tail -1")
     [['cd', 'src'], ['pytest', '-q'], ['tail', '-1']]
     """
     found, current = [], []
-    for word in words(command):
+    for word in words(without_data(command[:COMMAND_LIMIT]) if data else command):
         if word in SEPARATORS:
             found.append(current)
             current = []
@@ -76,9 +108,13 @@ def program(segment: list[str]) -> tuple[str, list[str]]:
     ('python3', ['-m', 'pytest'])
     """
     rest = list(segment)
-    while rest and ("=" in rest[0] and not rest[0].startswith("=") or rest[0] in PREFIXES
-                    or rest[0].replace(".", "").isdigit() or rest[0].startswith("-")):
+    while rest and "=" in rest[0] and not rest[0].startswith("="):  # VAR=value
         rest.pop(0)
+    while rest and rest[0] in PREFIXES:
+        rest.pop(0)
+        # the wrapper's own options and numbers (`timeout 10`, `env -i A=1`)
+        while rest and (rest[0].startswith("-") or rest[0].replace(".", "").isdigit() or "=" in rest[0]):
+            rest.pop(0)
     if not rest:
         return "", []
     name = rest[0].rsplit("/", 1)[-1] if not rest[0].startswith("./") else rest[0]

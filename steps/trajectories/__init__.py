@@ -10,6 +10,7 @@ from steps.trajectories.io import (
 )
 from steps.trajectories.samples import RolloutSamples, Sample, build_samples
 from steps.trajectories.schema import (
+           BEHAVIOUR,
            CALLS,
            ROLLOUTS,
            SAMPLES,
@@ -18,6 +19,6 @@ from steps.trajectories.schema import (
            check_schema,
 )
 
-__all__ = ["CALLS", "ROLLOUTS", "SAMPLES", "TABLES", "RolloutSamples", "Sample", "SchemaError",
+__all__ = ["BEHAVIOUR", "CALLS", "ROLLOUTS", "SAMPLES", "TABLES", "RolloutSamples", "Sample", "SchemaError",
            "TrajectoryFileError", "build_samples", "check_schema", "partition_url", "read_table",
            "write_table", "write_tables"]
