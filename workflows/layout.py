@@ -17,7 +17,7 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     │   │   └── <rollout_id>/result.json  one folder per rollout attempt (steps.rollout's OUT)
     │   └── iteration-<N>-attempt-<K>/    local runner: what an earlier, dead start of iteration N left
     ├── trajectories/
-    │   └── run=<run>/iteration=<N>/      calls.parquet, rollouts.parquet, samples.parquet
+    │   └── run=<run>/iteration=<N>/      calls.parquet, rollouts.parquet, samples.parquet, behaviour.parquet
     ├── checkpoints/
     │   └── iteration-<N>/                N >= 1: what iteration N-1's update wrote (iteration 0 serves
     │       └── metrics.json              the run's `model`); the update's metrics beside the weights

@@ -16,8 +16,6 @@ from types import ModuleType
 from steps.analytics import shell
 from steps.analytics.dialects import READERS, ToolResult, decoded_arguments
 
-KINDS = ("shell", "edit", "read", "plan", "other")
-
 
 @dataclass(frozen=True)
 class ToolUse:

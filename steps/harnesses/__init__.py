@@ -5,7 +5,11 @@ Each module has `NPM_PACKAGE`, `VERSION` (pinned), `DIALECT` (the API it speaks 
 the agent's commands, find the rollout's key in their environment), and the functions
 `install(prefix) -> exe`, `prepare(home, workdir, endpoint) -> env`,
 `command(instruction, workdir, exe) -> argv`, `log_paths(home) -> [Path]` and
-`binds() -> [(host path, sandbox path, read-only)]` (what it needs inside a rollout sandbox).
+`binds() -> [(host path, sandbox path, read-only)]` (what it needs inside a rollout sandbox). For behaviour
+analytics (`steps.analytics`, docs/analytics.md) each also names its tools, `SHELL_TOOLS`, `EDIT_TOOLS`,
+`READ_TOOLS`, `PLAN_TOOLS`, and reads them: `shell_command(arguments) -> str | None` (the command a shell
+call runs), `exit_code(output) -> int | None` (where its exit code sits in a result's text) and
+`plan_items(arguments) -> [done?] | None` (its plan tool's items).
 
     from steps.harnesses import HARNESSES, Endpoint, default_prefix
     harness = HARNESSES["codex"]
