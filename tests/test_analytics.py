@@ -284,7 +284,7 @@ def test_the_command_line_prints_a_table_per_group(tmp_path, capsys):
     assert analytics_main(["--trajectories", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[0].split()[:3] == ["harness", "rollouts", "pass_rate"]
     assert analytics_main(["--trajectories", str(tmp_path / "nothing")]) == 2
-    assert "no behaviour.parquet" in capsys.readouterr().err
+    assert "no behaviour table" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         analytics_main(["--trajectories", str(tmp_path), "--by", "prompt"])
     assert "'prompt' is not a column to group by" in capsys.readouterr().err

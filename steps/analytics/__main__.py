@@ -20,6 +20,7 @@ import fsspec
 from steps.analytics.behaviour import summarize_behaviour
 from steps.trajectories import TrajectoryFileError, read_table
 from steps.trajectories.schema import BEHAVIOUR, SchemaError
+from workflows.layout import table_url
 
 SHOWN = ["rollouts", "pass_rate", "calls", "turns", "tool_calls", "tool_coverage", "shell_share",
          "self_verified", "plan_completion", "tool_failures", "recovery_rate", "repeated_after_failure",
@@ -28,10 +29,10 @@ GROUPABLE = BEHAVIOUR.names[:9]  # the keys, status, reward and weight_version
 
 
 def behaviour_rows(url: str) -> list[dict]:
-    """Every row of every `behaviour.parquet` at or below `url`."""
+    """Every row of every behaviour table (`behaviour.parquet`) at or below `url`."""
     fs, root = fsspec.core.url_to_fs(url)
     root = root.rstrip("/")
-    found = sorted(set(fs.glob(f"{root}/**/behaviour.parquet")) | set(fs.glob(f"{root}/behaviour.parquet")))
+    found = sorted(set(fs.glob(table_url(f"{root}/**", "behaviour"))) | set(fs.glob(table_url(root, "behaviour"))))
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     rows = []
     for path in found:
@@ -72,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if not rows:
-        print(f"error: no behaviour.parquet at or below {args.trajectories} (the trajectories step writes one "
-              f"per partition).", file=sys.stderr)
+        print(f"error: no behaviour table at or below {args.trajectories} (the trajectories step writes one "
+              f"into each partition).", file=sys.stderr)
         return 2
     summaries = summarize_behaviour(rows, by)
     print(json.dumps(summaries) if args.json else table(summaries, by))
