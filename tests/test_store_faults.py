@@ -206,6 +206,9 @@ def test_a_poisoned_record_is_named_and_the_rollout_still_reads_grades_and_train
         calls_table = read_table(partition_url(str(out), "default", 0), "calls").to_pylist()
         assert sorted((c["rollout_id"], c["call_index"]) for c in calls_table) == [
             ("bad-0", 0), ("bad-0", 2), ("bad-0", 3), ("good-0", 0), ("good-0", 1), ("good-0", 2)]
+        # Behaviour reads the same records: the three calls whose request is lost count as unreadable.
+        behaviour = {r["rollout_id"]: r for r in read_table(partition_url(str(out), "default", 0), "behaviour").to_pylist()}
+        assert [(behaviour[r]["calls"], behaviour[r]["unreadable"]) for r in ("bad-0", "good-0")] == [(3, 3), (3, 0)]
 
 
 # --- 4. integrity across restarts, full disks and concurrent writers --------------------------------
