@@ -77,6 +77,7 @@ def test_a_wrong_answer_earns_0_through_the_cli(scripted, scripted_proxy, tmp_pa
     assert (result["status"], result["reward"], result["num_calls"], result["sample"]) == ("ok", 0.0, 2, 1)
     assert registration(scripted_proxy, rollout_id)["metadata"] == {"task": "hello-file", "harness": "direct", "sample": 1}
     assert Path(result["paths"]["verifier_output"], "reward.txt").read_text().strip() == "0"
+    assert ((out / "status").read_text(), (out / "reward").read_text()) == ("ok", "0")
 
 
 def registration(proxy, rollout_id: str) -> dict:
@@ -145,6 +146,8 @@ def test_an_unreachable_proxy_is_an_infra_error_with_exit_code_3(tmp_path):
     done = subprocess.run(argv, env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY}, capture_output=True, text=True)
     result = json.loads((tmp_path / "result.json").read_text())
     assert done.returncode == 3 and result["status"] == "infra_error" and "unreachable" in result["error"]
+    # What the Argo node shows: the result's status, and no reward.
+    assert ((tmp_path / "status").read_text(), (tmp_path / "reward").read_text()) == ("infra_error", "none")
 
 
 def test_a_verifier_that_writes_no_reward_scores_0_not_an_infra_error(scripted, scripted_proxy, tmp_path):
