@@ -103,3 +103,8 @@ def record(config: RunConfig, iteration: int | str, workflow: str, status: str, 
     return [python, "-m", "steps.manifest", "record", "--run-url", config.run_url, "--iteration", str(iteration),
             "--workflow", workflow, "--status", status, "--checkpoint", checkpoint,
             "--next-checkpoint", next_checkpoint]
+
+
+def report(config: RunConfig, python: str = "python") -> list[str]:
+    """The run's report, written to `layout.reports_url(run_url)` in the store (`steps.report`)."""
+    return [python, "-m", "steps.report", "--run", config.run, "--store", config.store]
