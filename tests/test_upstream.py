@@ -268,3 +268,21 @@ def test_a_real_vllm_as_upstream_has_its_own_token_ids_recorded(vllm_server, tmp
     assert call["response_token_ids"] == choice["token_ids"] != []
     assert call["response_logprobs"] == pytest.approx([entry["logprob"] for entry in choice["logprobs"]["content"]])
     assert "untrainable" not in call and call["sampling"]["seed"] == 7
+
+
+def test_an_https_upstream_is_verified_and_served(proxy, tmp_path):
+    """An external endpoint over TLS: served when its certificate verifies (here against SSL_CERT_FILE), a 502
+    naming the failure when it does not (the control: the same server, a CA file without its certificate)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    with ScriptedModel(model=REMOTE, commands=["ls"], with_token_ids=False, tls=(cert, key)) as double:
+        trusted = proxy(double.url, extra=EXTERNAL, env={"SSL_CERT_FILE": str(cert)})
+        assert ask("chat_completions", False, trusted.register("tls")) == "bash"
+        (call,) = trusted.calls("tls")
+        assert call["status"] == "ok" and call["untrainable"] == NO_TOKEN_IDS
+        untrusted = proxy(double.url, extra=EXTERNAL, env={"SSL_CERT_FILE": str(tmp_path / "none.pem")})
+        with pytest.raises(openai.APIStatusError) as refused:
+            ask("chat_completions", False, untrusted.register("tls-untrusted"))
+        assert refused.value.status_code == 502 and "CERTIFICATE_VERIFY_FAILED" in str(refused.value)

@@ -711,6 +711,7 @@ def test_serve_against_an_upstream_starts_no_vllm_and_takes_no_gpu(monkeypatch: 
         resources = serve_pod["container"]["resources"]
         assert resources.get("limits", {}).get("nvidia.com/gpu") == gpus, resources
         assert ("volumes" in serve_pod) == (gpus is not None)
+        assert serve_pod["container"]["image"].split("/")[-1].startswith("serve:" if gpus else "steps:")
 
 
 def test_rollout_nodes_show_the_runners_status_and_reward() -> None:
