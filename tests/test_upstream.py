@@ -286,3 +286,17 @@ def test_an_https_upstream_is_verified_and_served(proxy, tmp_path):
         with pytest.raises(openai.APIStatusError) as refused:
             ask("chat_completions", False, untrusted.register("tls-untrusted"))
         assert refused.value.status_code == 502 and "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
+
+
+def test_only_a_400_naming_the_field_itself_drops_it():
+    """`top_logprobs` out of range is the harness's error, not a refusal of `logprobs` (nor is another status)."""
+    from steps.proxy.errors import ProxyError
+    from steps.proxy.upstream import Upstream
+
+    external, sent = Upstream("http://u", external=True), {"return_token_ids": True, "logprobs": True}
+    assert external._refused_extra(ProxyError(400, "Unrecognized request argument supplied: return_token_ids"),
+                                   sent) == "return_token_ids"
+    assert external._refused_extra(ProxyError(400, "body.logprobs: Extra inputs are not permitted"), sent) == "logprobs"
+    assert external._refused_extra(ProxyError(400, "top_logprobs must be at most 20"), sent) is None
+    assert external._refused_extra(ProxyError(502, "return_token_ids"), sent) is None
+    assert Upstream("http://u")._refused_extra(ProxyError(400, "return_token_ids"), sent) is None  # the run's own vLLM
