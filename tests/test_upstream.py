@@ -300,3 +300,14 @@ def test_only_a_400_naming_the_field_itself_drops_it():
     assert external._refused_extra(ProxyError(400, "top_logprobs must be at most 20"), sent) is None
     assert external._refused_extra(ProxyError(502, "return_token_ids"), sent) is None
     assert Upstream("http://u")._refused_extra(ProxyError(400, "return_token_ids"), sent) is None  # the run's own vLLM
+
+
+@pytest.mark.parametrize("url", ["http://h:abc", "http://", "ftp://h", "http://user:key@h:8000", "http://h/?key=1"])
+def test_an_upstream_that_is_no_url_is_refused_in_one_sentence(url, capsys):
+    from steps import serve
+
+    with pytest.raises(SystemExit) as stopped:
+        serve.parse_args(["--upstream", url, "--model-name", ASKED, "--port", "1", "--store", "s"])
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert stopped.value.code == 2 and "--upstream must be an http:// or https:// URL" in error and repr(url) in error
+    assert serve.parse_args(["--upstream", "https://h/v1", "--model-name", ASKED, "--port", "1", "--store", "s"])  # control
