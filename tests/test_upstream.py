@@ -33,6 +33,7 @@ from steps.proxy.config import ProxyConfig
 from steps.proxy.upstream import NO_TOKEN_IDS
 from steps.rollout import RolloutSpec, run_rollout
 from steps.tasks import BUILTIN_DATASET
+from steps.trajectories.__main__ import main as trajectories_main
 from steps.trajectories.collect import collect
 from tests.conftest import ADMIN_KEY
 
@@ -211,7 +212,7 @@ def rollout_through(served: ProxyProcess, tmp_path: Path, task: str = "hello-fil
 
 
 @pytest.mark.parametrize("with_token_ids", [True, False])
-def test_serve_upstream_runs_a_rollout_that_passes_on_the_oracle(with_token_ids, tmp_path):
+def test_serve_upstream_runs_a_rollout_that_passes_on_the_oracle(with_token_ids, tmp_path, capsys):
     with ScriptedModel(model=REMOTE, oracle=BUILTIN_DATASET, with_token_ids=with_token_ids) as double:
         served = start_serve(double.url, tmp_path)
         try:
@@ -232,6 +233,12 @@ def test_serve_upstream_runs_a_rollout_that_passes_on_the_oracle(with_token_ids,
             assert (wrong.status, wrong.reward) == ("ok", 0.0), wrong
         finally:
             stop_serve(served)
+    # The trajectories step keeps every call and trains on those with token ids only, counting the others.
+    assert trajectories_main(["--store", str(tmp_path / "calls"), "--results", str(tmp_path),
+                              "--out", str(tmp_path / "tables")]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["rows"]["calls"] == 4 and summary["untrainable_calls"] == (0 if with_token_ids else 4)
+    assert (summary["rows"]["samples"] > 0) == with_token_ids
 
 
 def test_a_dead_or_wrong_upstream_stops_serve_in_one_sentence(tmp_path):
