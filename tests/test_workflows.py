@@ -690,9 +690,11 @@ def test_a_run_config_the_update_would_refuse_is_refused_before_the_run(override
     assert (valid.learning_rate, valid.adv_estimator) == (1e-5, "rloo")
 
 
-def test_serve_against_an_upstream_starts_no_vllm_and_takes_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serve_against_an_upstream_starts_no_vllm_and_takes_no_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                                    workflow_validator: Validator) -> None:
     """With `upstream` the serve command names that server and the model it serves, carries no vLLM option,
-    and its pod requests no GPU and no model volume; without, the pod keeps its GPU (the control)."""
+    and its pod requests no GPU and no model volume; without, the pod keeps its GPU (the control). The
+    Workflow stays valid: Argo's schema, strictly, and the offline lint."""
     from steps import serve
     from steps.proxy.__main__ import parse_args as proxy_args
 
@@ -712,6 +714,8 @@ def test_serve_against_an_upstream_starts_no_vllm_and_takes_no_gpu(monkeypatch: 
         assert resources.get("limits", {}).get("nvidia.com/gpu") == gpus, resources
         assert ("volumes" in serve_pod) == (gpus is not None)
         assert serve_pod["container"]["image"].split("/")[-1].startswith("serve:" if gpus else "steps:")
+    workflow = yaml.safe_load(iteration_workflow(config, 0).to_yaml())
+    assert schema_errors(workflow_validator, workflow) == [] and semantic_problems(workflow) == []
 
 
 def test_rollout_nodes_show_the_runners_status_and_reward() -> None:
