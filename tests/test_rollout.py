@@ -180,3 +180,13 @@ def test_a_dead_model_server_is_an_infra_error_not_a_zero(proxy, tmp_path):
     result = run_rollout(spec_for(dead, BUILTIN_DATASET / "hello-file", "direct", tmp_path))
     assert (result.status, result.reward) == ("infra_error", None)
     assert "no model call that was answered" in result.error and "unreachable" in result.error
+
+
+def test_outputs_that_cannot_be_written_are_left_absent(tmp_path):
+    """No folder to write into: no exception, nothing written; Argo then shows the template's defaults."""
+    from steps.rollout import RolloutResult, write_outputs
+
+    write_outputs(tmp_path / "missing", RolloutResult("r", "t", "direct", "ok", 1.0))
+    assert not (tmp_path / "missing").exists()
+    write_outputs(tmp_path, RolloutResult("r", "t", "direct", "agent_timeout", 0.0))  # the control
+    assert ((tmp_path / "status").read_text(), (tmp_path / "reward").read_text()) == ("agent_timeout", "0")
