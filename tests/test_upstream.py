@@ -1,6 +1,6 @@
 """Serving an existing endpoint: the recording proxy in front of a server the serve step did not start.
 
-    .venv/bin/python -m pytest -q tests/test_upstream.py      # ~30 s; the last test starts vLLM (~1 min more)
+    .venv/bin/python -m pytest -q tests/test_upstream.py      # ~40 s; one test starts vLLM (~1 min more)
 
 The endpoints are `tests/scripted_model.py` (a double: an endpoint that is not vLLM cannot run here) as
 an OpenAI-compatible server without token ids (`with_token_ids=False`), one that also refuses vLLM's fields
