@@ -180,13 +180,29 @@ sandbox_flavour = "firecracker"
 
 # --- steps.tasks check -----------------------------------------------------------------------------
 
-def test_check_builtin_dataset_all_oracles_pass():
-    done = run_cli("check", str(BUILTIN_DATASET), "--jobs", "2")
+@pytest.mark.parametrize("dataset", [BUILTIN_DATASET, BUILTIN_DATASET.parent / "toy"], ids=["builtin", "toy"])
+def test_check_shipped_datasets_all_oracles_pass(dataset):
+    done = run_cli("check", str(dataset), "--jobs", "2")
     assert done.returncode == 0, done.stdout + done.stderr
-    count = len(load_dataset(BUILTIN_DATASET)[0])
+    count = len(load_dataset(dataset)[0])
     assert f"{count} tasks: {count} ok, 0 broken" in done.stdout
     assert "FROM image is replaced by the host system" in done.stdout
     assert done.stdout.count(" ok ") == count
+
+
+def test_a_graded_file_reaches_the_verifier_and_a_missing_one_is_simply_absent(tmp_path):
+    """`graded_paths` may name single files (the toy task grades /logs/agent/answer.txt): one the oracle wrote
+    is graded; one it never wrote is absent for the verifier, which then rejects the work: not a crash."""
+    graded = TASK_TOML.replace("[verifier]\n", '[verifier]\ngraded_paths = ["/logs/agent/reply.txt"]\n')
+    test = REWARD_WHEN_ANSWER_IS_42.replace("/app/answer.txt", "/logs/agent/reply.txt")
+    dataset = tmp_path / "tasks"
+    make_task(dataset, "writes-it", files={"task.toml": graded}, test=test,
+              solve="mkdir -p /logs/agent && echo 42 > /logs/agent/reply.txt\n")
+    make_task(dataset, "never-writes-it", files={"task.toml": graded}, test=test, solve="true\n")
+    done = run_cli("check", str(dataset), "--jobs", "2")
+    lines = {line.split()[2]: line for line in done.stdout.splitlines() if line.startswith("[")}
+    assert " ok " in lines["writes-it"], done.stdout
+    assert "reward 0 != 1" in lines["never-writes-it"] and "crashed" not in lines["never-writes-it"], done.stdout
 
 
 def test_check_names_each_broken_task_with_its_reason(tmp_path):

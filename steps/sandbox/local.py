@@ -220,7 +220,8 @@ class Sandbox:
     def _drop_escaping_links(self, graded: str) -> None:
         """Remove graded symlinks that resolve (inside this sandbox) to a verifier-only place."""
         top = self.host_path(posixpath.dirname(graded)) / posixpath.basename(graded)
-        for link in [top] if top.is_symlink() else links_under(top):
+        # A graded file (or a path the agent never made) has nothing below it to check.
+        for link in [top] if top.is_symlink() else links_under(top) if top.is_dir() else []:
             inside = "/" + str(link.relative_to(self.fs))
             try:
                 resolved = "/" + str(self.host_path(inside).relative_to(self.fs))
