@@ -32,6 +32,7 @@ from steps.trajectories.__main__ import main as trajectories_main  # noqa: E402
 from workflows import layout  # noqa: E402
 
 HOSTILE = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"><!--'
+HOSTILE_TASK = "<img src=x onerror=window.__pwned=3>task"  # a task's name is a folder's name: no slash
 SYSTEM = "You are an autonomous agent working in a Linux shell. Use the `shell` tool."
 TOOLS = [{"type": "function", "function": {"name": "shell", "description": "Run a bash command.",
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
@@ -93,7 +94,7 @@ def synthetic_run(store: Path, name: str, rollouts: int = 8, iterations: int = 2
     manifest.write_run_config(run_url, {"run": name, "harness": "direct", "model": model, "iterations": iterations,
                                         "store": str(store), "samples_per_task": 4})
     call_store = CallStore(layout.calls_url(run_url))
-    tasks = [f"<img src=x onerror=window.__pwned=3>task-{i}" if hostile and i == 0 else f"task-{i}" for i in range(max(1, rollouts // 4))]
+    tasks = [f"{HOSTILE_TASK}-{i}" if hostile and i == 0 else f"task-{i}" for i in range(max(1, rollouts // 4))]
     for iteration in range(iterations):
         for r in range(rollouts):
             task, sample = tasks[r % len(tasks)], r // len(tasks)

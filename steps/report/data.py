@@ -8,6 +8,7 @@ the page says so; nothing missing stops the report.
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import fsspec
@@ -111,7 +112,7 @@ def read_results(results_url: str) -> dict[str, dict]:
     for path, data in (fs.cat(paths, on_error="omit") if paths else {}).items():
         try:
             result = json.loads(data)
-            out[str(result["rollout_id"])] = dict(result, _url=path)
+            out[str(result["rollout_id"])] = dict(result, _url=fs.unstrip_protocol(path))
         except (ValueError, KeyError, TypeError):
             continue
     return out
@@ -179,11 +180,14 @@ def samples_by_rollout(partition: str | None) -> dict[str, list[dict]]:
 def calls_in_chunks(run_url: str, rollout_ids: list[str], chunk: int = 32):
     """Yields (rollout_id, its call records from the proxy's store, or None when there is no store), a few
     rollouts' records in memory at a time."""
-    for start in range(0, len(rollout_ids), chunk):
-        ids = rollout_ids[start:start + chunk]
-        try:
-            found, _ = fetch_calls_store(layout.calls_url(run_url), ids)
-        except CollectError:
-            found = {}
-        for rollout_id in ids:
-            yield rollout_id, found.get(rollout_id)
+    # The store's reader runs its own event loop: in a thread of its own, so that a caller inside a running
+    # loop (a notebook, a browser driver) can write a report too.
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        for start in range(0, len(rollout_ids), chunk):
+            ids = rollout_ids[start:start + chunk]
+            try:
+                found, _ = reader.submit(fetch_calls_store, layout.calls_url(run_url), ids).result()
+            except CollectError:
+                found = {}
+            for rollout_id in ids:
+                yield rollout_id, found.get(rollout_id)

@@ -1,0 +1,185 @@
+"""The run report in a real headless browser: every page loads without console errors, plots carry data,
+the rollout table sorts and filters, a rollout page shows its tool calls and exactly the samples table's
+trained tokens, hostile agent text stays text (with a control that shows the check would catch it), and
+the CLI reads and writes an S3 store (moto on loopback).
+
+The run is `benchmarks/report_weight.py`'s synthetic one, written through the real proxy store and the
+real trajectories step; a real harness (`direct`, against `tests/scripted_model.py`) adds real traffic.
+The report of a real two-iteration local run is checked in tests/test_local_run.py.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import fsspec
+import pytest
+from report_browser import PLOT_POINTS, browser  # noqa: F401 (a fixture)
+
+from benchmarks.report_weight import HOSTILE, HOSTILE_TASK, synthetic_run
+from steps.report import __main__ as report_cli
+from steps.report import html, write_report
+from steps.trajectories.io import read_table
+from workflows import layout
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tiny_model, tmp_path_factory) -> Path:
+    """A two-iteration synthetic run with markup and script-closing text in a tool output, a harness log and
+    a task name; its report written. Returns the run folder."""
+    store = tmp_path_factory.mktemp("report-runs")
+    run_url = synthetic_run(store, "hostile", rollouts=8, model=str(tiny_model), hostile=True)
+    synthetic_run(store, "other", rollouts=4, model=str(tiny_model), seed=1)  # compared with it
+    write_report(run_url)
+    return Path(run_url)
+
+
+def report_pages(run: Path) -> list[Path]:
+    return [run / "reports" / "index.html", *sorted((run / "reports" / "rollouts").rglob("*.html"))]
+
+
+def check_pages(browser, pages: list[Path], name: str) -> None:
+    """Every page loads with no console error; the index's plots each have a trace with points."""
+    for n, path in enumerate(pages):
+        loaded = browser.open(path, screenshot=f"{name}-{n}" if n < 3 else None)
+        assert loaded.errors == [], f"{path}: {loaded.errors}"
+        if path.name == "index.html":
+            points = loaded.page.evaluate(PLOT_POINTS)
+            assert len(points) >= 8 and all(plot and max(plot) >= 1 for plot in points), points
+            assert loaded.page.evaluate("document.querySelectorAll('.plot .main-svg .trace').length") >= len(points)
+
+
+def test_every_page_loads_without_console_errors_and_its_plots_have_data(hostile_run, browser):
+    pages = report_pages(hostile_run)
+    assert len(pages) == 1 + 16
+    check_pages(browser, pages, "synthetic")
+
+
+def test_the_rollout_table_sorts_and_filters(hostile_run, browser):
+    page = browser.open(hostile_run / "reports" / "index.html").page
+    rows = "Array.from(document.querySelectorAll('#rollout-table tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))"
+    assert len(page.evaluate(rows)) == 16
+    page.click("#rollout-table th:text-is('reward')")
+    rewards = [float(r[7]) for r in page.evaluate(rows)]
+    assert rewards == sorted(rewards) and rewards[0] < rewards[-1]
+    page.click("#rollout-table th:text-is('reward')")
+    assert [float(r[7]) for r in page.evaluate(rows)] == sorted(rewards, reverse=True)
+    page.fill("#filter", "task-1")
+    shown = page.evaluate(rows)
+    assert len(shown) == 8 and all("task-1" in r[3] for r in shown)
+    assert page.inner_text("#rollout-count") == "8 of 16 rollouts"
+
+
+def test_a_rollout_page_shows_its_tool_calls_and_the_samples_tables_trained_tokens(hostile_run, browser):
+    samples = read_table(layout.run_partition_url(str(hostile_run), "hostile", 1), "samples").to_pylist()
+    rollout_id = "it1-task-1-s0"
+    page_path = hostile_run / "reports" / "rollouts" / "train-1" / f"{html.file_name(rollout_id)}.html"
+    page = browser.open(page_path, screenshot="synthetic-rollout").page
+    assert page.locator(".tool-call").count() == 2  # the two shell calls of the rollout's three
+    assert "cat step0.txt" in page.locator(".tool-call").first.inner_text()
+    expected = {s["sample_index"]: sum(s["response_mask"]) for s in samples if s["rollout_id"] == rollout_id}
+    shown = page.evaluate("Object.fromEntries(Array.from(document.querySelectorAll('section.sample')).map(s => "
+                          "[s.dataset.sampleIndex, [Number(s.dataset.trainedTokens), s.querySelectorAll('span.m1').length]]))")
+    assert len(expected) == 2 and {int(k): v for k, v in shown.items()} == {k: [n, n] for k, n in expected.items()}
+    assert "first differs from sample 0" in page.inner_text("section.sample[data-sample-index='1'] .split")
+
+
+HOSTILE_ROLLOUT = f"it0-{HOSTILE_TASK}-0-s0"  # its tool output and harness log are HOSTILE too
+PWNED = "window.__pwned === undefined && document.querySelector('img[src=\"x\"]') === null"
+
+
+def test_hostile_agent_text_is_shown_as_text_on_every_page(hostile_run, browser):
+    for path in report_pages(hostile_run):
+        page = browser.open(path).page
+        assert page.evaluate(PWNED), path
+    page = browser.open(hostile_run / "reports" / "rollouts" / "train-0" / f"{html.file_name(HOSTILE_ROLLOUT)}.html").page
+    assert page.locator(".tool-result pre").first.inner_text() == HOSTILE  # the tool output, shown whole
+    assert HOSTILE in page.inner_text("#log ~ pre")
+
+
+def test_the_hostile_text_check_catches_a_page_that_does_not_escape(hostile_run, browser, tmp_path, monkeypatch):
+    """Control: the same run's report with escaping turned off puts the agent's markup into the page."""
+    monkeypatch.setattr(sys.modules["steps.report.rollout_page"], "esc", lambda value: str(value))
+    write_report(str(hostile_run), out=str(tmp_path / "unescaped"))
+    rollout = tmp_path / "unescaped" / "rollouts" / "train-0" / f"{html.file_name(HOSTILE_ROLLOUT)}.html"
+    assert not browser.open(rollout).page.evaluate(PWNED)
+
+
+@pytest.mark.parametrize("quoted", [True, False], ids=["json_text", "control-json.dumps"])
+def test_json_in_a_page_cannot_close_its_script_element(quoted, browser, tmp_path, monkeypatch):
+    if not quoted:
+        monkeypatch.setattr(html, "json_text", lambda data: json.dumps(data))
+    path = tmp_path / "page.html"
+    path.write_text(html.page("json", html.json_script("data", {"out": HOSTILE}), "assets"))
+    page = browser.open(path).page
+    assert page.evaluate(PWNED) is quoted
+    if quoted:
+        assert page.evaluate("JSON.parse(document.getElementById('data').textContent).out") == HOSTILE
+
+
+def test_report_files_stay_in_the_report_folder(hostile_run):
+    reports = (hostile_run / "reports").resolve()
+    written = [p.resolve() for p in reports.rglob("*") if p.is_file()]
+    assert len(written) == 19 and all(p.is_relative_to(reports) for p in written)
+    for hostile in ("../../etc/passwd", "..", "/abs/path", "a\\..\\b", "<script>"):
+        name = html.file_name(hostile)
+        assert "/" not in name and "\\" not in name and not name.startswith(".") and name != html.file_name(hostile + "x")
+
+
+def test_a_run_with_only_result_files_still_gets_a_report(hostile_run, browser, tmp_path):
+    """No manifest, no tables, no calls store, no logs (a cluster run before its trajectories step)."""
+    run = tmp_path / "bare"
+    shutil.copytree(hostile_run / "results", run / "results")
+    for result in (run / "results").rglob("result.json"):
+        result.with_name("harness.log").unlink()
+    index = Path(write_report(str(run)))
+    loaded = browser.open(index)
+    assert loaded.errors == [] and "config is unknown" in loaded.page.inner_text("body")
+    rollout = browser.open(next((run / "reports" / "rollouts" / "train-0").glob("*.html")))
+    assert rollout.errors == []
+    text = rollout.page.inner_text("body")
+    assert "holds no calls of this rollout" in text and "No harness log" in text and "No training samples" in text
+
+
+def test_the_cli_names_a_missing_run_in_one_sentence(tmp_path, capsys):
+    assert report_cli.main(["--run", "nothing", "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no run at") and "\n" not in err
+    assert report_cli.main(["--run", "../up", "--store", str(tmp_path)]) == 2
+
+
+def test_compare_overlays_two_runs_and_sets_them_side_by_side(hostile_run, browser, tmp_path):
+    out = tmp_path / "compared"
+    index = write_report(str(hostile_run), out=str(out), compare=["other", ":0"])
+    loaded = browser.open(Path(index), screenshot="compare")
+    assert loaded.errors == []
+    names = loaded.page.evaluate("Array.from(document.querySelectorAll('.plot')).flatMap(d => d.data.map(t => t.name))")
+    assert "hostile: mean reward" in names and "other: mean reward" in names
+    header = loaded.page.evaluate("Array.from(document.querySelectorAll('#compare + table th')).map(t => t.textContent)")
+    assert header == ["", "other", "hostile:0"], header
+
+
+def test_the_cli_reads_and_writes_an_s3_store(hostile_run, s3_server, monkeypatch):
+    for key, value in s3_server["env"].items():
+        monkeypatch.setenv(key, value)
+    fsspec.config.conf.pop("s3", None)
+    store = f"s3://{s3_server['bucket']}/report-runs"
+    fs = fsspec.filesystem("s3")
+    for path in hostile_run.rglob("*"):
+        if path.name == "calls.jsonl":  # on S3 the proxy stores one object per call
+            for line in path.read_text().splitlines():
+                call = json.loads(line)
+                fs.pipe_file(f"{store}/hostile/{path.parent.relative_to(hostile_run)}/calls/{call['call_index']:06d}.json",
+                             line.encode())
+        elif path.is_file() and "reports" not in path.parts:
+            fs.put_file(str(path), f"{store}/hostile/{path.relative_to(hostile_run)}")
+    assert report_cli.main(["--run", "hostile", "--store", store]) == 0
+    index = f"{store}/hostile/reports/index.html"
+    assert fs.exists(index) and "it1-task-1-s0" in fs.cat_file(index).decode()
+    pages = fs.glob(f"{store}/hostile/reports/rollouts/*/*.html")
+    assert len(pages) == 16
+    page = fs.cat_file(next(p for p in pages if "it1-task-1-s0" in p)).decode()
+    assert page.count('class="turn role-assistant tool-call"') == 2 and "<h3>harness.log</h3>" in page
