@@ -10,6 +10,7 @@ The report of a real two-iteration local run is checked in tests/test_local_run.
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +20,10 @@ from report_browser import PLOT_POINTS, browser  # noqa: F401 (a fixture)
 
 from benchmarks.report_weight import HOSTILE, HOSTILE_TASK, synthetic_run
 from steps.report import __main__ as report_cli
+from steps import manifest
 from steps.report import html, write_report
+from steps.rollout import RolloutSpec, run_rollout
+from steps.tasks import BUILTIN_DATASET
 from steps.trajectories.io import read_table
 from workflows import layout
 
@@ -41,14 +45,15 @@ def report_pages(run: Path) -> list[Path]:
     return [run / "reports" / "index.html", *sorted((run / "reports" / "rollouts").rglob("*.html"))]
 
 
-def check_pages(browser, pages: list[Path], name: str) -> None:
-    """Every page loads with no console error; the index's plots each have a trace with points."""
+def check_pages(browser, pages: list[Path], name: str, plots: int = 8) -> None:
+    """Every page loads with no console error; the index has at least `plots` plots, each with a trace with
+    points drawn."""
     for n, path in enumerate(pages):
         loaded = browser.open(path, screenshot=f"{name}-{n}" if n < 3 else None)
         assert loaded.errors == [], f"{path}: {loaded.errors}"
         if path.name == "index.html":
             points = loaded.page.evaluate(PLOT_POINTS)
-            assert len(points) >= 8 and all(plot and max(plot) >= 1 for plot in points), points
+            assert len(points) >= plots and all(plot and max(plot) >= 1 for plot in points), points
             assert loaded.page.evaluate("document.querySelectorAll('.plot .main-svg .trace').length") >= len(points)
 
 
@@ -183,3 +188,42 @@ def test_the_cli_reads_and_writes_an_s3_store(hostile_run, s3_server, monkeypatc
     assert len(pages) == 16
     page = fs.cat_file(next(p for p in pages if "it1-task-1-s0" in p)).decode()
     assert page.count('class="turn role-assistant tool-call"') == 2 and "<h3>harness.log</h3>" in page
+
+
+@pytest.fixture(scope="module")
+def harness_run(scripted, proxy, tmp_path_factory) -> Path:
+    """A one-rollout run of the real `direct` harness in the sandbox against the scripted model: its shell
+    tool prints markup and script-closing text, then solves hello-file. Calls recorded by the real proxy
+    into the run's store, tables by the trajectories step as the runner starts it; its report written."""
+    run = tmp_path_factory.mktemp("harness-runs") / "direct-run"
+    manifest.write_run_config(str(run), {"run": "direct-run", "harness": "direct", "model": ""})
+    recording = proxy(scripted.url, store=layout.calls_url(str(run)))
+    script = (BUILTIN_DATASET / "hello-file" / "solution" / "solve.sh").read_text()
+    scripted.set_commands([f"printf '%s' '{HOSTILE}'", f"bash <<'ORACLE'\n{script}\nORACLE"])
+    rollout_id = "it0-hello-file-s0"
+    result = run_rollout(RolloutSpec(task=BUILTIN_DATASET / "hello-file", harness="direct", proxy_url=recording.url,
+                                     rollout_id=rollout_id, out=Path(layout.rollout_url(str(run), 0, rollout_id)),
+                                     admin_key="test-admin-key", sample=0))
+    assert (result.status, result.reward) == ("ok", 1.0), result
+    done = subprocess.run([sys.executable, "-m", "steps.trajectories", "--store", layout.calls_url(str(run)),
+                           "--results", layout.results_url(str(run), 0), "--out", layout.trajectories_url(str(run)),
+                           "--run", "direct-run", "--iteration", "0"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    write_report(str(run))
+    return run
+
+
+def test_a_real_harness_rollout_page_shows_its_exchange_tool_calls_and_samples(harness_run, browser):
+    calls = read_table(layout.run_partition_url(str(harness_run), "direct-run", 0), "calls").to_pylist()
+    samples = read_table(layout.run_partition_url(str(harness_run), "direct-run", 0), "samples").to_pylist()
+    loaded = browser.open(harness_run / "reports" / "rollouts" / "train-0" / f"{html.file_name('it0-hello-file-s0')}.html",
+                          screenshot="direct-rollout")
+    page = loaded.page
+    assert loaded.errors == [] and page.evaluate(PWNED)
+    assert page.locator(".tool-call").count() == 2 and len(calls) == 3
+    assert HOSTILE in page.locator(".tool-result pre").first.inner_text()
+    assert "system · text" in page.inner_text("#call-0") and "hello" in page.inner_text("#call-0 .role-user")
+    shown = page.evaluate("Array.from(document.querySelectorAll('section.sample')).map(s => s.querySelectorAll('span.m1').length)")
+    assert shown == [sum(s["response_mask"]) for s in sorted(samples, key=lambda s: s["sample_index"])] and shown
+    assert page.locator("h3", has_text="reward.txt").count() == 1 and page.locator("h3", has_text="harness.log").count() == 1
+    check_pages(browser, report_pages(harness_run)[:1], "direct", plots=5)

@@ -56,7 +56,10 @@ class Decoder:
         if self.tokenizer is None:
             return f"{token_id} "
         if token_id not in self.pieces:
-            self.pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            try:
+                self.pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            except Exception:  # an id outside the vocabulary (another tokenizer's): shown as the id
+                self.pieces[token_id] = f"[{token_id}]"
         return self.pieces[token_id]
 
     def text(self, ids: list[int]) -> str:
