@@ -7,8 +7,8 @@ with `--calls` Chat Completions calls per rollout (a shell tool call, its output
 that splits a sample), `result.json`, harness logs and verifier files per rollout, the trajectories step
 (`python -m steps.trajectories --store`) for the tables, the update's `metrics.json`, an evaluation's
 `summary.json` and a `behaviour.parquet`. Then writes the report (`steps.report.write_report`) and prints
-the seconds it took, the size of the index page, of plotly.min.js and of the largest rollout page, and
-one JSON line with every figure. `synthetic_run` is the tests' run too (`hostile=True` puts markup and
+the seconds it took, the size of the index page, of plotly.min.js and of the largest rollout page (with
+`--browser`, the seconds headless chromium takes to draw the index), and one JSON line with every figure. `synthetic_run` is the tests' run too (`hostile=True` puts markup and
 script-closing text where an agent could).
 """
 
@@ -139,6 +139,22 @@ def eval_summary(tasks: list[str], iteration: int) -> dict:
             "tasks": {task: numbers for task in tasks}, "overall": numbers}
 
 
+def load_seconds(index: Path) -> float:
+    """Seconds from opening the index in headless chromium until its plots and rollout table are drawn."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True)
+        page = browser.new_page()
+        started = time.monotonic()
+        page.goto(index.as_uri())
+        page.wait_for_function("document.querySelectorAll('#rollout-table tbody tr').length > 0 && "
+                               "Array.from(document.querySelectorAll('.plot')).every(d => d.data !== undefined)")
+        seconds = time.monotonic() - started
+        browser.close()
+    return round(seconds, 2)
+
+
 def main() -> int:
     """Builds the run, writes its report, prints the figures."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -147,6 +163,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=3, help="calls per rollout")
     p.add_argument("--tokens", type=int, default=400, help="prompt tokens of a rollout's first call")
     p.add_argument("--model", default="", help="a checkpoint folder whose tokenizer decodes the tokens")
+    p.add_argument("--browser", action="store_true", help="also time the index's load in headless chromium")
     args = p.parse_args()
     from steps.report import write_report
 
@@ -158,10 +175,12 @@ def main() -> int:
         index = Path(write_report(run_url))
         seconds = time.monotonic() - started
         pages = sorted((index.parent / "rollouts").rglob("*.html"), key=lambda p: p.stat().st_size)
+        loaded_s = load_seconds(index) if args.browser else None
         figures = {"rollouts": args.rollouts * args.iterations, "calls_per_rollout": args.calls, "build_s": round(built, 1),
                    "report_s": round(seconds, 1), "index_bytes": index.stat().st_size,
                    "plotly_js_bytes": (index.parent / "assets" / "plotly.min.js").stat().st_size,
-                   "rollout_page_bytes_max": pages[-1].stat().st_size, "rollout_pages": len(pages)}
+                   "rollout_page_bytes_max": pages[-1].stat().st_size, "rollout_pages": len(pages),
+                   "index_load_s": loaded_s}
     print(f"report of {figures['rollouts']} rollouts written in {seconds:.1f} s; index {figures['index_bytes'] / 1e3:.0f} KB "
           f"(+ plotly.min.js {figures['plotly_js_bytes'] / 1e6:.1f} MB, cached), largest rollout page "
           f"{figures['rollout_page_bytes_max'] / 1e3:.0f} KB")
