@@ -25,14 +25,15 @@ def _figure(title: str, traces: list, xaxis: str = "iteration", yaxis: str = "",
 def series_figure(title: str, subjects: list[tuple[str, dict[int, dict]]], keys: list[tuple[str, str]],
                   yaxis: str = "") -> dict | None:
     """Lines over iterations: for each subject (a label, its numbers by iteration) and each (key, name) in
-    `keys`, one trace of that number. None when no subject has any value."""
+    `keys`, one trace of that number, named by the subject when `name` is empty. None when no subject has
+    any value."""
     traces = []
     for subject, by_iteration in subjects:
         for key, name in keys:
             points = [(i, numbers.get(key)) for i, numbers in sorted(by_iteration.items())
                       if isinstance(numbers.get(key), (int, float))]
             if points:
-                trace_name = name if len(subjects) == 1 else f"{subject}: {name}"
+                trace_name = subject if not name else name if len(subjects) == 1 else f"{subject}: {name}"
                 traces.append(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
                                          name=label(trace_name)))
     return _figure(title, traces, yaxis=yaxis) if traces else None

@@ -90,10 +90,7 @@ def behaviour_section(run: Run, figs: Figures) -> str:
     for m in means:
         by_harness.setdefault(str(m["harness"]), {})[m["iteration"]] = m
     subjects = sorted(by_harness.items())
-    plots = [figures.series_figure(metric, subjects, [(metric, metric)]) for metric in metrics[1:1 + MAX_BEHAVIOUR_PLOTS]]
-    if len(subjects) == 1:  # one harness: name it in the legend anyway
-        plots = [figures.series_figure(metric, subjects + [("", {})], [(metric, subjects[0][0])])
-                 for metric in metrics[1:1 + MAX_BEHAVIOUR_PLOTS]]
+    plots = [figures.series_figure(metric, subjects, [(metric, "")]) for metric in metrics[1:1 + MAX_BEHAVIOUR_PLOTS]]
     return out + '<div class="plots">' + "".join(figs.div(p) for p in plots) + "</div>"
 
 
