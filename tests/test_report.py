@@ -227,3 +227,11 @@ def test_a_real_harness_rollout_page_shows_its_exchange_tool_calls_and_samples(h
     assert shown == [sum(s["response_mask"]) for s in sorted(samples, key=lambda s: s["sample_index"])] and shown
     assert page.locator("h3", has_text="reward.txt").count() == 1 and page.locator("h3", has_text="harness.log").count() == 1
     check_pages(browser, report_pages(harness_run)[:1], "direct", plots=5)
+
+
+def test_a_failing_report_is_one_line_and_never_fails_the_local_run(tmp_path, capsys):
+    from workflows.local import refresh_report
+
+    refresh_report(str(tmp_path / "no-such-run"))  # raises nothing
+    err = capsys.readouterr().err.strip()
+    assert "report not written: ValueError: no run at" in err and "\n" not in err
