@@ -235,3 +235,50 @@ def test_a_failing_report_is_one_line_and_never_fails_the_local_run(tmp_path, ca
     refresh_report(str(tmp_path / "no-such-run"))  # raises nothing
     err = capsys.readouterr().err.strip()
     assert "report not written: ValueError: no run at" in err and "\n" not in err
+
+
+DIALECT_REQUESTS = {  # a second call's request: the user's message, the model's tool call, the tool's output
+    "chat_completions": {"model": "tiny", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                               "function": {"name": "shell", "arguments": '{"command": "ls"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "out"}],
+        "tools": [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]},
+    "responses": {"model": "tiny", "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"command": "ls"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "out"}],
+        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]},
+    "messages": {"model": "tiny", "max_tokens": 20, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "shell", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "out"}]}],
+        "tools": [{"name": "shell", "input_schema": {"type": "object"}}]},
+}
+
+
+@pytest.mark.parametrize("dialect", list(DIALECT_REQUESTS))
+def test_the_exchange_reads_every_dialects_requests_and_responses_whole_and_streamed(dialect):
+    """The proxy's own encoders make the responses (a JSON body, and the events it stores for a stream)."""
+    import orjson
+
+    from steps.proxy import chat, messages, responses
+    from steps.proxy.protocol import decode
+    from steps.proxy.serving import event_stream
+    from steps.proxy.upstream import Completion, ToolCall
+    from steps.report.exchange import request_turns, response_turns
+
+    module = {m.NAME: m for m in (chat, responses, messages)}[dialect]
+    request = DIALECT_REQUESTS[dialect]
+    assert [(t["kind"], t["text"]) for t in request_turns(dialect, request)] == \
+        [("text", "hi"), ("tool_call", '{"command": "ls"}'), ("tool_result", "out")]
+    completion = Completion(content="checked", reasoning="thinking hard", finish_reason="tool_calls", stop_reason=None,
+                            tool_calls=[ToolCall("c2", "shell", '{"command": "cat out"}')],
+                            prompt_token_ids=[1, 2], response_token_ids=[3], response_logprobs=[-0.1])
+    req, _ = decode(orjson.dumps(request), module.Request, fields=module.RAW_FIELDS)
+    body = orjson.loads(orjson.dumps(module.to_body(completion, req, "id", 0)))
+    stored = orjson.loads(orjson.dumps(event_stream(module.to_events(completion, req, "id", 0))[1]))
+    for response in (body, stored):
+        turns = response_turns(dialect, response)
+        assert [(t["kind"], t["name"]) for t in turns] == [("reasoning", None), ("text", None), ("tool_call", "shell")]
+        assert turns[0]["text"] == "thinking hard" and json.loads(turns[2]["text"]) == {"command": "cat out"}
