@@ -8,7 +8,7 @@ from the same folder), and makes the rollout table sort and filter. It reads dat
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222}
 h1{font-size:1.5em}h2{font-size:1.25em;border-bottom:1px solid #ddd;margin-top:2em}h3{font-size:1.05em}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:2px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:.5em 0;display:block;max-width:100%;overflow-x:auto}td,th{border:1px solid #ddd;padding:2px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}th.sortable{cursor:pointer}td{font-variant-numeric:tabular-nums}
 .plots{display:flex;flex-wrap:wrap;gap:8px}.plot{width:570px;height:330px}
 pre{white-space:pre-wrap;word-break:break-word;background:#f8f8f8;border:1px solid #eee;padding:6px;margin:4px 0;max-height:30em;overflow:auto}
