@@ -282,3 +282,25 @@ def test_the_exchange_reads_every_dialects_requests_and_responses_whole_and_stre
         turns = response_turns(dialect, response)
         assert [(t["kind"], t["name"]) for t in turns] == [("reasoning", None), ("text", None), ("tool_call", "shell")]
         assert turns[0]["text"] == "thinking hard" and json.loads(turns[2]["text"]) == {"command": "cat out"}
+
+
+def test_an_eval_run_gets_an_evaluation_report_with_its_rollouts(hostile_run, browser, tmp_path):
+    """An eval run (`manifest/run.json` says what it evaluates; one evaluation at evals/iteration-0/), before
+    its trajectories step: rollouts from result.json, calls from the store."""
+    from benchmarks.report_weight import eval_summary
+
+    run = tmp_path / "evalrun"
+    manifest.write_run_config(str(run), {"run": "evalrun", "harness": "direct", "model": "",
+                                         "eval": {"checkpoint": "base", "run": None, "iteration": None}})
+    shutil.copytree(hostile_run / "results" / "iteration-0", Path(layout.eval_results_url(str(run), 0)))
+    shutil.copytree(hostile_run / "calls", run / "calls")
+    manifest.write_json(layout.eval_summary_url(str(run), 0), eval_summary(["task-1"], 0))
+    loaded = browser.open(Path(write_report(str(run))), screenshot="eval-run")
+    assert loaded.errors == []
+    assert loaded.page.inner_text("h1") == "evalrun: evaluation report"
+    assert "no rollouts table (not written yet)" in loaded.page.inner_text("body")
+    kinds = loaded.page.evaluate("Array.from(document.querySelectorAll('#rollout-table tbody tr')).map(r => r.cells[1].textContent)")
+    assert kinds == ["eval"] * 8
+    assert len(loaded.page.evaluate(PLOT_POINTS)) == 2  # the evaluation's two plots
+    rollout = browser.open(next((run / "reports" / "rollouts" / "eval-0").glob("it0-task-1-s0-*.html")))
+    assert rollout.errors == [] and rollout.page.locator(".tool-call").count() == 2

@@ -133,6 +133,9 @@ def load_iteration(number: int, partition: str, results_url: str, notes: list[st
     it = Iteration(number, partition=partition, results_url=results_url)
     it.results = read_results(results_url)
     rollouts = _table_rows(partition, "rollouts", None, notes)
+    if rollouts is None and it.results:
+        notes.append(f"{partition} has no rollouts table (not written yet): its rollouts are read from their "
+                     "result.json files, without calls or samples tables.")
     it.rollouts = rollouts if rollouts is not None else [rollout_row(r) for r in it.results.values()]
     it.calls = _table_rows(partition, "calls", CALL_COLUMNS, notes) or []
     it.behaviour = read_behaviour(partition, notes)
