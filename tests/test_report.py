@@ -304,3 +304,10 @@ def test_an_eval_run_gets_an_evaluation_report_with_its_rollouts(hostile_run, br
     assert len(loaded.page.evaluate(PLOT_POINTS)) == 2  # the evaluation's two plots
     rollout = browser.open(next((run / "reports" / "rollouts" / "eval-0").glob("it0-task-1-s0-*.html")))
     assert rollout.errors == [] and rollout.page.locator(".tool-call").count() == 2
+
+
+def test_the_cli_names_a_compare_run_that_does_not_exist(hostile_run, tmp_path, capsys):
+    assert report_cli.main(["--run", "hostile", "--store", str(hostile_run.parent), "--out", str(tmp_path),
+                            "--compare", "missing"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --compare missing: no run at") and "\n" not in err

@@ -52,18 +52,28 @@ def load_tokenizer(checkpoint: str | None):
         return None
 
 
+def parse_subject(spec: str) -> tuple[str, int | None]:
+    """A `--compare` value as (run name or URL, "" for this run; iteration or None).
+
+    >>> parse_subject("other"), parse_subject("other:2"), parse_subject(":1"), parse_subject("s3://b/runs/x")
+    (('other', None), ('other', 2), ('', 1), ('s3://b/runs/x', None))
+    """
+    name, colon, iteration = spec.rpartition(":")
+    return (name, int(iteration)) if colon and iteration.isdigit() else (spec, None)
+
+
 def resolve_subject(spec: str, run: Run) -> tuple[str, Run, int | None]:
     """A `--compare` value: `RUN` (a run in the same store, or a run URL), `RUN:N` (its iteration N) or
     `:N` (this run's iteration N); as (label, run, iteration or None)."""
-    name, _, iteration = spec.rpartition(":") if ":" in spec and spec.rsplit(":", 1)[-1].isdigit() else (spec, "", "")
-    if iteration and not name:
-        return f"{run.name}:{iteration}", run, int(iteration)
+    name, iteration = parse_subject(spec)
+    if not name:
+        return f"{run.name}:{iteration}", run, iteration
     url = name if "/" in name else layout.run_url(run.url.rsplit("/", 1)[0], name)
     other = load_run(url)
     if other.config is None and not other.iterations and not other.evals:
         raise ValueError(f"--compare {spec}: no run at {url} (give a run name in the same store, a run URL, "
                          "RUN:ITERATION or :ITERATION)")
-    return spec, other, int(iteration) if iteration else None
+    return spec, other, iteration
 
 
 def rollout_pages(site: Site, run: Run) -> list[dict]:
