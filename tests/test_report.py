@@ -311,3 +311,21 @@ def test_the_cli_names_a_compare_run_that_does_not_exist(hostile_run, tmp_path, 
                             "--compare", "missing"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --compare missing: no run at") and "\n" not in err
+
+
+def test_files_named_in_result_json_are_read_only_from_the_rollouts_folder_and_never_through_a_link(tmp_path):
+    from steps.report.rollout_page import kept_files
+
+    outside = tmp_path / "secret.txt"
+    outside.write_text("do not show")
+    folder = tmp_path / "results" / "iteration-0" / "r1"
+    (folder / "verifier").mkdir(parents=True)
+    (folder / "verifier" / "reward.txt").write_text("1\n")  # the control: a plain file is shown
+    (folder / "verifier" / "leak.txt").symlink_to(outside)
+    (folder / "harness.log").symlink_to(outside)
+    result = {"_url": str(folder / "result.json"),
+              "paths": {"verifier_output": str(folder / "verifier"), "harness_log": str(folder / "harness.log")}}
+    assert kept_files(result, "verifier_output") == [("reward.txt", "1\n")]
+    assert kept_files(result, "harness_log") == []
+    assert kept_files(dict(result, paths={"harness_log": str(outside)}), "harness_log") == []  # not in its folder
+    assert kept_files(dict(result, paths={"harness_log": "../../../secret.txt"}), "harness_log") == []
