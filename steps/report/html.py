@@ -86,6 +86,6 @@ def page(title: str, body: str, assets: str, scripts: list[str] = ()) -> str:
     Nothing is loaded from the network; the content security policy says so to the browser too."""
     tags = "".join(f'<script src="{esc(assets)}/{esc(s)}"></script>' for s in scripts)
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>{esc(title)}</title>'
-            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'self' 'unsafe-eval'; "
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'self'; "
             "style-src 'self' 'unsafe-inline'; img-src 'self' data:\">"
             f"<style>{CSS}</style></head><body>{body}{tags}</body></html>")
