@@ -184,6 +184,8 @@ def test_the_cli_reads_and_writes_an_s3_store(hostile_run, s3_server, monkeypatc
     assert report_cli.main(["--run", "hostile", "--store", store]) == 0
     index = f"{store}/hostile/reports/index.html"
     assert fs.exists(index) and "it1-task-1-s0" in fs.cat_file(index).decode()
+    assert fs.info(index)["ContentType"] == "text/html; charset=utf-8"  # a browser shows it from the bucket
+    assert fs.info(f"{store}/hostile/reports/assets/plotly.min.js")["ContentType"] == "text/javascript; charset=utf-8"
     pages = fs.glob(f"{store}/hostile/reports/rollouts/*/*.html")
     assert len(pages) == 16
     page = fs.cat_file(next(p for p in pages if "it1-task-1-s0" in p)).decode()

@@ -23,6 +23,9 @@ from steps.report.rollout_page import Decoder, rollout_page
 from workflows import layout
 
 
+CONTENT_TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8"}
+
+
 class Site:
     """Files written under the report's folder or URL."""
 
@@ -30,12 +33,16 @@ class Site:
         self.out = out.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.out)
         self.root = self.root.rstrip("/")
+        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
+        self.s3 = "s3" in protocols
 
     def write(self, relative: str, text: str) -> str:
-        """Writes one file (folders made as needed); returns its URL or path."""
+        """Writes one file (folders made as needed); returns its URL or path. In S3 each object carries its
+        content type, so that a browser shows a page served from the bucket instead of downloading it."""
         path = f"{self.root}/{relative}"
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        self.fs.pipe_file(path, text.encode("utf-8"))
+        typed = {"ContentType": CONTENT_TYPES[relative.rsplit(".", 1)[-1]]} if self.s3 else {}
+        self.fs.pipe_file(path, text.encode("utf-8"), **typed)
         return f"{self.out}/{relative}"
 
 
