@@ -32,10 +32,13 @@ $(TRAIN_STAMP): pyproject.toml
 
 train-setup: $(TRAIN_STAMP)
 
-# bubblewrap isolates local rollouts (the stand-in for a task's container).
+# bubblewrap isolates local rollouts (the stand-in for a task's container); the report's browser tests
+# drive Debian's chromium (Playwright downloads no browser).
 system:
 	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; } \
 	  || { echo "install bubblewrap (apt-get install bubblewrap) and run again" >&2; exit 1; }
+	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium; } \
+	  || { echo "install chromium (apt-get install chromium) and run again" >&2; exit 1; }
 
 harnesses: setup
 	$(BIN)/python -m steps.harnesses install --all

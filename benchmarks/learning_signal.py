@@ -13,7 +13,8 @@ the curve as a text plot, the phase table, and a verdict: the mean reward of the
 iterations against the last `--window`. Exit code 0 when the last window is at least `--factor` times the
 first, 1 when not, 2 when the run failed. `--baseline` then runs the same settings with
 `learning_rate=0` (same sampling, no learning) and compares the last windows, which shows the rise
-comes from the update. Every figure goes to `<store>/<run>/learning-signal.json`.
+comes from the update. Every figure goes to `<store>/<run>/learning-signal.json`; last, the run's report
+(`steps.report`, with the baseline's run beside it) is written under `<store>/<run>/reports/` and its path printed.
 """
 
 import argparse
@@ -26,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from steps.report import write_report  # noqa: E402
 from steps.tiny_model import build_tiny_model  # noqa: E402
 from workflows import layout  # noqa: E402
 from workflows.config import ConfigError, RunConfig, load_config  # noqa: E402
@@ -79,7 +81,8 @@ def figures(config: RunConfig, summaries: list[dict], wall_s: float, window: int
         "weight_versions_ok": all(served_versions(config.run_url, s["iteration"]) == {str(s["iteration"])}
                                   for s in summaries),
         "window": window, "first_window_mean": first, "last_window_mean": last,
-        "ratio": last / first if first else float("inf") if last else 0.0,  # 0 -> 0 learned nothing "wall_s": round(wall_s, 1),
+        "ratio": last / first if first else float("inf") if last else 0.0,  # 0 -> 0 learned nothing
+        "wall_s": round(wall_s, 1),
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
@@ -174,7 +177,11 @@ def main() -> int:
         return 2
     if result is None or (args.baseline and baseline is None):
         return 2
-    return 0 if report(result, args.factor, baseline) else 1
+    rose = report(result, args.factor, baseline)
+    run_url = load_config(args.config, [f"run={name}", *overrides]).run_url
+    print(f"\nrun report (the mean reward per iteration, beside the baseline's): "
+          f"{write_report(run_url, compare=[baseline['run']] if baseline else [])}")
+    return 0 if rose else 1
 
 
 if __name__ == "__main__":

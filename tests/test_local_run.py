@@ -1,6 +1,7 @@
 """The embedded default end to end: `python workflows/submit.py` with no Argo server runs the whole loop
 on this machine — real vLLM on CPU with the tiny model, the proxy, `direct` rollouts in bubblewrap,
 grading, Parquet, the real veRL update, the new weights swapped in — and resumes after its driver dies.
+The same run's report is then checked in headless chromium (one run for the module: it takes minutes).
 
 The dataset is the toy `target-word` task, whose verifier gives partial credit for the reply, so that
 the random model's samples earn different rewards and the update has a gradient.
@@ -11,9 +12,11 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from report_browser import PLOT_POINTS, browser  # noqa: F401 (a fixture)
 from safetensors.torch import load_file
 
 from steps.trajectories.io import partition_url, read_table
@@ -50,7 +53,21 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(tiny_model, tmp_path):
+@dataclass
+class LocalRun:
+    """The one end-to-end run of this module (minutes): its store, its first iteration record as first
+    written, and the resumed driver's outcome. Every test of the module reads it; none runs another."""
+
+    store: Path
+    run: Path
+    first: dict
+    resumed: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="module")
+def local_run(tiny_model, tmp_path_factory) -> LocalRun:
+    """Two iterations of the embedded default, killed in the middle of iteration 1, then resumed."""
+    tmp_path = tmp_path_factory.mktemp("local-run")
     store = tmp_path / "runs"
     # A small entropy bonus: every update trains, even in the rare iteration where all 8 rewards are equal
     # (no advantage), which steps.update would otherwise skip, leaving the served weights unchanged.
@@ -77,6 +94,11 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(tiny_m
 
     resumed = subprocess.run([sys.executable, "workflows/submit.py", "resume", "--run", "loop", *settings[:1]],
                              cwd=REPO, capture_output=True, text=True, timeout=900)
+    return LocalRun(store, run, first, resumed)
+
+
+def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(local_run, tiny_model):
+    store, run, first, resumed = local_run.store, local_run.run, local_run.first, local_run.resumed
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert iteration_record(store, 0)["updated"] == first["updated"]  # iteration 0 was not run again
     assert iteration_record(store, 1)["status"] == "Succeeded" and iteration_record(store, 1)["attempt"] == 1
@@ -104,3 +126,34 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(tiny_m
     base, updated = load_file(tiny_model / "model.safetensors"), load_file(run / "checkpoints" / "iteration-1" / "model.safetensors")
     assert base.keys() == updated.keys()
     assert any(not base[name].float().equal(updated[name].float()) for name in base)
+
+
+def test_the_runs_report_is_written_after_every_iteration_and_every_page_of_it_loads(local_run, browser):
+    """The report of the real run in headless chromium: the driver printed its path; every page loads with no
+    console error; the plots carry the run's numbers; each rollout page shows the samples table's tokens."""
+    run = local_run.run
+    index = run / "reports" / "index.html"
+    assert f"report: {index}" in local_run.resumed.stderr
+    pages = sorted((run / "reports" / "rollouts").rglob("*.html"))
+    samples = {i: read_table(partition_url(str(run / "trajectories"), "loop", i), "samples").to_pylist() for i in (0, 1)}
+    rollouts = {i: read_table(partition_url(str(run / "trajectories"), "loop", i), "rollouts").to_pylist() for i in (0, 1)}
+    assert len(pages) == 16
+    loaded = browser.open(index, screenshot="local-run-index")
+    assert loaded.errors == []
+    points = loaded.page.evaluate(PLOT_POINTS)
+    assert len(points) >= 6 and all(plot and max(plot) == 2 for plot in points), points  # two iterations each
+    mean_reward = loaded.page.evaluate("Array.from(document.querySelectorAll('.plot')).find(d => "
+                                       "d.layout.title.text === 'Mean reward').data[0].y")
+    assert mean_reward == pytest.approx([sum(r["reward"] for r in rollouts[i]) / 8 for i in (0, 1)])
+    assert loaded.page.locator("#rollout-table tbody tr").count() == 16
+    for n, page_path in enumerate(pages):
+        loaded = browser.open(page_path, screenshot="local-run-rollout" if n == 0 else None)
+        assert loaded.errors == [], page_path
+        rollout_id = loaded.page.evaluate("document.querySelector('h1').textContent").removeprefix("Rollout ")
+        iteration = int(rollout_id[2])
+        expected = [sum(s["response_mask"]) for s in sorted(samples[iteration], key=lambda s: s["sample_index"])
+                    if s["rollout_id"] == rollout_id]
+        shown = loaded.page.evaluate("Array.from(document.querySelectorAll('section.sample')).map(s => "
+                                     "s.querySelectorAll('span.m1').length)")
+        assert shown == expected and expected, rollout_id
+        assert loaded.page.locator("#exchange ~ .call").count() >= 1

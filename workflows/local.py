@@ -7,7 +7,8 @@ subprocesses: `plan`, `rollout` x N (at most `parallel_rollouts` at a time; on e
 runs as `ID-aK` in its own results folder, with the same sample number), `trajectories`, `update`;
 `serve` (vLLM on CPU + the recording proxy) runs once for the whole run and the new weights are swapped
 into it through the proxy (`POST /weights/update`), where a cluster starts a fresh serve pod. The run
-manifest is the cluster's, so `resume` works here too.
+manifest is the cluster's, so `resume` works here too. After each iteration the run's report (`steps.report`) is
+written again and its path printed.
 The update runs on `$OPENFORGE_TRAIN_PYTHON`, else `.venv-train/bin/python` (veRL lives in its own
 environment), else this Python.
 """
@@ -29,6 +30,7 @@ from steps.metrics import dataset_metrics
 from steps.net import free_port
 from steps.plan import attempt_id
 from steps.proxy.client import ProxyClient, ProxyClientError
+from steps.report import write_report
 from workflows import commands, layout
 from workflows.config import REPO_ROOT, RunConfig
 
@@ -183,6 +185,15 @@ def summarize(iteration: int, results: list[dict], next_checkpoint: str, timings
             "checkpoint": next_checkpoint}
 
 
+def refresh_report(run_url: str) -> None:
+    """Rewrites the run's report (`steps.report`) and says where it is; a report that fails is said in one
+    line and never fails the run."""
+    try:
+        say(f"report: {write_report(run_url)}")
+    except Exception as exc:  # noqa: BLE001 - whatever broke the report, the run goes on
+        say(f"report not written: {type(exc).__name__}: {exc}")
+
+
 def base_model(config: RunConfig) -> str:
     """The base checkpoint: built here (the tiny model, no download) when the default folder is missing."""
     path = Path(config.model)
@@ -247,6 +258,7 @@ def run_local(config: RunConfig) -> int:
             entry.status, entry.metrics = "Succeeded", summary["update"]
             manifest.record(config.run_url, entry)
             print(json.dumps(summary), flush=True)
+            refresh_report(config.run_url)
     finally:
         serve.terminate()
         serve.wait(60)

@@ -1,0 +1,196 @@
+"""What the report reads of a run, from wherever it is (a local folder or s3://), each part optional.
+
+`load_run` gathers the manifest (config, iteration records), each iteration's trajectory tables (calls,
+rollouts, samples, behaviour when present) or else its `result.json` files, the update's `metrics.json`
+beside each checkpoint and the evaluations' `summary.json`. Anything missing is noted in `Run.notes` and
+the page says so; nothing missing stops the report.
+"""
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import fsspec
+import pyarrow.parquet as pq
+
+from steps import manifest
+from steps.trajectories.collect import CollectError, fetch_calls_store
+from steps.trajectories.io import TrajectoryFileError, read_table
+from steps.trajectories.schema import SchemaError
+from workflows import layout
+
+# The calls table without its token arrays: what the index's figures need (1,000 rollouts stay small).
+CALL_COLUMNS = ["rollout_id", "harness", "call_index", "status", "finish_reason", "sample_index", "continued",
+                "weight_version", "total_s", "error"]
+BEHAVIOUR_TABLE = "behaviour"
+
+
+@dataclass
+class Iteration:
+    """One iteration (or one evaluation) of a run: its rows as dicts, whatever of them exists."""
+
+    number: int
+    record: dict | None = None  # the manifest's iteration record
+    update: dict | None = None  # the update's metrics.json (the checkpoint it wrote)
+    rollouts: list[dict] = field(default_factory=list)
+    calls: list[dict] = field(default_factory=list)
+    behaviour: list[dict] | None = None  # None: no behaviour table in the partition
+    results: dict[str, dict] = field(default_factory=dict)  # result.json by rollout id
+    partition: str | None = None  # where its tables are (samples are read per rollout page)
+    results_url: str = ""
+
+
+@dataclass
+class Run:
+    """A run as the report sees it."""
+
+    name: str
+    url: str
+    config: dict | None
+    iterations: dict[int, Iteration]
+    evals: dict[int, dict]  # summary.json by iteration
+    eval_iterations: dict[int, Iteration]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_eval(self) -> bool:
+        """An eval run (its config says so); its one evaluation is at iteration 0."""
+        return bool((self.config or {}).get("eval")) or (not self.iterations and bool(self.evals))
+
+
+def read_json(url: str) -> dict | None:
+    """A JSON file, or None when it is missing or not JSON."""
+    fs, path = fsspec.core.url_to_fs(url)
+    try:
+        return json.loads(fs.cat_file(path))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def numbered(url: str, pattern: str) -> list[int]:
+    """The N of every entry under `url` named like `pattern` (one group of digits), in order."""
+    fs, path = fsspec.core.url_to_fs(url)
+    try:
+        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
+    except FileNotFoundError:
+        return []
+    return sorted({int(m.group(1)) for name in names if (m := re.fullmatch(pattern, name))})
+
+
+def _table_rows(partition: str, name: str, columns: list[str] | None, notes: list[str]) -> list[dict] | None:
+    """A table's rows, or None (and a note) when it cannot be read; a missing file is no note."""
+    try:
+        table = read_table(partition, name)
+    except TrajectoryFileError as exc:
+        if "does not exist" not in str(exc):
+            notes.append(str(exc))
+        return None
+    except SchemaError as exc:
+        notes.append(str(exc))
+        return None
+    return table.select(columns).to_pylist() if columns else table.to_pylist()
+
+
+def read_behaviour(partition: str, notes: list[str]) -> list[dict] | None:
+    """The behaviour table's rows (written by the trajectories step with `steps.analytics`), or None."""
+    fs, path = fsspec.core.url_to_fs(layout.table_url(partition, BEHAVIOUR_TABLE))
+    try:
+        return pq.read_table(fs.open(path, "rb")).to_pylist()
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # a torn or foreign file: noted, the rest of the report stands
+        notes.append(f"{layout.table_url(partition, BEHAVIOUR_TABLE)} could not be read: {exc}")
+        return None
+
+
+def read_results(results_url: str) -> dict[str, dict]:
+    """Every `<rollout>/result.json` below `results_url`, by rollout id (unreadable ones left out)."""
+    fs, root = fsspec.core.url_to_fs(results_url)
+    paths = sorted(fs.glob(f"{root.rstrip('/')}/*/{layout.RESULT_FILE}"))
+    out = {}
+    for path, data in (fs.cat(paths, on_error="omit") if paths else {}).items():
+        try:
+            result = json.loads(data)
+            out[str(result["rollout_id"])] = dict(result, _url=fs.unstrip_protocol(path))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def rollout_row(result: dict) -> dict:
+    """A rollouts-table row from a `result.json` (an iteration whose tables are not written yet)."""
+    durations = result.get("durations") or {}
+    return {"rollout_id": result.get("rollout_id"), "task": result.get("task"), "sample": result.get("sample"),
+            "harness": result.get("harness"), "status": result.get("status"), "reward": result.get("reward"),
+            "error": result.get("error"), "num_calls": result.get("num_calls"),
+            "response_tokens": result.get("response_tokens"), **{k: durations.get(k) for k in
+                                                                  ("setup_s", "agent_s", "verifier_s", "total_s")}}
+
+
+def load_iteration(number: int, partition: str, results_url: str, notes: list[str]) -> Iteration:
+    """One iteration's tables, or its result.json files where the rollouts table is not there."""
+    it = Iteration(number, partition=partition, results_url=results_url)
+    it.results = read_results(results_url)
+    rollouts = _table_rows(partition, "rollouts", None, notes)
+    if rollouts is None and it.results:
+        notes.append(f"{partition} has no rollouts table (not written yet): its rollouts are read from their "
+                     "result.json files, without calls or samples tables.")
+    it.rollouts = rollouts if rollouts is not None else [rollout_row(r) for r in it.results.values()]
+    it.calls = _table_rows(partition, "calls", CALL_COLUMNS, notes) or []
+    it.behaviour = read_behaviour(partition, notes)
+    return it
+
+
+def load_run(run_url: str) -> Run:
+    """Everything the report shows of the run at `run_url`."""
+    run_url = run_url.rstrip("/")
+    config = manifest.read_run_config(run_url)
+    name = (config or {}).get("run") or run_url.rsplit("/", 1)[-1]
+    notes = [] if config is not None else [f"{layout.run_config_url(run_url)} is missing: the run's config is unknown."]
+    records = {i: r.__dict__ for i, r in manifest.read_iterations(run_url).items()}
+    numbers = set(records) | set(numbered(f"{layout.trajectories_url(run_url)}/run={name}", r"iteration=(\d+)")) \
+        | set(numbered(f"{run_url}/results", r"iteration-(\d+)"))
+    iterations = {}
+    for n in sorted(numbers):
+        it = load_iteration(n, layout.run_partition_url(run_url, name, n), layout.results_url(run_url, n), notes)
+        it.record = records.get(n)
+        it.update = read_json(layout.metrics_url(layout.checkpoint_url(run_url, n + 1, "")))
+        iterations[n] = it
+    evals, eval_iterations = {}, {}
+    for n in numbered(layout.evals_url(run_url), r"iteration-(\d+)"):
+        if (summary := read_json(layout.eval_summary_url(run_url, n))) is not None:
+            evals[n] = summary
+        eval_iterations[n] = load_iteration(n, layout.partition_url(layout.eval_trajectories_url(run_url, n), name, n),
+                                            layout.eval_results_url(run_url, n), notes)
+    return Run(name, run_url, config, iterations, evals, eval_iterations, notes)
+
+
+def samples_by_rollout(partition: str | None) -> dict[str, list[dict]]:
+    """An iteration's training samples (the samples table's rows) by rollout, in sample order."""
+    if partition is None:
+        return {}
+    try:
+        rows = read_table(partition, "samples").to_pylist()
+    except (TrajectoryFileError, SchemaError):
+        return {}
+    out: dict[str, list[dict]] = {}
+    for row in sorted(rows, key=lambda r: r["sample_index"]):
+        out.setdefault(row["rollout_id"], []).append(row)
+    return out
+
+
+def calls_in_chunks(run_url: str, rollout_ids: list[str], chunk: int = 32):
+    """Yields (rollout_id, its call records from the proxy's store, or None when there is no store), a few
+    rollouts' records in memory at a time."""
+    # The store's reader runs its own event loop: in a thread of its own, so that a caller inside a running
+    # loop (a notebook, a browser driver) can write a report too.
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        for start in range(0, len(rollout_ids), chunk):
+            ids = rollout_ids[start:start + chunk]
+            try:
+                found, _ = reader.submit(fetch_calls_store, layout.calls_url(run_url), ids).result()
+            except CollectError:
+                found = {}
+            for rollout_id in ids:
+                yield rollout_id, found.get(rollout_id)

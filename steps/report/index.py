@@ -1,0 +1,172 @@
+"""The report's front page: config, iteration plots, behaviour, evaluations, comparisons, the rollout table."""
+
+import json
+
+from steps.report import figures, series
+from steps.report.data import Run
+from steps.report.html import esc, json_script, page, table
+
+EVAL_KEYS = ["tries", "passes", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "infra_errors", "mean_calls",
+             "mean_tokens", "mean_duration_s"]
+ITERATION_COLUMNS = [("status", "status"), ("rollouts", "rollouts"), ("infra_errors", "infra errors"),
+                     ("mean_reward", "mean reward"), ("k", "k"), ("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k"),
+                     ("calls", "calls / rollout"), ("tokens", "tokens / rollout"), ("logprob_gap", "logprob gap"),
+                     ("tokens_trained", "tokens trained"), ("update_skipped", "update skipped")]
+MAX_BEHAVIOUR_PLOTS = 6
+
+
+def summaries(run: Run, only: int | None = None) -> dict[int, dict]:
+    """The run's numbers by iteration (`series.iteration_summary`), with the manifest's status."""
+    out = {}
+    for n, it in run.iterations.items():
+        if only is None or n == only:
+            out[n] = series.iteration_summary(it.rollouts, it.calls, it.update) | {
+                "status": (it.record or {}).get("status")}
+    return out
+
+
+def eval_numbers(run: Run) -> dict[int, dict]:
+    """Each evaluation's overall numbers by iteration."""
+    return {n: dict(s.get("overall") or {}) for n, s in run.evals.items()}
+
+
+class Figures:
+    """The figures of one page, each drawn into its own `<div>`; collected as one JSON element."""
+
+    def __init__(self):
+        self.items: list[dict] = []
+
+    def div(self, figure: dict | None, empty: str = "") -> str:
+        """The figure's `<div>` (or a note when there is nothing to plot)."""
+        if figure is None:
+            return f'<p class="note">{esc(empty)}</p>' if empty else ""
+        element = f"figure-{len(self.items)}"
+        self.items.append({"id": element, "figure": figure})
+        return f'<div class="plot" id="{element}"></div>'
+
+
+def iteration_section(subjects: list[tuple[str, dict[int, dict]]], figs: Figures) -> str:
+    """Plots per iteration, every subject's series overlaid."""
+    plots = [
+        figures.series_figure("Mean reward", subjects, [("mean_reward", "mean reward")], "reward"),
+        figures.series_figure("pass@k and pass^k", subjects, [("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")]),
+        figures.series_figure("Continuity rate per harness", subjects, figures.prefixed_keys(subjects, "continuity "),
+                              "share of calls"),
+        figures.series_figure("Rollout vs trainer logprob gap", subjects, [("logprob_gap", "mean |gap|")], "nats"),
+        figures.series_figure("Tokens and calls per rollout", subjects, [("tokens", "response tokens"), ("calls", "calls")]),
+        figures.series_figure("Infra errors", subjects, [("infra_errors", "infra errors")], "rollouts"),
+        figures.phase_figure(subjects),
+    ]
+    return '<div class="plots">' + "".join(figs.div(f) for f in plots) + "</div>"
+
+
+def config_section(run: Run) -> str:
+    """The run's config as recorded when it started."""
+    if run.config is None:
+        return '<p class="note">No recorded config (manifest/run.json is missing).</p>'
+    rows = [[k, v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v)] for k, v in sorted(run.config.items())]
+    return f"<details><summary>{len(rows)} keys</summary>{table(['key', 'value'], rows)}</details>"
+
+
+def iterations_table(numbers: dict[int, dict]) -> str:
+    """One row per iteration: outcome, rewards, pass rates, sizes, the update."""
+    harness_keys = sorted({k for n in numbers.values() for k in n if k.startswith("continuity ")})
+    columns = ITERATION_COLUMNS + [(k, k) for k in harness_keys]
+    rows = [[n] + [numbers[n].get(k) for k, _ in columns] for n in sorted(numbers)]
+    return table(["iteration"] + [name for _, name in columns], rows)
+
+
+def behaviour_section(run: Run, figs: Figures) -> str:
+    """The behaviour analytics per harness and iteration, from each partition's behaviour table."""
+    rows = [r for it in run.iterations.values() if it.behaviour for r in it.behaviour]
+    if not rows:
+        return ('<p class="note">No behaviour table: the trajectory partitions hold no behaviour.parquet '
+                "(written by the trajectories step with steps.analytics).</p>")
+    means = series.group_means(rows, ["harness", "iteration"])
+    metrics = [c for c in means[0] if c not in ("harness", "iteration")]
+    out = table(["harness", "iteration", *metrics], [[m.get("harness"), m.get("iteration"), *[m.get(c) for c in metrics]]
+                                                     for m in means])
+    by_harness: dict[str, dict[int, dict]] = {}
+    for m in means:
+        by_harness.setdefault(str(m["harness"]), {})[m["iteration"]] = m
+    subjects = sorted(by_harness.items())
+    plots = [figures.series_figure(metric, subjects, [(metric, "")]) for metric in metrics[1:1 + MAX_BEHAVIOUR_PLOTS]]
+    return out + '<div class="plots">' + "".join(figs.div(p) for p in plots) + "</div>"
+
+
+def evals_section(runs: list[tuple[str, Run]], figs: Figures) -> str:
+    """Every evaluation of the run (and of those compared): overall and per task, and plots per iteration."""
+    if not any(run.evals for _, run in runs):
+        return '<p class="note">No evaluations (no evals/iteration-N/summary.json).</p>'
+    rows, tasks = [], {}
+    for name, run in runs:
+        for n, s in sorted(run.evals.items()):
+            rows.append([name, n, s.get("harness"), s.get("dataset"), s.get("checkpoint") or s.get("model"), s.get("k"),
+                         *[(s.get("overall") or {}).get(k) for k in EVAL_KEYS]])
+            for task, numbers in (s.get("tasks") or {}).items():
+                tasks.setdefault(task, {})[f"{name} it{n}"] = numbers
+    out = table(["run", "iteration", "harness", "dataset", "checkpoint", "k", *EVAL_KEYS], rows)
+    columns = sorted({c for by in tasks.values() for c in by})
+    out += "<h3>Per task: pass@k / pass^k / mean reward</h3>" + table(
+        ["task", *columns], [[task, *[" / ".join(f"{v:.3f}" if isinstance(v, (int, float)) else "" for v in
+                                       (by.get(c, {}).get("pass_at_k"), by.get(c, {}).get("pass_hat_k"),
+                                        by.get(c, {}).get("mean_reward"))) for c in columns]]
+                             for task, by in sorted(tasks.items())])
+    subjects = [(name, eval_numbers(run)) for name, run in runs if run.evals]
+    plots = [figures.series_figure("Evaluations: pass@1, pass@k, pass^k", subjects,
+                                   [("pass_at_1", "pass@1"), ("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")]),
+             figures.series_figure("Evaluations: mean reward", subjects, [("mean_reward", "mean reward")], "reward")]
+    return out + '<div class="plots">' + "".join(figs.div(p) for p in plots) + "</div>"
+
+
+def compare_section(columns: list[tuple[str, dict]]) -> str:
+    """Side by side: one column per compared run, iteration or evaluation, one row per number."""
+    keys = list(dict.fromkeys(k for _, numbers in columns for k in numbers))
+    return table(["", *[name for name, _ in columns]], [[k, *[numbers.get(k) for _, numbers in columns]] for k in keys])
+
+
+ROLLOUT_COLUMNS = ["rollout", "kind", "iteration", "task", "sample", "harness", "status", "reward", "calls", "tokens",
+                   "duration (s)"]
+
+
+def rollout_table(entries: list[dict]) -> str:
+    """The sortable, filterable table of every rollout (drawn by the page's script from JSON)."""
+    rows = [{"href": e["href"], "cells": [e["row"].get("rollout_id"), e["kind"], e["iteration"], e["row"].get("task"),
+                                          e["row"].get("sample"), e["row"].get("harness"), e["row"].get("status"),
+                                          e["row"].get("reward"), e["row"].get("num_calls"),
+                                          e["row"].get("response_tokens"), e["row"].get("total_s")]} for e in entries]
+    statuses = sorted({str(r["cells"][6]) for r in rows})
+    options = "".join(f'<option value="{esc(s)}">{esc(s)}</option>' for s in statuses)
+    return (f'<p><input id="filter" placeholder="filter: task, rollout, status..."> <select id="status-filter">'
+            f'<option value="">every status</option>{options}</select> <span id="rollout-count"></span></p>'
+            f'<div id="rollout-table"></div>'
+            + json_script("rollout-data", {"columns": ROLLOUT_COLUMNS, "rows": rows, "link": 0, "status": 6}))
+
+
+def index_page(run: Run, entries: list[dict], compared: list[tuple[str, Run, int | None]]) -> str:
+    """The whole front page."""
+    figs = Figures()
+    numbers = summaries(run)
+    whole_runs = [(name, summaries(other)) for name, other, only in compared if only is None and other is not run]
+    kind = "evaluation" if run.is_eval else "training run"
+    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in run.notes)
+    compare_link = '<a href="#compare">comparison</a> · ' if compared else ""
+    body = (f"<h1>{esc(run.name)}: {kind} report</h1>{notes}"
+            f'<p><a href="#config">config</a> · <a href="#iterations">iterations</a> · <a href="#behaviour">behaviour</a> · '
+            f'<a href="#evals">evaluations</a> · {compare_link}'
+            f'<a href="#rollouts">rollouts</a></p>'
+            f'<h2 id="config">Config</h2>{config_section(run)}'
+            f'<h2 id="iterations">Iterations</h2>{iterations_table(numbers) if numbers else "<p class=note>No iterations recorded.</p>"}'
+            f'{iteration_section([(run.name, numbers)] + whole_runs, figs)}'
+            f'<h2 id="behaviour">Behaviour</h2>{behaviour_section(run, figs)}'
+            f'<h2 id="evals">Evaluations</h2>{evals_section([(run.name, run)] + [(n, r) for n, r, _ in compared if r is not run], figs)}')
+    if compared:
+        columns = []
+        for name, other, only in compared:
+            per = summaries(other, only)
+            latest = per[max(per)] if per else {}
+            evaluation = other.evals.get(only if only is not None else max(other.evals, default=-1))
+            columns.append((name, latest | {f"eval {k}": v for k, v in ((evaluation or {}).get("overall") or {}).items()}))
+        body += f'<h2 id="compare">Comparison</h2>{compare_section(columns)}'
+    body += f'<h2 id="rollouts">Rollouts</h2>{rollout_table(entries)}{json_script("figure-data", figs.items)}'
+    return page(f"{run.name}: report", body, "assets", ["plotly.min.js", "report.js"])

@@ -1,0 +1,191 @@
+"""One rollout's page: the exchange as the harness saw it, the training view, the verifier, the harness log.
+
+Each is built from what the run kept (the proxy's call records, the samples table, the rollout's folder)
+and says plainly what is not there (on a cluster only `result.json` is uploaded today).
+"""
+
+import json
+
+import fsspec
+
+from steps.report.exchange import exchange
+from steps.report.html import esc, number, page, table
+
+MAX_FILE_BYTES = 200_000  # of a log or verifier file shown (its end, where the outcome is)
+MAX_VERIFIER_FILES = 20
+
+
+def _turns(turns: list[dict]) -> str:
+    out = []
+    for t in turns:
+        kind = "tool-call" if t["kind"] == "tool_call" else t["kind"].replace("_", "-")
+        name = f" · {esc(t['name'])}" if t.get("name") else ""
+        out.append(f'<div class="turn role-{esc(t["role"])} {esc(kind)}"><span class="kind">{esc(t["role"])} · '
+                   f'{esc(t["kind"].replace("_", " "))}{name}</span><pre>{esc(t["text"])}</pre></div>')
+    return "".join(out)
+
+
+def exchange_html(records: list[dict] | None, calls: dict[int, dict]) -> str:
+    """Every call: what its request added, its response, and how the trajectories step used it."""
+    if records is None:
+        return '<p class="note">The proxy\'s store holds no calls of this rollout (or the run has no calls store).</p>'
+    out = []
+    for call, record in zip(exchange(records), records):
+        row = calls.get(record.get("call_index"), {})
+        sample = row.get("sample_index")
+        used = "not trained on" if sample is None else f"sample {sample}, " + (
+            "extended it token-exactly" if row.get("continued") else "started it")
+        meta = (f"call {esc(record.get('call_index'))} · {esc(record.get('dialect'))} · {esc(record.get('status'))} · "
+                f"finish {esc(record.get('finish_reason'))} · weights {esc(record.get('weight_version'))} · {esc(used)}")
+        rewritten = "" if call["rewritten_from"] is None else \
+            f'<p class="split">The harness rewrote its history from turn {call["rewritten_from"]}: shown from there.</p>'
+        error = f"<pre>{esc(record.get('error'))}</pre>" if record.get("error") else ""
+        out.append(f'<div class="call" id="call-{esc(record.get("call_index"))}"><h3>{meta}</h3>{rewritten}{error}'
+                   f'{_turns(call["added"])}<div class="response">{_turns(call["response"])}</div></div>')
+    return "".join(out)
+
+
+class Decoder:
+    """Token ids as text with a checkpoint's tokenizer (`tokenizers`), else as the ids themselves."""
+
+    def __init__(self, tokenizer=None):
+        self.tokenizer, self.pieces = tokenizer, {}
+
+    def piece(self, token_id: int) -> str:
+        """One token as text (cached per id)."""
+        if self.tokenizer is None:
+            return f"{token_id} "
+        if token_id not in self.pieces:
+            try:
+                self.pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            except Exception:  # an id outside the vocabulary (another tokenizer's): shown as the id
+                self.pieces[token_id] = f"[{token_id}]"
+        return self.pieces[token_id]
+
+    def text(self, ids: list[int]) -> str:
+        """A run of tokens as text."""
+        return "".join(self.piece(i) for i in ids)
+
+
+def split_reason(call_index: int, sample_index: int, records: dict[int, dict], calls: dict[int, dict],
+                 decoder: Decoder) -> str:
+    """Why call `call_index` started sample `sample_index` instead of extending an earlier one: where its
+    prompt first differs from the closest earlier sample as that sample stood then."""
+    if sample_index == 0:
+        return "the rollout's first trained call"
+    prompt = (records.get(call_index) or {}).get("prompt_token_ids") or []
+    best = None  # (shared tokens, earlier sample, its tokens then)
+    for earlier in range(sample_index):
+        members = [i for i, c in calls.items() if c.get("sample_index") == earlier and i < call_index and i in records]
+        if not members:
+            continue
+        last = records[max(members)]
+        tokens = (last.get("prompt_token_ids") or []) + (last.get("response_token_ids") or [])
+        shared = next((n for n, (a, b) in enumerate(zip(prompt, tokens)) if a != b), min(len(prompt), len(tokens)))
+        if best is None or shared > best[0]:
+            best = (shared, earlier, tokens)
+    if best is None:
+        return "no earlier sample's calls are readable to compare with"
+    shared, earlier, tokens = best
+    if shared == len(tokens):
+        return f"its prompt extends sample {earlier} (a check that failed only on a call the page cannot read)"
+    if shared == len(prompt):
+        return (f"its prompt ({len(prompt)} tokens) is a prefix of sample {earlier} ({len(tokens)} tokens): "
+                "the harness dropped context")
+    return (f"its prompt first differs from sample {earlier} at token {shared} of {len(tokens)}: the sample has "
+            f"{decoder.text(tokens[shared:shared + 8])!r}, the prompt {decoder.text(prompt[shared:shared + 8])!r} "
+            f"(after {decoder.text(tokens[max(0, shared - 8):shared])!r})")
+
+
+def _tokens(sample: dict, decoder: Decoder) -> str:
+    ids, mask = sample.get("response_token_ids") or [], sample.get("response_mask") or []
+    logprobs = sample.get("response_logprobs") or [None] * len(ids)
+    spans = "".join(f'<span class="m{int(m)}" title="id {t} · mask {int(m)}'
+                    f'{"" if lp is None or not m else f" · logprob {lp:.3f}"}">{esc(decoder.piece(t))}</span>'
+                    for t, m, lp in zip(ids, mask, logprobs))
+    prompt = sample.get("prompt_token_ids") or []
+    return (f'<details><summary>prompt: {len(prompt)} tokens (not trained on)</summary>'
+            f'<div class="tokens pr">{esc(decoder.text(prompt))}</div></details><div class="tokens">{spans}</div>')
+
+
+def training_html(samples: list[dict], records: dict[int, dict], calls: dict[int, dict], decoder: Decoder) -> str:
+    """Each sample: its calls, its tokens (mask 1 blue: trained on; mask 0 grey: tool output and template
+    tokens), logprobs on hover, and where and why it split from the samples before it."""
+    if not samples:
+        return '<p class="note">No training samples (the rollout is not trained on, or its tables are not written).</p>'
+    how = "Tokens decoded with the checkpoint's tokenizer" if decoder.tokenizer else \
+        "No tokenizer found for the checkpoint: token ids shown"
+    out = [f'<p class="note">{esc(how)}; blue: mask 1 (trained on), grey: mask 0; hover a token for its id and '
+           "sampled logprob.</p>"]
+    for sample in samples:
+        trained = sum(int(m) for m in sample.get("response_mask") or [])
+        first = (sample.get("call_indices") or [None])[0]
+        why = split_reason(first, sample["sample_index"], records, calls, decoder) if first is not None else ""
+        out.append(f'<section class="sample" data-sample-index="{sample["sample_index"]}" data-trained-tokens="{trained}">'
+                   f'<h3>sample {sample["sample_index"]}: calls {esc(sample.get("call_indices"))} · {trained} trained tokens · '
+                   f'reward {number(sample.get("reward"))} · loss weight {number(sample.get("loss_weight"))}</h3>'
+                   f'<p class="split">starts here: {esc(why)}</p>{_tokens(sample, decoder)}</section>')
+    return "".join(out)
+
+
+def _read_tail(fs, path: str) -> str:
+    size = fs.size(path)
+    with fs.open(path, "rb") as f:
+        if size > MAX_FILE_BYTES:
+            f.seek(size - MAX_FILE_BYTES)
+        data = f.read(MAX_FILE_BYTES)
+    cut = f"[the first {size - MAX_FILE_BYTES} bytes left out]\n" if size > MAX_FILE_BYTES else ""
+    return cut + data.decode("utf-8", errors="replace")
+
+
+def kept_files(result: dict, key: str) -> list[tuple[str, str]]:
+    """(name, text) of what `result.json`'s `paths[key]` names, read only from the rollout's own folder (the
+    one holding result.json: a path elsewhere is not followed) and never through a link; [] if absent."""
+    named, where = (result.get("paths") or {}).get(key), result.get("_url")
+    if not named or not where:
+        return []
+    base = str(named).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    if base in ("", ".", ".."):
+        return []
+    fs, folder = fsspec.core.url_to_fs(where.rsplit("/", 1)[0])
+    path = f"{folder}/{base}"
+    try:
+        info = fs.info(path)
+        if info.get("islink"):
+            return []
+        if info["type"] == "file":
+            return [(base, _read_tail(fs, path))]
+        entries = [e for e in fs.ls(path, detail=True) if e["type"] == "file" and not e.get("islink")]
+        return [(e["name"].rsplit("/", 1)[-1], _read_tail(fs, e["name"])) for e in sorted(entries, key=lambda e: e["name"])[:MAX_VERIFIER_FILES]]
+    except (FileNotFoundError, OSError):
+        return []
+
+
+def files_html(files: list[tuple[str, str]], what: str) -> str:
+    """Files shown as text, or one line saying they are not there."""
+    if not files:
+        return (f'<p class="note">No {what} in the rollout\'s folder (on a cluster only result.json is uploaded; '
+                "a rollout that never started has none).</p>")
+    return "".join(f"<h3>{esc(name)}</h3><pre>{esc(text)}</pre>" for name, text in files)
+
+
+def rollout_page(row: dict, result: dict | None, records: list[dict] | None, calls: list[dict], samples: list[dict],
+                 decoder: Decoder, kind: str) -> str:
+    """The whole page of one rollout."""
+    result = result or {}
+    by_index = {c["call_index"]: c for c in calls}
+    records_by_index = {r.get("call_index"): r for r in records or []}
+    facts = [["rollout", row.get("rollout_id")], ["kind", kind], ["iteration", row.get("iteration")],
+             ["task", row.get("task")], ["sample", row.get("sample")], ["harness", row.get("harness")],
+             ["status", row.get("status")], ["reward", row.get("reward")], ["rewards", row.get("rewards") or result.get("rewards")],
+             ["error", row.get("error")], ["calls", row.get("num_calls")], ["response tokens", row.get("response_tokens")],
+             ["duration (s)", row.get("total_s")], ["weight versions", row.get("weight_versions") or result.get("weight_versions")],
+             ["notes", result.get("notes")]]
+    body = (f'<p><a href="../../index.html">&larr; run report</a></p><h1>Rollout {esc(row.get("rollout_id"))}</h1>'
+            f'{table(["field", "value"], [[k, json.dumps(v) if isinstance(v, (list, dict)) else v] for k, v in facts])}'
+            f'<h2 id="exchange">Exchange</h2>{exchange_html(records, by_index)}'
+            f'<h2 id="training">Training view</h2>{training_html(samples, records_by_index, by_index, decoder)}'
+            f'<h2 id="verifier">Verifier</h2><p>reward {number(row.get("reward"))}</p>'
+            f'{files_html(kept_files(result, "verifier_output"), "verifier output")}'
+            f'<h2 id="log">Harness log</h2>{files_html(kept_files(result, "harness_log"), "harness log")}')
+    return page(f"{row.get('rollout_id')}: rollout", body, "../../assets")

@@ -1,0 +1,112 @@
+"""The report's numbers per iteration, as pure functions of table rows (docs/report.md defines each).
+
+pass@k and pass^k come from `steps.metrics` with k = the smallest number of tries of a task in the
+iteration (as the local runner's summary line); infra errors are no tries and are counted apart.
+"""
+
+from collections import defaultdict
+from dataclasses import asdict
+
+from steps.metrics import dataset_metrics
+
+DURATIONS = ["setup_s", "agent_s", "verifier_s", "total_s"]
+
+
+def _mean(values) -> float | None:
+    present = [float(v) for v in values if v is not None and not isinstance(v, bool)]
+    return sum(present) / len(present) if present else None
+
+
+def reward_metrics(rollouts: list[dict]) -> dict:
+    """Mean reward, pass@k, pass^k (k, tries) and infra errors of an iteration's rollouts.
+
+    >>> rows = [{"task": "a", "status": "ok", "reward": 1.0}, {"task": "a", "status": "ok", "reward": 0.0},
+    ...         {"task": "a", "status": "infra_error", "reward": None}]
+    >>> reward_metrics(rows)
+    {'k': 2, 'tries': 2, 'passes': 1, 'mean_reward': 0.5, 'pass_at_k': 1.0, 'pass_hat_k': 0.0, 'infra_errors': 1}
+    """
+    by_task: dict[str, list] = defaultdict(list)
+    for row in rollouts:
+        by_task[str(row.get("task"))].append(None if row.get("status") == "infra_error" else row.get("reward"))
+    tries = [len([r for r in v if r is not None]) for v in by_task.values()]
+    k = max(1, min(tries)) if tries else 1
+    _, overall = dataset_metrics(by_task, k) if by_task else (None, None)
+    metrics = asdict(overall) if overall else {"tries": 0, "passes": 0, "mean_reward": None, "pass_at_k": None,
+                                               "pass_hat_k": None}
+    return {"k": k, **metrics, "infra_errors": sum(r.get("status") == "infra_error" for r in rollouts)}
+
+
+def continuity_by_harness(calls: list[dict]) -> dict[str, float | None]:
+    """Per harness: the share of calls that extended an existing sample token-exactly (`continued`), over the
+    calls that could have (every call that went into a sample, but each rollout's first).
+
+    >>> continuity_by_harness([{"harness": "codex", "rollout_id": "r", "sample_index": 0, "continued": False},
+    ...                        {"harness": "codex", "rollout_id": "r", "sample_index": 0, "continued": True},
+    ...                        {"harness": "codex", "rollout_id": "r", "sample_index": 1, "continued": False},
+    ...                        {"harness": "codex", "rollout_id": "r", "sample_index": None, "continued": None}])
+    {'codex': 0.5}
+    """
+    used: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    continued: dict[str, int] = defaultdict(int)
+    for call in calls:
+        if call.get("sample_index") is None:
+            continue
+        harness = str(call.get("harness"))
+        used[harness][call["rollout_id"]] += 1
+        continued[harness] += bool(call.get("continued"))
+    out = {}
+    for harness, per_rollout in sorted(used.items()):
+        continuable = sum(max(n - 1, 0) for n in per_rollout.values())
+        out[harness] = continued[harness] / continuable if continuable else None
+    return out
+
+
+def rollout_means(rollouts: list[dict]) -> dict:
+    """Mean calls, response tokens and durations per rollout (infra errors left out).
+
+    >>> rollout_means([{"status": "ok", "num_calls": 2, "response_tokens": 10, "total_s": 3.0},
+    ...                {"status": "infra_error", "num_calls": 0, "response_tokens": 0, "total_s": 1.0}])
+    {'calls': 2.0, 'tokens': 10.0, 'setup_s': None, 'agent_s': None, 'verifier_s': None, 'total_s': 3.0}
+    """
+    real = [r for r in rollouts if r.get("status") != "infra_error"]
+    return {"calls": _mean(r.get("num_calls") for r in real), "tokens": _mean(r.get("response_tokens") for r in real),
+            **{name: _mean(r.get(name) for r in real) for name in DURATIONS}}
+
+
+def update_metrics(update: dict | None) -> dict:
+    """The update's numbers the report plots (None where the update did not record one).
+
+    >>> update_metrics({"logprob_gap": 0.04, "train_s": 2.0, "skipped": "no advantage"})["logprob_gap"]
+    0.04
+    """
+    update = update or {}
+    return {name: update.get(name) for name in ("logprob_gap", "loss", "entropy", "tokens_trained")} \
+        | {"update_train_s": update.get("train_s"), "update_total_s": update.get("total_s"),
+           "update_skipped": update.get("skipped")}
+
+
+def group_means(rows: list[dict], by: list[str]) -> list[dict]:
+    """Per group of `by`'s values: the number of rows and the mean of every numeric column (booleans as 0/1).
+
+    >>> group_means([{"h": "a", "x": 1, "ok": True}, {"h": "a", "x": 3, "ok": False}, {"h": "b", "x": 5, "ok": True}], ["h"])
+    [{'h': 'a', 'rollouts': 2, 'x': 2.0, 'ok': 0.5}, {'h': 'b', 'rollouts': 1, 'x': 5.0, 'ok': 1.0}]
+    """
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(row.get(k) for k in by)].append(row)
+    numeric = [c for c in dict.fromkeys(c for row in rows for c in row)
+               if c not in by and c not in ("sample", "iteration")
+               and any(isinstance(row.get(c), (int, float)) for row in rows)]
+    out = []
+    for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
+        members = groups[key]
+        means = {c: _mean(float(r[c]) if isinstance(r.get(c), (int, float)) else None for r in members) for c in numeric}
+        out.append({**dict(zip(by, key)), "rollouts": len(members), **means})
+    return out
+
+
+def iteration_summary(rollouts: list[dict], calls: list[dict], update: dict | None) -> dict:
+    """One iteration's numbers in one flat dict: what the tables and the comparison show side by side."""
+    continuity = continuity_by_harness(calls)
+    return {**reward_metrics(rollouts), "rollouts": len(rollouts), **rollout_means(rollouts),
+            **{f"continuity {h}": rate for h, rate in continuity.items()}, **update_metrics(update)}

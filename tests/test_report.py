@@ -1,0 +1,333 @@
+"""The run report in a real headless browser: every page loads without console errors, plots carry data,
+the rollout table sorts and filters, a rollout page shows its tool calls and exactly the samples table's
+trained tokens, hostile agent text stays text (with a control that shows the check would catch it), and
+the CLI reads and writes an S3 store (moto on loopback).
+
+The run is `benchmarks/report_weight.py`'s synthetic one, written through the real proxy store and the
+real trajectories step; a real harness (`direct`, against `tests/scripted_model.py`) adds real traffic.
+The report of a real two-iteration local run is checked in tests/test_local_run.py.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import fsspec
+import pytest
+from report_browser import PLOT_POINTS, browser  # noqa: F401 (a fixture)
+
+from benchmarks.report_weight import HOSTILE, HOSTILE_TASK, synthetic_run
+from steps.report import __main__ as report_cli
+from steps import manifest
+from steps.report import html, write_report
+from steps.rollout import RolloutSpec, run_rollout
+from steps.tasks import BUILTIN_DATASET
+from steps.trajectories.io import read_table
+from workflows import layout
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tiny_model, tmp_path_factory) -> Path:
+    """A two-iteration synthetic run with markup and script-closing text in a tool output, a harness log and
+    a task name; its report written. Returns the run folder."""
+    store = tmp_path_factory.mktemp("report-runs")
+    run_url = synthetic_run(store, "hostile", rollouts=8, model=str(tiny_model), hostile=True)
+    synthetic_run(store, "other", rollouts=4, model=str(tiny_model), seed=1)  # compared with it
+    write_report(run_url)
+    return Path(run_url)
+
+
+def report_pages(run: Path) -> list[Path]:
+    return [run / "reports" / "index.html", *sorted((run / "reports" / "rollouts").rglob("*.html"))]
+
+
+def check_pages(browser, pages: list[Path], name: str, plots: int = 8) -> None:
+    """Every page loads with no console error; the index has at least `plots` plots, each with a trace with
+    points drawn."""
+    for n, path in enumerate(pages):
+        loaded = browser.open(path, screenshot=f"{name}-{n}" if n < 3 else None)
+        assert loaded.errors == [], f"{path}: {loaded.errors}"
+        if path.name == "index.html":
+            points = loaded.page.evaluate(PLOT_POINTS)
+            assert len(points) >= plots and all(plot and max(plot) >= 1 for plot in points), points
+            assert loaded.page.evaluate("document.querySelectorAll('.plot .main-svg .trace').length") >= len(points)
+
+
+def test_every_page_loads_without_console_errors_and_its_plots_have_data(hostile_run, browser):
+    pages = report_pages(hostile_run)
+    assert len(pages) == 1 + 16
+    check_pages(browser, pages, "synthetic")
+
+
+def test_the_rollout_table_sorts_and_filters(hostile_run, browser):
+    page = browser.open(hostile_run / "reports" / "index.html").page
+    rows = "Array.from(document.querySelectorAll('#rollout-table tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))"
+    assert len(page.evaluate(rows)) == 16
+    page.click("#rollout-table th:text-is('reward')")
+    rewards = [float(r[7]) for r in page.evaluate(rows)]
+    assert rewards == sorted(rewards) and rewards[0] < rewards[-1]
+    page.click("#rollout-table th:text-is('reward')")
+    assert [float(r[7]) for r in page.evaluate(rows)] == sorted(rewards, reverse=True)
+    page.fill("#filter", "task-1")
+    shown = page.evaluate(rows)
+    assert len(shown) == 8 and all("task-1" in r[3] for r in shown)
+    assert page.inner_text("#rollout-count") == "8 of 16 rollouts"
+
+
+def test_a_rollout_page_shows_its_tool_calls_and_the_samples_tables_trained_tokens(hostile_run, browser):
+    samples = read_table(layout.run_partition_url(str(hostile_run), "hostile", 1), "samples").to_pylist()
+    rollout_id = "it1-task-1-s0"
+    page_path = hostile_run / "reports" / "rollouts" / "train-1" / f"{html.file_name(rollout_id)}.html"
+    page = browser.open(page_path, screenshot="synthetic-rollout").page
+    assert page.locator(".tool-call").count() == 2  # the two shell calls of the rollout's three
+    assert "cat step0.txt" in page.locator(".tool-call").first.inner_text()
+    expected = {s["sample_index"]: sum(s["response_mask"]) for s in samples if s["rollout_id"] == rollout_id}
+    shown = page.evaluate("Object.fromEntries(Array.from(document.querySelectorAll('section.sample')).map(s => "
+                          "[s.dataset.sampleIndex, [Number(s.dataset.trainedTokens), s.querySelectorAll('span.m1').length]]))")
+    assert len(expected) == 2 and {int(k): v for k, v in shown.items()} == {k: [n, n] for k, n in expected.items()}
+    assert "first differs from sample 0" in page.inner_text("section.sample[data-sample-index='1'] .split")
+
+
+HOSTILE_ROLLOUT = f"it0-{HOSTILE_TASK}-0-s0"  # its tool output and harness log are HOSTILE too
+PWNED = "window.__pwned === undefined && document.querySelector('img[src=\"x\"]') === null"
+
+
+def test_hostile_agent_text_is_shown_as_text_on_every_page(hostile_run, browser):
+    for path in report_pages(hostile_run):
+        page = browser.open(path).page
+        assert page.evaluate(PWNED), path
+    page = browser.open(hostile_run / "reports" / "rollouts" / "train-0" / f"{html.file_name(HOSTILE_ROLLOUT)}.html").page
+    assert page.locator(".tool-result pre").first.inner_text() == HOSTILE  # the tool output, shown whole
+    assert HOSTILE in page.inner_text("#log ~ pre")
+
+
+def test_the_hostile_text_check_catches_a_page_that_does_not_escape(hostile_run, browser, tmp_path, monkeypatch):
+    """Control: the same run's report with escaping turned off puts the agent's markup into the page."""
+    monkeypatch.setattr(sys.modules["steps.report.rollout_page"], "esc", lambda value: str(value))
+    write_report(str(hostile_run), out=str(tmp_path / "unescaped"))
+    rollout = tmp_path / "unescaped" / "rollouts" / "train-0" / f"{html.file_name(HOSTILE_ROLLOUT)}.html"
+    assert not browser.open(rollout).page.evaluate(PWNED)
+
+
+@pytest.mark.parametrize("quoted", [True, False], ids=["json_text", "control-json.dumps"])
+def test_json_in_a_page_cannot_close_its_script_element(quoted, browser, tmp_path, monkeypatch):
+    if not quoted:
+        monkeypatch.setattr(html, "json_text", lambda data: json.dumps(data))
+    path = tmp_path / "page.html"
+    path.write_text(html.page("json", html.json_script("data", {"out": HOSTILE}), "assets"))
+    page = browser.open(path).page
+    assert page.evaluate(PWNED) is quoted
+    if quoted:
+        assert page.evaluate("JSON.parse(document.getElementById('data').textContent).out") == HOSTILE
+
+
+def test_report_files_stay_in_the_report_folder(hostile_run):
+    reports = (hostile_run / "reports").resolve()
+    written = [p.resolve() for p in reports.rglob("*") if p.is_file()]
+    assert len(written) == 19 and all(p.is_relative_to(reports) for p in written)
+    for hostile in ("../../etc/passwd", "..", "/abs/path", "a\\..\\b", "<script>"):
+        name = html.file_name(hostile)
+        assert "/" not in name and "\\" not in name and not name.startswith(".") and name != html.file_name(hostile + "x")
+
+
+def test_a_run_with_only_result_files_still_gets_a_report(hostile_run, browser, tmp_path):
+    """No manifest, no tables, no calls store, no logs (a cluster run before its trajectories step)."""
+    run = tmp_path / "bare"
+    shutil.copytree(hostile_run / "results", run / "results")
+    for result in (run / "results").rglob("result.json"):
+        result.with_name("harness.log").unlink()
+    index = Path(write_report(str(run)))
+    loaded = browser.open(index)
+    assert loaded.errors == [] and "config is unknown" in loaded.page.inner_text("body")
+    rollout = browser.open(next((run / "reports" / "rollouts" / "train-0").glob("*.html")))
+    assert rollout.errors == []
+    text = rollout.page.inner_text("body")
+    assert "holds no calls of this rollout" in text and "No harness log" in text and "No training samples" in text
+
+
+def test_the_cli_names_a_missing_run_in_one_sentence(tmp_path, capsys):
+    assert report_cli.main(["--run", "nothing", "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no run at") and "\n" not in err
+    assert report_cli.main(["--run", "../up", "--store", str(tmp_path)]) == 2
+
+
+def test_compare_overlays_two_runs_and_sets_them_side_by_side(hostile_run, browser, tmp_path):
+    out = tmp_path / "compared"
+    index = write_report(str(hostile_run), out=str(out), compare=["other", ":0"])
+    loaded = browser.open(Path(index), screenshot="compare")
+    assert loaded.errors == []
+    names = loaded.page.evaluate("Array.from(document.querySelectorAll('.plot')).flatMap(d => d.data.map(t => t.name))")
+    assert "hostile: mean reward" in names and "other: mean reward" in names
+    header = loaded.page.evaluate("Array.from(document.querySelectorAll('#compare + table th')).map(t => t.textContent)")
+    assert header == ["", "other", "hostile:0"], header
+
+
+def test_the_cli_reads_and_writes_an_s3_store(hostile_run, s3_server, monkeypatch):
+    for key, value in s3_server["env"].items():
+        monkeypatch.setenv(key, value)
+    fsspec.config.conf.pop("s3", None)
+    store = f"s3://{s3_server['bucket']}/report-runs"
+    fs = fsspec.filesystem("s3")
+    for path in hostile_run.rglob("*"):
+        if path.name == "calls.jsonl":  # on S3 the proxy stores one object per call
+            for line in path.read_text().splitlines():
+                call = json.loads(line)
+                fs.pipe_file(f"{store}/hostile/{path.parent.relative_to(hostile_run)}/calls/{call['call_index']:06d}.json",
+                             line.encode())
+        elif path.is_file() and "reports" not in path.parts:
+            fs.put_file(str(path), f"{store}/hostile/{path.relative_to(hostile_run)}")
+    assert report_cli.main(["--run", "hostile", "--store", store]) == 0
+    index = f"{store}/hostile/reports/index.html"
+    assert fs.exists(index) and "it1-task-1-s0" in fs.cat_file(index).decode()
+    assert fs.info(index)["ContentType"] == "text/html; charset=utf-8"  # a browser shows it from the bucket
+    assert fs.info(f"{store}/hostile/reports/assets/plotly.min.js")["ContentType"] == "text/javascript; charset=utf-8"
+    pages = fs.glob(f"{store}/hostile/reports/rollouts/*/*.html")
+    assert len(pages) == 16
+    page = fs.cat_file(next(p for p in pages if "it1-task-1-s0" in p)).decode()
+    assert page.count('class="turn role-assistant tool-call"') == 2 and "<h3>harness.log</h3>" in page
+
+
+@pytest.fixture(scope="module")
+def harness_run(scripted, proxy, tmp_path_factory) -> Path:
+    """A one-rollout run of the real `direct` harness in the sandbox against the scripted model: its shell
+    tool prints markup and script-closing text, then solves hello-file. Calls recorded by the real proxy
+    into the run's store, tables by the trajectories step as the runner starts it; its report written."""
+    run = tmp_path_factory.mktemp("harness-runs") / "direct-run"
+    manifest.write_run_config(str(run), {"run": "direct-run", "harness": "direct", "model": ""})
+    recording = proxy(scripted.url, store=layout.calls_url(str(run)))
+    script = (BUILTIN_DATASET / "hello-file" / "solution" / "solve.sh").read_text()
+    scripted.set_commands([f"printf '%s' '{HOSTILE}'", f"bash <<'ORACLE'\n{script}\nORACLE"])
+    rollout_id = "it0-hello-file-s0"
+    result = run_rollout(RolloutSpec(task=BUILTIN_DATASET / "hello-file", harness="direct", proxy_url=recording.url,
+                                     rollout_id=rollout_id, out=Path(layout.rollout_url(str(run), 0, rollout_id)),
+                                     admin_key="test-admin-key", sample=0))
+    assert (result.status, result.reward) == ("ok", 1.0), result
+    done = subprocess.run([sys.executable, "-m", "steps.trajectories", "--store", layout.calls_url(str(run)),
+                           "--results", layout.results_url(str(run), 0), "--out", layout.trajectories_url(str(run)),
+                           "--run", "direct-run", "--iteration", "0"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    write_report(str(run))
+    return run
+
+
+def test_a_real_harness_rollout_page_shows_its_exchange_tool_calls_and_samples(harness_run, browser):
+    calls = read_table(layout.run_partition_url(str(harness_run), "direct-run", 0), "calls").to_pylist()
+    samples = read_table(layout.run_partition_url(str(harness_run), "direct-run", 0), "samples").to_pylist()
+    loaded = browser.open(harness_run / "reports" / "rollouts" / "train-0" / f"{html.file_name('it0-hello-file-s0')}.html",
+                          screenshot="direct-rollout")
+    page = loaded.page
+    assert loaded.errors == [] and page.evaluate(PWNED)
+    assert page.locator(".tool-call").count() == 2 and len(calls) == 3
+    assert HOSTILE in page.locator(".tool-result pre").first.inner_text()
+    assert "system · text" in page.inner_text("#call-0") and "hello" in page.inner_text("#call-0 .role-user")
+    shown = page.evaluate("Array.from(document.querySelectorAll('section.sample')).map(s => s.querySelectorAll('span.m1').length)")
+    assert shown == [sum(s["response_mask"]) for s in sorted(samples, key=lambda s: s["sample_index"])] and shown
+    assert page.locator("h3", has_text="reward.txt").count() == 1 and page.locator("h3", has_text="harness.log").count() == 1
+    check_pages(browser, report_pages(harness_run)[:1], "direct", plots=5)
+
+
+def test_a_failing_report_is_one_line_and_never_fails_the_local_run(tmp_path, capsys):
+    from workflows.local import refresh_report
+
+    refresh_report(str(tmp_path / "no-such-run"))  # raises nothing
+    err = capsys.readouterr().err.strip()
+    assert "report not written: ValueError: no run at" in err and "\n" not in err
+
+
+DIALECT_REQUESTS = {  # a second call's request: the user's message, the model's tool call, the tool's output
+    "chat_completions": {"model": "tiny", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                               "function": {"name": "shell", "arguments": '{"command": "ls"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "out"}],
+        "tools": [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]},
+    "responses": {"model": "tiny", "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"command": "ls"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "out"}],
+        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]},
+    "messages": {"model": "tiny", "max_tokens": 20, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "shell", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "out"}]}],
+        "tools": [{"name": "shell", "input_schema": {"type": "object"}}]},
+}
+
+
+@pytest.mark.parametrize("dialect", list(DIALECT_REQUESTS))
+def test_the_exchange_reads_every_dialects_requests_and_responses_whole_and_streamed(dialect):
+    """The proxy's own encoders make the responses (a JSON body, and the events it stores for a stream)."""
+    import orjson
+
+    from steps.proxy import chat, messages, responses
+    from steps.proxy.protocol import decode
+    from steps.proxy.serving import event_stream
+    from steps.proxy.upstream import Completion, ToolCall
+    from steps.report.exchange import request_turns, response_turns
+
+    module = {m.NAME: m for m in (chat, responses, messages)}[dialect]
+    request = DIALECT_REQUESTS[dialect]
+    assert [(t["kind"], t["text"]) for t in request_turns(dialect, request)] == \
+        [("text", "hi"), ("tool_call", '{"command": "ls"}'), ("tool_result", "out")]
+    completion = Completion(content="checked", reasoning="thinking hard", finish_reason="tool_calls", stop_reason=None,
+                            tool_calls=[ToolCall("c2", "shell", '{"command": "cat out"}')],
+                            prompt_token_ids=[1, 2], response_token_ids=[3], response_logprobs=[-0.1])
+    req, _ = decode(orjson.dumps(request), module.Request, fields=module.RAW_FIELDS)
+    body = orjson.loads(orjson.dumps(module.to_body(completion, req, "id", 0)))
+    stored = orjson.loads(orjson.dumps(event_stream(module.to_events(completion, req, "id", 0))[1]))
+    for response in (body, stored):
+        turns = response_turns(dialect, response)
+        assert [(t["kind"], t["name"]) for t in turns] == [("reasoning", None), ("text", None), ("tool_call", "shell")]
+        assert turns[0]["text"] == "thinking hard" and json.loads(turns[2]["text"]) == {"command": "cat out"}
+
+
+def test_an_eval_run_gets_an_evaluation_report_with_its_rollouts(hostile_run, browser, tmp_path):
+    """An eval run (`manifest/run.json` says what it evaluates; one evaluation at evals/iteration-0/), before
+    its trajectories step: rollouts from result.json, calls from the store."""
+    from benchmarks.report_weight import eval_summary
+
+    run = tmp_path / "evalrun"
+    manifest.write_run_config(str(run), {"run": "evalrun", "harness": "direct", "model": "",
+                                         "eval": {"checkpoint": "base", "run": None, "iteration": None}})
+    shutil.copytree(hostile_run / "results" / "iteration-0", Path(layout.eval_results_url(str(run), 0)))
+    shutil.copytree(hostile_run / "calls", run / "calls")
+    manifest.write_json(layout.eval_summary_url(str(run), 0), eval_summary(["task-1"], 0))
+    loaded = browser.open(Path(write_report(str(run))), screenshot="eval-run")
+    assert loaded.errors == []
+    assert loaded.page.inner_text("h1") == "evalrun: evaluation report"
+    assert "no rollouts table (not written yet)" in loaded.page.inner_text("body")
+    kinds = loaded.page.evaluate("Array.from(document.querySelectorAll('#rollout-table tbody tr')).map(r => r.cells[1].textContent)")
+    assert kinds == ["eval"] * 8
+    assert len(loaded.page.evaluate(PLOT_POINTS)) == 2  # the evaluation's two plots
+    rollout = browser.open(next((run / "reports" / "rollouts" / "eval-0").glob("it0-task-1-s0-*.html")))
+    assert rollout.errors == [] and rollout.page.locator(".tool-call").count() == 2
+
+
+def test_the_cli_names_a_compare_run_that_does_not_exist(hostile_run, tmp_path, capsys):
+    assert report_cli.main(["--run", "hostile", "--store", str(hostile_run.parent), "--out", str(tmp_path),
+                            "--compare", "missing"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --compare missing: no run at") and "\n" not in err
+
+
+def test_files_named_in_result_json_are_read_only_from_the_rollouts_folder_and_never_through_a_link(tmp_path):
+    from steps.report.rollout_page import kept_files
+
+    outside = tmp_path / "secret.txt"
+    outside.write_text("do not show")
+    folder = tmp_path / "results" / "iteration-0" / "r1"
+    (folder / "verifier").mkdir(parents=True)
+    (folder / "verifier" / "reward.txt").write_text("1\n")  # the control: a plain file is shown
+    (folder / "verifier" / "leak.txt").symlink_to(outside)
+    (folder / "harness.log").symlink_to(outside)
+    result = {"_url": str(folder / "result.json"),
+              "paths": {"verifier_output": str(folder / "verifier"), "harness_log": str(folder / "harness.log")}}
+    assert kept_files(result, "verifier_output") == [("reward.txt", "1\n")]
+    assert kept_files(result, "harness_log") == []
+    assert kept_files(dict(result, paths={"harness_log": str(outside)}), "harness_log") == []  # not in its folder
+    assert kept_files(dict(result, paths={"harness_log": "../../../secret.txt"}), "harness_log") == []
