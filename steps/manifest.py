@@ -149,6 +149,13 @@ def eval_numbers(summary_url: str) -> dict | None:
     return None if summary is None else {"summary": summary_url, "k": summary["k"], **summary["overall"]}
 
 
+def eval_record(iteration: int, workflow: str, checkpoint: str, status: str, summary_url: str) -> EvalRecord:
+    """An evaluation's record; once it succeeded, with its summary's overall numbers and k."""
+    numbers = eval_numbers(summary_url) if status == "Succeeded" else None
+    return EvalRecord(iteration=iteration, workflow=workflow, checkpoint=checkpoint, status=status,
+                      summary=summary_url, overall={k: v for k, v in numbers.items() if k != "summary"} if numbers else None)
+
+
 def read_metrics(checkpoint_url: str) -> dict | None:
     """The update's `metrics.json` next to the checkpoint it wrote, or None when there is none."""
     return read_json(layout.metrics_url(checkpoint_url))
@@ -173,10 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--checkpoint", default="")
     args = p.parse_args(argv)
     if args.command == "record-eval":
-        numbers = eval_numbers(args.summary) if args.status == "Succeeded" else None
-        evaluation = EvalRecord(iteration=args.iteration, workflow=args.workflow, checkpoint=args.checkpoint,
-                                status=args.status, summary=args.summary,
-                                overall={k: v for k, v in (numbers or {}).items() if k != "summary"} or None)
+        evaluation = eval_record(args.iteration, args.workflow, args.checkpoint, args.status, args.summary)
         record_eval(args.run_url, evaluation)
         print(json.dumps(asdict(evaluation)))
         return 0

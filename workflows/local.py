@@ -176,8 +176,9 @@ def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict,
         entry.status = "Failed"
         manifest.record_eval(config.run_url, entry)
         raise
-    entry.status, entry.overall = "Succeeded", {"k": summary["k"], **summary["overall"]}
-    manifest.record_eval(config.run_url, entry)
+    succeeded = manifest.eval_record(iteration, "local", entry.checkpoint, "Succeeded", summary_url)
+    succeeded.attempt = entry.attempt
+    manifest.record_eval(config.run_url, succeeded)
     overall = summary["overall"]
     say(f"eval {iteration}: {overall['tries']} tries, {overall['infra_errors']} infra errors, pass@1 "
         f"{cell(overall['pass_at_1'])}, pass@{config.eval_k} {cell(overall['pass_at_k'])}, pass^{config.eval_k} "
