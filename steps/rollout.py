@@ -185,7 +185,9 @@ def record_calls(spec: RolloutSpec, result: RolloutResult) -> None:
         raise InfraError(str(exc)) from None
     result.num_calls = len(calls)
     result.weight_versions = sorted({str(call["weight_version"]) for call in calls if call["weight_version"] is not None})
-    result.response_tokens = sum(len(call["response_token_ids"] or []) for call in calls)
+    # An external upstream's call without token ids counts what that upstream said it sampled.
+    result.response_tokens = sum(len(call["response_token_ids"]) if call["response_token_ids"] is not None
+                                 else (call.get("usage") or {}).get("completion_tokens") or 0 for call in calls)
     answered = [call for call in calls if call["status"] == "ok"]
     if not answered:
         failed = next((call["error"]["message"] for call in calls if call.get("error")), None)

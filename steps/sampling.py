@@ -19,6 +19,9 @@ from collections.abc import Callable
 NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0,
            "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 KEYS = tuple(NEUTRAL)
+# The keys OpenAI's chat API does not have (vLLM's extensions): an external upstream, which may be any
+# OpenAI-compatible endpoint and refuse them, is not sent those at their neutral value (docs/serving.md).
+VLLM_ONLY = ("top_k", "min_p", "repetition_penalty")
 # Request fields of vLLM's chat API that also reshape the distribution tokens are drawn from (or how they are
 # drawn): with the run's sampling forced, the proxy removes them from every upstream call, so a harness cannot
 # bias, mask or constrain what the trainer takes for the policy's own distribution. The record keeps what the
@@ -58,6 +61,16 @@ def problem(key: str, value: float) -> str | None:
 def unmatched(settings: dict) -> dict:
     """The settings that are not neutral apart from temperature: the ones the trainer cannot reproduce."""
     return {key: settings[key] for key in KEYS if key != "temperature" and settings[key] != NEUTRAL[key]}
+
+
+def unsent_to_external(settings: dict) -> list[str]:
+    """The keys of `settings` an external upstream is not sent: the vLLM-only ones at their neutral value (an
+    endpoint that does not know a key samples as if it were neutral, and a strict one refuses it).
+
+    >>> unsent_to_external({**NEUTRAL, "top_k": 20})
+    ['min_p', 'repetition_penalty']
+    """
+    return [key for key in VLLM_ONLY if key in settings and settings[key] == NEUTRAL[key]]
 
 
 def describe(settings: dict) -> str:

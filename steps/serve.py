@@ -15,11 +15,25 @@ without one is one line and exit code 1), waits until it answers `/health`, then
 `--host` (0.0.0.0 in a pod) until stopped. The proxy only listens once vLLM is ready, so a readiness
 probe on the proxy's `/health` means the whole server is ready; that is what the Argo daemon step waits
 for before any rollout starts. vLLM is stopped when the proxy exits.
+
+    OPENFORGE_ADMIN_KEY=... [OPENFORGE_UPSTREAM_API_KEY=...] python -m steps.serve \
+        --upstream http://10.0.0.5:8000 --upstream-model Qwen/Qwen3-8B --model-name qwen3-8b --port 8100 \
+        --store s3://openforge/runs/demo/calls [--sampling temperature=1.0 ...]
+
+With `--upstream` no vLLM is started: the proxy runs in front of a server that is already running (a vLLM
+elsewhere, or any OpenAI-compatible endpoint; its base URL, a trailing /v1 is dropped), harnesses ask for
+`--model-name` and the upstream is sent `--upstream-model` (default: the same). Its `/v1/models` must answer and
+list that model, else one line and exit code 1. Calls it answers without token ids are recorded as untrainable
+(docs/serving.md, "Serving an existing endpoint").
 """
 
 import argparse
+import json
+import os
 import signal
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from steps import sampling
@@ -35,7 +49,10 @@ from steps.vllm_server import ServingOptions, check_vllm_args, spawn, stop_vllm,
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line; a `--vllm-arg` that sets what the builder sets is refused (exit code 2)."""
     p = argparse.ArgumentParser(prog="python -m steps.serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="checkpoint vLLM loads: a folder, a hub name or an s3:// URL")
+    p.add_argument("--model", help="checkpoint vLLM loads: a folder, a hub name or an s3:// URL")
+    p.add_argument("--upstream", help="instead of --model: the base URL of an OpenAI-compatible server already "
+                                      "running, which the proxy is put in front of (no vLLM is started)")
+    p.add_argument("--upstream-model", default="", help="the model name that upstream serves (default: --model-name)")
     p.add_argument("--model-dir", type=Path, default=Path("models/current"),
                    help="where a --model URL is fetched to (default: ./models/current)")
     p.add_argument("--model-name", required=True, help="the model name vLLM serves")
@@ -63,6 +80,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log", type=Path, default=Path("vllm.log"), help="vLLM's log file")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds vLLM may take to start")
     args = p.parse_args(argv)
+    if (args.model is None) == (args.upstream is None):
+        p.error("give either --model (a checkpoint to serve with vLLM) or --upstream (a server already running), "
+                "not both or neither")
+    if args.upstream is not None and not args.upstream.startswith(("http://", "https://")):
+        p.error(f"--upstream must be an http:// or https:// URL, got {args.upstream!r}")
     try:
         check_vllm_args(args.vllm_arg, where="--vllm-arg")
     except ValueError as exc:
@@ -86,6 +108,55 @@ def proxy_argv(args: argparse.Namespace, vllm_port: int) -> list[str]:
                               weight_version=args.weight_version, sampling=args.sampling)
 
 
+def upstream_base(url: str) -> str:
+    """The upstream's base URL, as the proxy takes it: without a trailing `/v1` (the proxy adds its routes).
+
+    >>> upstream_base("https://api.example.com/v1/"), upstream_base("http://10.0.0.5:8000")
+    ('https://api.example.com', 'http://10.0.0.5:8000')
+    """
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def upstream_problem(url: str, model: str, api_key: str | None = None, timeout_s: float = 10.0) -> str | None:
+    """Why the upstream at `url` cannot be served (one sentence naming the URL: it does not answer its
+    `/v1/models`, or does not list `model`), or None when it lists `model`."""
+    request = urllib.request.Request(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            listed = [entry.get("id") for entry in json.loads(answer.read())["data"]]
+    except urllib.error.HTTPError as exc:
+        return f"the upstream {url} answered {exc.code} to GET /v1/models; is it an OpenAI-compatible server (and its key set)?"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"the upstream {url} does not answer GET /v1/models ({reason}); is it running?"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"the upstream {url} answered GET /v1/models without a model list; is it an OpenAI-compatible server?"
+    if model not in listed:
+        names = ", ".join(repr(name) for name in listed[:10]) or "none"
+        return f"the upstream {url} does not list the model {model!r} in its /v1/models (it lists {names}); set --upstream-model"
+    return None
+
+
+def upstream_proxy_argv(args: argparse.Namespace) -> list[str]:
+    """The proxy's flags in front of `--upstream`: an external upstream, sent `--upstream-model`."""
+    return proxy_command_line(upstream_base(args.upstream), args.store, args.port, host=args.host,
+                              model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
+                              weight_version=args.weight_version, sampling=args.sampling,
+                              upstream_model=args.upstream_model or args.model_name, external=True)
+
+
+def serve_upstream(args: argparse.Namespace) -> int:
+    """The proxy in front of a server already running: checked first, then served in this process."""
+    url, model = upstream_base(args.upstream), args.upstream_model or args.model_name
+    problem = upstream_problem(url, model, os.environ.get("OPENFORGE_UPSTREAM_API_KEY") or None)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    print(f"serve: upstream {url} serves {model!r}; proxy on {args.host}:{args.port}", file=sys.stderr, flush=True)
+    proxy_main(upstream_proxy_argv(args))
+    return 0
+
+
 def _progress(line: str) -> None:
     print(f"serve: {line}", file=sys.stderr, flush=True)
 
@@ -96,8 +167,11 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Starts vLLM, waits for it, serves the proxy in this process, stops vLLM on the way out."""
+    """Starts vLLM, waits for it, serves the proxy in this process, stops vLLM on the way out (with `--upstream`:
+    only the proxy)."""
     args = parse_args(argv)
+    if args.upstream is not None:
+        return serve_upstream(args)
     try:
         model = str(fetch(args.model, args.model_dir, skip=TRAINING_ONLY, progress=_progress))
     except (OSError, ValueError) as exc:  # FileNotFoundError included: no checkpoint at the URL

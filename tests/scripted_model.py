@@ -1,17 +1,29 @@
 """A scripted stand-in for vLLM's OpenAI-compatible server, for tests that run real harnesses.
 
     python tests/scripted_model.py --port 8001 [--model tiny] [--command 'echo hello > answer.txt' ...]
+        [--oracle steps/tasks/builtin | --wrong] [--no-token-ids | --strict]
 
-Why a double: the harness tests need a model that calls the shell tool a harness offers, with the
-arguments its schema asks for, and then stops. A small random model cannot call tools, so this
-server plays the model from a script, while answering exactly in the shape the proxy reads from vLLM:
-a non-streaming `/v1/chat/completions` with `prompt_token_ids`, `choices[0].token_ids` and per-token
-`logprobs` when the request asks for `return_token_ids` and `logprobs`.
+Why a double: the harness and evaluation tests need a model that calls the shell tool a harness offers,
+with the arguments its schema asks for, runs a known solution (or a known wrong one), and then stops. A
+small random model cannot call tools, let alone solve a task, so this server plays the model from a
+script, while answering exactly in the shape the proxy reads from vLLM: a non-streaming
+`/v1/chat/completions` with `prompt_token_ids`, `choices[0].token_ids` and per-token `logprobs` when the
+request asks for `return_token_ids` and `logprobs`. It also stands in for an endpoint that is not vLLM
+(`--no-token-ids`, `--strict`), which cannot run here.
 
 The script: while the conversation holds fewer tool results than there are commands, answer with one
 call of the offered shell tool running the next command; after that, answer "done". A request
 without tools (titles, summaries) gets a short plain answer. Commands come from `--command`
 (repeatable) or `POST /script {"commands": [...]}`; the default writes `hello` into `answer.txt`.
+`--oracle DATASET` (a task folder or a folder of them) plays, for the task whose instruction is in the
+conversation's user messages, that task's oracle: its `solution/solve.sh` as one shell command, a bash
+here-document (the longest instruction found wins; a conversation with none gets a plain answer saying so).
+`--wrong` plays a wrong script: one command that leaves the workspace as it was, so no task passes.
+
+`--no-token-ids` answers as an OpenAI-compatible server that is not vLLM: `return_token_ids` is ignored
+(no `prompt_token_ids`, no `token_ids`), logprobs still come when asked. `--strict` is such a server that
+also refuses what OpenAI's API does not have (`return_token_ids`, `top_k`, `min_p`, `repetition_penalty`,
+...) with a 400 naming the field, as OpenAI's own endpoint does.
 
 Tokens are simple and recomputable: the text is UTF-8 encoded and every 3 bytes form one token id
 (`int.from_bytes(chunk, "big")`, so ids stay below 2**24). Three bytes per token keeps token counts
@@ -32,6 +44,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -40,6 +53,11 @@ from fastapi.responses import JSONResponse
 from steps.net import HOST, free_port
 
 DEFAULT_COMMANDS = ["echo hello > answer.txt"]
+WRONG_COMMANDS = ["echo 'a wrong guess: nothing is changed'"]
+NO_TASK_ANSWER = "No task of the oracle's dataset has its instruction in this conversation"
+# Request fields of vLLM's chat API that OpenAI's does not have: `--strict` refuses them by name.
+VLLM_ONLY_FIELDS = ("return_token_ids", "top_k", "min_p", "repetition_penalty", "skip_special_tokens",
+                    "chat_template_kwargs", "include_stop_str_in_output")
 FINAL_ANSWER = "done"
 PLAIN_ANSWER = "Scripted answer"
 # The shell tool of each harness, in order of preference when a request offers several.
@@ -121,7 +139,41 @@ def next_reply(body: dict, commands: list[str]) -> Reply:
     return Reply(tool_name=call[0], arguments=call[1])
 
 
-def completion(body: dict, reply: Reply, model: str) -> dict:
+def oracle_command(task: Path) -> str:
+    """A task's `solution/solve.sh` as one shell command, run by bash (some harnesses' shell tools run `sh`)."""
+    script = (task / "solution" / "solve.sh").read_text()
+    return f"bash <<'OPENFORGE_ORACLE'\n{script}\nOPENFORGE_ORACLE"
+
+
+def oracle_scripts(dataset: Path) -> dict[str, str]:
+    """Each task's instruction (stripped) -> its oracle command, for a task folder or a folder of task
+    folders (Harbor's layout, as `steps/tasks` reads it)."""
+    folders = [dataset] if (dataset / "task.toml").is_file() else sorted(p for p in dataset.iterdir() if (p / "task.toml").is_file())
+    return {(folder / "instruction.md").read_text().strip(): oracle_command(folder)
+            for folder in folders if (folder / "solution" / "solve.sh").is_file()}
+
+
+def user_text(body: dict) -> str:
+    """The text of the conversation's user messages (content strings and text parts), one after another."""
+    texts = []
+    for message in body.get("messages", []):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        parts = [content] if isinstance(content, str) else [part.get("text") for part in content or []
+                                                             if isinstance(part, dict)]
+        texts += [part for part in parts if isinstance(part, str)]
+    return "\n".join(texts)
+
+
+def oracle_commands(body: dict, scripts: dict[str, str]) -> list[str] | None:
+    """The oracle of the task whose instruction the user messages hold (the longest found), or None."""
+    text = user_text(body)
+    found = [instruction for instruction in scripts if instruction and instruction in text]
+    return [scripts[max(found, key=len)]] if found else None
+
+
+def completion(body: dict, reply: Reply, model: str, with_token_ids: bool = True) -> dict:
     """The chat completion in vLLM's non-streaming shape, token fields included when asked for."""
     raw = reply.text().encode()
     finish = "tool_calls" if reply.tool_name else "stop"
@@ -155,10 +207,20 @@ def completion(body: dict, reply: Reply, model: str) -> dict:
                   "total_tokens": len(prompt_ids) + len(ids)},
         "prompt_logprobs": None,
     }
-    if body.get("return_token_ids"):
+    if body.get("return_token_ids") and with_token_ids:
         response["prompt_token_ids"] = prompt_ids
         choice["token_ids"] = ids
     return response
+
+
+def script_reply(body: dict, state) -> Reply:
+    """The next reply of the server's script: the oracle of the conversation's task, or the commands."""
+    if state.oracle is None:
+        return next_reply(body, state.commands)
+    commands = oracle_commands(body, state.oracle)
+    if commands is None:
+        return Reply(content=NO_TASK_ANSWER) if body.get("tools") else Reply(content=PLAIN_ANSWER)
+    return next_reply(body, commands)
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -167,11 +229,13 @@ def error(status: int, message: str) -> JSONResponse:
                                    "code": status}}, status_code=status)
 
 
-def create_app(model: str = "tiny", commands: list[str] | None = None,
-               max_model_len: int = 262144) -> FastAPI:
-    """The scripted server; its script and request log live on `app.state`."""
+def create_app(model: str = "tiny", commands: list[str] | None = None, max_model_len: int = 262144,
+               oracle: Path | None = None, with_token_ids: bool = True, strict: bool = False) -> FastAPI:
+    """The scripted server; its script and request log live on `app.state` (`oracle`: a dataset whose
+    tasks' oracles are played instead of `commands`; `with_token_ids` False or `strict`: not vLLM, see above)."""
     app = FastAPI(title="scripted model")
     app.state.commands = list(commands or DEFAULT_COMMANDS)
+    app.state.oracle = None if oracle is None else oracle_scripts(Path(oracle))
     app.state.exchanges = []  # {"request": body, "response": body}, in arrival order
 
     @app.get("/health")
@@ -186,6 +250,9 @@ def create_app(model: str = "tiny", commands: list[str] | None = None,
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
+        refused = next((name for name in VLLM_ONLY_FIELDS if name in body), None) if strict else None
+        if refused is not None:  # OpenAI's own words
+            return error(400, f"Unrecognized request argument supplied: {refused}")
         if body.get("stream"):
             return error(400, "the scripted model answers non-streaming requests only")
         if body.get("model") != model:
@@ -196,7 +263,7 @@ def create_app(model: str = "tiny", commands: list[str] | None = None,
             return error(400, f"This model's maximum context length is {max_model_len} tokens. However, "
                               f"you requested {prompt_tokens + wanted} tokens ({prompt_tokens} in the "
                               f"messages, {wanted} in the completion).")
-        response = completion(body, next_reply(body, app.state.commands), model)
+        response = completion(body, script_reply(body, app.state), model, with_token_ids=with_token_ids and not strict)
         app.state.exchanges.append({"request": body, "response": response})
         return JSONResponse(response)
 
@@ -221,8 +288,9 @@ class ScriptedModel:
             ...  # point the proxy at server.url; read server.exchanges afterwards
     """
 
-    def __init__(self, model: str = "tiny", commands: list[str] | None = None):
-        self.app = create_app(model, commands)
+    def __init__(self, model: str = "tiny", commands: list[str] | None = None, oracle: Path | None = None,
+                 with_token_ids: bool = True, strict: bool = False):
+        self.app = create_app(model, commands, oracle=oracle, with_token_ids=with_token_ids, strict=strict)
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         config = uvicorn.Config(self.app, host=HOST, port=self.port, log_level="warning")
@@ -262,9 +330,19 @@ def main() -> None:
     parser.add_argument("--command", action="append", dest="commands", metavar="SHELL",
                         help=f"a shell command to call, in order (repeatable; default {DEFAULT_COMMANDS[0]!r})")
     parser.add_argument("--max-model-len", type=int, default=262144)
+    script = parser.add_mutually_exclusive_group()
+    script.add_argument("--oracle", type=Path, metavar="DATASET", help="play the oracle of the conversation's task")
+    script.add_argument("--wrong", action="store_true", help="play a wrong script: no task passes")
+    answers = parser.add_mutually_exclusive_group()
+    answers.add_argument("--no-token-ids", action="store_true", help="answer without token ids, like a server not vLLM")
+    answers.add_argument("--strict", action="store_true", help="also refuse vLLM-only fields by name, like OpenAI")
     args = parser.parse_args()
-    uvicorn.run(create_app(args.model, args.commands, args.max_model_len), host=args.host,
-                port=args.port, log_level="warning")
+    if args.oracle is not None and not args.oracle.is_dir():
+        parser.error(f"--oracle takes a task folder or a folder of task folders, got {str(args.oracle)!r}")
+    commands = WRONG_COMMANDS if args.wrong else args.commands
+    uvicorn.run(create_app(args.model, commands, args.max_model_len, oracle=args.oracle,
+                           with_token_ids=not args.no_token_ids, strict=args.strict),
+                host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

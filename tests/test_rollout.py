@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from scripted_model import oracle_command
 from steps.harnesses import HARNESSES
 from steps.rollout import RolloutSpec, register, run_rollout
 from steps.tasks import BUILTIN_DATASET, load_task
@@ -33,8 +34,7 @@ def spec_for(proxy, task: Path, harness: str, tmp_path: Path, **kwargs) -> Rollo
 
 def oracle(task_name: str) -> str:
     """The task's solve.sh as one shell command; some harnesses' shell tools run `sh`, not bash."""
-    script = (BUILTIN_DATASET / task_name / "solution" / "solve.sh").read_text()
-    return f"bash <<'OPENFORGE_ORACLE'\n{script}\nOPENFORGE_ORACLE"
+    return oracle_command(BUILTIN_DATASET / task_name)
 
 
 def tool_outputs(calls: list[dict]) -> list[str]:

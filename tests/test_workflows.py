@@ -698,3 +698,26 @@ def test_a_run_config_the_update_would_refuse_is_refused_before_the_run(override
     assert expected in str(refused.value) and len(str(refused.value).splitlines()) == 1
     valid = load_config(None, ["learning_rate=1e-5", "adv_estimator=rloo", "run=x"])
     assert (valid.learning_rate, valid.adv_estimator) == (1e-5, "rloo")
+
+
+def test_serve_against_an_upstream_starts_no_vllm_and_takes_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `upstream` the serve command names that server and the model it serves, carries no vLLM option,
+    and its pod requests no GPU and no model volume; without, the pod keeps its GPU (the control)."""
+    from steps import serve
+    from steps.proxy.__main__ import parse_args as proxy_args
+
+    monkeypatch.setenv("OPENFORGE_ADMIN_KEY", "k")
+    config = cluster_config("run=t", "upstream=http://10.0.0.5:8000/v1", "upstream_model=Qwen/Qwen3-8B")
+    argv = commands.serve(config, config.checkpoint_url(0), "s3://b/calls", 0, host="0.0.0.0", device="gpu")
+    assert "--model" not in argv and not any(flag.startswith(("--vllm", "--gpu", "--device")) for flag in argv)
+    proxy = proxy_args(serve.upstream_proxy_argv(serve.parse_args(argv[3:])))
+    assert (proxy.upstream, proxy.upstream_model, proxy.model) == ("http://10.0.0.5:8000", "Qwen/Qwen3-8B", config.model_name)
+    assert proxy.external_upstream and proxy.forced_sampling == {**sampling.NEUTRAL, "temperature": config.temperature}
+    own = proxy_args(serve.upstream_proxy_argv(serve.parse_args(
+        commands.serve(cluster_config("run=t", "upstream=http://u:1"), "", "s", 0)[3:])))
+    assert own.upstream_model == own.model  # empty upstream_model: the run's model_name
+    for overrides, gpus in (((), str(config.serve_gpus)), (("upstream=http://u:1",), None)):
+        serve_pod = template(iteration_workflow(cluster_config("run=t", *overrides), 0).to_dict()["spec"], "serve")
+        resources = serve_pod["container"]["resources"]
+        assert resources.get("limits", {}).get("nvidia.com/gpu") == gpus, resources
+        assert ("volumes" in serve_pod) == (gpus is not None)

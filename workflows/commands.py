@@ -44,10 +44,20 @@ def evaluated(config: RunConfig, iteration: int | str) -> tuple[str, str]:
 def serve(config: RunConfig, model: str, store: str, weight_version: str | int, host: str = "127.0.0.1",
           device: str = "cpu", port: int = PROXY_PORT, python: str = "python", model_dir: str | None = None) -> list[str]:
     """vLLM on `model` (a folder, or a URL fetched to `model_dir`) plus the recording proxy on
-    `host:port` (`steps.serve`)."""
+    `host:port` (`steps.serve`); with `config.upstream`, only the proxy, in front of that server (no `model`,
+    no vLLM options: `upstream_model`, empty for `model_name`, is what it is sent).
+
+    >>> serve(RunConfig(upstream="http://10.0.0.5:8000", model_name="m"), "unused", "calls", 0)[:7]
+    ['python', '-m', 'steps.serve', '--upstream', 'http://10.0.0.5:8000', '--upstream-model', 'm']
+    """
+    proxy = ["--model-name", config.model_name, "--port", str(port), "--store", store, "--host", host]
+    if config.upstream:
+        return [python, "-m", "steps.serve", "--upstream", config.upstream,
+                "--upstream-model", config.upstream_model or config.model_name, *proxy,
+                "--max-tokens-cap", str(config.max_tokens_cap), "--weight-version", str(weight_version),
+                *sampling.as_flags(sampling.settings(config))]
     return [python, "-m", "steps.serve", "--model", model, *(["--model-dir", model_dir] if model_dir else []),
-            "--model-name", config.model_name, "--port", str(port), "--store", store, "--host", host,
-            "--device", device, "--gpus", str(config.serve_gpus), "--max-tokens-cap", str(config.max_tokens_cap),
+            *proxy, "--device", device, "--gpus", str(config.serve_gpus), "--max-tokens-cap", str(config.max_tokens_cap),
             "--generation-config", "vllm",
             "--weight-version", str(weight_version), *vllm_flags(config, device),
             *sampling.as_flags(sampling.settings(config))]

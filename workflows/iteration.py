@@ -91,14 +91,21 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     """vLLM on this iteration's checkpoint plus the proxy: a daemon, ready when the proxy's /health answers.
 
     The step fetches the checkpoint itself, without the optimizer state the update keeps beside the
-    weights (twice their size); an Argo input artifact would download the whole folder."""
+    weights (twice their size); an Argo input artifact would download the whole folder. With `upstream`
+    the pod runs only the proxy, in front of that server: no GPU, no checkpoint, a small CPU request."""
+    command = commands.serve(config, config.checkpoint_url(iteration), layout.calls_url(config.run_url), iteration,
+                             host="0.0.0.0", device="gpu", model_dir=MODEL_DIR)
+    env = admin_env(config) + s3_env(config)
+    if config.upstream:  # its key, if it needs one: the admin Secret's optional `upstream-api-key`
+        env.append(SecretEnv(name="OPENFORGE_UPSTREAM_API_KEY", secret_name=config.admin_secret,
+                             secret_key="upstream-api-key", optional=True))
+        resources, volumes = Resources(cpu_request=2, memory_request="4Gi"), []
+    else:
+        resources = Resources(gpus=config.serve_gpus, cpu_request=4, memory_request="32Gi")
+        volumes = [EmptyDirVolume(name="models", mount_path=MODELS_VOLUME)]
     return Container(
-        name="serve", image=image(config, "serve"), daemon=True, labels={ROLE: "serve"},
-        command=commands.serve(config, config.checkpoint_url(iteration), layout.calls_url(config.run_url), iteration,
-                               host="0.0.0.0", device="gpu", model_dir=MODEL_DIR),
-        volumes=[EmptyDirVolume(name="models", mount_path=MODELS_VOLUME)],
-        env=admin_env(config) + s3_env(config),
-        resources=Resources(gpus=config.serve_gpus, cpu_request=4, memory_request="32Gi"),
+        name="serve", image=image(config, "serve"), daemon=True, labels={ROLE: "serve"}, command=command,
+        volumes=volumes, env=env, resources=resources,
         ports=[ContainerPort(name="proxy", container_port=commands.PROXY_PORT)],
         readiness_probe=Probe(http_get=HTTPGetAction(path="/health", port=commands.PROXY_PORT),
                               initial_delay_seconds=20, period_seconds=10, failure_threshold=180),

@@ -7,6 +7,9 @@
 `--upstream` is vLLM's root URL (no /v1); `--store` a local folder or an s3:// URL. With any `--sampling`,
 every key of `steps.sampling.KEYS` is forced on every call (those not given at their neutral value); without,
 the harness's own settings reach vLLM (a plain recorder: what the serve step never runs).
+`--external-upstream` marks a server the serve step did not start (a vLLM elsewhere or any OpenAI-compatible
+endpoint, named `--upstream-model` there, with OPENFORGE_UPSTREAM_API_KEY as its key if it needs one): calls it
+answers without token ids are recorded as untrainable instead of failing (docs/proxy.md).
 """
 
 import argparse
@@ -26,19 +29,22 @@ from steps.proxy.http_server import protocol_factory
 
 def command_line(upstream: str, store: str, port: int, host: str | None = None, model_name: str | None = None,
                  max_tokens_cap: int | None = None, weight_version: str | None = None,
-                 sampling: list[str] | tuple[str, ...] = (), extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+                 sampling: list[str] | tuple[str, ...] = (), extra: list[str] | tuple[str, ...] = (),
+                 upstream_model: str | None = None, external: bool = False) -> list[str]:
     """The proxy's flags, as `parse_args` reads them: what the serve step runs in-process and the tests'
     launcher runs as `python -m steps.proxy`; `sampling` holds `KEY=VALUE` items (`steps.sampling`). The admin key
-    travels in the environment, never here.
+    travels in the environment, never here; so does an external upstream's key (`external`: `--external-upstream`).
 
     >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, model_name="tiny")
     ['--upstream', 'http://127.0.0.1:8000', '--port', '8100', '--store', 'runs/calls', '--model-name', 'tiny']
     """
     argv = ["--upstream", upstream, "--port", str(port), "--store", store]
     for flag, value in (("--host", host), ("--model-name", model_name), ("--max-tokens-cap", max_tokens_cap),
-                        ("--weight-version", weight_version)):
+                        ("--weight-version", weight_version), ("--upstream-model", upstream_model)):
         if value is not None:
             argv += [flag, str(value)]
+    if external:
+        argv.append("--external-upstream")
     return argv + [word for item in sampling for word in ("--sampling", item)] + list(extra)
 
 
@@ -52,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     p.add_argument("--admin-key", default=os.environ.get("OPENFORGE_ADMIN_KEY"))
     p.add_argument("--public-url", help="base URL harnesses reach the proxy at (default: the request's host)")
     p.add_argument("--model-name", dest="model", help="served model name (default: the first of upstream /v1/models)")
+    p.add_argument("--upstream-model", help="the model name sent upstream (default: --model-name)")
+    p.add_argument("--external-upstream", action="store_true",
+                   help="the upstream is a server the serve step did not start: calls without token ids are "
+                        "recorded as untrainable, vLLM-only sampling keys at neutral are not sent")
     p.add_argument("--weight-version", help="version of the weights vLLM starts with (default: ask vLLM, else 0)")
     p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
                    help=f"the run's sampling, forced on every call (repeatable; keys {', '.join(sampling.KEYS)}; "
@@ -84,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     return ProxyConfig(
         upstream=args.upstream, store=args.store, admin_key=args.admin_key, host=args.host, port=args.port,
         public_url=args.public_url, model=args.model, weight_version=args.weight_version,
+        upstream_model=args.upstream_model, external_upstream=args.external_upstream,
+        upstream_api_key=os.environ.get("OPENFORGE_UPSTREAM_API_KEY") or None,
         forced_sampling=forced_sampling(p, args.sampling),
         max_tokens_cap=args.max_tokens_cap, max_body_bytes=args.max_body_bytes,
         upstream_timeout_s=args.upstream_timeout, fsync=args.fsync, log_level=args.log_level,

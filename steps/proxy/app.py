@@ -144,7 +144,7 @@ async def update(request: Request) -> dict:
 @rollout_api.get("/v1/models")
 async def models(request: Request, rollout_id: str) -> dict:
     await request.app.state.sessions.authorize(rollout_id, api_key(request))
-    name = await request.app.state.upstream.served_model()
+    name = request.app.state.config.model or await request.app.state.upstream.served_model()  # the harness's name
     return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "openforge"}]}
 
 
@@ -238,7 +238,9 @@ def create_app(config: ProxyConfig) -> ModelCalls:
         app.state.config = config
         app.state.store = CallStore(config.store, fsync=config.fsync)
         app.state.sessions = Sessions(app.state.store)
-        app.state.upstream = Upstream(config.upstream, timeout_s=config.upstream_timeout_s, model=config.model)
+        app.state.upstream = Upstream(config.upstream, timeout_s=config.upstream_timeout_s,
+                                      model=config.upstream_model or config.model, external=config.external_upstream,
+                                      api_key=config.upstream_api_key)
         await app.state.upstream.start()
         app.state.gate = WeightGate(await initial_version(app.state.upstream, config.weight_version))
         yield

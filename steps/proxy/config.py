@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from msgspec import Raw
 
 from steps.proxy.protocol import plain
-from steps.sampling import RESHAPING
+from steps.sampling import RESHAPING, unsent_to_external
 
 
 @dataclass
@@ -18,7 +18,12 @@ class ProxyConfig:
     host: str = "127.0.0.1"
     port: int = 8100
     public_url: str | None = None
-    model: str | None = None
+    model: str | None = None  # the model name harnesses ask for and /v1/models lists
+    upstream_model: str | None = None  # the name the upstream is sent; None: `model`
+    # A server the serve step did not start (a vLLM elsewhere, any OpenAI-compatible endpoint): calls it answers
+    # without token ids are recorded as untrainable, and vLLM-only sampling keys at neutral are not sent to it.
+    external_upstream: bool = False
+    upstream_api_key: str | None = field(default=None, repr=False)  # sent upstream as a Bearer token
     weight_version: str | None = None  # None: ask vLLM (/weight_info), else "0"
     # The run's sampling (steps/sampling.py), every key, forced on every upstream call; empty: the harness's own.
     forced_sampling: dict = field(default_factory=dict)
@@ -40,7 +45,8 @@ class ProxyConfig:
     def sampling(self, body: dict) -> dict:
         """The upstream chat body with the run's sampling forced on it, whatever the harness sent (neutral values
         too: a harness's top_p 0.5 becomes the run's 1.0) and the fields that reshape it removed (`steps.sampling.
-        RESHAPING`: logit_bias, structured outputs, ...), and the token cap applied.
+        RESHAPING`: logit_bias, structured outputs, ...), and the token cap applied. An external upstream is not
+        sent the vLLM-only keys at their neutral value (`steps.sampling.unsent_to_external`).
 
         >>> ProxyConfig("u", "s", "k", forced_sampling={"temperature": 1.0}).sampling(
         ...     {"temperature": 0.2, "logit_bias": {"7": 100}, "max_tokens": 5})
@@ -50,6 +56,8 @@ class ProxyConfig:
             for key in RESHAPING:
                 body.pop(key, None)
             body.update(self.forced_sampling)
+            for key in unsent_to_external(self.forced_sampling) if self.external_upstream else ():
+                del body[key]  # the harness's own value of it goes too: the run's is the neutral one
             unconstrained_tools(body)
         if self.max_tokens_cap is not None:
             asked = plain(body.get("max_tokens"))

@@ -2,7 +2,8 @@
 
 aiohttp spends about 0.2 ms of CPU per request; this pool (asyncio.Protocol + httptools' parser)
 spends about 0.04 ms, which matters when one proxy records thousands of calls a second. It does
-only what the proxy needs: one plain-HTTP origin, whole bodies in memory, no redirects.
+only what the proxy needs: one origin (plain HTTP, or HTTPS for an external endpoint, verified against the
+system's CAs or SSL_CERT_FILE), whole bodies in memory, no redirects.
 
     pool = HttpPool("http://127.0.0.1:8000")
     status, body = await pool.request("POST", "/v1/chat/completions", data,
@@ -17,6 +18,7 @@ sees the disconnect and can abort the work (vLLM does).
 
 import asyncio
 import re
+import ssl
 from urllib.parse import urlsplit
 
 import httptools
@@ -157,8 +159,9 @@ class HttpPool:
     """Keep-alive HTTP/1.1 connections to one server, reused last-in first-out, unbounded in number."""
 
     def __init__(self, url: str):
-        self._host, self._port, self._host_header = _parse_origin(url)
-        self.url = f"http://{self._host_header}"
+        scheme, self._host, self._port, self._host_header = _parse_origin(url)
+        self.url = f"{scheme}://{self._host_header}"
+        self._tls = ssl.create_default_context() if scheme == "https" else None
         self._idle: list[_Connection] = []
         self._live: set[_Connection] = set()
         self._closed = False
@@ -212,7 +215,8 @@ class HttpPool:
         timeout = asyncio.timeout_at(deadline)
         try:
             async with timeout:
-                _, conn = await loop.create_connection(lambda: _Connection(self), self._host, self._port)
+                _, conn = await loop.create_connection(lambda: _Connection(self), self._host, self._port, ssl=self._tls,
+                                                       server_hostname=self._host if self._tls else None)
         except OSError as exc:  # TimeoutError is an OSError too
             if timeout.expired():
                 raise UpstreamTimeout(f"could not connect to {self.url} within {timeout_s:g} s") from None
@@ -270,17 +274,16 @@ def _check_request(method: str, path: str, headers: dict[str, str] | None) -> No
             raise ValueError(f"header {name!r} is set by HttpPool itself")
 
 
-def _parse_origin(url: str) -> tuple[str, int, str]:
-    """(host, port, host header) of "http://host[:port]"; anything else is a ValueError saying what is accepted."""
+def _parse_origin(url: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, host header) of "http[s]://host[:port]"; anything else is a ValueError saying what
+    is accepted."""
     expected = f"HttpPool needs a bare origin like http://127.0.0.1:8000 (no path, query or user), not {url!r}"
     parts = urlsplit(url)
-    if parts.scheme == "https":
-        raise ValueError(f"HttpPool speaks plain HTTP only, not https: {url!r}")
     try:
         port = parts.port
     except ValueError:
         raise ValueError(expected) from None
-    if (parts.scheme != "http" or not parts.hostname or parts.username is not None or port == 0
+    if (parts.scheme not in ("http", "https") or not parts.hostname or parts.username is not None or port == 0
             or parts.path not in ("", "/") or parts.query or parts.fragment):
         raise ValueError(expected)
-    return parts.hostname, port or 80, parts.netloc
+    return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), parts.netloc

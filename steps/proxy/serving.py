@@ -213,6 +213,9 @@ async def _answer(state, rollout: Rollout, dialect: ModuleType, req, line: bytes
         record["prompt_token_ids"] = orjson.Fragment(kept) if kept is not ids else completion.prompt_token_ids
     record.update(response_token_ids=completion.response_token_ids, response_logprobs=completion.response_logprobs,
                   finish_reason=completion.finish_reason)
+    if completion.untrainable is not None:  # an external upstream's answer without token ids
+        record.update(untrainable=completion.untrainable,
+                      usage={"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens})
     if not req.stream:
         body = orjson.dumps(dialect.to_body(completion, req, response_id, created))
         await _finish(state, rollout, record, "ok", response=orjson.Fragment(body))

@@ -4,6 +4,11 @@ Every dialect is served through one upstream call: a NON-streaming `/v1/chat/com
 `return_token_ids` and `logprobs`, because only the complete response carries the prompt token ids,
 every sampled token id and the sampler's logprob of each (vLLM drops token ids when it streams
 through a tool parser). Dialects stream the finished result to the harness themselves.
+
+An external upstream (a server the serve step did not start: a vLLM elsewhere, or any OpenAI-compatible
+endpoint) may answer without token ids: the call is answered and recorded all the same, marked untrainable
+(`Completion.untrainable`). One that refuses `return_token_ids` or `logprobs` by name (400) is sent the call
+again without it, and never again.
 """
 
 import asyncio
@@ -44,19 +49,25 @@ class Completion:
     tool_calls: list[ToolCall]
     finish_reason: str
     stop_reason: str | int | None
-    prompt_token_ids: list[int] | orjson.Fragment
-    response_token_ids: list[int]
-    response_logprobs: list[float]
+    prompt_token_ids: list[int] | orjson.Fragment | None  # None: an external upstream returned none
+    response_token_ids: list[int] | None
+    response_logprobs: list[float] | None
     prompt_count: int | None = None  # vLLM's count of the prompt tokens, when they are kept as bytes
     prompt_ids_json: bytes | None = None  # those bytes (the fragment's contents cannot be read back)
     logprob_entries: list[dict] | orjson.Fragment = field(default_factory=list, repr=False)
+    completion_count: int | None = None  # the upstream's count of response tokens, when it gave no ids
+    untrainable: str | None = None  # why the call cannot be trained on (no token ids), else None
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids) if self.prompt_count is None else self.prompt_count
+        if self.prompt_count is not None or self.prompt_token_ids is None:
+            return self.prompt_count or 0
+        return len(self.prompt_token_ids)
 
     @property
     def completion_tokens(self) -> int:
+        if self.response_token_ids is None:
+            return self.completion_count or 0
         return len(self.response_token_ids)
 
 
@@ -96,6 +107,7 @@ class _Choice(Struct):
 
 class _Usage(Struct):
     prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 class _Answer(Struct):
@@ -107,6 +119,10 @@ class _Answer(Struct):
 _ANSWER = msgspec.json.Decoder(_Answer)
 _LOGPROBS = msgspec.json.Decoder(list[_Logprob] | None)
 _PROMPT_IDS = b'"prompt_token_ids":['
+NO_TOKEN_IDS = "the upstream returned no token ids, so this call cannot be trained on"
+# Fields only vLLM knows that the proxy adds to every upstream call; an external upstream that refuses one by
+# name is sent the call again without it (and without what depends on it).
+_VLLM_EXTRAS = {"return_token_ids": (), "logprobs": ("top_logprobs",)}
 
 
 def _cut_prompt_ids(data: bytes) -> tuple[bytes, bytes | None]:
@@ -142,8 +158,9 @@ def _decode_answer(data: bytes) -> tuple[_Answer, bytes]:
     return answer, bytes(answer.prompt_token_ids)
 
 
-def parse_completion(data: bytes) -> Completion:
-    """Reads vLLM's chat completion, insisting on the token fields the proxy exists to record."""
+def parse_completion(data: bytes, require_token_ids: bool = True) -> Completion:
+    """Reads vLLM's chat completion, insisting on the token fields the proxy exists to record; with
+    `require_token_ids` False (an external upstream) a completion without them is read as untrainable."""
     try:
         answer, prompt_ids = _decode_answer(data)
         choice = answer.choices[0]
@@ -151,39 +168,54 @@ def parse_completion(data: bytes) -> Completion:
         entries = _LOGPROBS.decode(logprobs) or []
     except (msgspec.DecodeError, IndexError) as exc:
         raise ProxyError(502, f"upstream answered without the expected chat completion fields ({exc})") from None
-    if not prompt_ids.startswith(b"[") or choice.token_ids is None:
+    has_ids = prompt_ids.startswith(b"[") and choice.token_ids is not None
+    if not has_ids and require_token_ids:
         raise ProxyError(502, "upstream returned no token ids: is it vLLM with return_token_ids support?")
-    if len(entries) != len(choice.token_ids):
+    matched = not has_ids or len(entries) == len(choice.token_ids)
+    if not matched and require_token_ids:
         raise ProxyError(502, f"upstream returned {len(entries)} logprobs for {len(choice.token_ids)} sampled tokens")
+    # An external upstream's logprobs are kept when they fit: one per sampled token, or all there are without ids.
+    logprob_values = [entry.logprob for entry in entries] if matched and (has_ids or entries) else None
     message = choice.message
     calls = [ToolCall(id=call.id or f"call_{i}", name=call.function.name, arguments=call.function.arguments or "{}")
              for i, call in enumerate(message.tool_calls or [])]
-    counted = answer.usage.prompt_tokens if answer.usage is not None else None
+    usage = answer.usage or _Usage()
+    if has_ids:
+        ids = dict(prompt_token_ids=orjson.Fragment(prompt_ids), response_token_ids=choice.token_ids,
+                   prompt_ids_json=prompt_ids, prompt_count=usage.prompt_tokens if usage.prompt_tokens is not None
+                   else prompt_ids.count(b",") + (prompt_ids != b"[]"))
+    else:
+        ids = dict(prompt_token_ids=None, response_token_ids=None, prompt_count=usage.prompt_tokens,
+                   completion_count=usage.completion_tokens, untrainable=NO_TOKEN_IDS)
     return Completion(
         content=message.content,
         reasoning=message.reasoning_content or message.reasoning,
         tool_calls=calls,
         finish_reason=choice.finish_reason or "stop",
         stop_reason=choice.stop_reason,
-        prompt_token_ids=orjson.Fragment(prompt_ids),
-        response_token_ids=choice.token_ids,
-        response_logprobs=[entry.logprob for entry in entries],
-        prompt_count=counted if counted is not None else prompt_ids.count(b",") + (prompt_ids != b"[]"),
-        prompt_ids_json=prompt_ids,
+        response_logprobs=logprob_values,
         logprob_entries=orjson.Fragment(bytes(logprobs)) if entries else [],
+        **ids,
     )
 
 
 class Upstream:
-    """A pooled HTTP client for one vLLM server; retries only what was never sent."""
+    """A pooled HTTP client for one vLLM server; retries only what was never sent.
 
-    def __init__(self, url: str, timeout_s: float = 600.0, connect_retries: int = 3, model: str | None = None):
+    `external`: a server the serve step did not start, which may answer without token ids (see the module
+    docstring); `api_key` is sent to it as `Authorization: Bearer`."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0, connect_retries: int = 3, model: str | None = None,
+                 external: bool = False, api_key: str | None = None):
         self.url = url.rstrip("/")
         parts = urlsplit(self.url)
         self._origin, self._prefix = f"{parts.scheme}://{parts.netloc}", parts.path  # vLLM may sit under a path
         self.timeout_s = timeout_s
         self.connect_retries = connect_retries
         self.model = model
+        self.external = external
+        self._headers = {**_JSON, **({"authorization": f"Bearer {api_key}"} if api_key else {})}
+        self._extras = dict.fromkeys(_VLLM_EXTRAS, True)  # what the proxy adds; an external upstream may refuse some
         self._pool: HttpPool | None = None
 
     async def start(self) -> None:
@@ -207,9 +239,27 @@ class Upstream:
 
     async def complete(self, chat_body: dict) -> Completion:
         """Runs one non-streaming chat completion with token ids and logprobs."""
-        chat_body = {**chat_body, "model": await self.served_model(), "stream": False,
-                     "return_token_ids": True, "logprobs": True}
-        return parse_completion(await self.send("POST", "/v1/chat/completions", chat_body))
+        chat_body = {**chat_body, "model": await self.served_model(), "stream": False}
+        while True:
+            body = {**chat_body, **{name: True for name, sent in self._extras.items() if sent}}
+            if not self._extras["logprobs"]:
+                body.pop("top_logprobs", None)
+            try:
+                return parse_completion(await self.send("POST", "/v1/chat/completions", body),
+                                        require_token_ids=not self.external)
+            except ProxyError as err:
+                refused = self._refused_extra(err)
+                if refused is None:
+                    raise
+                log.warning("upstream refused a vLLM field; sending calls without it",
+                            extra={"field": refused, "error": err.message})
+                self._extras[refused] = False
+
+    def _refused_extra(self, err: ProxyError) -> str | None:
+        """The vLLM field an external upstream's 400 names (so the call is sent again without it), else None."""
+        if not self.external or err.status != 400:
+            return None
+        return next((name for name, sent in self._extras.items() if sent and name in err.message), None)
 
     async def request(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None,
                       retries: int | None = None) -> dict:
@@ -229,7 +279,8 @@ class Upstream:
         retries = self.connect_retries if retries is None else retries
         for attempt in range(retries + 1):
             try:
-                status, raw = await self._pool.request(method, self._prefix + path, data, headers=_JSON, timeout_s=timeout_s)
+                status, raw = await self._pool.request(method, self._prefix + path, data, headers=self._headers,
+                                                        timeout_s=timeout_s)
             except NotSent as exc:  # nothing reached vLLM: safe to send again
                 if attempt == retries:
                     raise ProxyError(502, f"upstream {self.url} is unreachable: {exc}") from None

@@ -6,7 +6,8 @@
 `--results` holds one folder per rollout with its `result.json`; calls come from the proxy's admin
 route, or with `--store URL` straight from the proxy's store. Files land in
 `{out}/run={run}/iteration={iteration}/`. Prints a JSON summary (rows per table, per harness the
-continuity rate and samples per rollout, and the records `skipped`, each named with its rollout);
+continuity rate and samples per rollout, the records `skipped`, each named with its rollout, and the
+`untrainable_calls`: answered calls an external upstream gave no token ids, kept in `calls` only);
 progress and a warning per skipped record go to stderr. A bad record never stops the iteration
 (docs/trajectories.md, "Bad records"). Exit code 2 on a usage error or results or calls that cannot be
 gathered at all.
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trajectories: warning: rollout {bad['rollout_id']}: stored record {bad['record']} skipped: "
                   f"{bad['error']}", file=sys.stderr, flush=True)
         rows, harnesses = collect(results, calls, args.run, args.iteration)
+        if rows.untrainable_calls:
+            print(f"trajectories: {rows.untrainable_calls} calls have no token ids (their upstream returned none): "
+                  f"kept in the calls table, in no training sample", file=sys.stderr, flush=True)
         tables = rows.tables()
         files = write_tables(tables, partition_url(args.out, args.run, args.iteration))
     except CollectError as err:
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     summary = {"partition": partition_url(args.out, args.run, args.iteration), "files": files,
                "rows": {name: table.num_rows for name, table in tables.items()},
-               "harnesses": harnesses, "skipped": skipped + rows.skipped,
+               "harnesses": harnesses, "skipped": skipped + rows.skipped, "untrainable_calls": rows.untrainable_calls,
                "seconds": round(time.monotonic() - started, 3)}
     print(json.dumps(summary))
     return 0

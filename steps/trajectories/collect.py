@@ -159,6 +159,7 @@ class Rows:
     rollouts: dict = field(default_factory=lambda: {name: [] for name in ROLLOUTS.names})
     samples: dict = field(default_factory=lambda: {name: [] for name in SAMPLES.names})
     skipped: list[dict] = field(default_factory=list)  # calls left out: {"rollout_id", "record", "error"}
+    untrainable_calls: int = 0  # answered calls an external upstream gave no token ids: in `calls`, in no sample
 
     def tables(self) -> dict[str, pa.Table]:
         """The filled columns as tables of the documented schemas."""
@@ -259,6 +260,7 @@ def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iterati
                   f"rollout finished too", file=sys.stderr, flush=True)
         stored, skipped = fitting_calls(rid, calls.get(rid, []))
         rows.skipped += skipped
+        rows.untrainable_calls += sum(1 for call in stored if call.get("untrainable"))
         for bad in skipped:
             print(f"trajectories: warning: rollout {rid}: {bad['record']} left out: {bad['error']}",
                   file=sys.stderr, flush=True)

@@ -1,0 +1,270 @@
+"""Serving an existing endpoint: the recording proxy in front of a server the serve step did not start.
+
+    .venv/bin/python -m pytest -q tests/test_upstream.py      # ~30 s; the last test starts vLLM (~1 min more)
+
+The endpoints are `tests/scripted_model.py` (a double: an endpoint that is not vLLM cannot run here) as
+an OpenAI-compatible server without token ids (`with_token_ids=False`), one that also refuses vLLM's fields
+by name like OpenAI's own (`strict=True`), and one with vLLM's token fields; then the real vLLM on CPU.
+Every dialect, streamed or not, gets its answer through official SDKs; every call is recorded, with token
+ids where the endpoint returned them and the `untrainable` note where it did not. `steps.serve --upstream`
+runs the `direct` harness's rollout of a built-in task on the double's oracle, and a dead or wrong upstream
+stops it in one sentence.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from proxy_process import ProxyProcess
+from scripted_model import WRONG_COMMANDS, ScriptedModel, logprob
+from steps import sampling
+from steps.net import free_port
+from steps.proxy.client import ProxyClient, ProxyClientError
+from steps.proxy.config import ProxyConfig
+from steps.proxy.upstream import NO_TOKEN_IDS
+from steps.rollout import RolloutSpec, run_rollout
+from steps.tasks import BUILTIN_DATASET
+from steps.trajectories.collect import collect
+from tests.conftest import ADMIN_KEY
+
+REMOTE = "remote-model"  # the name the endpoint serves
+ASKED = "eval-model"  # the name the harness asks for (the run's model_name)
+EXTERNAL = ["--external-upstream", "--model-name", ASKED, "--upstream-model", REMOTE,
+            *sampling.as_flags(sampling.NEUTRAL)]
+TOOL = {"name": "bash", "description": "run a command", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+USER = "list the files"
+
+
+@pytest.fixture(scope="module")
+def endpoints():
+    """The three doubles by kind: `plain` (no token ids), `strict` (OpenAI's refusals too), `ids` (vLLM's fields)."""
+    with (ScriptedModel(model=REMOTE, commands=["ls"], with_token_ids=False) as plain,
+          ScriptedModel(model=REMOTE, commands=["ls"], strict=True) as strict,
+          ScriptedModel(model=REMOTE, commands=["ls"]) as ids):
+        yield {"plain": plain, "strict": strict, "ids": ids}
+
+
+@pytest.fixture(scope="module")
+def proxies(proxy, endpoints):
+    """An external-upstream proxy in front of each double."""
+    return {kind: proxy(double.url, extra=EXTERNAL) for kind, double in endpoints.items()}
+
+
+def ask(dialect: str, stream: bool, rollout: dict) -> str:
+    """One call with the `bash` tool through an official SDK; the name of the tool the answer calls."""
+    if dialect == "chat_completions":
+        client = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"], max_retries=0)
+        kwargs = dict(model=ASKED, messages=[{"role": "user", "content": USER}], logprobs=True,
+                      tools=[{"type": "function", "function": TOOL}])
+        if not stream:
+            return client.chat.completions.create(**kwargs).choices[0].message.tool_calls[0].function.name
+        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+        return next(call.function.name for chunk in chunks for choice in chunk.choices
+                    for call in choice.delta.tool_calls or [] if call.function and call.function.name)
+    if dialect == "responses":
+        client = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"], max_retries=0)
+        kwargs = dict(model=ASKED, input=USER, tools=[{"type": "function", **TOOL}])
+        if stream:
+            events = list(client.responses.create(**kwargs, stream=True))
+            output = next(event.response.output for event in events if event.type == "response.completed")
+        else:
+            output = client.responses.create(**kwargs).output
+        return next(item.name for item in output if item.type == "function_call")
+    client = anthropic.Anthropic(base_url=rollout["anthropic_base_url"], api_key=rollout["api_key"], max_retries=0)
+    kwargs = dict(model=ASKED, max_tokens=200, messages=[{"role": "user", "content": USER}],
+                  tools=[{"name": TOOL["name"], "description": TOOL["description"], "input_schema": TOOL["parameters"]}])
+    if stream:
+        with client.messages.stream(**kwargs) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**kwargs)
+    return next(block.name for block in message.content if block.type == "tool_use")
+
+
+DIALECTS = [(dialect, stream) for dialect in ("chat_completions", "responses", "messages") for stream in (False, True)]
+
+
+@pytest.mark.parametrize("dialect, stream", DIALECTS)
+def test_an_endpoint_without_token_ids_is_answered_in_every_dialect_and_recorded_as_untrainable(
+        dialect, stream, endpoints, proxies):
+    double, served = endpoints["plain"], proxies["plain"]
+    rollout = served.register(f"plain-{dialect}-{stream}")
+    before = len(double.exchanges)
+    assert ask(dialect, stream, rollout) == "bash"
+    (exchange,) = double.exchanges[before:]
+    (call,) = served.calls(rollout["rollout_id"])
+    assert (call["status"], call["dialect"], call["stream"]) == ("ok", dialect, stream)
+    assert call["untrainable"] == NO_TOKEN_IDS
+    assert call["prompt_token_ids"] is None and call["response_token_ids"] is None
+    # The endpoint's logprobs (asked for on every call) and its token counts are kept all the same.
+    entries = exchange["response"]["choices"][0]["logprobs"]["content"]
+    assert call["response_logprobs"] == [logprob(i) for i in range(len(entries))] != []
+    usage = exchange["response"]["usage"]
+    assert call["usage"] == {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"]}
+    sent = exchange["request"]  # the upstream's name, and no vLLM-only key at its neutral value
+    assert sent["model"] == REMOTE and not set(sampling.VLLM_ONLY) & set(sent) and sent["temperature"] == 1.0
+
+
+def test_an_endpoint_that_refuses_return_token_ids_is_sent_the_call_again_without_it(endpoints, proxies):
+    double, served = endpoints["strict"], proxies["strict"]
+    rollout = served.register("strict")
+    for stream in (False, True):
+        assert ask("chat_completions", stream, rollout) == "bash"
+    calls = served.calls("strict")
+    assert [call["untrainable"] for call in calls] == [NO_TOKEN_IDS] * 2
+    assert all(call["status"] == "ok" and call["response_logprobs"] for call in calls)
+    assert [("return_token_ids" in exchange["request"]) for exchange in double.exchanges] == [False, False]
+    # Refused once, then never sent again.
+    assert served.log_tail(200).count("upstream refused a vLLM field") == 1
+
+
+def test_an_external_upstream_that_returns_token_ids_has_them_recorded(endpoints, proxies):
+    double, served = endpoints["ids"], proxies["ids"]
+    rollout = served.register("ids")
+    before = len(double.exchanges)
+    assert ask("messages", True, rollout) == "bash"
+    (exchange,) = double.exchanges[before:]
+    (call,) = served.calls("ids")
+    assert call["prompt_token_ids"] == exchange["response"]["prompt_token_ids"]
+    assert call["response_token_ids"] == exchange["response"]["choices"][0]["token_ids"] != []
+    assert "untrainable" not in call and exchange["request"]["return_token_ids"] is True
+
+
+def test_the_serve_steps_own_vllm_answering_without_token_ids_is_still_a_502(proxy, endpoints):
+    """The control: only an external upstream's answer without token ids is recorded as untrainable."""
+    own = proxy(endpoints["plain"].url, extra=["--model-name", REMOTE])
+    rollout = own.register("own")
+    with pytest.raises(openai.APIStatusError) as refused:
+        ask("chat_completions", False, rollout)
+    assert refused.value.status_code == 502 and "no token ids" in str(refused.value)
+    (call,) = own.calls("own")
+    assert call["status"] == "error" and "untrainable" not in call
+
+
+def test_vllm_only_keys_are_left_out_for_an_external_upstream_only_at_their_neutral_value():
+    forced = {**sampling.NEUTRAL, "top_k": 20}
+    harness = {"messages": [], "min_p": 0.3, "repetition_penalty": 1.5, "top_k": 5}
+    external = ProxyConfig("u", "s", "k", forced_sampling=forced, external_upstream=True).sampling(dict(harness))
+    assert external["top_k"] == 20 and "min_p" not in external and "repetition_penalty" not in external
+    own = ProxyConfig("u", "s", "k", forced_sampling=forced).sampling(dict(harness))  # the control: vLLM gets all
+    assert (own["top_k"], own["min_p"], own["repetition_penalty"]) == (20, 0.0, 1.0)
+
+
+def test_untrainable_calls_stay_in_the_calls_table_and_make_no_sample(capsys):
+    ok = {"status": "ok", "weight_version": "0", "response_logprobs": [-0.5]}
+    calls = [{**ok, "call_index": 0, "prompt_token_ids": [1, 2], "response_token_ids": [3]},
+             {**ok, "call_index": 1, "prompt_token_ids": None, "response_token_ids": None, "untrainable": NO_TOKEN_IDS}]
+    result = {"rollout_id": "r", "task": "t", "sample": 0, "harness": "direct", "status": "ok", "reward": 1.0}
+    rows, _ = collect([result], {"r": calls}, "run", 0)
+    tables = rows.tables()
+    assert tables["calls"].column("prompt_token_ids").to_pylist() == [[1, 2], None]
+    assert tables["calls"].column("sample_index").to_pylist() == [0, None]
+    assert tables["samples"].num_rows == 1 and rows.untrainable_calls == 1
+
+
+# ---- python -m steps.serve --upstream ----
+
+def serve_command(upstream: str, port: int, store: Path, model: str = REMOTE) -> list[str]:
+    return [sys.executable, "-m", "steps.serve", "--upstream", upstream, "--upstream-model", model,
+            "--model-name", ASKED, "--port", str(port), "--store", str(store)]
+
+
+def start_serve(upstream: str, tmp_path: Path, model: str = REMOTE) -> ProxyProcess:
+    """`steps.serve --upstream` as a subprocess, once its proxy answers /health."""
+    port, log = free_port(), tmp_path / f"serve-{uuid.uuid4().hex[:6]}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(serve_command(upstream, port, tmp_path / "calls", model), stdout=out,
+                                   stderr=subprocess.STDOUT, env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY})
+    served = ProxyProcess(process, port, ADMIN_KEY, log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert process.poll() is None, served.log_tail()
+        try:
+            ProxyClient(served.url, ADMIN_KEY, timeout_s=2, retries=0).health()
+            return served
+        except ProxyClientError:
+            time.sleep(0.2)
+    process.kill()
+    raise AssertionError(f"steps.serve --upstream did not answer /health: {served.log_tail()}")
+
+
+def stop_serve(served: ProxyProcess) -> None:
+    served.process.terminate()
+    served.process.wait(10)
+
+
+def rollout_through(served: ProxyProcess, tmp_path: Path, task: str = "hello-file"):
+    rollout_id = f"direct-{task}-{uuid.uuid4().hex[:6]}"
+    spec = RolloutSpec(task=BUILTIN_DATASET / task, harness="direct", proxy_url=served.url, rollout_id=rollout_id,
+                       out=tmp_path / rollout_id, admin_key=ADMIN_KEY, model_name=ASKED)
+    return run_rollout(spec), served.calls(rollout_id)
+
+
+@pytest.mark.parametrize("with_token_ids", [True, False])
+def test_serve_upstream_runs_a_rollout_that_passes_on_the_oracle(with_token_ids, tmp_path):
+    with ScriptedModel(model=REMOTE, oracle=BUILTIN_DATASET, with_token_ids=with_token_ids) as double:
+        served = start_serve(double.url, tmp_path)
+        try:
+            result, calls = rollout_through(served, tmp_path)
+            assert (result.status, result.reward) == ("ok", 1.0), result
+            assert result.num_calls == len(calls) == len(double.exchanges) == 2  # the oracle, then "done"
+            assert all(call["status"] == "ok" for call in calls)
+            if with_token_ids:
+                assert [call["response_token_ids"] for call in calls] == [
+                    exchange["response"]["choices"][0]["token_ids"] for exchange in double.exchanges]
+                assert not any("untrainable" in call for call in calls)
+            else:
+                assert all(call["untrainable"] == NO_TOKEN_IDS and call["response_token_ids"] is None for call in calls)
+            assert result.response_tokens == sum(e["response"]["usage"]["completion_tokens"] for e in double.exchanges)
+            double.set_commands(WRONG_COMMANDS)  # the control: a wrong script fails the same task
+            double.app.state.oracle = None
+            wrong, _ = rollout_through(served, tmp_path)
+            assert (wrong.status, wrong.reward) == ("ok", 0.0), wrong
+        finally:
+            stop_serve(served)
+
+
+def test_a_dead_or_wrong_upstream_stops_serve_in_one_sentence(tmp_path):
+    env = {**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY}
+    dead = f"http://127.0.0.1:{free_port()}"
+    run = subprocess.run(serve_command(dead, free_port(), tmp_path), env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
+    assert dead in run.stderr and "does not answer GET /v1/models" in run.stderr
+    with ScriptedModel(model=REMOTE) as double:
+        run = subprocess.run(serve_command(double.url, free_port(), tmp_path, model="other"), env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert f"does not list the model 'other' in its /v1/models (it lists '{REMOTE}')" in run.stderr
+
+
+def test_a_real_vllm_as_upstream_has_its_own_token_ids_recorded(vllm_server, tmp_path):
+    served = start_serve(vllm_server, tmp_path, model="tiny")
+    try:
+        rollout = served.register("vllm")
+        client = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"], max_retries=0)
+        messages = [{"role": "user", "content": USER}]
+        client.chat.completions.create(model=ASKED, messages=messages, max_tokens=12, seed=7)
+        (call,) = served.calls("vllm")
+    finally:
+        stop_serve(served)
+    # The same call straight to vLLM, with what the proxy sent: the same seeded sample, token for token.
+    body = {"model": "tiny", "messages": messages, **call["sampling"], "return_token_ids": True, "logprobs": True}
+    request = urllib.request.Request(f"{vllm_server}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        direct = json.loads(answer.read())
+    choice = direct["choices"][0]
+    assert call["prompt_token_ids"] == direct["prompt_token_ids"]
+    assert call["response_token_ids"] == choice["token_ids"] != []
+    assert call["response_logprobs"] == pytest.approx([entry["logprob"] for entry in choice["logprobs"]["content"]])
+    assert "untrainable" not in call and call["sampling"]["seed"] == 7
