@@ -6,8 +6,12 @@ driver, and evaluations end to end on this machine.
 """
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -252,3 +256,137 @@ def test_an_iteration_with_eval_every_evaluates_its_checkpoint_on_the_same_serve
     assert submit.build_workflows(config)[-1][1].name == "openforge-t-eval3"
     assert [w.name for _, w in submit.build_workflows(load_config(CLUSTER, ["run=t", "iterations=2"]))] == ["openforge-t-it0",
                                                                                             "openforge-t-it1"]
+
+
+# ---- evaluations end to end on this machine (the embedded default) ----
+
+def submit_eval(store: Path, run: str, *argv: str, timeout_s: float = 900) -> subprocess.CompletedProcess:
+    """`python workflows/submit.py eval ...` with no Argo server: the local runner."""
+    env = {key: value for key, value in os.environ.items() if key != "ARGO_SERVER"}
+    done = subprocess.run([sys.executable, "workflows/submit.py", "eval", "--harness", "direct", *argv,
+                           f"store={store}", f"run={run}", "parallel_rollouts=4"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def printed(done: subprocess.CompletedProcess, store: Path, run: str) -> dict:
+    """The summary the eval printed: a table (header, a row per task, overall) then one JSON line, equal to
+    its summary.json, recorded as the run's one evaluation."""
+    *table, line = done.stdout.splitlines()
+    summary = json.loads(line)
+    assert summary == json.loads((store / run / "evals" / "iteration-0" / "summary.json").read_text())
+    assert table[0].split()[:2] == ["task", "tries"] and table[-1].split()[0] == "overall"
+    assert [row.split()[0] for row in table[2:-2]] == sorted(summary["tasks"])
+    record = manifest.read_evals(str(store / run))[0]
+    assert record.status == "Succeeded" and record.overall["tries"] == summary["overall"]["tries"]
+    assert manifest.read_evaluates(str(store / run)) is not None and manifest.read_iterations(str(store / run)) == {}
+    return summary
+
+
+def copy_tasks(names: list[str], into: Path) -> Path:
+    """A dataset of some built-in tasks, copied."""
+    for name in names:
+        shutil.copytree(BUILTIN / name, into / name)
+    return into
+
+
+class FlakyMirror:
+    """A package mirror on loopback that fails its first request (503) and serves every later one: what a task
+    image's build fetches from. A real flaky mirror cannot be had on demand; this one makes the first build
+    of the task that uses it fail, a real sandbox failure before the harness starts (an infra error)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        mirror = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                mirror.requests += 1
+                self.send_response(503 if mirror.requests == 1 else 200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.slow
+def test_the_oracles_pass_every_task_and_an_infra_error_is_retried_and_not_counted(tmp_path: Path) -> None:
+    """Every built-in task, plus a copy of hello-file whose image build fetches from a mirror that fails once,
+    evaluated with k=2 through `--upstream` in front of the scripted model replaying each task's oracle: every
+    task passes (pass@k = pass^k = 1); the failed build is an infra error, retried under `-a2`, counted and
+    not a try."""
+    from scripted_model import ScriptedModel
+
+    dataset = tmp_path / "tasks"
+    shutil.copytree(BUILTIN, dataset)
+    mirror = FlakyMirror()
+    flaky = dataset / "hello-file-mirror"
+    shutil.copytree(BUILTIN / "hello-file", flaky)
+    (flaky / "environment" / "Dockerfile").write_text(
+        f"FROM python:3.11-slim\nWORKDIR /app\n"
+        f"RUN python3 -c \"import urllib.request; urllib.request.urlopen('{mirror.url}')\"\n")
+    store = tmp_path / "runs"
+    with ScriptedModel(model="remote", oracle=dataset) as double:
+        done = submit_eval(store, "oracle", "--dataset", str(dataset), "--k", "2", "--upstream", double.url,
+                           "--upstream-model", "remote", "max_tokens_cap=4096")
+    summary = printed(done, store, "oracle")
+    tasks = summary["tasks"]
+    assert len(tasks) == len(load_dataset(BUILTIN)[0]) + 1
+    assert {(t["tries"], t["pass_at_k"], t["pass_hat_k"]) for t in tasks.values()} == {(2, 1.0, 1.0)}
+    overall = summary["overall"]
+    assert (overall["pass_at_1"], overall["pass_at_k"], overall["pass_hat_k"]) == (1.0, 1.0, 1.0)
+    assert overall["infra_errors"] == tasks["hello-file-mirror"]["infra_errors"] == 1 and mirror.requests >= 2
+    assert overall["tries"] == 2 * len(tasks)
+    results = [json.loads(p.read_text()) for p in (store / "oracle" / "evals" / "iteration-0" / "results").glob("*/result.json")]
+    (failed,) = [r for r in results if r["status"] == "infra_error"]
+    assert failed["task"] == "hello-file-mirror" and "RUN failed" in failed["error"]
+    assert any(r["rollout_id"] == f"{failed['rollout_id']}-a2" and r["reward"] == 1.0 for r in results)
+    assert summary["checkpoint"] == double.url and summary["model"] == "remote"
+
+
+@pytest.mark.slow
+def test_a_wrong_script_passes_no_task(tmp_path: Path) -> None:
+    """The scripted model playing a wrong script (one command that changes nothing): no task passes, and
+    every try is counted as one (pass@k = pass^k = 0, no infra error)."""
+    from scripted_model import WRONG_COMMANDS, ScriptedModel
+
+    dataset = copy_tasks(["hello-file", "count-errors", "edit-config"], tmp_path / "tasks")
+    store = tmp_path / "runs"
+    with ScriptedModel(model="remote", commands=WRONG_COMMANDS) as double:
+        done = submit_eval(store, "wrong", "--dataset", str(dataset), "--k", "2", "--upstream", double.url,
+                           "--upstream-model", "remote")
+    summary = printed(done, store, "wrong")
+    assert {(t["tries"], t["passes"], t["pass_at_k"], t["pass_hat_k"]) for t in summary["tasks"].values()} == \
+        {(2, 0, 0.0, 0.0)}
+    assert (summary["overall"]["infra_errors"], summary["overall"]["mean_reward"]) == (0, 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_an_eval_of_the_builtin_dataset_with_direct_on_the_embedded_default(tiny_model: Path, tmp_path: Path) -> None:
+    """`submit.py eval` of the built-in dataset with `direct` and no server: vLLM on CPU serves the tiny model,
+    every task gets its k tries under `ev0-` ids, the table and the summary are printed, `status` shows the
+    evaluation and `resume` of a finished one prints it again without running anything."""
+    store = tmp_path / "runs"
+    done = submit_eval(store, "tiny", "--dataset", "steps/tasks/builtin", "--k", "2", "--model", str(tiny_model),
+                       "max_tokens_cap=16")
+    summary = printed(done, store, "tiny")
+    tasks = load_dataset(BUILTIN)[0]
+    assert sorted(summary["tasks"]) == sorted(t.name for t in tasks)
+    assert summary["overall"]["tries"] + summary["overall"]["infra_errors"] >= 2 * len(tasks)
+    assert summary["checkpoint"] == str(tiny_model) and summary["k"] == 2
+    called = {path.name for path in (store / "tiny" / "calls" / "rollouts").iterdir()}
+    assert called and all(name.startswith("ev0-") for name in called)
+    env = {key: value for key, value in os.environ.items() if key != "ARGO_SERVER"}
+    status = subprocess.run([sys.executable, "workflows/submit.py", "status", "--run", "tiny", f"store={store}"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "eval 0: Succeeded" in status.stdout
+    again = subprocess.run([sys.executable, "workflows/submit.py", "resume", "--run", "tiny", f"store={store}"],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and json.loads(again.stdout.splitlines()[-1]) == summary
