@@ -24,6 +24,7 @@ from workflows.config import load_config
 from workflows.evaluation import evaluation_workflow
 from workflows.iteration import iteration_workflow
 from workflows.lint import semantic_problems
+from test_workflows import FakeArgoServer, fake_argo, s3_store  # noqa: F401 - the fake Argo Server and its fixtures
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "configs" / "cluster-example.yaml"
@@ -256,6 +257,64 @@ def test_an_iteration_with_eval_every_evaluates_its_checkpoint_on_the_same_serve
     assert submit.build_workflows(config)[-1][1].name == "openforge-t-eval3"
     assert [w.name for _, w in submit.build_workflows(load_config(CLUSTER, ["run=t", "iterations=2"]))] == ["openforge-t-it0",
                                                                                             "openforge-t-it1"]
+
+
+# ---- the driver against the fake Argo Server (tests/test_workflows.py) ----
+
+def fake_summary(run_url: str, iteration: int, k: int = 2) -> dict:
+    """The summary.json the evaluate step of a Workflow would have written (the fake server runs no pod)."""
+    summary = {"k": k, "harness": "codex", "dataset": "steps/tasks/builtin", "checkpoint": "", "model": "qwen3-4b",
+               "iteration": iteration, **evaluate.summarize([result("hello-file", s, 1.0) for s in range(k)], k)}
+    manifest.write_json(layout.eval_summary_url(run_url, iteration), summary)
+    return summary
+
+
+def drive(fake: FakeArgoServer, store: str, *args: str) -> int:
+    """`submit.py` in-process against the fake server and the S3 store."""
+    return submit.main([*args, "--config", str(CLUSTER), "--argo-server", fake.url, "--poll", "0.01", f"store={store}"])
+
+
+def test_an_eval_run_on_argo_is_one_workflow_followed_and_recorded(fake_argo: FakeArgoServer, s3_store: str,
+                                                                   capsys) -> None:
+    """`eval --checkpoint trained:1`: the eval Workflow of that checkpoint is linted, created and followed; the
+    manifest says what it evaluates and records the evaluation with its numbers; the table and the summary are
+    printed; `status` shows it."""
+    trained = f"{s3_store}/trained"
+    config = load_config(CLUSTER, ["run=trained", f"store={s3_store}"])
+    manifest.write_run_config(trained, config.to_dict())
+    manifest.write_json(layout.metrics_url(config.checkpoint_url(1)), {"loss": 0.1})  # what its update wrote
+    summary = fake_summary(f"{s3_store}/ev", 0)
+    assert drive(fake_argo, s3_store, "eval", "--harness", "codex", "--checkpoint", "trained:1", "--k", "2", "run=ev") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert json.loads(out[-1]) == summary and out[-2].split()[:2] == ["overall", "2"]
+    posts = [(path.rsplit("/", 1)[-1], body["workflow"]["metadata"]["name"]) for _, path, body, _ in fake_argo.calls("POST")]
+    assert posts == [("lint", "openforge-ev-eval0"), ("openforge", "openforge-ev-eval0")]
+    created = fake_argo.workflows["openforge-ev-eval0"]
+    serve = next(t for t in created["spec"]["templates"] if t["name"] == "serve")["container"]["command"]
+    assert serve[serve.index("--model") + 1] == config.checkpoint_url(1)
+    evaluates = manifest.read_evaluates(f"{s3_store}/ev")
+    assert (evaluates["run"], evaluates["iteration"], evaluates["checkpoint"]) == ("trained", 1, config.checkpoint_url(1))
+    record = manifest.read_evals(f"{s3_store}/ev")[0]
+    assert (record.workflow, record.status, record.overall["pass_hat_k"]) == ("openforge-ev-eval0", "Succeeded", 1.0)
+    assert drive(fake_argo, s3_store, "status", "--run", "ev") == 0
+    assert "eval 0: Succeeded  openforge-ev-eval0" in capsys.readouterr().out
+
+
+def test_a_training_run_with_eval_every_records_each_evaluation(fake_argo: FakeArgoServer, s3_store: str) -> None:
+    """eval_every=1 of 1 iteration: the iteration's Workflow evaluates checkpoint 0 (its record gets the
+    numbers and a pointer to the summary), then the driver submits the final checkpoint's evaluation."""
+    run_url = f"{s3_store}/ev-train"
+    first, final = fake_summary(run_url, 0), fake_summary(run_url, 1)
+    assert drive(fake_argo, s3_store, "--harness", "codex", "run=ev-train", "iterations=1", "eval_every=1") == 0
+    created = [body["workflow"]["metadata"]["name"] for _, path, body, _ in fake_argo.calls("POST")
+               if not path.endswith("/lint")]
+    assert created == ["openforge-ev-train-it0", "openforge-ev-train-eval1"]
+    iteration = manifest.read_iterations(run_url)[0]
+    assert iteration.eval == {"summary": layout.eval_summary_url(run_url, 0), "k": 2, **first["overall"]}
+    evaluations = manifest.read_evals(run_url)
+    assert {i: (e.workflow, e.status) for i, e in evaluations.items()} == {
+        0: ("openforge-ev-train-it0", "Succeeded"), 1: ("openforge-ev-train-eval1", "Succeeded")}
+    assert evaluations[1].overall == {"k": 2, **final["overall"]}
 
 
 # ---- evaluations end to end on this machine (the embedded default) ----
