@@ -5,6 +5,8 @@ driver, and evaluations end to end on this machine.
     .venv/bin/python -m pytest -q tests/test_eval.py                              # + real vLLM on CPU, minutes
 """
 
+import doctest
+import importlib
 import json
 import os
 import shutil
@@ -449,3 +451,11 @@ def test_an_eval_of_the_builtin_dataset_with_direct_on_the_embedded_default(tiny
     again = subprocess.run([sys.executable, "workflows/submit.py", "resume", "--run", "tiny", f"store={store}"],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and json.loads(again.stdout.splitlines()[-1]) == summary
+
+
+@pytest.mark.parametrize("module", ["steps.evaluate", "steps.plan", "workflows.layout", "workflows.config",
+                                    "workflows.submit"])
+def test_doctests(module: str) -> None:
+    """The examples in the docstrings of the evaluation's pure functions hold."""
+    failures, tried = doctest.testmod(importlib.import_module(module))
+    assert tried > 0 and failures == 0
