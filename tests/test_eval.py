@@ -302,6 +302,21 @@ def test_an_eval_run_on_argo_is_one_workflow_followed_and_recorded(fake_argo: Fa
     assert "eval 0: Succeeded  openforge-ev-eval0" in capsys.readouterr().out
 
 
+def test_a_failed_eval_workflow_is_retried_like_an_iteration(fake_argo: FakeArgoServer, s3_store: str, capsys) -> None:
+    """A failed evaluation stops with exit code 1 and says how to retry; `retry` reruns its failed rollouts and
+    follows it to the end (control: before the retry the manifest records it Failed)."""
+    fake_argo.script["openforge-evr-eval0"] = ["", "Running", "Failed"]
+    assert drive(fake_argo, s3_store, "eval", "--harness", "codex", "--k", "2", "run=evr") == 1
+    assert "eval 0 ended Failed" in capsys.readouterr().err
+    assert manifest.read_evals(f"{s3_store}/evr")[0].status == "Failed"
+    summary = fake_summary(f"{s3_store}/evr", 0)
+    assert drive(fake_argo, s3_store, "retry", "--run", "evr") == 0
+    (_, path, body, _), = fake_argo.calls("PUT")
+    assert path.endswith("/openforge-evr-eval0/retry") and body["nodeFieldSelector"] == "templateName=rollout,phase=Failed"
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == summary
+    assert manifest.read_evals(f"{s3_store}/evr")[0].status == "Succeeded"
+
+
 def test_a_training_run_with_eval_every_records_each_evaluation(fake_argo: FakeArgoServer, s3_store: str) -> None:
     """eval_every=1 of 1 iteration: the iteration's Workflow evaluates checkpoint 0 (its record gets the
     numbers and a pointer to the summary), then the driver submits the final checkpoint's evaluation."""

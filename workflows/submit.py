@@ -362,10 +362,10 @@ def pick(config: RunConfig, iteration: int | None, evaluation_run: bool) -> Iter
         if not failed:
             raise ConfigError(f"run {config.run!r} has no failed iteration or evaluation; name one with --iteration N")
         return failed[0]
-    entry = evaluations.get(iteration) if evaluation_run or iteration == config.iterations else iterations.get(iteration)
+    evaluation = evaluation_run or iteration == config.iterations
+    entry = (evaluations if evaluation else iterations).get(iteration)
     if entry is None or not entry.workflow:
-        raise ConfigError(f"{'eval' if isinstance(entry, EvalRecord) or evaluation_run else 'iteration'} "
-                          f"{iteration} of run {config.run!r} was never submitted")
+        raise ConfigError(f"{'eval' if evaluation else 'iteration'} {iteration} of run {config.run!r} was never submitted")
     return entry
 
 
