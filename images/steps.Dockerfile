@@ -1,5 +1,6 @@
-# The steps image: slim Python + this package. Runs `plan`, `trajectories` and the exit handler
-# (`steps.manifest record`), and is the source the rollout pod's init container copies OpenForge from
+# The steps image: slim Python + this package. Runs `plan`, `trajectories`, the exit handler
+# (`steps.manifest record`, `steps.report`), the serve step in front of an existing endpoint (`steps.serve
+# --upstream`: the proxy alone), and is the source the rollout pod's init container copies OpenForge from
 # (/usr/local: Python with the package and its dependencies; /opt/openforge/app: the repository, tasks included).
 #   docker build -f images/steps.Dockerfile -t ghcr.io/openforge/steps:0.1.0 .
 # Pin the base by digest when publishing (docker buildx imagetools inspect python:3.11.14-slim-bookworm).
@@ -15,4 +16,4 @@ COPY configs ./configs
 # pyarrow: the trajectories step's tables (Parquet). openai: the `direct` harness's client, which runs on
 # this Python (copied into the rollout pod) as the agent.
 RUN pip install . "pyarrow==26.0.1" "openai==3.57.0" \
-    && python -c "import steps.plan, steps.manifest, steps.rollout, steps.sandbox.pod, openai"
+    && python -c "import steps.plan, steps.manifest, steps.rollout, steps.sandbox.pod, steps.serve, openai"

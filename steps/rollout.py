@@ -9,7 +9,9 @@ gets that rollout's key, never the admin key; attempt K of a rollout runs as `ID
 whose failed attempt holds its id takes the next free one: `steps.plan.attempt_id`);
 build a fresh sandbox from the task's environment; run the harness headless on the instruction under
 the task's agent timeout; close the rollout; copy `tests/` in (the agent never saw it) and run the
-verifier; write `OUT/result.json`, which names the id the rollout ran under and its sample. Exit code 0
+verifier; write `OUT/result.json`, which names the id the rollout ran under and its sample, and beside it
+its status and reward as one-word files `OUT/status`, `OUT/reward` ("none" without one: the Argo node's
+output parameters; written by the runner after the agent stopped, in a folder the agent cannot write). Exit code 0
 for `ok` and `agent_timeout`, 3 for `infra_error` (the workflow retries only those; an infrastructure
 failure is never scored as a reward of 0).
 
@@ -39,11 +41,12 @@ from steps.sandbox import Sandbox, SandboxError
 from steps.sandbox.network import NetworkError, ProxyTunnel
 from steps.tasks import Task, TaskError, load_task
 from steps.tasks.verify import run_verifier
-from workflows.layout import RESULT_FILE  # in OUT: the step's output
+from workflows.layout import RESULT_FILE, REWARD_FILE, STATUS_FILE  # in OUT: the step's output
 
 INFRA_EXIT_CODE = 3
 ISOLATIONS = ("bwrap", "pod")  # a bubblewrap sandbox built from the Dockerfile, or the Kubernetes pod itself
 MAX_ATTEMPTS = 20  # ids a rollout tries when earlier attempts of its step registered theirs
+NO_REWARD = "none"  # OUT/reward of a rollout without one (infra_error), and Argo's default when none was written
 
 
 class InfraError(Exception):
@@ -252,7 +255,32 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
         earlier = f"; before that: {result.error}" if result.error else ""
         result.status, result.reward = "infra_error", None
         result.error = f"{spec.out / RESULT_FILE} could not be written ({unwritten}){earlier}"
+    write_outputs(spec.out, result)
     return result
+
+
+def output_values(result: RolloutResult) -> dict[str, str]:
+    """The result's status and reward as the one-line files beside it: only the runner's own values (a status
+    of three words, a reward as a number), never text the agent wrote.
+
+    >>> output_values(RolloutResult("r", "t", "direct", "ok", 1.0))
+    {'status': 'ok', 'reward': '1'}
+    >>> output_values(RolloutResult("r", "t", "direct", "infra_error", None))
+    {'status': 'infra_error', 'reward': 'none'}
+    """
+    reward = NO_REWARD if result.reward is None else f"{float(result.reward):g}"
+    return {STATUS_FILE: result.status, REWARD_FILE: reward}
+
+
+def write_outputs(out: Path, result: RolloutResult) -> None:
+    """Writes `OUT/status` and `OUT/reward` (`output_values`); one that cannot be written is left absent, and
+    its reader (Argo) takes its default."""
+    for name, value in output_values(result).items():
+        try:
+            (out / name).write_text(value)  # no newline: Argo shows the file's bytes as the value
+        except OSError:
+            with contextlib.suppress(OSError):
+                (out / name).unlink()
 
 
 def write_result(out: Path, result: RolloutResult) -> str | None:
@@ -315,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         unwritten = write_result(spec.out, result)
         if unwritten:
             result.error += f"; {spec.out / RESULT_FILE} could not be written ({unwritten})"
+        write_outputs(spec.out, result)
     if not (spec.out / RESULT_FILE).is_file():
         print(f"steps.rollout: infra_error: {' '.join(str(result.error).split())}", file=sys.stderr)  # one line
     print(json.dumps({k: getattr(result, k) for k in ("rollout_id", "task", "sample", "harness", "status", "reward",

@@ -33,7 +33,9 @@ rendered the way Hermes-style templates write one). The logprob of response toke
 `-(1 + i % 8) / 8`, exact in binary. `GET /requests` returns every exchange as
 `{"request": ..., "response": ...}` for tests to compare with what the proxy recorded.
 
-In a test, `ScriptedModel(commands=[...])` runs the same app on a free loopback port in a thread.
+In a test, `ScriptedModel(commands=[...])` runs the same app on a free loopback port in a thread
+(`oracle=DATASET`, `commands=WRONG_COMMANDS`, `with_token_ids=False`, `strict=True` as above; `tls=(cert,
+key)` serves it over HTTPS, for an external endpoint's TLS).
 """
 
 from __future__ import annotations
@@ -289,11 +291,13 @@ class ScriptedModel:
     """
 
     def __init__(self, model: str = "tiny", commands: list[str] | None = None, oracle: Path | None = None,
-                 with_token_ids: bool = True, strict: bool = False):
+                 with_token_ids: bool = True, strict: bool = False, tls: tuple[Path, Path] | None = None):
         self.app = create_app(model, commands, oracle=oracle, with_token_ids=with_token_ids, strict=strict)
         self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
-        config = uvicorn.Config(self.app, host=HOST, port=self.port, log_level="warning")
+        self.url = f"{'https' if tls else 'http'}://{HOST}:{self.port}"
+        certfile, keyfile = tls or (None, None)
+        config = uvicorn.Config(self.app, host=HOST, port=self.port, log_level="warning", ssl_certfile=certfile,
+                                ssl_keyfile=keyfile)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 

@@ -228,7 +228,7 @@ def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folder
     config = load_config(CLUSTER, ["run=ev", "harness=direct", "eval_k=4"])
     spec = evaluation_workflow(config, 0).to_dict()["spec"]
     templates = {t["name"]: t for t in spec["templates"]}
-    assert "update" not in templates and spec["onExit"] == "record"
+    assert "update" not in templates and spec["onExit"] == "exit"
     outer = {t["name"]: t.get("depends") for t in templates["evaluation"]["dag"]["tasks"]}
     assert outer == {"collect": None, "evaluate": "collect.Succeeded || collect.Failed"}
     assert templates["plan"]["container"]["command"] == commands.plan(config, 0, evaluation=True)

@@ -188,6 +188,23 @@ def test_the_agent_runs_as_an_unprivileged_uid(scripted, scripted_proxy, tmp_pat
     assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 0.0), result
 
 
+FORGE_OUTPUTS = """echo ok > /tmp/rollout/status; echo 1 > /tmp/rollout/reward; echo 1 > /tmp/rollout/result.json
+mv /tmp/rollout /tmp/gone; ls /tmp/rollout; echo "forged: $(cat /tmp/rollout/reward 2>&1)"
+"""
+
+
+def test_the_agent_cannot_set_the_outputs_argo_shows(scripted, scripted_proxy, tmp_path):
+    """The rollout node's `status` and `reward` (files in OUT, /tmp/rollout) are the runner's: the agent can
+    neither write nor replace them, and they hold the result's values, not the agent's 1."""
+    scripted.set_commands([FORGE_OUTPUTS])
+    done, result, rollout_id = run_in_pod(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path)
+    output = tool_outputs(scripted_proxy.calls(rollout_id))[0]
+    assert output.count("Permission denied") >= 5, output  # three writes, the move, the listing
+    assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 0.0), result
+    out = tmp_path / "out"
+    assert ((out / "status").read_text(), (out / "reward").read_text()) == ("ok", "0")
+
+
 def test_a_crashing_harness_in_the_pod_is_an_infra_error_with_exit_code_3(scripted, scripted_proxy, tmp_path):
     """A harness that dies before its first model call (here `direct` with a raise) is never scored."""
     def crash(app: Path) -> None:

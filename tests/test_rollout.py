@@ -77,6 +77,7 @@ def test_a_wrong_answer_earns_0_through_the_cli(scripted, scripted_proxy, tmp_pa
     assert (result["status"], result["reward"], result["num_calls"], result["sample"]) == ("ok", 0.0, 2, 1)
     assert registration(scripted_proxy, rollout_id)["metadata"] == {"task": "hello-file", "harness": "direct", "sample": 1}
     assert Path(result["paths"]["verifier_output"], "reward.txt").read_text().strip() == "0"
+    assert ((out / "status").read_text(), (out / "reward").read_text()) == ("ok", "0")
 
 
 def registration(proxy, rollout_id: str) -> dict:
@@ -145,6 +146,8 @@ def test_an_unreachable_proxy_is_an_infra_error_with_exit_code_3(tmp_path):
     done = subprocess.run(argv, env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY}, capture_output=True, text=True)
     result = json.loads((tmp_path / "result.json").read_text())
     assert done.returncode == 3 and result["status"] == "infra_error" and "unreachable" in result["error"]
+    # What the Argo node shows: the result's status, and no reward.
+    assert ((tmp_path / "status").read_text(), (tmp_path / "reward").read_text()) == ("infra_error", "none")
 
 
 def test_a_verifier_that_writes_no_reward_scores_0_not_an_infra_error(scripted, scripted_proxy, tmp_path):
@@ -177,3 +180,13 @@ def test_a_dead_model_server_is_an_infra_error_not_a_zero(proxy, tmp_path):
     result = run_rollout(spec_for(dead, BUILTIN_DATASET / "hello-file", "direct", tmp_path))
     assert (result.status, result.reward) == ("infra_error", None)
     assert "no model call that was answered" in result.error and "unreachable" in result.error
+
+
+def test_outputs_that_cannot_be_written_are_left_absent(tmp_path):
+    """No folder to write into: no exception, nothing written; Argo then shows the template's defaults."""
+    from steps.rollout import RolloutResult, write_outputs
+
+    write_outputs(tmp_path / "missing", RolloutResult("r", "t", "direct", "ok", 1.0))
+    assert not (tmp_path / "missing").exists()
+    write_outputs(tmp_path, RolloutResult("r", "t", "direct", "agent_timeout", 0.0))  # the control
+    assert ((tmp_path / "status").read_text(), (tmp_path / "reward").read_text()) == ("agent_timeout", "0")

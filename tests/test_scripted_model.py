@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from scripted_model import create_app, logprob, shell_call, token_ids
+from scripted_model import NO_TASK_ANSWER, create_app, logprob, oracle_command, shell_call, token_ids
+from steps.tasks import BUILTIN_DATASET
 
 FIXTURES = Path(__file__).parent / "data" / "harness_requests"
 SHELL_TOOL = {"codex": ("exec_command", "cmd"), "claude-code": ("Bash", "command"),
@@ -65,3 +66,43 @@ def test_refuses_what_vllm_would_and_answers_plain_requests():
     assert too_long.status_code == 400 and "maximum context length" in too_long.json()["error"]["message"]
     title = chat(messages=[{"role": "user", "content": "t"}]).json()  # no tools, no token fields asked
     assert title["choices"][0]["finish_reason"] == "stop" and "prompt_token_ids" not in title
+
+
+BASH_TOOL = [{"type": "function", "function": {"name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+
+def ask_oracle(client, content, messages=()) -> dict:
+    return client.post("/v1/chat/completions", json={
+        "model": "tiny", "tools": BASH_TOOL, "messages": [{"role": "user", "content": content}, *messages]}).json()
+
+
+def test_the_oracle_mode_plays_the_solution_of_the_task_in_the_conversation():
+    client = TestClient(create_app(oracle=BUILTIN_DATASET))
+    instruction = (BUILTIN_DATASET / "csv-stats" / "instruction.md").read_text()
+    # As a harness wraps it: a text part among others, inside its own framing.
+    first = ask_oracle(client, [{"type": "text", "text": f"<task>\n{instruction}\n</task>"}])["choices"][0]
+    (call,) = first["message"]["tool_calls"]
+    command = json.loads(call["function"]["arguments"])["command"]
+    assert command == oracle_command(BUILTIN_DATASET / "csv-stats")
+    assert (BUILTIN_DATASET / "csv-stats" / "solution" / "solve.sh").read_text() in command
+    result = [{"role": "assistant", "content": None, "tool_calls": [call]},
+              {"role": "tool", "tool_call_id": call["id"], "content": "exit code: 0"}]
+    assert ask_oracle(client, instruction, result)["choices"][0]["message"]["content"] == "done"
+    # A conversation without any task's instruction: no tool call, a plain answer saying so.
+    unknown = ask_oracle(client, "write a poem")["choices"][0]
+    assert unknown["message"]["content"] == NO_TASK_ANSWER and not unknown["message"]["tool_calls"]
+
+
+def test_an_endpoint_that_is_not_vllm_returns_no_token_ids_or_refuses_vllms_fields():
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "return_token_ids": True, "logprobs": True}
+    plain = TestClient(create_app(with_token_ids=False)).post("/v1/chat/completions", json=body).json()
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+    assert plain["choices"][0]["logprobs"]["content"]  # logprobs, as OpenAI's API gives them
+    strict = TestClient(create_app(strict=True))
+    refused = strict.post("/v1/chat/completions", json={**body, "top_k": 0})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == "Unrecognized request argument supplied: return_token_ids"
+    del body["return_token_ids"]
+    answered = strict.post("/v1/chat/completions", json=body)  # the control: without it, answered
+    assert answered.status_code == 200 and "prompt_token_ids" not in answered.json()

@@ -1,6 +1,6 @@
 """Serving an existing endpoint: the recording proxy in front of a server the serve step did not start.
 
-    .venv/bin/python -m pytest -q tests/test_upstream.py      # ~30 s; the last test starts vLLM (~1 min more)
+    .venv/bin/python -m pytest -q tests/test_upstream.py      # ~40 s; one test starts vLLM (~1 min more)
 
 The endpoints are `tests/scripted_model.py` (a double: an endpoint that is not vLLM cannot run here) as
 an OpenAI-compatible server without token ids (`with_token_ids=False`), one that also refuses vLLM's fields
@@ -33,6 +33,7 @@ from steps.proxy.config import ProxyConfig
 from steps.proxy.upstream import NO_TOKEN_IDS
 from steps.rollout import RolloutSpec, run_rollout
 from steps.tasks import BUILTIN_DATASET
+from steps.trajectories.__main__ import main as trajectories_main
 from steps.trajectories.collect import collect
 from tests.conftest import ADMIN_KEY
 
@@ -211,7 +212,7 @@ def rollout_through(served: ProxyProcess, tmp_path: Path, task: str = "hello-fil
 
 
 @pytest.mark.parametrize("with_token_ids", [True, False])
-def test_serve_upstream_runs_a_rollout_that_passes_on_the_oracle(with_token_ids, tmp_path):
+def test_serve_upstream_runs_a_rollout_that_passes_on_the_oracle(with_token_ids, tmp_path, capsys):
     with ScriptedModel(model=REMOTE, oracle=BUILTIN_DATASET, with_token_ids=with_token_ids) as double:
         served = start_serve(double.url, tmp_path)
         try:
@@ -232,6 +233,12 @@ def test_serve_upstream_runs_a_rollout_that_passes_on_the_oracle(with_token_ids,
             assert (wrong.status, wrong.reward) == ("ok", 0.0), wrong
         finally:
             stop_serve(served)
+    # The trajectories step keeps every call and trains on those with token ids only, counting the others.
+    assert trajectories_main(["--store", str(tmp_path / "calls"), "--results", str(tmp_path),
+                              "--out", str(tmp_path / "tables")]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["rows"]["calls"] == 4 and summary["untrainable_calls"] == (0 if with_token_ids else 4)
+    assert (summary["rows"]["samples"] > 0) == with_token_ids
 
 
 def test_a_dead_or_wrong_upstream_stops_serve_in_one_sentence(tmp_path):
@@ -268,3 +275,46 @@ def test_a_real_vllm_as_upstream_has_its_own_token_ids_recorded(vllm_server, tmp
     assert call["response_token_ids"] == choice["token_ids"] != []
     assert call["response_logprobs"] == pytest.approx([entry["logprob"] for entry in choice["logprobs"]["content"]])
     assert "untrainable" not in call and call["sampling"]["seed"] == 7
+
+
+def test_an_https_upstream_is_verified_and_served(proxy, tmp_path):
+    """An external endpoint over TLS: served when its certificate verifies (here against SSL_CERT_FILE), a 502
+    naming the failure when it does not (the control: the same server, a CA file without its certificate)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    with ScriptedModel(model=REMOTE, commands=["ls"], with_token_ids=False, tls=(cert, key)) as double:
+        trusted = proxy(double.url, extra=EXTERNAL, env={"SSL_CERT_FILE": str(cert)})
+        assert ask("chat_completions", False, trusted.register("tls")) == "bash"
+        (call,) = trusted.calls("tls")
+        assert call["status"] == "ok" and call["untrainable"] == NO_TOKEN_IDS
+        untrusted = proxy(double.url, extra=EXTERNAL, env={"SSL_CERT_FILE": str(tmp_path / "none.pem")})
+        with pytest.raises(openai.APIStatusError) as refused:
+            ask("chat_completions", False, untrusted.register("tls-untrusted"))
+        assert refused.value.status_code == 502 and "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
+
+
+def test_only_a_400_naming_the_field_itself_drops_it():
+    """`top_logprobs` out of range is the harness's error, not a refusal of `logprobs` (nor is another status)."""
+    from steps.proxy.errors import ProxyError
+    from steps.proxy.upstream import Upstream
+
+    external, sent = Upstream("http://u", external=True), {"return_token_ids": True, "logprobs": True}
+    assert external._refused_extra(ProxyError(400, "Unrecognized request argument supplied: return_token_ids"),
+                                   sent) == "return_token_ids"
+    assert external._refused_extra(ProxyError(400, "body.logprobs: Extra inputs are not permitted"), sent) == "logprobs"
+    assert external._refused_extra(ProxyError(400, "top_logprobs must be at most 20"), sent) is None
+    assert external._refused_extra(ProxyError(502, "return_token_ids"), sent) is None
+    assert Upstream("http://u")._refused_extra(ProxyError(400, "return_token_ids"), sent) is None  # the run's own vLLM
+
+
+@pytest.mark.parametrize("url", ["http://h:abc", "http://", "ftp://h", "http://user:key@h:8000", "http://h/?key=1"])
+def test_an_upstream_that_is_no_url_is_refused_in_one_sentence(url, capsys):
+    from steps import serve
+
+    with pytest.raises(SystemExit) as stopped:
+        serve.parse_args(["--upstream", url, "--model-name", ASKED, "--port", "1", "--store", "s"])
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert stopped.value.code == 2 and "--upstream must be an http:// or https:// URL" in error and repr(url) in error
+    assert serve.parse_args(["--upstream", "https://h/v1", "--model-name", ASKED, "--port", "1", "--store", "s"])  # control

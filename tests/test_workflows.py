@@ -700,9 +700,11 @@ def test_a_run_config_the_update_would_refuse_is_refused_before_the_run(override
     assert (valid.learning_rate, valid.adv_estimator) == (1e-5, "rloo")
 
 
-def test_serve_against_an_upstream_starts_no_vllm_and_takes_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serve_against_an_upstream_starts_no_vllm_and_takes_no_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                                    workflow_validator: Validator) -> None:
     """With `upstream` the serve command names that server and the model it serves, carries no vLLM option,
-    and its pod requests no GPU and no model volume; without, the pod keeps its GPU (the control)."""
+    and its pod requests no GPU and no model volume; without, the pod keeps its GPU (the control). The
+    Workflow stays valid: Argo's schema, strictly, and the offline lint."""
     from steps import serve
     from steps.proxy.__main__ import parse_args as proxy_args
 
@@ -721,3 +723,45 @@ def test_serve_against_an_upstream_starts_no_vllm_and_takes_no_gpu(monkeypatch: 
         resources = serve_pod["container"]["resources"]
         assert resources.get("limits", {}).get("nvidia.com/gpu") == gpus, resources
         assert ("volumes" in serve_pod) == (gpus is not None)
+        assert serve_pod["container"]["image"].split("/")[-1].startswith("serve:" if gpus else "steps:")
+    workflow = yaml.safe_load(iteration_workflow(config, 0).to_yaml())
+    assert schema_errors(workflow_validator, workflow) == [] and semantic_problems(workflow) == []
+
+
+def test_rollout_nodes_show_the_runners_status_and_reward() -> None:
+    """The rollout template's output parameters are the files steps.rollout writes into OUT, the folder its
+    result.json is uploaded from, with defaults for a pod that died before writing them."""
+    from steps.rollout import NO_REWARD
+
+    rollout = template(iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"], "rollout")
+    out = rollout["outputs"]["artifacts"][0]["path"].rsplit("/", 1)[0]
+    assert out == rollout["container"]["command"][rollout["container"]["command"].index("--out") + 1]
+    parameters = {p["name"]: p["valueFrom"] for p in rollout["outputs"]["parameters"]}
+    assert parameters == {"status": {"path": f"{out}/{layout.STATUS_FILE}", "default": "no_result"},
+                          "reward": {"path": f"{out}/{layout.REWARD_FILE}", "default": NO_REWARD}}
+
+
+def test_the_exit_handler_records_first_and_a_failed_report_changes_no_outcome() -> None:
+    """`exit` runs record, then the report (also after a failed record); the report's failure is continued on.
+    The report command is the report step's, on the run's store."""
+    spec = iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"]
+    assert spec["onExit"] == "exit"
+    tasks = {task["name"]: task for task in template(spec, "exit")["dag"]["tasks"]}
+    assert "depends" not in tasks["record"] and tasks["record"]["template"] == "record"
+    assert lint.depends_on(tasks["report"]) == {"record"} and "record.Failed" in tasks["report"]["depends"]
+    assert tasks["report"]["continueOn"] == {"failed": True, "error": True}
+    assert template(spec, "report")["container"]["command"] == ["python", "-m", "steps.report", "--run", "t",
+                                                                "--store", "s3://openforge/runs"]
+
+
+def test_the_workflow_links_the_run_report_where_the_argo_ui_shows_it() -> None:
+    """The description annotation (Markdown in the Argo UI) links the report's index at `report_url_base`;
+    without one it names the s3:// URL as text, since a browser cannot open it."""
+    key = "workflows.argoproj.io/description"
+    linked = iteration_workflow(cluster_config("run=my run", "report_url_base=https://r.example.com/runs/"), 1)
+    assert linked.to_dict()["metadata"]["annotations"][key] == (
+        "[Run report](https://r.example.com/runs/my%20run/reports/index.html)")
+    plain = iteration_workflow(cluster_config("run=t"), 1).to_dict()["metadata"]["annotations"][key]
+    assert "`s3://openforge/runs/t/reports/index.html`" in plain and "](" not in plain
+    with pytest.raises(ConfigError, match="report_url_base"):
+        cluster_config("report_url_base=s3://openforge/runs")

@@ -139,3 +139,8 @@ def record_eval(config: RunConfig, iteration: int | str, workflow: str, status: 
     return [python, "-m", "steps.manifest", "record-eval", "--run-url", config.run_url, "--iteration", str(iteration),
             "--workflow", workflow, "--status", status, "--checkpoint", evaluated(config, iteration)[0],
             "--summary", layout.eval_summary_url(config.run_url, iteration)]
+
+
+def report(config: RunConfig, python: str = "python") -> list[str]:
+    """The run's report, written to `layout.reports_url(run_url)` in the store (`steps.report`)."""
+    return [python, "-m", "steps.report", "--run", config.run, "--store", config.store]

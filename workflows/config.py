@@ -72,6 +72,7 @@ class RunConfig:
     # where everything goes
     store: str = "runs"  # local folder or s3:// URL
     s3_endpoint: str = ""  # e.g. http://minio.openforge.svc:9000; empty: AWS
+    report_url_base: str = ""  # an http(s) URL serving the store's root to browsers: the Workflows link the report there
     # the cluster (used only with an Argo server)
     argo_server: str = ""  # empty: run locally
     namespace: str = "openforge"
@@ -166,6 +167,9 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         raise ConfigError(f"update_config {config.update_config!r} is not a file; give the update step's flat YAML, "
                           f"relative to the repository (e.g. configs/update.yaml)")
     check_update_config(config)
+    if config.report_url_base and not config.report_url_base.startswith(("http://", "https://")):
+        raise ConfigError(f"config key 'report_url_base' must be an http:// or https:// URL at which a browser opens "
+                          f"the store's root (e.g. https://reports.example.com/runs), got {config.report_url_base!r}")
     if config.upstream and not config.upstream.startswith(("http://", "https://")):
         raise ConfigError(f"config key 'upstream' must be an http:// or https:// URL of an OpenAI-compatible server "
                           f"(its base, e.g. http://10.0.0.5:8000), got {config.upstream!r}")

@@ -17,8 +17,9 @@ only this Workflow's serve pod on the proxy port (plus `rollout_egress_cidrs`, a
 for Argo's executor) and accepts no connection; the serve pod's proxy accepts only this Workflow's
 rollout and trajectories pods.
 `update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs
-no output from this workflow to chain the next one. The exit handler `record` writes the
-iteration's outcome to the run manifest. Every container command comes from `workflows.commands`;
+no output from this workflow to chain the next one. The exit handler `exit` writes the
+iteration's outcome to the run manifest (`record`), then the run's report to the store (`report`, which may
+fail without changing the outcome); the Workflow's description links to that report in the Argo UI. Every container command comes from `workflows.commands`;
 credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
 """
 
@@ -28,11 +29,12 @@ from urllib.parse import urlparse
 import yaml
 from hera.workflows import (DAG, Container, EmptyDirVolume, Env, NoneArchiveStrategy, Parameter, Resource,
                             Resources, RetryStrategy, S3Artifact, SecretEnv, Task, UserContainer, Workflow)
-from hera.workflows.models import (Backoff, ContainerPort, ExecutorConfig, HTTPGetAction, PodGC, Probe,
-                                   ResourceRequirements, SecretKeySelector, TTLStrategy, VolumeMount)
+from hera.workflows.models import (Backoff, ContainerPort, ContinueOn, ExecutorConfig, HTTPGetAction, PodGC, Probe,
+                                   ResourceRequirements, SecretKeySelector, TTLStrategy, ValueFrom, VolumeMount)
 
 from steps.harnesses import HARNESSES
 from steps.harnesses.base import NODE_VERSION
+from steps.rollout import NO_REWARD
 from workflows import commands, layout
 from workflows.config import RunConfig, egress_cidrs
 
@@ -44,6 +46,7 @@ MODEL_DIR = f"{MODELS_VOLUME}/current"
 RETRY_ON_INFRA_ERROR = "lastRetry.exitCode == '3'"
 ROLE = "openforge.dev/role"  # the pod label the NetworkPolicies select on: serve, rollout, trajectories
 WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"  # Argo's own label on every pod: the Workflow's name
+NO_STATUS = "no_result"  # a rollout node's status when its runner wrote none (the pod died, or hit its deadline)
 
 
 def run_label(config: RunConfig) -> str:
@@ -92,19 +95,19 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
 
     The step fetches the checkpoint itself, without the optimizer state the update keeps beside the
     weights (twice their size); an Argo input artifact would download the whole folder. With `upstream`
-    the pod runs only the proxy, in front of that server: no GPU, no checkpoint, a small CPU request."""
+    the pod runs only the proxy, in front of that server: the steps image (no vLLM), no GPU, no checkpoint."""
     command = commands.serve(config, config.checkpoint_url(iteration), layout.calls_url(config.run_url), iteration,
                              host="0.0.0.0", device="gpu", model_dir=MODEL_DIR)
     env = admin_env(config) + s3_env(config)
     if config.upstream:  # its key, if it needs one: the admin Secret's optional `upstream-api-key`
         env.append(SecretEnv(name="OPENFORGE_UPSTREAM_API_KEY", secret_name=config.admin_secret,
                              secret_key="upstream-api-key", optional=True))
-        resources, volumes = Resources(cpu_request=2, memory_request="4Gi"), []
+        resources, volumes, name = Resources(cpu_request=2, memory_request="4Gi"), [], "steps"
     else:
         resources = Resources(gpus=config.serve_gpus, cpu_request=4, memory_request="32Gi")
-        volumes = [EmptyDirVolume(name="models", mount_path=MODELS_VOLUME)]
+        volumes, name = [EmptyDirVolume(name="models", mount_path=MODELS_VOLUME)], "serve"
     return Container(
-        name="serve", image=image(config, "serve"), daemon=True, labels={ROLE: "serve"}, command=command,
+        name="serve", image=image(config, name), daemon=True, labels={ROLE: "serve"}, command=command,
         volumes=volumes, env=env, resources=resources,
         ports=[ContainerPort(name="proxy", container_port=commands.PROXY_PORT)],
         readiness_probe=Probe(http_get=HTTPGetAction(path="/health", port=commands.PROXY_PORT),
@@ -156,8 +159,10 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
 
     No working_dir: the pod starts in the image's WORKDIR, which `--isolation pod` takes as the workspace
     (PYTHONSAFEPATH keeps that folder off the runner's import path). The task's CPUs and memory are both
-    requests and limits, as a container runtime enforces them for Harbor. An evaluation's rollout writes its
-    result into the evaluation's folder.
+    requests and limits, as a container runtime enforces them for Harbor. Its `status` and `reward` are output
+    parameters, which the Argo UI shows per node: files the runner writes into OUT after the agent stopped (OUT
+    is root-only, 0700, and the agent a separate uid: `PodSandbox.create`), with defaults for a pod that died.
+    An evaluation's rollout writes its result into the evaluation's folder.
     """
     out = "/tmp/rollout"
     result_url = (layout.eval_result_url if evaluation else layout.result_url)(
@@ -178,7 +183,9 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
                                  Env(name="LD_LIBRARY_PATH", value=f"{SHARED}/python/lib"),
                                  Env(name="OPENFORGE_CACHE", value=SHARED)],
         # optional: a rollout that died before writing result.json must fail by its exit code, not the upload
-        outputs=[s3_artifact(config, "result", result_url, f"{out}/{layout.RESULT_FILE}", single_file=True, optional=True)],
+        outputs=[s3_artifact(config, "result", result_url, f"{out}/{layout.RESULT_FILE}", single_file=True, optional=True),
+                 Parameter(name="status", value_from=ValueFrom(path=f"{out}/{layout.STATUS_FILE}", default=NO_STATUS)),
+                 Parameter(name="reward", value_from=ValueFrom(path=f"{out}/{layout.REWARD_FILE}", default=NO_REWARD))],
         resources=ResourceRequirements(requests=quantities, limits=quantities),
         automount_service_account_token=False,  # the agent has no business with the Kubernetes API
         executor=ExecutorConfig(service_account_name=config.service_account),  # Argo's wait container does
@@ -266,12 +273,37 @@ def isolation_policies(config: RunConfig) -> dict[str, dict]:
 
 
 def record_template(config: RunConfig, iteration: int) -> Container:
-    """The exit handler: the iteration's final phase into the run manifest, whatever happened."""
+    """The exit handler's first step: the iteration's final phase into the run manifest, whatever happened."""
     return Container(
         name="record", image=image(config, "steps"), env=s3_env(config), resources=Resources(cpu_request=0.1),
         command=commands.record(config, iteration, "{{workflow.name}}", "{{workflow.status}}",
                                 config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)),
     )
+
+
+def report_template(config: RunConfig) -> Container:
+    """The exit handler's second step: the run's report, rewritten in the store with this iteration in it."""
+    return Container(name="report", image=image(config, "steps"), env=s3_env(config),
+                     command=commands.report(config), resources=Resources(cpu_request=1, memory_request="2Gi"))
+
+
+def exit_dag() -> DAG:
+    """The exit handler: `record`, then `report`. The outcome is recorded first; a report that fails is shown
+    on its node and changes neither the record nor the Workflow's phase (`continueOn`)."""
+    return DAG(name="exit", tasks=[
+        Task(name="record", template="record"),
+        Task(name="report", template="report", depends="record.Succeeded || record.Failed || record.Errored",
+             continue_on=ContinueOn(failed=True, error=True)),
+    ])
+
+
+def report_link(config: RunConfig) -> str:
+    """The Workflow's description in the Argo UI (Markdown): a link to the run's report, at `report_url_base`
+    when the config has one (a browser cannot open s3://), else its URL in the store as text."""
+    index = layout.report_index_url(config.run_url)
+    if config.report_url_base:
+        return f"[Run report]({layout.browsable_url(index, config.store, config.report_url_base)})"
+    return f"Run report: `{index}` (set report_url_base to link it)"
 
 
 def fanout(prefix: str, isolate: list[str]) -> list[Task]:
@@ -320,14 +352,15 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
                                                  Task(name="update", template="update", depends="collect")])
     templates = [iteration_dag, collect_dag(config, evaluation), serve_template(config, iteration),
                  plan_template(config, iteration), rollout_template(config, iteration),
-                 trajectories_template(config, iteration), update_template(config, iteration),
-                 record_template(config, iteration),
+                 trajectories_template(config, iteration), update_template(config, iteration), exit_dag(),
+                 record_template(config, iteration), report_template(config),
                  *(evaluation_templates(config, iteration, "eval-") if evaluation else [])]
     templates += [policy_template(name, policy) for name, policy in isolation_policies(config).items()]
     labels = {"openforge.dev/run": run_label(config), "openforge.dev/iteration": str(iteration)}
     return Workflow(
         name=workflow_name(config, iteration), namespace=config.namespace, labels=labels,
-        entrypoint="iteration", on_exit="record", templates=templates,
+        annotations={"workflows.argoproj.io/description": report_link(config)},
+        entrypoint="iteration", on_exit="exit", templates=templates,
         service_account_name=config.service_account,
         pod_gc=PodGC(strategy="OnWorkflowSuccess"), ttl_strategy=TTLStrategy(seconds_after_success=7 * 24 * 3600),
     )

@@ -37,7 +37,11 @@ so a run written by one is read by the other. This module imports nothing beyond
 the rollout pod's Python imports it through `steps.rollout`.
 """
 
+from urllib.parse import quote
+
 RESULT_FILE = "result.json"  # the rollout step's output, in its OUT folder
+# Beside it, its status and reward as one-word files: the rollout node's Argo output parameters.
+STATUS_FILE, REWARD_FILE = "status", "reward"
 METRICS_FILE = "metrics.json"  # the update's metrics, in the checkpoint folder it wrote
 
 
@@ -217,3 +221,18 @@ def eval_summary_url(run_url: str, iteration: int | str) -> str:
 def report_index_url(run_url: str) -> str:
     """The run report's front page."""
     return _join(reports_url(run_url), "index.html")
+
+
+def browsable_url(url: str, store: str, base: str) -> str:
+    """`url`, under `store`, as a browser opens it at `base` (an http(s) URL serving the store's root, the
+    config's `report_url_base`); its path percent-encoded. `url` itself when there is no base.
+
+    >>> browsable_url("s3://b/runs/my run/reports/index.html", "s3://b/runs/", "https://reports.example.com/runs/")
+    'https://reports.example.com/runs/my%20run/reports/index.html'
+    >>> browsable_url("s3://b/runs/demo/reports/index.html", "s3://b/runs", "")
+    's3://b/runs/demo/reports/index.html'
+    """
+    root = store.rstrip("/") + "/"
+    if not base or not url.startswith(root):
+        return url
+    return base.rstrip("/") + "/" + quote(url[len(root):])

@@ -91,11 +91,14 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
             p.error(f"--{name.replace('_', '-')} takes a number >= 0 (0 turns the limit off), got {value}")
     if not args.admin_key:
         p.error("an admin key is required: pass --admin-key or set OPENFORGE_ADMIN_KEY")
+    upstream_key = os.environ.get("OPENFORGE_UPSTREAM_API_KEY") or None
+    if upstream_key is not None and not upstream_key.isprintable():
+        p.error("OPENFORGE_UPSTREAM_API_KEY holds a line break or another control character; give the key alone")
     return ProxyConfig(
         upstream=args.upstream, store=args.store, admin_key=args.admin_key, host=args.host, port=args.port,
         public_url=args.public_url, model=args.model, weight_version=args.weight_version,
         upstream_model=args.upstream_model, external_upstream=args.external_upstream,
-        upstream_api_key=os.environ.get("OPENFORGE_UPSTREAM_API_KEY") or None,
+        upstream_api_key=upstream_key,
         forced_sampling=forced_sampling(p, args.sampling),
         max_tokens_cap=args.max_tokens_cap, max_body_bytes=args.max_body_bytes,
         upstream_timeout_s=args.upstream_timeout, fsync=args.fsync, log_level=args.log_level,

@@ -13,6 +13,7 @@ again without it, and never again.
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -122,7 +123,7 @@ _PROMPT_IDS = b'"prompt_token_ids":['
 NO_TOKEN_IDS = "the upstream returned no token ids, so this call cannot be trained on"
 # Fields only vLLM knows that the proxy adds to every upstream call; an external upstream that refuses one by
 # name is sent the call again without it (and without what depends on it).
-_VLLM_EXTRAS = {"return_token_ids": (), "logprobs": ("top_logprobs",)}
+_VLLM_EXTRAS = {"return_token_ids": (), "logprobs": ("top_logprobs",)}  # each, and what depends on it
 
 
 def _cut_prompt_ids(data: bytes) -> tuple[bytes, bytes | None]:
@@ -215,7 +216,8 @@ class Upstream:
         self.model = model
         self.external = external
         self._headers = {**_JSON, **({"authorization": f"Bearer {api_key}"} if api_key else {})}
-        self._extras = dict.fromkeys(_VLLM_EXTRAS, True)  # what the proxy adds; an external upstream may refuse some
+        self._extras = dict.fromkeys(_VLLM_EXTRAS, True)  # what the proxy adds to every call, less those refused
+        self._refused: tuple[str, ...] = ()  # those refused, and what depends on them: left out of every call
         self._pool: HttpPool | None = None
 
     async def start(self) -> None:
@@ -238,28 +240,31 @@ class Upstream:
         return self.model
 
     async def complete(self, chat_body: dict) -> Completion:
-        """Runs one non-streaming chat completion with token ids and logprobs."""
-        chat_body = {**chat_body, "model": await self.served_model(), "stream": False}
+        """Runs one non-streaming chat completion with token ids and logprobs (to an external upstream, without
+        those it refused)."""
+        chat_body = {**chat_body, "model": await self.served_model(), "stream": False, **self._extras}
         while True:
-            body = {**chat_body, **{name: True for name, sent in self._extras.items() if sent}}
-            if not self._extras["logprobs"]:
-                body.pop("top_logprobs", None)
+            for name in self._refused:
+                chat_body.pop(name, None)
             try:
-                return parse_completion(await self.send("POST", "/v1/chat/completions", body),
+                return parse_completion(await self.send("POST", "/v1/chat/completions", chat_body),
                                         require_token_ids=not self.external)
             except ProxyError as err:
-                refused = self._refused_extra(err)
+                refused = self._refused_extra(err, chat_body)
                 if refused is None:
                     raise
-                log.warning("upstream refused a vLLM field; sending calls without it",
-                            extra={"field": refused, "error": err.message})
-                self._extras[refused] = False
+                if refused in self._extras:  # calls in flight may all be refused: the first one tells
+                    log.warning("upstream refused a vLLM field; sending calls without it",
+                                extra={"field": refused, "error": err.message})
+                    del self._extras[refused]
+                    self._refused += (refused, *_VLLM_EXTRAS[refused])
 
-    def _refused_extra(self, err: ProxyError) -> str | None:
-        """The vLLM field an external upstream's 400 names (so the call is sent again without it), else None."""
+    def _refused_extra(self, err: ProxyError, sent: dict) -> str | None:
+        """The vLLM field of `sent` that an external upstream's 400 names (the call goes again without it), else None."""
         if not self.external or err.status != 400:
             return None
-        return next((name for name, sent in self._extras.items() if sent and name in err.message), None)
+        # As a word: a 400 about the harness's `top_logprobs` does not refuse `logprobs`.
+        return next((name for name in _VLLM_EXTRAS if name in sent and re.search(rf"\b{name}\b", err.message)), None)
 
     async def request(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None,
                       retries: int | None = None) -> dict:
