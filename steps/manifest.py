@@ -4,9 +4,14 @@
         --workflow openforge-demo-it0 --status Succeeded --checkpoint s3://.../base \
         --next-checkpoint s3://openforge/runs/demo/checkpoints/iteration-1
 
+    python -m steps.manifest record-eval --run-url s3://openforge/runs/demo --iteration 0 \
+        --workflow openforge-demo-eval0 --status Succeeded --checkpoint s3://.../base \
+        --summary s3://openforge/runs/demo/evals/iteration-0/summary.json
+
 Layout under the run's URL (`workflows.layout`): `manifest/run.json` (the run config, written once by
-the driver) and `manifest/iteration-<N>.json` (one `IterationRecord` each). One file per iteration means the driver
-and the Argo exit handler never rewrite each other's iterations. The driver (`workflows/submit.py`)
+the driver; an eval run's has one more field, `eval`, saying what it evaluates), `manifest/iteration-<N>.json`
+(one `IterationRecord` each) and `manifest/eval-<N>.json` (one `EvalRecord` per evaluation). One file per
+iteration and per evaluation means the driver and the Argo exit handlers never rewrite each other's records. The driver (`workflows/submit.py`)
 reads it to resume a run after it died; the exit handler of each iteration's workflow writes the
 iteration's final status with this command.
 """
@@ -22,6 +27,7 @@ import fsspec
 from workflows import layout
 
 DONE = ("Succeeded", "Failed", "Error")
+EVAL_FIELD = "eval"  # in an eval run's run.json: what it evaluates ({"checkpoint", "run", "iteration", "upstream"})
 
 
 @dataclass
@@ -36,10 +42,30 @@ class IterationRecord:
     updated: float = 0.0  # unix time of the last write
     metrics: dict | None = None
     attempt: int = 0  # local runner: how many earlier starts of this iteration died or failed
+    eval: dict | None = None  # with eval_every: the evaluation of `checkpoint` (`eval_numbers`)
 
     @property
     def done(self) -> bool:
         """True once the iteration has an outcome (success or failure)."""
+        return self.status in DONE
+
+
+@dataclass
+class EvalRecord:
+    """What the manifest knows about one evaluation: of the checkpoint iteration `iteration` serves."""
+
+    iteration: int
+    workflow: str = ""  # the Argo Workflow that ran it ("local" for the local runner)
+    checkpoint: str = ""  # the checkpoint (or upstream server) evaluated
+    status: str = "Pending"  # Argo's phases, as for iterations
+    updated: float = 0.0
+    summary: str = ""  # its summary.json (steps.evaluate)
+    overall: dict | None = None  # the summary's overall numbers, once it succeeded
+    attempt: int = 0  # local runner: how many earlier starts of this evaluation died or failed
+
+    @property
+    def done(self) -> bool:
+        """True once the evaluation has an outcome."""
         return self.status in DONE
 
 
@@ -51,18 +77,29 @@ def write_json(url: str, data: dict) -> None:
         f.write(json.dumps(data, indent=2, sort_keys=True))
 
 
-def write_run_config(run_url: str, config: dict) -> None:
-    """Records the run's config (once, when the run starts)."""
-    write_json(layout.run_config_url(run_url), config)
-
-
-def read_run_config(run_url: str) -> dict | None:
-    """The run's recorded config, or None when the run has no manifest."""
-    fs, path = fsspec.core.url_to_fs(layout.run_config_url(run_url))
+def read_json(url: str) -> dict | None:
+    """The JSON object at a local path or s3:// URL, or None when there is no such file."""
+    fs, path = fsspec.core.url_to_fs(url)
     if not fs.exists(path):
         return None
     with fs.open(path, "r") as f:
         return json.loads(f.read())
+
+
+def write_run_config(run_url: str, config: dict, evaluates: dict | None = None) -> None:
+    """Records the run's config (once, when the run starts); an eval run's with what it evaluates."""
+    write_json(layout.run_config_url(run_url), {**config, **({EVAL_FIELD: evaluates} if evaluates else {})})
+
+
+def read_run_config(run_url: str) -> dict | None:
+    """The run's recorded config (without an eval run's `eval` field), or None when the run has no manifest."""
+    stored = read_json(layout.run_config_url(run_url))
+    return None if stored is None else {k: v for k, v in stored.items() if k != EVAL_FIELD}
+
+
+def read_evaluates(run_url: str) -> dict | None:
+    """What an eval run evaluates (its run.json's `eval` field); None for a training run or no run."""
+    return (read_json(layout.run_config_url(run_url)) or {}).get(EVAL_FIELD)
 
 
 def record(run_url: str, entry: IterationRecord) -> None:
@@ -86,17 +123,47 @@ def read_iterations(run_url: str) -> dict[int, IterationRecord]:
     return dict(sorted(out.items()))
 
 
+def record_eval(run_url: str, entry: EvalRecord) -> None:
+    """Writes one evaluation's record, stamped with the current time."""
+    entry.updated = time.time()
+    write_json(layout.eval_record_url(run_url, entry.iteration), asdict(entry))
+
+
+def read_evals(run_url: str) -> dict[int, EvalRecord]:
+    """Every recorded evaluation by the iteration whose checkpoint it evaluates (empty when none)."""
+    fs, path = fsspec.core.url_to_fs(layout.manifest_url(run_url))
+    if not fs.exists(path):
+        return {}
+    known = {f.name for f in fields(EvalRecord)}
+    out = {}
+    for name in fs.glob(layout.eval_records_glob(run_url)):
+        with fs.open(name, "r") as f:
+            entry = EvalRecord(**{k: v for k, v in json.loads(f.read()).items() if k in known})
+        out[entry.iteration] = entry
+    return dict(sorted(out.items()))
+
+
+def eval_numbers(summary_url: str) -> dict | None:
+    """An evaluation's overall numbers with its k and where its summary.json is; None before it exists."""
+    summary = read_json(summary_url)
+    return None if summary is None else {"summary": summary_url, "k": summary["k"], **summary["overall"]}
+
+
+def eval_record(iteration: int, workflow: str, checkpoint: str, status: str, summary_url: str) -> EvalRecord:
+    """An evaluation's record; once it succeeded, with its summary's overall numbers and k."""
+    numbers = eval_numbers(summary_url) if status == "Succeeded" else None
+    return EvalRecord(iteration=iteration, workflow=workflow, checkpoint=checkpoint, status=status,
+                      summary=summary_url, overall={k: v for k, v in numbers.items() if k != "summary"} if numbers else None)
+
+
 def read_metrics(checkpoint_url: str) -> dict | None:
     """The update's `metrics.json` next to the checkpoint it wrote, or None when there is none."""
-    fs, path = fsspec.core.url_to_fs(layout.metrics_url(checkpoint_url))
-    if not fs.exists(path):
-        return None
-    with fs.open(path, "r") as f:
-        return json.loads(f.read())
+    return read_json(layout.metrics_url(checkpoint_url))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`record`: writes one iteration's outcome (what the exit handler of an iteration's workflow runs)."""
+    """`record`: writes one iteration's outcome (what the exit handler of an iteration's workflow runs);
+    `record-eval`: one evaluation's, with its overall numbers when it succeeded (an eval workflow's)."""
     p = argparse.ArgumentParser(prog="python -m steps.manifest", description=__doc__.split("\n\n")[0])
     commands = p.add_subparsers(dest="command", required=True)
     rec = commands.add_parser("record", help="write one iteration's record")
@@ -106,7 +173,17 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--status", required=True)
     rec.add_argument("--checkpoint", default="")
     rec.add_argument("--next-checkpoint", default="")
+    ev = commands.add_parser("record-eval", help="write one evaluation's record")
+    for flag in ("--run-url", "--workflow", "--status", "--summary"):
+        ev.add_argument(flag, required=True)
+    ev.add_argument("--iteration", type=int, required=True)
+    ev.add_argument("--checkpoint", default="")
     args = p.parse_args(argv)
+    if args.command == "record-eval":
+        evaluation = eval_record(args.iteration, args.workflow, args.checkpoint, args.status, args.summary)
+        record_eval(args.run_url, evaluation)
+        print(json.dumps(asdict(evaluation)))
+        return 0
     entry = IterationRecord(iteration=args.iteration, workflow=args.workflow, status=args.status,
                             checkpoint=args.checkpoint, next_checkpoint=args.next_checkpoint)
     record(args.run_url, entry)

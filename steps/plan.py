@@ -2,6 +2,7 @@
 
     python -m steps.plan --dataset steps/tasks/builtin --iteration 0 --tasks-per-iteration 4 \
         --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--image-tag 0.1.0]
+    python -m steps.plan --eval --dataset steps/tasks/builtin --iteration 0 --samples-per-task 3   # an evaluation
 
 Each item is `{"task", "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb"}`: the task
 folder (relative to the working folder), the sample number, a rollout id unique within the run, the
@@ -12,6 +13,9 @@ this list (`withParam`); the local runner reads the same list. Each item's `samp
 step (`--sample`), which writes it into its result, where the trajectory tables take it from. A retried
 rollout runs under `attempt_id(rollout_id, K)`: `ID-a2`, `ID-a3`, ..., with the same sample. Tasks rotate through a seeded shuffle
 of the dataset, so consecutive iterations see different tasks and a rerun plans the same rollouts.
+`--eval` plans an evaluation of the checkpoint iteration N serves instead: every task of the dataset, in
+name order, `--samples-per-task` tries each (its k), with ids `ev<N>-<task>-s<i>`, which never collide with
+a training rollout's `it<N>-...` in the proxy's store the two share.
 Broken tasks are skipped with a warning on stderr; exit code 2 when no task can be loaded.
 """
 
@@ -82,18 +86,22 @@ def pick_tasks(tasks: list[Task], iteration: int, count: int, seed: int) -> list
 
 
 def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_per_task: int, seed: int = 0,
-         image_prefix: str = "openforge-task-", image_tag: str = "latest", root: Path | None = None) -> list[PlannedRollout]:
-    """The iteration's rollouts, task by task, `samples_per_task` samples each."""
+         image_prefix: str = "openforge-task-", image_tag: str = "latest", root: Path | None = None,
+         evaluation: bool = False) -> list[PlannedRollout]:
+    """The iteration's rollouts, task by task, `samples_per_task` samples each; with `evaluation`, every task
+    (`tasks_per_iteration` is not used) under `ev<N>-` ids."""
     root = (root or Path.cwd()).resolve()
     planned = []
-    for task in pick_tasks(tasks, iteration, tasks_per_iteration, seed):
+    chosen = sorted(tasks, key=lambda t: t.name) if evaluation else pick_tasks(tasks, iteration, tasks_per_iteration, seed)
+    id_prefix = f"ev{iteration}" if evaluation else f"it{iteration}"
+    for task in chosen:
         path = task.path.resolve()
         folder = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
         image = task.config.docker_image or f"{image_prefix}{task.name}:{image_tag}"
         deadline = int(task.config.agent_timeout_s + task.config.verifier_timeout_s + SETUP_MARGIN_S)
         resources = task.config.resources
         for sample in range(samples_per_task):
-            planned.append(PlannedRollout(task=folder, sample=sample, rollout_id=f"it{iteration}-{task.name}-s{sample}",
+            planned.append(PlannedRollout(task=folder, sample=sample, rollout_id=f"{id_prefix}-{task.name}-s{sample}",
                                           image=image, deadline_s=deadline, cpus=resources.cpus,
                                           memory_mb=resources.memory_mb))
     return planned
@@ -104,12 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m steps.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", required=True)
     p.add_argument("--iteration", type=int, required=True)
-    p.add_argument("--tasks-per-iteration", type=int, required=True)
+    p.add_argument("--tasks-per-iteration", type=int, help="required unless --eval")
     p.add_argument("--samples-per-task", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--image-prefix", default="openforge-task-")
     p.add_argument("--image-tag", default="latest")
+    p.add_argument("--eval", action="store_true", help="every task of the dataset, --samples-per-task tries each, "
+                   "ids ev<N>-<task>-s<i>")
     args = p.parse_args(argv)
+    if args.tasks_per_iteration is None and not args.eval:
+        p.error("--tasks-per-iteration is required (or plan an evaluation with --eval)")
     try:
         tasks, errors = load_dataset(args.dataset)
     except DatasetError as exc:
@@ -120,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if not tasks:
         print(f"error: no task of {args.dataset} could be loaded", file=sys.stderr)
         return 2
-    rollouts = plan(tasks, args.iteration, args.tasks_per_iteration, args.samples_per_task, args.seed,
-                    args.image_prefix, args.image_tag)
+    rollouts = plan(tasks, args.iteration, args.tasks_per_iteration or 0, args.samples_per_task, args.seed,
+                    args.image_prefix, args.image_tag, evaluation=args.eval)
     print(json.dumps([asdict(r) for r in rollouts]))
     return 0
 

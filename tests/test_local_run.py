@@ -1,6 +1,8 @@
 """The embedded default end to end: `python workflows/submit.py` with no Argo server runs the whole loop
 on this machine — real vLLM on CPU with the tiny model, the proxy, `direct` rollouts in bubblewrap,
 grading, Parquet, the real veRL update, the new weights swapped in — and resumes after its driver dies.
+With `eval_every: 2` it also evaluates the checkpoint iteration 0 serves (before its rollouts, in the same
+serve) and the final one (after the last swap), and the resumed run does not evaluate iteration 0 again.
 The same run's report is then checked in headless chromium (one run for the module: it takes minutes).
 
 The dataset is the toy `target-word` task, whose verifier gives partial credit for the reply, so that
@@ -61,6 +63,7 @@ class LocalRun:
     store: Path
     run: Path
     first: dict
+    first_eval: dict
     resumed: subprocess.CompletedProcess
 
 
@@ -77,7 +80,7 @@ def local_run(tiny_model, tmp_path_factory) -> LocalRun:
     update_config.write_text(defaults.replace("\nentropy_coeff: 0.0\n", "\nentropy_coeff: 0.001\n"))
     settings = [f"store={store}", "run=loop", "iterations=2", "dataset=steps/tasks/toy", "tasks_per_iteration=1",
                 "samples_per_task=8", "max_tokens_cap=16", "parallel_rollouts=4", f"model={tiny_model}",
-                f"update_config={update_config}"]
+                f"update_config={update_config}", "eval_every=2", "eval_k=2"]
     log = open(tmp_path / "driver.log", "w")
     driver = subprocess.Popen([sys.executable, "workflows/submit.py", "--harness", "direct", *settings],
                               cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -91,17 +94,25 @@ def local_run(tiny_model, tmp_path_factory) -> LocalRun:
         driver.kill()  # the driver dies mid-run; serve (and its vLLM) and the rollouts must go with it
         driver.wait()
     wait_for(lambda: not processes_mentioning(str(store)), 60, "serve, vLLM and rollouts to stop after the driver died")
+    first_eval = json.loads((run / "manifest" / "eval-0.json").read_text())
+    assert first_eval["status"] == "Succeeded" and first["eval"]["tries"] == 2
 
     resumed = subprocess.run([sys.executable, "workflows/submit.py", "resume", "--run", "loop", *settings[:1]],
                              cwd=REPO, capture_output=True, text=True, timeout=900)
-    return LocalRun(store, run, first, resumed)
+    return LocalRun(store, run, first, first_eval, resumed)
 
 
 def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(local_run, tiny_model):
     store, run, first, resumed = local_run.store, local_run.run, local_run.first, local_run.resumed
+    first_eval = local_run.first_eval
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert iteration_record(store, 0)["updated"] == first["updated"]  # iteration 0 was not run again
     assert iteration_record(store, 1)["status"] == "Succeeded" and iteration_record(store, 1)["attempt"] == 1
+    assert json.loads((run / "manifest" / "eval-0.json").read_text()) == first_eval  # not evaluated again
+    assert iteration_record(store, 1)["eval"] is None  # eval_every 2: iteration 1's checkpoint is not evaluated
+    final = json.loads((run / "manifest" / "eval-2.json").read_text())
+    assert final["status"] == "Succeeded" and final["checkpoint"] == str(run / "checkpoints" / "iteration-2")
+    assert json.loads(resumed.stdout.splitlines()[-1])["eval"] == 2
     # The dead start's results are kept aside. The proxy's store still holds that start's registrations:
     # the rollouts it had registered ran again under new ids instead of failing on the old ones (409).
     assert list((run / "results" / "iteration-1-attempt-0").glob("*/result.json"))
@@ -117,12 +128,13 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(local_
         metrics = json.loads((run / "checkpoints" / f"iteration-{iteration + 1}" / "metrics.json").read_text())
         assert metrics["tokens_trained"] > 0
 
-    # Iteration 1 was served the weights iteration 0's update wrote, stamped with their version.
+    # Iteration 1 was served the weights iteration 0's update wrote, stamped with their version; each evaluation
+    # the checkpoint it evaluates (ev0: the base model, ev2: what the last update wrote).
     versions = {}
     for call_log in (run / "calls" / "rollouts").glob("*/calls.jsonl"):
         for call in map(json.loads, call_log.read_text().splitlines()):
             versions.setdefault(call["rollout_id"].split("-")[0], set()).add(call["weight_version"])
-    assert versions == {"it0": {"0"}, "it1": {"1"}}
+    assert versions == {"it0": {"0"}, "it1": {"1"}, "ev0": {"0"}, "ev2": {"2"}}
     base, updated = load_file(tiny_model / "model.safetensors"), load_file(run / "checkpoints" / "iteration-1" / "model.safetensors")
     assert base.keys() == updated.keys()
     assert any(not base[name].float().equal(updated[name].float()) for name in base)

@@ -34,6 +34,7 @@ from steps.tasks import load_dataset
 from workflows import commands, layout, submit
 from workflows import lint
 from workflows.config import ConfigError, load_config, validate_for_argo
+from workflows.evaluation import evaluation_workflow
 from workflows.iteration import PRIVATE, WORKFLOW_POD_LABEL, app_layout, iteration_workflow, workflow_name
 from workflows.lint import semantic_problems
 
@@ -42,11 +43,21 @@ GOLDEN = Path(__file__).parent / "golden"
 CLUSTER = REPO / "configs" / "cluster-example.yaml"
 # Hera 7.1 calls pydantic's deprecated .json() on every request; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
-GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, iteration)
+GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, iteration); evaluation-*: an eval Workflow
     "iteration-codex-it0.yaml": (["run=golden", "iterations=2"], 0),
     "iteration-codex-it1.yaml": (["run=golden", "iterations=2"], 1),
     "iteration-direct-it0.yaml": (["run=golden", "harness=direct", "samples_per_task=4", "s3_endpoint="], 0),
+    "iteration-codex-eval-it0.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 0),
+    "evaluation-direct.yaml": (["run=golden-eval", "harness=direct", "eval_k=3"], 0),
+    "evaluation-codex-final.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 2),
 }
+
+
+def golden_workflow(name: str):
+    """The Workflow a golden file holds: an iteration's, or an evaluation's (`workflows/evaluation.py`)."""
+    overrides, iteration = GOLDEN_CASES[name]
+    build = evaluation_workflow if name.startswith("evaluation-") else iteration_workflow
+    return build(cluster_config(*overrides), iteration)
 
 
 def cluster_config(*overrides: str):
@@ -59,8 +70,7 @@ def cluster_config(*overrides: str):
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
 def test_golden_yaml(name: str) -> None:
     """Each workflow equals its committed YAML; OPENFORGE_UPDATE_GOLDEN=1 rewrites the file instead."""
-    overrides, iteration = GOLDEN_CASES[name]
-    workflow = iteration_workflow(cluster_config(*overrides), iteration)
+    workflow = golden_workflow(name)
     path = GOLDEN / name
     if os.environ.get("OPENFORGE_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)
@@ -143,8 +153,8 @@ def test_no_secret_values_in_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
                "AWS_ACCESS_KEY_ID": "AKIAEXAMPLEDONOTLEAK", "OPENFORGE_ADMIN_KEY": "admin-do-not-leak"}
     for key, value in secrets.items():
         monkeypatch.setenv(key, value)
-    for overrides, iteration in GOLDEN_CASES.values():
-        text = iteration_workflow(cluster_config(*overrides), iteration).to_yaml()
+    for name in GOLDEN_CASES:
+        text = golden_workflow(name).to_yaml()
         assert not any(value in text for value in secrets.values())
         assert not re.search(r"AKIA[0-9A-Z]{12,}|-----BEGIN|password", text, re.IGNORECASE)
         envs = [env for doc in [yaml.safe_load(text)] for t in doc["spec"]["templates"]

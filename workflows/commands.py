@@ -26,6 +26,19 @@ def update_overrides(config: RunConfig) -> list[str]:
             *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else [])]
 
 
+def eval_dataset(config: RunConfig) -> str:
+    """The dataset evaluations run on: `eval_dataset`, else the run's `dataset` (an eval run's `--dataset`)."""
+    return config.eval_dataset or config.dataset
+
+
+def evaluated(config: RunConfig, iteration: int | str) -> tuple[str, str]:
+    """(what an evaluation of iteration `iteration`'s checkpoint serves, the model name it is served as): the
+    checkpoint, or with `upstream` that server and its model."""
+    if config.upstream:
+        return config.upstream, config.upstream_model or config.model_name
+    return config.checkpoint_url(int(iteration)), config.model_name
+
+
 # ---- the commands ----
 
 def serve(config: RunConfig, model: str, store: str, weight_version: str | int, host: str = "127.0.0.1",
@@ -63,11 +76,16 @@ def vllm_flags(config: RunConfig, device: str) -> list[str]:
     return flags + [f"--vllm-arg={arg}" for arg in config.vllm_args]
 
 
-def plan(config: RunConfig, iteration: int | str, python: str = "python") -> list[str]:
-    """Prints the iteration's rollouts as a JSON list (`steps.plan`)."""
-    return [python, "-m", "steps.plan", "--dataset", config.dataset, "--iteration", str(iteration),
-            "--tasks-per-iteration", str(config.tasks_per_iteration),
-            "--samples-per-task", str(config.samples_per_task), "--seed", str(config.seed),
+def plan(config: RunConfig, iteration: int | str, python: str = "python", evaluation: bool = False) -> list[str]:
+    """Prints the iteration's rollouts as a JSON list (`steps.plan`); with `evaluation`, those of the
+    evaluation of its checkpoint: every task of `eval_dataset`, `eval_k` tries each."""
+    if evaluation:
+        chosen = ["--eval", "--dataset", eval_dataset(config), "--iteration", str(iteration),
+                  "--samples-per-task", str(config.eval_k)]
+    else:
+        chosen = ["--dataset", config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
+                  str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task)]
+    return [python, "-m", "steps.plan", *chosen, "--seed", str(config.seed),
             "--image-prefix", f"{config.image_registry}/task-", "--image-tag", config.image_tag]
 
 
@@ -85,10 +103,21 @@ def rollout(config: RunConfig, task: str, rollout_id: str, sample: int | str, pr
 
 
 def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int | str,
-                 python: str = "python") -> list[str]:
-    """The iteration's Parquet tables from the rollout results and the proxy's calls (`steps.trajectories`)."""
+                 python: str = "python", out: str | None = None) -> list[str]:
+    """The iteration's Parquet tables from the rollout results and the proxy's calls (`steps.trajectories`),
+    under the run's trajectories, or under `out` (an evaluation's)."""
     return [python, "-m", "steps.trajectories", "--proxy-url", proxy_url, "--results", results,
-            "--out", layout.trajectories_url(config.run_url), "--run", config.run, "--iteration", str(iteration)]
+            "--out", out or layout.trajectories_url(config.run_url), "--run", config.run, "--iteration", str(iteration)]
+
+
+def evaluate(config: RunConfig, iteration: int | str, python: str = "python") -> list[str]:
+    """The evaluation of iteration `iteration`'s checkpoint from its results: the table, summary.json
+    (`steps.evaluate`)."""
+    served, model = evaluated(config, iteration)
+    return [python, "-m", "steps.evaluate", "--results", layout.eval_results_url(config.run_url, iteration),
+            "--k", str(config.eval_k), "--out", layout.eval_summary_url(config.run_url, iteration),
+            "--harness", config.harness, "--dataset", eval_dataset(config), "--checkpoint", served,
+            "--model", model, "--iteration", str(iteration)]
 
 
 def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, python: str = "python") -> list[str]:
@@ -103,6 +132,13 @@ def record(config: RunConfig, iteration: int | str, workflow: str, status: str, 
     return [python, "-m", "steps.manifest", "record", "--run-url", config.run_url, "--iteration", str(iteration),
             "--workflow", workflow, "--status", status, "--checkpoint", checkpoint,
             "--next-checkpoint", next_checkpoint]
+
+
+def record_eval(config: RunConfig, iteration: int | str, workflow: str, status: str, python: str = "python") -> list[str]:
+    """Writes one evaluation's outcome and overall numbers into the run manifest (`steps.manifest record-eval`)."""
+    return [python, "-m", "steps.manifest", "record-eval", "--run-url", config.run_url, "--iteration", str(iteration),
+            "--workflow", workflow, "--status", status, "--checkpoint", evaluated(config, iteration)[0],
+            "--summary", layout.eval_summary_url(config.run_url, iteration)]
 
 
 def report(config: RunConfig, python: str = "python") -> list[str]:

@@ -106,6 +106,15 @@ class RunConfig:
         """The checkpoint iteration `iteration` serves: the base model, then what the previous update wrote."""
         return layout.checkpoint_url(self.run_url, iteration, self.model)
 
+    def evaluates_at(self, iteration: int) -> bool:
+        """Whether a training run evaluates the checkpoint iteration `iteration` serves: every `eval_every`
+        iterations from 0, and the final checkpoint (the one iteration `iterations` would serve).
+
+        >>> [i for i in range(6) if RunConfig(iterations=5, eval_every=2).evaluates_at(i)]
+        [0, 2, 4, 5]
+        """
+        return self.eval_every > 0 and (iteration % self.eval_every == 0 or iteration == self.iterations)
+
     def to_dict(self) -> dict:
         """The config as a flat dict (what the run manifest stores)."""
         return dataclasses.asdict(self)

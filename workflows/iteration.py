@@ -115,10 +115,12 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     )
 
 
-def plan_template(config: RunConfig, iteration: int) -> Container:
-    """Prints the iteration's rollouts as a JSON list on stdout: `{{tasks.plan.outputs.result}}`."""
-    return Container(name="plan", image=image(config, "steps"), working_dir="/opt/openforge/app",
-                     command=commands.plan(config, iteration), resources=Resources(cpu_request=0.5, memory_request="512Mi"))
+def plan_template(config: RunConfig, iteration: int, evaluation: bool = False, name: str = "plan") -> Container:
+    """Prints the iteration's rollouts (with `evaluation`, its checkpoint's evaluation's) as a JSON list on
+    stdout: `{{tasks.plan.outputs.result}}`."""
+    return Container(name=name, image=image(config, "steps"), working_dir="/opt/openforge/app",
+                     command=commands.plan(config, iteration, evaluation=evaluation),
+                     resources=Resources(cpu_request=0.5, memory_request="512Mi"))
 
 
 def app_layout(source: str = "/opt/openforge/app") -> str:
@@ -152,7 +154,7 @@ def init_containers(config: RunConfig) -> list[UserContainer]:
     return copies
 
 
-def rollout_template(config: RunConfig, iteration: int) -> Container:
+def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False, name: str = "rollout") -> Container:
     """One rollout in the task's image, the pod as its sandbox; retried only on infra_error; result.json to S3.
 
     No working_dir: the pod starts in the image's WORKDIR, which `--isolation pod` takes as the workspace
@@ -160,12 +162,14 @@ def rollout_template(config: RunConfig, iteration: int) -> Container:
     requests and limits, as a container runtime enforces them for Harbor. Its `status` and `reward` are output
     parameters, which the Argo UI shows per node: files the runner writes into OUT after the agent stopped (OUT
     is root-only, 0700, and the agent a separate uid: `PodSandbox.create`), with defaults for a pod that died.
+    An evaluation's rollout writes its result into the evaluation's folder.
     """
     out = "/tmp/rollout"
-    result_url = layout.result_url(config.run_url, iteration, "{{inputs.parameters.rollout_id}}")
+    result_url = (layout.eval_result_url if evaluation else layout.result_url)(
+        config.run_url, iteration, "{{inputs.parameters.rollout_id}}")
     quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
     return Container(
-        name="rollout", image="{{inputs.parameters.image}}", labels={ROLE: "rollout"},
+        name=name, image="{{inputs.parameters.image}}", labels={ROLE: "rollout"},
         inputs=[Parameter(name=n) for n in ("task", "sample", "rollout_id", "image", "deadline", "cpus", "memory_mb",
                                             "proxy_url")],
         init_containers=init_containers(config),
@@ -192,15 +196,24 @@ def rollout_template(config: RunConfig, iteration: int) -> Container:
     )
 
 
-def trajectories_template(config: RunConfig, iteration: int) -> Container:
-    """The iteration's Parquet tables, from the results in S3 and the proxy's recorded calls."""
+def trajectories_template(config: RunConfig, iteration: int, evaluation: bool = False,
+                          name: str = "trajectories") -> Container:
+    """The iteration's (or its evaluation's) Parquet tables, from the results in S3 and the proxy's recorded calls."""
+    results = (layout.eval_results_url if evaluation else layout.results_url)(config.run_url, iteration)
     return Container(
-        name="trajectories", image=image(config, "steps"), inputs=[Parameter(name="proxy_url")],
+        name=name, image=image(config, "steps"), inputs=[Parameter(name="proxy_url")],
         labels={ROLE: "trajectories"},
-        command=commands.trajectories(config, "{{inputs.parameters.proxy_url}}",
-                                      layout.results_url(config.run_url, iteration), iteration),
+        command=commands.trajectories(config, "{{inputs.parameters.proxy_url}}", results, iteration,
+                                      out=layout.eval_trajectories_url(config.run_url, iteration) if evaluation else None),
         env=admin_env(config) + s3_env(config), resources=Resources(cpu_request=2, memory_request="8Gi"),
     )
+
+
+def evaluate_template(config: RunConfig, iteration: int) -> Container:
+    """The evaluation's summary.json from its results in S3 (`steps.evaluate`; its table is in the pod's log)."""
+    return Container(name="evaluate", image=image(config, "steps"), working_dir="/opt/openforge/app",
+                     command=commands.evaluate(config, iteration), env=s3_env(config),
+                     resources=Resources(cpu_request=0.5, memory_request="1Gi"))
 
 
 def update_template(config: RunConfig, iteration: int) -> Container:
@@ -293,37 +306,55 @@ def report_link(config: RunConfig) -> str:
     return f"Run report: `{index}` (set report_url_base to link it)"
 
 
-def collect_dag(config: RunConfig) -> DAG:
-    """[isolate-rollouts, isolate-serve], serve, plan -> rollout x N -> trajectories; the daemon stops when this DAG ends."""
+def fanout(prefix: str, isolate: list[str]) -> list[Task]:
+    """plan -> rollout x N -> trajectories, on the templates `<prefix>plan`, `<prefix>rollout`, `<prefix>trajectories`."""
+    plan, rollout, trajectories = (f"{prefix}{step}" for step in ("plan", "rollout", "trajectories"))
     proxy_url = f"http://{{{{tasks.serve.ip}}}}:{commands.PROXY_PORT}"
     item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("sample", "sample"), ("rollout_id", "rollout_id"),
                                                  ("image", "image"), ("deadline", "deadline_s"), ("cpus", "cpus"),
                                                  ("memory_mb", "memory_mb"))}
-    isolate = [Task(name=name, template=name) for name in isolation_policies(config)]
     # No rollout pod starts before the policies exist: its agent never has the cluster's network.
+    return [Task(name=plan, template=plan),
+            Task(name=rollout, template=rollout, depends=" && ".join(["serve", plan, *isolate]),
+                 with_param=f"{{{{tasks.{plan}.outputs.result}}}}", arguments={**item, "proxy_url": proxy_url}),
+            # A rollout that still fails after its retries is left out of the tables, not fatal to the iteration.
+            Task(name=trajectories, template=trajectories, depends=f"{rollout}.AnySucceeded",
+                 arguments={"proxy_url": proxy_url})]
+
+
+def collect_dag(config: RunConfig, evaluation: bool = False) -> DAG:
+    """[isolate-rollouts, isolate-serve], serve, plan -> rollout x N -> trajectories; with `evaluation`, the
+    evaluation of the served checkpoint beside them, on the same serve daemon: eval-plan -> eval-rollout x M ->
+    eval-trajectories, and evaluate once every eval rollout has ended. The daemon stops when this DAG ends."""
+    isolate = list(isolation_policies(config))
+    evaluate = [Task(name="evaluate", template="evaluate", depends="eval-rollout.Succeeded || eval-rollout.Failed")]
     return DAG(
         name="collect", parallelism=config.parallel_rollouts + 1,  # + 1: the serve daemon holds a slot
-        tasks=[
-            *isolate,
-            Task(name="serve", template="serve"),
-            Task(name="plan", template="plan"),
-            Task(name="rollout", template="rollout", depends=" && ".join(["serve", "plan", *(t.name for t in isolate)]),
-                 with_param="{{tasks.plan.outputs.result}}", arguments={**item, "proxy_url": proxy_url}),
-            # A rollout that still fails after its retries is left out of the tables, not fatal to the iteration.
-            Task(name="trajectories", template="trajectories", depends="rollout.AnySucceeded",
-                 arguments={"proxy_url": proxy_url}),
-        ],
+        tasks=[*(Task(name=name, template=name) for name in isolate), Task(name="serve", template="serve"),
+               *fanout("", isolate), *(fanout("eval-", isolate) + evaluate if evaluation else [])],
     )
 
 
+def evaluation_templates(config: RunConfig, iteration: int, prefix: str) -> list[Container]:
+    """The plan, rollout and trajectories templates of the evaluation of iteration `iteration`'s checkpoint,
+    named `<prefix>plan`, ..., and its evaluate template."""
+    return [plan_template(config, iteration, evaluation=True, name=f"{prefix}plan"),
+            rollout_template(config, iteration, evaluation=True, name=f"{prefix}rollout"),
+            trajectories_template(config, iteration, evaluation=True, name=f"{prefix}trajectories"),
+            evaluate_template(config, iteration)]
+
+
 def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
-    """Iteration `iteration` of the run as one Workflow (one per iteration keeps each object small)."""
+    """Iteration `iteration` of the run as one Workflow (one per iteration keeps each object small); with
+    `eval_every`, it evaluates the checkpoint it serves where that is due (`RunConfig.evaluates_at`)."""
+    evaluation = config.evaluates_at(iteration)
     iteration_dag = DAG(name="iteration", tasks=[Task(name="collect", template="collect"),
                                                  Task(name="update", template="update", depends="collect")])
-    templates = [iteration_dag, collect_dag(config), serve_template(config, iteration), plan_template(config, iteration),
-                 rollout_template(config, iteration), trajectories_template(config, iteration),
-                 update_template(config, iteration), exit_dag(), record_template(config, iteration),
-                 report_template(config)]
+    templates = [iteration_dag, collect_dag(config, evaluation), serve_template(config, iteration),
+                 plan_template(config, iteration), rollout_template(config, iteration),
+                 trajectories_template(config, iteration), update_template(config, iteration), exit_dag(),
+                 record_template(config, iteration), report_template(config),
+                 *(evaluation_templates(config, iteration, "eval-") if evaluation else [])]
     templates += [policy_template(name, policy) for name, policy in isolation_policies(config).items()]
     labels = {"openforge.dev/run": run_label(config), "openforge.dev/iteration": str(iteration)}
     return Workflow(

@@ -8,8 +8,10 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
 
     <store>/<run>/
     ├── manifest/
-    │   ├── run.json                      the run's config, written once when the run starts
-    │   └── iteration-<N>.json            one per iteration: workflow, checkpoints, phase, the update's metrics
+    │   ├── run.json                      the run's config, written once when the run starts (an eval run's
+    │   │                                 also says what it evaluates: steps.manifest.EVAL_FIELD)
+    │   ├── iteration-<N>.json            one per iteration: workflow, checkpoints, phase, the update's metrics
+    │   └── eval-<N>.json                 one per evaluation: workflow, checkpoint, phase, the overall numbers
     ├── calls/                            the proxy's store (steps.proxy.store owns what is inside:
     │   └── rollouts/<rollout_id>/...     rollout.json, then calls.jsonl or calls/<index>.json)
     ├── results/
@@ -24,6 +26,7 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     ├── evals/
     │   └── iteration-<N>/                one evaluation of the checkpoint iteration N serves (an eval run: N 0)
     │       ├── results/<rollout_id>/     result.json per eval rollout attempt, as under results/
+    │       ├── results-attempt-<K>/      local runner: what an earlier, dead start of the evaluation left
     │       ├── trajectories/             run=<run>/iteration=<N>/: the eval's calls and rollouts tables
     │       └── summary.json              per task and overall: tries, pass@1, pass@k, pass^k, ... (steps.evaluate)
     ├── logs/                             local runner: one log per step, serve's and vLLM's
@@ -145,6 +148,17 @@ def iteration_records_glob(run_url: str) -> str:
     return _join(manifest_url(run_url), "iteration-*.json")
 
 
+def eval_record_url(run_url: str, iteration: int) -> str:
+    """One evaluation's record in the manifest: of the checkpoint iteration `iteration` serves (a training
+    run's final checkpoint is `iterations`'s; an eval run's one evaluation is 0)."""
+    return _join(manifest_url(run_url), f"eval-{iteration}.json")
+
+
+def eval_records_glob(run_url: str) -> str:
+    """A glob matching every evaluation record of the manifest."""
+    return _join(manifest_url(run_url), "eval-*.json")
+
+
 def logs_url(run_url: str) -> str:
     """The local runner's step logs."""
     return _join(run_url, "logs")
@@ -177,6 +191,21 @@ def eval_results_url(run_url: str, iteration: int | str) -> str:
 def eval_rollout_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
     """One eval rollout attempt's folder (the rollout step's `--out`)."""
     return _join(eval_results_url(run_url, iteration), rollout_id)
+
+
+def eval_result_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
+    """One eval rollout attempt's `result.json`."""
+    return _join(eval_rollout_url(run_url, iteration, rollout_id), RESULT_FILE)
+
+
+def set_aside_eval_results_url(run_url: str, iteration: int, attempt: int) -> str:
+    """Where the local runner moves the eval results of start number `attempt` (0, 1, ...) of an evaluation
+    when a later start runs it again.
+
+    >>> set_aside_eval_results_url("runs/demo", 2, 0)
+    'runs/demo/evals/iteration-2/results-attempt-0'
+    """
+    return f"{eval_results_url(run_url, iteration)}-attempt-{attempt}"
 
 
 def eval_trajectories_url(run_url: str, iteration: int | str) -> str:

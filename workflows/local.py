@@ -26,6 +26,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from steps import manifest
+from steps.evaluate import cell, format_table
 from steps.metrics import dataset_metrics
 from steps.net import free_port
 from steps.plan import attempt_id
@@ -102,15 +103,19 @@ def swap_weights(proxy_url: str, admin_key: str, checkpoint: str, version: int) 
         raise StepFailed(f"the weight swap to {checkpoint} failed: {exc}") from None
 
 
-def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_url: str, env: dict) -> list[dict]:
+def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_url: str, env: dict,
+                 evaluation: bool = False) -> list[dict]:
     """Every planned rollout, `parallel_rollouts` at a time; an infra error gets further attempts, each under
-    its own id and in its own folder (`attempt_id`), each with the plan's sample number."""
+    its own id and in its own folder (`attempt_id`), each with the plan's sample number. With `evaluation`,
+    those of the evaluation of iteration `iteration`'s checkpoint, in its own results folder."""
     counts = {"done": 0, "failed": 0, "rewards": []}
+    folder = layout.eval_rollout_url if evaluation else layout.rollout_url
+    label = f"eval {iteration}" if evaluation else f"iteration {iteration}"
 
     def one(item: dict) -> dict:
         for attempt in range(1, config.rollout_retries + 2):
             rollout_id = attempt_id(item["rollout_id"], attempt)
-            out = Path(layout.rollout_url(config.run_url, iteration, rollout_id))
+            out = Path(folder(config.run_url, iteration, rollout_id))
             argv = commands.rollout(config, item["task"], item["rollout_id"], item["sample"], proxy_url, str(out),
                                     python=sys.executable, attempt=attempt)
             # A rollout dies with the driver too (its sandbox dies with it): none writes into a restarted iteration.
@@ -127,7 +132,7 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
         if result["status"] != "infra_error":
             counts["rewards"].append(result["reward"])
         mean = sum(counts["rewards"]) / len(counts["rewards"]) if counts["rewards"] else float("nan")
-        say(f"iteration {iteration}: rollouts {counts['done']}/{len(planned)} done, {counts['failed']} infra errors, "
+        say(f"{label}: rollouts {counts['done']}/{len(planned)} done, {counts['failed']} infra errors, "
             f"mean reward {mean:.3f}")
         return result
 
@@ -135,13 +140,52 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
         return list(pool.map(one, planned))
 
 
-def set_aside_earlier_results(config: RunConfig, iteration: int, attempt: int) -> None:
-    """An iteration started again after an earlier start died or failed: that start's results move to
-    `iteration-N-attempt-K` (kept for inspection), so that only this start's results are collected. (A
-    rollout whose id that start registered runs under the next attempt's id: see `steps.rollout.register`.)"""
-    results = Path(layout.results_url(config.run_url, iteration))
+def set_aside_earlier_results(config: RunConfig, iteration: int, attempt: int, evaluation: bool = False) -> None:
+    """An iteration (or evaluation) started again after an earlier start died or failed: that start's results
+    move to `iteration-N-attempt-K` (`results-attempt-K`; kept for inspection), so that only this start's
+    results are collected. (A rollout whose id that start registered runs under the next attempt's id: see
+    `steps.rollout.register`.)"""
+    results_url, aside_url = ((layout.eval_results_url, layout.set_aside_eval_results_url) if evaluation
+                              else (layout.results_url, layout.set_aside_results_url))
+    results = Path(results_url(config.run_url, iteration))
     if attempt > 0 and results.exists():
-        results.rename(layout.set_aside_results_url(config.run_url, iteration, attempt - 1))
+        results.rename(aside_url(config.run_url, iteration, attempt - 1))
+
+
+def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path) -> dict:
+    """The evaluation of the checkpoint being served (iteration `iteration`'s) in its folder: plan --eval,
+    rollouts, trajectories, evaluate; recorded in the manifest (`eval-N.json`). Returns its summary; one that
+    already succeeded is not run again."""
+    earlier = manifest.read_evals(config.run_url).get(iteration)
+    summary_url = layout.eval_summary_url(config.run_url, iteration)
+    if earlier and earlier.status == "Succeeded":
+        return manifest.read_json(summary_url)
+    entry = manifest.EvalRecord(iteration, "local", commands.evaluated(config, iteration)[0], "Running",
+                                summary=summary_url, attempt=0 if earlier is None else earlier.attempt + 1)
+    manifest.record_eval(config.run_url, entry)
+    try:
+        planned = json.loads(run_step("eval-plan", commands.plan(config, iteration, python=sys.executable, evaluation=True),
+                                      env, logs / f"eval-plan-{iteration}.log"))
+        set_aside_earlier_results(config, iteration, entry.attempt, evaluation=True)
+        say(f"eval {iteration}: {len(planned)} rollouts planned ({config.eval_k} per task) with harness {config.harness}")
+        run_rollouts(config, iteration, planned, proxy_url, env, evaluation=True)
+        run_step("eval-trajectories", commands.trajectories(
+            config, proxy_url, layout.eval_results_url(config.run_url, iteration), iteration, python=sys.executable,
+            out=layout.eval_trajectories_url(config.run_url, iteration)), env, logs / f"eval-trajectories-{iteration}.log")
+        summary = json.loads(run_step("evaluate", commands.evaluate(config, iteration, python=sys.executable), env,
+                                      logs / f"evaluate-{iteration}.log"))
+    except (StepFailed, OSError):
+        entry.status = "Failed"
+        manifest.record_eval(config.run_url, entry)
+        raise
+    succeeded = manifest.eval_record(iteration, "local", entry.checkpoint, "Succeeded", summary_url)
+    succeeded.attempt = entry.attempt
+    manifest.record_eval(config.run_url, succeeded)
+    overall = summary["overall"]
+    say(f"eval {iteration}: {overall['tries']} tries, {overall['infra_errors']} infra errors, pass@1 "
+        f"{cell(overall['pass_at_1'])}, pass@{config.eval_k} {cell(overall['pass_at_k'])}, pass^{config.eval_k} "
+        f"{cell(overall['pass_hat_k'])}; {summary_url}")
+    return summary
 
 
 def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
@@ -209,21 +253,29 @@ def base_model(config: RunConfig) -> str:
 
 def absolute(config: RunConfig) -> RunConfig:
     """Paths made absolute (steps run from the repository root): the store from here, the model and the
-    dataset from here when they exist here, else from the repository root."""
+    datasets from here when they exist here, else from the repository root."""
     def resolve(value: str) -> str:
         path = Path(value)
         return value if path.is_absolute() else str(path.resolve() if path.exists() else REPO_ROOT / path)
 
     return replace(config, store=str(Path(config.store).resolve()), model=resolve(config.model),
-                   dataset=resolve(config.dataset))
+                   dataset=resolve(config.dataset), eval_dataset=config.eval_dataset and resolve(config.eval_dataset))
+
+
+def local_store_problem(config: RunConfig) -> str | None:
+    """Why this config cannot run here (an s3:// store), or None."""
+    if "://" in config.store:
+        return ("the local runner keeps results and checkpoints on this machine: use a local `store` folder "
+                "(the cluster workflows take s3:// stores)")
+    return None
 
 
 def run_local(config: RunConfig) -> int:
-    """Runs (or resumes) the whole run on this machine; prints one JSON summary line per iteration."""
+    """Runs (or resumes) the whole run on this machine; prints one JSON summary line per iteration (and one for
+    the final checkpoint's evaluation with `eval_every`)."""
     config = config.with_run_name()
-    if "://" in config.store:
-        print("error: the local runner keeps results and checkpoints on this machine: use a local `store` "
-              "folder (the cluster workflows take s3:// stores)", file=sys.stderr)
+    if problem := local_store_problem(config):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     config = absolute(config)
     logs = Path(layout.logs_url(config.run_url))
@@ -233,7 +285,9 @@ def run_local(config: RunConfig) -> int:
     recorded = manifest.read_iterations(config.run_url)
     done = {i for i, entry in recorded.items() if entry.status == "Succeeded"}
     first = min(set(range(config.iterations)) - done, default=config.iterations)
-    if first == config.iterations:
+    final = manifest.read_evals(config.run_url).get(config.iterations)
+    final_due = config.evaluates_at(config.iterations) and not (final and final.status == "Succeeded")
+    if first == config.iterations and not final_due:
         say(f"run {config.run}: all {config.iterations} iterations are done")
         return 0
     admin_key = secrets.token_urlsafe(24)
@@ -249,6 +303,8 @@ def run_local(config: RunConfig) -> int:
                                              attempt=0 if earlier is None else earlier.attempt + 1)
             manifest.record(config.run_url, entry)
             try:
+                if config.evaluates_at(iteration):  # the checkpoint this iteration serves, before its rollouts
+                    run_evaluation(config, iteration, proxy_url, env, logs)
                 summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs, entry.attempt)
             except (StepFailed, OSError) as exc:
                 entry.status = "Failed"
@@ -256,11 +312,56 @@ def run_local(config: RunConfig) -> int:
                 print(f"error: iteration {iteration}: {exc}", file=sys.stderr)
                 return 1
             entry.status, entry.metrics = "Succeeded", summary["update"]
+            entry.eval = summary["eval"] = manifest.eval_numbers(layout.eval_summary_url(config.run_url, iteration)) \
+                if config.evaluates_at(iteration) else None
             manifest.record(config.run_url, entry)
             print(json.dumps(summary), flush=True)
+            refresh_report(config.run_url)
+        if final_due:  # the checkpoint the last update wrote, swapped in already
+            try:
+                run_evaluation(config, config.iterations, proxy_url, env, logs)
+            except (StepFailed, OSError) as exc:
+                print(f"error: the evaluation of the final checkpoint: {exc}", file=sys.stderr)
+                return 1
+            print(json.dumps({"eval": config.iterations, "checkpoint": config.checkpoint_url(config.iterations),
+                              **manifest.eval_numbers(layout.eval_summary_url(config.run_url, config.iterations))}),
+                  flush=True)
             refresh_report(config.run_url)
     finally:
         serve.terminate()
         serve.wait(60)
     say(f"run {config.run} done: {config.iterations} iterations; everything is under {config.run_url}")
+    return 0
+
+
+def run_local_eval(config: RunConfig, evaluates: dict) -> int:
+    """Runs (or resumes) an eval run on this machine: serve once, its one evaluation (`run_evaluation`);
+    prints the table and the summary as one JSON line on stdout."""
+    if problem := local_store_problem(config):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    config = absolute(config)
+    logs = Path(layout.logs_url(config.run_url))
+    logs.mkdir(parents=True, exist_ok=True)
+    if manifest.read_run_config(config.run_url) is None:
+        manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
+    recorded = manifest.read_evals(config.run_url).get(0)
+    if recorded and recorded.status == "Succeeded":
+        summary = manifest.read_json(layout.eval_summary_url(config.run_url, 0))
+    else:
+        env = {**os.environ, "OPENFORGE_ADMIN_KEY": secrets.token_urlsafe(24)}
+        model = config.model if config.upstream else base_model(config)
+        say(f"eval {config.run}: starting the proxy in front of {config.upstream or f'vLLM on CPU ({model})'}")
+        serve, proxy_url = start_serve(config, model, 0, env, logs)
+        try:
+            summary = run_evaluation(config, 0, proxy_url, env, logs)
+        except (StepFailed, OSError) as exc:
+            print(f"error: eval {config.run}: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            serve.terminate()
+            serve.wait(60)
+        refresh_report(config.run_url)
+    print(format_table(summary))
+    print(json.dumps(summary), flush=True)
     return 0

@@ -6,6 +6,8 @@
     python workflows/submit.py retry    --run NAME [--iteration N]                # rerun a failed iteration's failed steps
     python workflows/submit.py resubmit --run NAME [--iteration N] [--memoized]   # a fresh copy, reusing succeeded steps
     python workflows/submit.py resume   --run NAME                                # continue after the driver stopped
+    python workflows/submit.py eval --harness H --dataset D --k 3 [--model M | --checkpoint RUN:ITERATION] \
+        [--upstream URL --upstream-model NAME] [key=value ...]                    # evaluate: every task x k tries
 
 The Argo server is `--argo-server URL`, else env ARGO_SERVER, else the config's `argo_server`; its
 token comes from env ARGO_TOKEN. Without a server the run goes to the local runner
@@ -15,29 +17,39 @@ waits for the previous iteration's checkpoint. The run manifest in the store
 (`<store>/<run>/manifest/`) records every iteration's workflow, checkpoint and phase, so `resume`
 picks up where a stopped driver left off. A bad config, an unknown harness, an unreachable server or a
 missing dataset stops everything with one sentence and exit code 2 before anything is submitted.
+
+`eval` starts an eval run (docs/eval.md): a run in the store whose run.json says what it evaluates, with one
+evaluation (`workflows.evaluation`, or locally `workflows.local.run_local_eval`); `status`, `retry` and
+`resume` take it like a training run. A training run's `eval_every` evaluations are in its iteration
+Workflows; the driver submits the final checkpoint's evaluation after the last iteration.
 """
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
 
+import fsspec
 from hera.workflows import Workflow
 
 if __package__ in (None, ""):  # run as `python workflows/submit.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from steps import manifest, sampling  # noqa: E402
-from steps.manifest import IterationRecord  # noqa: E402
-from workflows import layout  # noqa: E402
+from steps.evaluate import cell, format_table  # noqa: E402
+from steps.manifest import EvalRecord, IterationRecord  # noqa: E402
+from workflows import commands, layout  # noqa: E402
 from workflows.argo import ArgoClient, ArgoError, Progress  # noqa: E402
 from workflows.config import ConfigError, RunConfig, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402
 from workflows.preflight import preflight  # noqa: E402
 
-ACTIONS = ("run", "status", "retry", "resubmit", "resume")
+ACTIONS = ("run", "eval", "status", "retry", "resubmit", "resume")
+EVAL_FLAGS = ("dataset", "k", "model", "checkpoint", "upstream", "upstream_model")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -54,20 +66,89 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iteration", type=int, help="the iteration to retry or resubmit (default: the first failed)")
     p.add_argument("--memoized", action="store_true", help="resubmit reusing the outputs of succeeded steps")
     p.add_argument("--poll", type=float, default=10.0, help="seconds between status polls (default 10)")
+    p.add_argument("--dataset", help="eval: the tasks to evaluate on")
+    p.add_argument("--k", help="eval: tries per task, the k of pass@k and pass^k (default: the config's eval_k)")
+    p.add_argument("--model", help="eval: the checkpoint to evaluate (a folder or s3:// URL; default: the config's)")
+    p.add_argument("--checkpoint", help="eval: RUN:ITERATION, the checkpoint that iteration of a run in the store serves")
+    p.add_argument("--upstream", help="eval: an OpenAI-compatible server already running, evaluated behind the proxy")
+    p.add_argument("--upstream-model", help="eval: the model name that upstream serves")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. iterations=3")
     args = p.parse_intermixed_args(rest)
     args.action = action
     return args
 
 
-def build_config(args: argparse.Namespace) -> RunConfig:
+def build_config(args: argparse.Namespace, flags: list[str] = ()) -> RunConfig:
     """Defaults, --config, key=value overrides, then the flags (which win)."""
-    overrides = list(args.overrides)
+    overrides = list(args.overrides) + list(flags)
     overrides += [f"harness={args.harness}"] if args.harness else []
     overrides += [f"run={args.run}"] if args.run else []
     server = args.argo_server or os.environ.get("ARGO_SERVER")
     overrides += [f"argo_server={server}"] if server else []
     return load_config(args.config, overrides)
+
+
+def check_eval_flags(args: argparse.Namespace) -> None:
+    """The eval flags belong to `eval`, and make sense together; a ConfigError otherwise."""
+    given = [f"--{flag.replace('_', '-')}" for flag in EVAL_FLAGS if getattr(args, flag) is not None]
+    if args.action != "eval" and given:
+        raise ConfigError(f"{given[0]} is a flag of `python workflows/submit.py eval`; a training run takes config "
+                          f"keys (key=value), and an existing run keeps its own")
+    if args.model is not None and args.checkpoint is not None:
+        raise ConfigError("give the model to evaluate with --model PATH or with --checkpoint RUN:ITERATION, not both")
+    if args.upstream is not None and (args.model is not None or args.checkpoint is not None):
+        raise ConfigError("--upstream evaluates the model that server serves (--upstream-model); leave out "
+                          "--model and --checkpoint")
+    if args.k is not None and not (args.k.isdigit() and int(args.k) >= 1):
+        raise ConfigError(f"--k must be a whole number of at least 1 (tries per task), got {args.k!r}")
+
+
+def parse_checkpoint(value: str) -> tuple[str, int]:
+    """`--checkpoint RUN:ITERATION` as (run, iteration).
+
+    >>> parse_checkpoint("demo:2"), parse_checkpoint("a:b:0")
+    (('demo', 2), ('a:b', 0))
+    """
+    run, colon, iteration = value.rpartition(":")
+    if not colon or not run or not iteration.isdigit():
+        raise ConfigError(f"--checkpoint must be RUN:ITERATION (a run in the store and an iteration number, "
+                          f"e.g. demo:2), got {value!r}")
+    return run, int(iteration)
+
+
+def resolve_checkpoint(store: str, value: str) -> dict:
+    """What `--checkpoint RUN:ITERATION` evaluates: `{"checkpoint", "run", "iteration"}`, the checkpoint's URL
+    from the run's manifest (`layout.checkpoint_url`: iteration 0 serves its base model); a ConfigError when
+    the run or that checkpoint is not in the store."""
+    run, iteration = parse_checkpoint(value)
+    run_url = layout.run_url(store, run)
+    stored = manifest.read_run_config(run_url)
+    if stored is None:
+        raise ConfigError(f"--checkpoint {value}: no run named {run!r} in the store {store!r} "
+                          f"(no {layout.run_config_url(run_url)})")
+    checkpoint = layout.checkpoint_url(run_url, iteration, stored["model"])
+    fs, path = fsspec.core.url_to_fs(checkpoint)
+    if iteration > 0 and not fs.exists(path):
+        raise ConfigError(f"--checkpoint {value}: run {run!r} has no checkpoint for iteration {iteration} "
+                          f"(nothing at {checkpoint}; its iteration {iteration - 1} has not written it)")
+    return {"checkpoint": checkpoint, "run": run, "iteration": iteration}
+
+
+def build_eval_config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
+    """An eval run's config (the eval flags as its keys: `dataset`, `eval_k`, `model`, `upstream`,
+    `upstream_model`; `--checkpoint` sets `model`) and what it evaluates, for its run.json."""
+    flags = [f"{key}={value}" for key, value in (
+        ("dataset", args.dataset), ("eval_k", args.k), ("model", args.model), ("upstream", args.upstream),
+        ("upstream_model", args.upstream_model)) if value is not None]
+    config = build_config(args, flags)
+    evaluates = {"run": "", "iteration": None, "upstream": config.upstream}
+    if args.checkpoint is not None:
+        evaluates = {**evaluates, **resolve_checkpoint(config.store, args.checkpoint)}
+        config = dataclasses.replace(config, model=evaluates["checkpoint"])
+    if not config.run:
+        config = dataclasses.replace(config, run=f"eval-{config.with_run_name().run}")
+    served, model_name = commands.evaluated(config, 0)
+    return config, {**evaluates, "checkpoint": served, "model_name": model_name}
 
 
 def stored_config(config: RunConfig) -> RunConfig:
@@ -87,38 +168,52 @@ def argo_client(config: RunConfig) -> ArgoClient:
     return ArgoClient(config.argo_server, os.environ.get("ARGO_TOKEN"), config.namespace)
 
 
-def build_workflows(config: RunConfig) -> list[Workflow]:
-    """Every iteration's Workflow, checked offline (workflows/lint.py) before anyone sees or submits it."""
+def checked(workflow: Workflow) -> Workflow:
+    """The workflow, checked offline (workflows/lint.py) before anyone sees or submits it."""
+    problems = semantic_problems(workflow.to_dict())
+    if problems:
+        raise ConfigError(f"workflow {workflow.name} is inconsistent: {'; '.join(problems)}")
+    return workflow
+
+
+def build_workflows(config: RunConfig, evaluation: bool = False) -> list[tuple[str, Workflow]]:
+    """Every Workflow of the run, each with what it is: the iterations' and (with `eval_every`) the final
+    checkpoint's evaluation; an eval run's (`evaluation`) one evaluation. Each is checked offline."""
     validate_for_argo(config)
-    workflows = [iteration_workflow(config, iteration) for iteration in range(config.iterations)]
-    for workflow in workflows:
-        problems = semantic_problems(workflow.to_dict())
-        if problems:
-            raise ConfigError(f"workflow {workflow.name} is inconsistent: {'; '.join(problems)}")
+    if evaluation:
+        return [(f"the evaluation of eval run {config.run}", checked(evaluation_workflow(config, 0)))]
+    workflows = [(f"iteration {i} of run {config.run}", checked(iteration_workflow(config, i)))
+                 for i in range(config.iterations)]
+    if config.evaluates_at(config.iterations):
+        workflows.append((f"the evaluation of run {config.run}'s final checkpoint",
+                          checked(evaluation_workflow(config, config.iterations))))
     return workflows
 
 
-def print_workflows(config: RunConfig) -> None:
+def print_workflows(config: RunConfig, evaluation: bool = False) -> None:
     """Every Workflow of the run as YAML documents on stdout."""
-    for iteration, workflow in enumerate(build_workflows(config)):
-        print(f"---\n# iteration {iteration} of run {config.run}")
+    for title, workflow in build_workflows(config, evaluation):
+        print(f"---\n# {title}")
         print(workflow.to_yaml(), end="")
 
 
-def check_before_submit(config: RunConfig, client: ArgoClient) -> None:
+def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool = False) -> None:
     """The cluster preflight (where reachable) and the server's lint of every Workflow; creates nothing."""
     notes, problems = preflight(config)
     for note in notes:
         print(f"preflight: {note}", file=sys.stderr)
     if problems:
         raise ConfigError("; ".join(problems))
-    for workflow in build_workflows(config):
+    for _, workflow in build_workflows(config, evaluation):
         client.lint(workflow)
 
 
 def start(config: RunConfig, args: argparse.Namespace) -> int:
     """A new run: print it (--dry-run), run it locally, or check, record and submit it to Argo."""
     config = config.with_run_name()
+    if config.upstream:
+        raise ConfigError("config key 'upstream' is for evaluations (`python workflows/submit.py eval --upstream "
+                          "URL`); a training run serves its own checkpoints with vLLM")
     if unmatched := sampling.unmatched(sampling.settings(config)):
         print(f"run {config.run}: samples at {sampling.describe(unmatched)}, which the update does not reproduce "
               f"(allow_unmatched_sampling: true); every update's metrics name them", file=sys.stderr)
@@ -137,42 +232,76 @@ def start(config: RunConfig, args: argparse.Namespace) -> int:
     return drive(config, client, args.poll)
 
 
-def run_locally(config: RunConfig) -> int:
-    """The embedded default: the local runner (imported here so Argo runs never need it)."""
-    from workflows.local import run_local
+def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> int:
+    """A new eval run: print its Workflow (--dry-run), run it locally, or check, record and submit it."""
+    if args.dry_run:
+        print_workflows(config, evaluation=True)
+        return 0
+    if manifest.read_run_config(config.run_url) is not None:
+        raise ConfigError(f"run {config.run!r} already exists in {config.store}; continue it with "
+                          f"`python workflows/submit.py resume --run {config.run}`")
+    if not config.argo_server:
+        return run_locally(config, evaluates)
+    client = argo_client(config)
+    check_before_submit(config, client, evaluation=True)
+    manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
+    print(f"eval {config.run}: {evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
+          f"k={config.eval_k}; manifest in {layout.manifest_url(config.run_url)}", flush=True)
+    return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
+
+
+def run_locally(config: RunConfig, evaluates: dict | None = None) -> int:
+    """The embedded default: the local runner (imported here so Argo runs never need it); an eval run's when
+    `evaluates` says what it evaluates."""
+    from workflows.local import run_local, run_local_eval
 
     try:
-        return run_local(config)
+        return run_local(config) if evaluates is None else run_local_eval(config, evaluates)
     except NotImplementedError as exc:
         raise ConfigError(str(exc)) from None
 
 
 def mark(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
-    """Records an iteration's workflow and phase in the run manifest, with the update's metrics once it succeeded."""
+    """Records an iteration's workflow and phase in the run manifest, with the update's metrics once it
+    succeeded and, where it evaluated its checkpoint, the evaluation's numbers (and its own record)."""
     next_checkpoint = config.checkpoint_url(iteration + 1)
     metrics = manifest.read_metrics(next_checkpoint) if status == "Succeeded" else None
+    evaluated = config.evaluates_at(iteration) and status in manifest.DONE
+    numbers = manifest.eval_numbers(layout.eval_summary_url(config.run_url, iteration)) if evaluated else None
     manifest.record(config.run_url, IterationRecord(
         iteration=iteration, workflow=workflow, status=status, checkpoint=config.checkpoint_url(iteration),
-        next_checkpoint=next_checkpoint, metrics=metrics))
+        next_checkpoint=next_checkpoint, metrics=metrics, eval=numbers))
+    if evaluated:
+        mark_eval(config, iteration, workflow, "Succeeded" if numbers else "Failed")
 
 
-def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, poll_s: float) -> str:
-    """Marks the iteration running, prints its UI link, polls it to the end, records the final phase."""
-    mark(config, iteration, name, "Running")
-    print(f"iteration {iteration}: {client.ui_link(name)}", flush=True)
+def mark_eval(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
+    """Records an evaluation's workflow and phase in the run manifest, with its overall numbers once it succeeded."""
+    manifest.record_eval(config.run_url, manifest.eval_record(
+        iteration, workflow, commands.evaluated(config, iteration)[0], status,
+        layout.eval_summary_url(config.run_url, iteration)))
+
+
+def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, poll_s: float,
+           evaluation: bool = False) -> str:
+    """Marks the iteration (or evaluation) running, prints its UI link, polls it to the end, records the final phase."""
+    record, label = (mark_eval, f"eval {iteration}") if evaluation else (mark, f"iteration {iteration}")
+    record(config, iteration, name, "Running")
+    print(f"{label}: {client.ui_link(name)}", flush=True)
 
     def report(p: Progress) -> None:
         """One line per change of phase or rollout counts."""
-        print(f"iteration {iteration}: {p.phase or 'Pending'}, rollouts {p.rollouts_done} done, "
+        print(f"{label}: {p.phase or 'Pending'}, rollouts {p.rollouts_done} done, "
               f"{p.rollouts_failed} failed", flush=True)
 
     phase = client.wait(name, poll_s, report)
-    mark(config, iteration, name, phase)
+    record(config, iteration, name, phase)
     return phase
 
 
 def drive(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
-    """Runs the iterations the manifest has not seen succeed, one Workflow each, in order."""
+    """Runs the iterations the manifest has not seen succeed, one Workflow each, in order; then, with
+    `eval_every`, the final checkpoint's evaluation."""
     records = manifest.read_iterations(config.run_url)
     for iteration in range(config.iterations):
         entry = records.get(iteration)
@@ -184,65 +313,117 @@ def drive(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
         phase = follow(config, client, iteration, name, poll_s)
         if phase != "Succeeded":
             return stopped(config, iteration, name, phase)
+    if config.evaluates_at(config.iterations) and drive_evaluation(config, client, config.iterations, poll_s):
+        return 1
     print(f"run {config.run}: all {config.iterations} iterations succeeded; "
           f"final checkpoint {config.checkpoint_url(config.iterations)}")
     return 0
 
 
-def stopped(config: RunConfig, iteration: int, workflow: str, phase: str) -> int:
-    """Says which iteration stopped the run and how to continue it; returns exit code 1."""
-    print(f"iteration {iteration} ended {phase} (workflow {workflow}); rerun its failed steps with "
+def drive_evaluation(config: RunConfig, client: ArgoClient, iteration: int, poll_s: float) -> int:
+    """Runs the evaluation of iteration `iteration`'s checkpoint as its own Workflow unless the manifest has
+    seen it succeed; 0, or 1 when it did not succeed."""
+    entry = manifest.read_evals(config.run_url).get(iteration)
+    if entry and entry.status == "Succeeded":
+        return 0
+    if entry and entry.done:
+        return stopped(config, iteration, entry.workflow, entry.status, evaluation=True)
+    name = entry.workflow if entry and entry.workflow else client.create(evaluation_workflow(config, iteration))
+    phase = follow(config, client, iteration, name, poll_s, evaluation=True)
+    return 0 if phase == "Succeeded" else stopped(config, iteration, name, phase, evaluation=True)
+
+
+def show_summary(config: RunConfig, iteration: int) -> int:
+    """An evaluation's table and its summary as one JSON line, on stdout."""
+    summary = manifest.read_json(layout.eval_summary_url(config.run_url, iteration))
+    if summary is None:
+        raise ConfigError(f"eval {iteration} of run {config.run!r} succeeded but wrote no "
+                          f"{layout.eval_summary_url(config.run_url, iteration)}")
+    print(format_table(summary))
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def stopped(config: RunConfig, iteration: int, workflow: str, phase: str, evaluation: bool = False) -> int:
+    """Says which iteration (or evaluation) stopped the run and how to continue it; returns exit code 1."""
+    what = "eval" if evaluation else "iteration"
+    print(f"{what} {iteration} ended {phase} (workflow {workflow}); rerun its failed steps with "
           f"`python workflows/submit.py retry --run {config.run} --iteration {iteration}`", file=sys.stderr)
     return 1
 
 
-def pick_iteration(config: RunConfig, records: dict[int, IterationRecord], iteration: int | None) -> IterationRecord:
-    """The record of `iteration`, or of the first failed one; a ConfigError when there is none."""
+def pick(config: RunConfig, iteration: int | None, evaluation_run: bool) -> IterationRecord | EvalRecord:
+    """The record to retry: of `iteration` (an eval run's evaluation; a training run's iteration, or its final
+    checkpoint's evaluation at `iterations`), else the first failed one; a ConfigError when there is none."""
+    iterations = {} if evaluation_run else manifest.read_iterations(config.run_url)
+    evaluations = manifest.read_evals(config.run_url)
     if iteration is None:
-        failed = [r for r in records.values() if r.status in ("Failed", "Error")]
+        failed = [r for r in [*iterations.values(), *evaluations.values()] if r.status in ("Failed", "Error")]
         if not failed:
-            raise ConfigError(f"run {config.run!r} has no failed iteration; name one with --iteration N")
+            raise ConfigError(f"run {config.run!r} has no failed iteration or evaluation; name one with --iteration N")
         return failed[0]
-    entry = records.get(iteration)
+    evaluation = evaluation_run or iteration == config.iterations
+    entry = (evaluations if evaluation else iterations).get(iteration)
     if entry is None or not entry.workflow:
-        raise ConfigError(f"iteration {iteration} of run {config.run!r} was never submitted")
+        raise ConfigError(f"{'eval' if evaluation else 'iteration'} {iteration} of run {config.run!r} was never submitted")
     return entry
 
 
-def show_status(config: RunConfig) -> int:
-    """One line per iteration: recorded phase, live phase from Argo where a server is set, UI link."""
-    records = manifest.read_iterations(config.run_url)
+def phase_of(client: ArgoClient | None, entry: IterationRecord | EvalRecord) -> str:
+    """The live phase from Argo where a server is set, else the manifest's word."""
+    if client and entry.workflow:
+        try:
+            return client.progress(entry.workflow).phase
+        except ArgoError:  # deleted by its TTL or the server is down: the manifest's word stands
+            return f"{entry.status} (recorded)"
+    return entry.status
+
+
+def show_status(config: RunConfig, evaluates: dict | None) -> int:
+    """One line per iteration and per evaluation: recorded phase, live phase from Argo where a server is set,
+    UI link; an evaluation's overall numbers once it succeeded."""
     client = argo_client(config) if config.argo_server else None
-    print(f"run {config.run} ({config.harness}, {config.iterations} iterations) in {config.run_url}")
-    for iteration in range(config.iterations):
-        entry = records.get(iteration) or IterationRecord(iteration=iteration)
-        phase = entry.status
-        if client and entry.workflow:
-            try:
-                phase = client.progress(entry.workflow).phase
-            except ArgoError:  # deleted by its TTL or the server is down: the manifest's word stands
-                phase = f"{entry.status} (recorded)"
+    if evaluates is None:
+        print(f"run {config.run} ({config.harness}, {config.iterations} iterations) in {config.run_url}")
+        records = manifest.read_iterations(config.run_url)
+        for iteration in range(config.iterations):
+            entry = records.get(iteration) or IterationRecord(iteration=iteration)
+            link = f"  {client.ui_link(entry.workflow)}" if client and entry.workflow else ""
+            print(f"iteration {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}")
+    else:
+        print(f"eval {config.run} ({evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
+              f"k={config.eval_k}) in {config.run_url}")
+    evaluations = manifest.read_evals(config.run_url)
+    for iteration in sorted({*evaluations, *([0] if evaluates else [])}):
+        entry = evaluations.get(iteration) or EvalRecord(iteration=iteration)
         link = f"  {client.ui_link(entry.workflow)}" if client and entry.workflow else ""
-        print(f"iteration {iteration}: {phase or 'Pending':<10} {entry.workflow or '-'}{link}")
+        numbers = entry.overall or {}
+        scores = (f"  pass@1 {cell(numbers.get('pass_at_1'))}, pass@{numbers.get('k')} {cell(numbers.get('pass_at_k'))}, "
+                  f"pass^{numbers.get('k')} {cell(numbers.get('pass_hat_k'))}, {numbers.get('infra_errors')} infra errors"
+                  if numbers else "")
+        print(f"eval {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}{scores}")
     return 0
 
 
 def act(config: RunConfig, args: argparse.Namespace) -> int:
-    """status, retry, resubmit or resume an existing run."""
+    """status, retry, resubmit or resume an existing run (a training run or an eval run)."""
     config = stored_config(config)
+    evaluates = manifest.read_evaluates(config.run_url)
     if args.action == "status":
-        return show_status(config)
+        return show_status(config, evaluates)
     if args.action == "resume" and not config.argo_server:
-        return run_locally(config)
+        return run_locally(config, evaluates)
     client = argo_client(config)
     if args.action in ("retry", "resubmit"):
-        entry = pick_iteration(config, manifest.read_iterations(config.run_url), args.iteration)
+        entry = pick(config, args.iteration, evaluates is not None)
         if args.action == "retry":
             client.retry_failed(entry.workflow)
             name = entry.workflow
         else:
             name = client.resubmit(entry.workflow, memoized=args.memoized)
-        mark(config, entry.iteration, name, "Running")
+        (mark_eval if isinstance(entry, EvalRecord) else mark)(config, entry.iteration, name, "Running")
+    if evaluates is not None:
+        return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
     return drive(config, client, args.poll)
 
 
@@ -250,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parses, checks, acts; one sentence and exit code 2 for anything wrong before a submission."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        check_eval_flags(args)
+        if args.action == "eval":
+            return start_eval(*build_eval_config(args), args)
         config = build_config(args)
         return start(config, args) if args.action == "run" else act(config, args)
     except (ConfigError, ArgoError) as exc:

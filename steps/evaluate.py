@@ -1,0 +1,175 @@
+"""An evaluation's numbers from its rollout results: per task and overall, as a table and as summary.json.
+
+    python -m steps.evaluate --results runs/demo/evals/iteration-0/results --k 3 \
+        --out runs/demo/evals/iteration-0/summary.json [--harness direct --dataset steps/tasks/builtin \
+        --checkpoint runs/tiny-model --model tiny --iteration 0]
+
+`--results` holds one `<rollout_id>/result.json` per rollout attempt (`steps.rollout`'s OUT). Each planned
+rollout (`ev<N>-<task>-s<i>`, its attempts `...-aK`) is one try when an attempt of it finished (`ok` or
+`agent_timeout`: its last finished attempt counts); every `infra_error` attempt is an infra error, counted
+and left out of every metric. Per task and overall: tries, passes, pass@1, pass@k, pass^k (unbiased
+estimators, `steps.metrics`), mean reward, infra errors, mean model calls, response tokens and seconds per
+try. The overall pass rates and mean reward are macro averages (each task weighs the same); calls, tokens
+and seconds are per try over all tasks. The table goes to stderr, the summary as one JSON line to stdout
+and to `--out`. Exit code 2 for a bad `--k` or when there are no results to read.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from steps import metrics
+from steps.manifest import write_json
+from steps.plan import attempt_of
+from steps.trajectories.collect import CollectError, load_results
+
+INFRA_ERROR = "infra_error"
+COLUMNS = ("tries", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "infra_errors", "mean_calls",
+           "mean_tokens", "mean_duration_s")
+
+
+def mean(values: Sequence[float | None]) -> float | None:
+    """The mean of the values that are there; None when none is.
+
+    >>> mean([2, None, 4]), mean([None]) is None
+    (3.0, True)
+    """
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def counted_tries(results: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the tries, the infra errors) among rollout results: per planned rollout, its last attempt that
+    finished is its one try; every infra_error attempt is an infra error.
+
+    >>> results = [{"rollout_id": "ev0-a-s0", "status": "infra_error"}, {"rollout_id": "ev0-a-s0-a2", "status": "ok"},
+    ...            {"rollout_id": "ev0-a-s1", "status": "agent_timeout"}, {"rollout_id": "ev0-b-s0", "status": "infra_error"}]
+    >>> tries, infra = counted_tries(results)
+    >>> [r["rollout_id"] for r in tries], [r["rollout_id"] for r in infra]
+    (['ev0-a-s0-a2', 'ev0-a-s1'], ['ev0-a-s0', 'ev0-b-s0'])
+    """
+    finished: dict[str, tuple[int, dict]] = {}
+    infra = []
+    for result in results:
+        planned, attempt = attempt_of(result["rollout_id"])
+        if result.get("status") == INFRA_ERROR:
+            infra.append(result)
+        elif planned not in finished or attempt > finished[planned][0]:
+            finished[planned] = (attempt, result)
+    return [finished[planned][1] for planned in sorted(finished)], infra
+
+
+def costs(tries: list[dict]) -> dict:
+    """Mean model calls, response tokens and seconds per try (None without tries).
+
+    >>> costs([{"num_calls": 2, "response_tokens": 10, "durations": {"total_s": 3.0}}, {"num_calls": 4}])
+    {'mean_calls': 3.0, 'mean_tokens': 5.0, 'mean_duration_s': 3.0}
+    """
+    return {"mean_calls": mean([r.get("num_calls", 0) for r in tries]),
+            "mean_tokens": mean([r.get("response_tokens", 0) for r in tries]),
+            "mean_duration_s": mean([(r.get("durations") or {}).get("total_s") for r in tries])}
+
+
+def summarize(results: list[dict], k: int) -> dict:
+    """The numbers of summary.json (`k`, `tasks`, `overall`) from rollout results (result.json dicts).
+
+    >>> ok = lambda task, s, reward: {"rollout_id": f"ev0-{task}-s{s}", "task": task, "status": "ok", "reward": reward,
+    ...                               "num_calls": 1, "response_tokens": 5, "durations": {"total_s": 2.0}}
+    >>> results = [ok("a", 0, 1.0), ok("a", 1, 1.0), ok("b", 0, 0.0), ok("b", 1, 1.0),
+    ...            {"rollout_id": "ev0-b-s2", "task": "b", "status": "infra_error", "reward": None}]
+    >>> summary = summarize(results, k=2)
+    >>> summary["tasks"]["b"]["tries"], summary["tasks"]["b"]["infra_errors"], summary["tasks"]["b"]["pass_at_k"]
+    (2, 1, 1.0)
+    >>> {key: summary["overall"][key] for key in ("tries", "passes", "pass_at_1", "pass_hat_k", "infra_errors")}
+    {'tries': 4, 'passes': 3, 'pass_at_1': 0.75, 'pass_hat_k': 0.5, 'infra_errors': 1}
+    """
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    tries, infra = counted_tries(results)
+    tasks = sorted({r["task"] for r in results})
+    by_task = {task: [r["reward"] for r in tries if r["task"] == task] for task in tasks}
+    per_task, overall = metrics.dataset_metrics(by_task, k)
+    per_task_1, overall_1 = metrics.dataset_metrics(by_task, 1)
+
+    def row(m: metrics.TaskMetrics, at_1: metrics.TaskMetrics, rows: list[dict], infra_rows: list[dict]) -> dict:
+        return {"tries": m.tries, "passes": m.passes, "pass_at_1": at_1.pass_at_k, "pass_at_k": m.pass_at_k,
+                "pass_hat_k": m.pass_hat_k, "mean_reward": m.mean_reward, "infra_errors": len(infra_rows),
+                **costs(rows)}
+
+    return {"k": k,
+            "tasks": {task: row(per_task[task], per_task_1[task], [r for r in tries if r["task"] == task],
+                                [r for r in infra if r["task"] == task]) for task in tasks},
+            "overall": row(overall, overall_1, tries, infra)}
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped, so that no name can redraw or break the table.
+
+    >>> printable("fix-bug\\x1b[2J\\n")
+    'fix-bug\\\\x1b[2J\\\\n'
+    """
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def cell(value: object) -> str:
+    """One number as the table shows it: counts whole, rates and means with 3 decimals, '-' for none.
+
+    >>> cell(3), cell(0.66666), cell(None), cell(12.34567)
+    ('3', '0.667', '-', '12.346')
+    """
+    if value is None:
+        return "-"
+    return str(value) if isinstance(value, int) else f"{value:.3f}"
+
+
+def format_table(summary: dict) -> str:
+    """The summary as an aligned text table: one row per task, then the overall row."""
+    k = summary["k"]
+    header = ["task", "tries", "pass@1", f"pass@{k}", f"pass^{k}", "reward", "infra", "calls", "tokens", "seconds"]
+    rows = [[printable(task), *(cell(numbers[c]) for c in COLUMNS)] for task, numbers in summary["tasks"].items()]
+    rows.append(["overall", *(cell(summary["overall"][c]) for c in COLUMNS)])
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join([cells[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(cells[1:], widths[1:]))])
+
+    rule = "-" * len(line(header))
+    return "\n".join([line(header), rule, *map(line, rows[:-1]), rule, line(rows[-1])])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; `--k` is checked here, so that a bad one is one sentence."""
+    p = argparse.ArgumentParser(prog="python -m steps.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", required=True, help="folder or URL with one <rollout>/result.json per attempt")
+    p.add_argument("--k", required=True, help="tries per task that pass@k and pass^k are computed for")
+    p.add_argument("--out", required=True, help="where summary.json goes (folder path or s3:// URL of the file)")
+    p.add_argument("--harness", default="", help="recorded in summary.json")
+    p.add_argument("--dataset", default="", help="recorded in summary.json")
+    p.add_argument("--checkpoint", default="", help="the checkpoint (or upstream) evaluated; recorded in summary.json")
+    p.add_argument("--model", default="", help="the model name served; recorded in summary.json")
+    p.add_argument("--iteration", type=int, default=0, help="the iteration whose checkpoint this evaluates")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Reads the results, writes summary.json, prints the table (stderr) and the summary (stdout)."""
+    args = parse_args(argv)
+    if not args.k.isdigit() or int(args.k) < 1:
+        print(f"error: --k must be a whole number of at least 1 (tries per task), got {args.k!r}", file=sys.stderr)
+        return 2
+    try:
+        results = load_results(args.results)
+    except CollectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    summary = {"k": int(args.k), "harness": args.harness, "dataset": args.dataset, "checkpoint": args.checkpoint,
+               "model": args.model, "iteration": args.iteration, **summarize(results, int(args.k))}
+    write_json(args.out, summary)
+    print(format_table(summary), file=sys.stderr)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,476 @@
+"""Eval runs: the summary's numbers, the plan's ids, the command line and its errors, the Workflows, the
+driver, and evaluations end to end on this machine.
+
+    .venv/bin/python -m pytest -q tests/test_eval.py -m "not vllm and not slow"   # seconds
+    .venv/bin/python -m pytest -q tests/test_eval.py                              # + real vLLM on CPU, minutes
+"""
+
+import doctest
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from steps import evaluate, manifest, plan
+from steps.tasks import load_dataset
+from workflows import commands, layout, submit
+from workflows.config import load_config
+from workflows.evaluation import evaluation_workflow
+from workflows.iteration import iteration_workflow
+from workflows.lint import semantic_problems
+from test_workflows import FakeArgoServer, fake_argo, s3_store  # noqa: F401 - the fake Argo Server and its fixtures
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER = REPO / "configs" / "cluster-example.yaml"
+BUILTIN = REPO / "steps" / "tasks" / "builtin"
+pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
+
+
+def result(task: str, sample: int, reward: float | None, attempt: int = 1, status: str = "ok", calls: int = 2,
+           tokens: int = 10, seconds: float = 4.0) -> dict:
+    """A rollout's result.json as `steps.rollout` writes it (the fields the summary reads)."""
+    rollout_id = plan.attempt_id(f"ev0-{task}-s{sample}", attempt)
+    if status == "infra_error":
+        reward, calls, tokens = None, 0, 0
+    return {"rollout_id": rollout_id, "task": task, "sample": sample, "status": status, "reward": reward,
+            "num_calls": calls, "response_tokens": tokens, "durations": {"total_s": seconds}}
+
+
+# ---- the summary ----
+
+def test_infra_errors_are_counted_and_left_out_of_every_metric() -> None:
+    """A rollout whose first attempt was an infra error and its retry passed, and one whose every attempt was:
+    both infra errors are counted, neither is a try, and every number equals that of the results without
+    them (control: the same failures scored as a reward of 0 would change the tries and the rates)."""
+    clean = [result("a", 0, 1.0, attempt=2), result("a", 1, 0.0), result("a", 2, 1.0)]
+    failures = [result("a", 0, None, status="infra_error", seconds=99.0),
+                result("a", 3, None, status="infra_error"), result("a", 3, None, attempt=2, status="infra_error")]
+    with_infra, without = evaluate.summarize(clean + failures, k=2), evaluate.summarize(clean, k=2)
+    assert with_infra["tasks"]["a"]["infra_errors"] == with_infra["overall"]["infra_errors"] == 3
+    assert without["overall"]["infra_errors"] == 0 and without["overall"]["tries"] == 3
+    assert {key: value for key, value in with_infra["overall"].items() if key != "infra_errors"} == \
+        {key: value for key, value in without["overall"].items() if key != "infra_errors"}
+    scored = evaluate.summarize(clean + [{**r, "status": "ok", "reward": 0.0} for r in failures], k=2)["overall"]
+    assert scored["tries"] == 4 and scored["pass_at_1"] < without["overall"]["pass_at_1"]
+
+
+def test_pass_at_k_and_pass_hat_k_per_task_and_overall() -> None:
+    """Hand-computed values: a passes 3 of 3, b 1 of 3, c 0 of 3, d has only infra errors, at k=2."""
+    results = [result("a", s, 1.0) for s in range(3)] + [result("b", 0, 1.0), result("b", 1, 0.0), result("b", 2, 0.5)]
+    results += [result("c", s, 0.0, calls=4, tokens=40, seconds=10.0) for s in range(3)]
+    results += [result("d", 0, None, status="infra_error"), result("d", 0, None, attempt=2, status="infra_error")]
+    summary = evaluate.summarize(results, k=2)
+    a, b, c, d = (summary["tasks"][t] for t in "abcd")
+    assert (a["pass_at_1"], a["pass_at_k"], a["pass_hat_k"]) == (1.0, 1.0, 1.0)
+    assert b["passes"] == 1 and b["pass_at_1"] == pytest.approx(1 / 3)
+    assert b["pass_at_k"] == pytest.approx(1 - 1 / 3)  # 1 - C(2,2)/C(3,2)
+    assert b["pass_hat_k"] == 0.0 and b["mean_reward"] == pytest.approx(0.5)  # C(1,2) = 0: never 2 passes
+    assert (c["pass_at_k"], c["pass_hat_k"], c["mean_calls"], c["mean_tokens"]) == (0.0, 0.0, 4.0, 40.0)
+    assert (d["tries"], d["infra_errors"], d["pass_at_1"], d["pass_at_k"], d["mean_calls"]) == (0, 2, None, None, None)
+    overall = summary["overall"]  # macro averages over the tasks that have the number; costs per try
+    assert (overall["tries"], overall["passes"], overall["infra_errors"]) == (9, 4, 2)
+    assert overall["pass_at_1"] == pytest.approx((1 + 1 / 3 + 0) / 3)
+    assert overall["pass_at_k"] == pytest.approx((1 + 2 / 3 + 0) / 3)
+    assert overall["pass_hat_k"] == pytest.approx(1 / 3)
+    assert overall["mean_calls"] == pytest.approx((6 * 2 + 3 * 4) / 9)
+    assert overall["mean_duration_s"] == pytest.approx((6 * 4.0 + 3 * 10.0) / 9)
+
+
+def test_a_planned_rollout_is_one_try_however_many_attempts_finished() -> None:
+    """A rerun step whose earlier attempt also finished: its last finished attempt is its one try."""
+    results = [result("a", 0, 0.0), result("a", 0, 1.0, attempt=3), result("a", 1, 1.0)]
+    task = evaluate.summarize(results, k=2)["tasks"]["a"]
+    assert (task["tries"], task["passes"], task["pass_hat_k"]) == (2, 2, 1.0)
+
+
+def test_the_table_is_aligned_and_a_task_name_cannot_break_it() -> None:
+    """One row per task and the overall row, columns aligned; a control character is shown escaped."""
+    summary = evaluate.summarize([result("hello-file", 0, 1.0), result("evil\x1b[2J\nname", 0, 0.0)], k=3)
+    lines = evaluate.format_table(summary).splitlines()
+    assert lines[0].split() == ["task", "tries", "pass@1", "pass@3", "pass^3", "reward", "infra", "calls", "tokens",
+                                "seconds"]
+    assert len(lines) == 6 and len({len(line) for line in lines}) == 1  # header, rule, 2 tasks, rule, overall
+    assert "\x1b" not in "".join(lines) and "evil\\x1b[2J\\nname" in lines[2] and lines[-1].startswith("overall")
+
+
+def test_the_cli_writes_summary_json_prints_the_table_and_one_json_line(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for r in [result("a", 0, 1.0), result("a", 1, 0.0), result("a", 0, None, status="infra_error", attempt=2)]:
+        (results / r["rollout_id"]).mkdir(parents=True)
+        (results / r["rollout_id"] / "result.json").write_text(json.dumps(r))
+    out = tmp_path / "eval" / "summary.json"
+    argv = [sys.executable, "-m", "steps.evaluate", "--results", str(results), "--k", "2", "--out", str(out),
+            "--harness", "direct", "--dataset", "steps/tasks/builtin", "--checkpoint", "runs/tiny-model",
+            "--model", "tiny", "--iteration", "0"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    summary = json.loads(line)
+    assert summary == json.loads(out.read_text())
+    assert set(summary) == {"k", "harness", "dataset", "checkpoint", "model", "iteration", "tasks", "overall"}
+    assert set(summary["overall"]) == {"tries", "passes", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward",
+                                       "infra_errors", "mean_calls", "mean_tokens", "mean_duration_s"}
+    assert (summary["overall"]["tries"], summary["overall"]["infra_errors"], summary["overall"]["pass_at_k"]) == (2, 1, 1.0)
+    assert "pass@2" in done.stderr and done.stderr.splitlines()[-1].split()[:2] == ["overall", "2"]
+
+
+@pytest.mark.parametrize("k, expected", [("0", "--k must be a whole number of at least 1 (tries per task), got '0'"),
+                                         ("two", "got 'two'")])
+def test_the_cli_refuses_a_bad_k_and_missing_results_in_one_sentence(k: str, expected: str, tmp_path: Path, capsys) -> None:
+    assert evaluate.main(["--results", str(tmp_path), "--k", k, "--out", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and len(err.splitlines()) == 1
+    assert evaluate.main(["--results", str(tmp_path), "--k", "1", "--out", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no rollout results under" in err and len(err.splitlines()) == 1 and not (tmp_path / "s.json").exists()
+
+
+# ---- the plan ----
+
+def test_the_eval_plan_is_every_task_times_k_under_ids_no_training_rollout_has() -> None:
+    tasks, _ = load_dataset(BUILTIN)
+    planned = plan.plan(tasks, 2, tasks_per_iteration=1, samples_per_task=3, root=REPO, evaluation=True)
+    assert len(planned) == 3 * len(tasks) and len({p.rollout_id for p in planned}) == len(planned)
+    assert {p.task.rsplit("/", 1)[1] for p in planned} == {t.name for t in tasks}
+    assert planned[0].rollout_id == f"ev2-{sorted(t.name for t in tasks)[0]}-s0"
+    assert all(p.rollout_id.startswith("ev2-") and p.rollout_id.endswith(f"-s{p.sample}") for p in planned)
+    training = plan.plan(tasks, 2, tasks_per_iteration=len(tasks), samples_per_task=3, root=REPO)
+    assert {p.rollout_id for p in training}.isdisjoint({p.rollout_id for p in planned})
+    assert {(p.task, p.sample) for p in training} == {(p.task, p.sample) for p in planned}  # the same work
+
+
+def test_the_eval_plan_command_is_the_one_the_step_parses() -> None:
+    config = load_config(None, ["run=e", "eval_k=2", "dataset=steps/tasks/toy", "eval_dataset=steps/tasks/builtin"])
+    argv = commands.plan(config, 0, python=sys.executable, evaluation=True)
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    items = json.loads(done.stdout)
+    assert len(items) == 2 * len(load_dataset(BUILTIN)[0]) and items[0]["rollout_id"].startswith("ev0-")
+    refused = subprocess.run(argv[:argv.index("--eval")] + argv[argv.index("--eval") + 1:], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--tasks-per-iteration is required" in refused.stderr
+
+
+# ---- the command line ----
+
+def training_run(store: Path, name: str = "trained", iterations_written: int = 1) -> Path:
+    """A training run in a local store as the runner leaves it: its manifest and its checkpoints' folders."""
+    config = load_config(None, [f"store={store}", f"run={name}", "model=/models/base"])
+    manifest.write_run_config(config.run_url, config.to_dict())
+    for iteration in range(1, iterations_written + 1):
+        Path(config.checkpoint_url(iteration)).mkdir(parents=True)
+    return Path(config.run_url)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--model", "m", "--checkpoint", "trained:1"], "give the model to evaluate with --model PATH or with "
+                                                    "--checkpoint RUN:ITERATION, not both"),
+    (["--checkpoint", "ghost:1"], "--checkpoint ghost:1: no run named 'ghost' in the store"),
+    (["--checkpoint", "trained:2"], "--checkpoint trained:2: run 'trained' has no checkpoint for iteration 2"),
+    (["--checkpoint", "trained"], "--checkpoint must be RUN:ITERATION"),
+    (["--k", "0"], "--k must be a whole number of at least 1 (tries per task), got '0'"),
+    (["--k", "three"], "--k must be a whole number of at least 1 (tries per task), got 'three'"),
+    (["--dataset", "no/such/tasks"], "dataset 'no/such/tasks' does not exist"),
+    (["--upstream", "ftp://x"], "config key 'upstream' must be an http:// or https:// URL"),
+    (["--upstream", "http://x:8000", "--model", "m"], "--upstream evaluates the model that server serves"),
+])
+def test_eval_errors_are_one_sentence(argv: list[str], expected: str, tmp_path: Path, monkeypatch, capsys) -> None:
+    """Each bad eval command stops with exit code 2 and one line on stderr, before any run is recorded."""
+    monkeypatch.delenv("ARGO_SERVER", raising=False)
+    training_run(tmp_path)
+    monkeypatch.setattr("workflows.local.run_local_eval", lambda *a: pytest.fail("a bad eval must not start"))
+    code = submit.main(["eval", "--harness", "direct", *argv, f"store={tmp_path}", "run=ev"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and expected in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "ev").exists()
+
+
+def test_checkpoint_resolves_through_the_runs_manifest(tmp_path: Path, monkeypatch) -> None:
+    """`--checkpoint RUN:N` evaluates `layout.checkpoint_url` of that run (0: its base model); the eval's
+    config and what it evaluates go to the local runner."""
+    monkeypatch.delenv("ARGO_SERVER", raising=False)
+    run = training_run(tmp_path)
+    seen = []
+    monkeypatch.setattr("workflows.local.run_local_eval", lambda config, evaluates: seen.append((config, evaluates)) or 0)
+    for spec in ("trained:1", "trained:0"):
+        assert submit.main(["eval", "--harness", "direct", "--checkpoint", spec, "--k", "2", f"store={tmp_path}"]) == 0
+    (first, evaluates), (base, _) = seen
+    assert first.model == evaluates["checkpoint"] == layout.checkpoint_url(str(run), 1, "/models/base")
+    assert (evaluates["run"], evaluates["iteration"], first.eval_k) == ("trained", 1, 2)
+    assert base.model == "/models/base" and first.run.startswith("eval-direct-")
+
+
+def test_options_of_eval_are_refused_elsewhere_and_upstream_for_training(monkeypatch, capsys) -> None:
+    """`--k` belongs to eval; a training run with `upstream` is refused (control: without it, it starts)."""
+    monkeypatch.delenv("ARGO_SERVER", raising=False)
+    monkeypatch.setattr("workflows.local.run_local", lambda config: 0)
+    assert submit.main(["--harness", "direct", "--k", "3"]) == 2
+    assert "--k is a flag of `python workflows/submit.py eval`" in capsys.readouterr().err
+    assert submit.main(["--harness", "direct", "upstream=http://127.0.0.1:8000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: config key 'upstream' is for evaluations (`python workflows/submit.py eval --upstream URL`); "
+                   "a training run serves its own checkpoints with vLLM")
+    assert submit.main(["--harness", "direct"]) == 0
+
+
+# ---- the Workflows ----
+
+def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folders() -> None:
+    """collect (serve, plan --eval, rollouts, trajectories) then evaluate, whatever the rollouts did; every
+    file goes under evals/iteration-N; no update; the exit handler records the evaluation."""
+    config = load_config(CLUSTER, ["run=ev", "harness=direct", "eval_k=4"])
+    spec = evaluation_workflow(config, 0).to_dict()["spec"]
+    templates = {t["name"]: t for t in spec["templates"]}
+    assert "update" not in templates and spec["onExit"] == "exit"
+    outer = {t["name"]: t.get("depends") for t in templates["evaluation"]["dag"]["tasks"]}
+    assert outer == {"collect": None, "evaluate": "collect.Succeeded || collect.Failed"}
+    assert templates["plan"]["container"]["command"] == commands.plan(config, 0, evaluation=True)
+    assert templates["evaluate"]["container"]["command"] == commands.evaluate(config, 0)
+    assert templates["record"]["container"]["command"] == commands.record_eval(config, 0, "{{workflow.name}}",
+                                                                               "{{workflow.status}}")
+    key = templates["rollout"]["outputs"]["artifacts"][0]["s3"]["key"]
+    assert key == "runs/ev/evals/iteration-0/results/{{inputs.parameters.rollout_id}}/result.json"
+    trajectories = templates["trajectories"]["container"]["command"]
+    assert trajectories[trajectories.index("--out") + 1] == layout.eval_trajectories_url(config.run_url, 0)
+    assert "--eval" in commands.plan(config, 0, evaluation=True) and semantic_problems({"spec": spec}) == []
+
+
+def test_an_iteration_with_eval_every_evaluates_its_checkpoint_on_the_same_serve() -> None:
+    """eval_every=2 of 3 iterations: iterations 0 and 2 carry an evaluation in their collect DAG (its rollouts
+    behind the same policies and serve pod), iteration 1 does not; the final checkpoint's is its own Workflow."""
+    config = load_config(CLUSTER, ["run=t", "iterations=3", "eval_every=2"])
+    for iteration, evaluates in ((0, True), (1, False), (2, True)):
+        spec = iteration_workflow(config, iteration).to_dict()["spec"]
+        collect = next(t for t in spec["templates"] if t["name"] == "collect")
+        tasks = {t["name"]: t.get("depends", "") for t in collect["dag"]["tasks"]}
+        assert ("evaluate" in tasks) == evaluates == ("eval-rollout" in tasks)
+        if evaluates:
+            assert tasks["eval-rollout"] == "serve && eval-plan && isolate-rollouts && isolate-serve"
+            rollout = next(t for t in spec["templates"] if t["name"] == "eval-rollout")
+            assert rollout["metadata"]["labels"] == {"openforge.dev/role": "rollout"}  # the same NetworkPolicy
+            assert f"evals/iteration-{iteration}/results" in json.dumps(rollout)
+    assert submit.build_workflows(config)[-1][1].name == "openforge-t-eval3"
+    assert [w.name for _, w in submit.build_workflows(load_config(CLUSTER, ["run=t", "iterations=2"]))] == ["openforge-t-it0",
+                                                                                            "openforge-t-it1"]
+
+
+# ---- the driver against the fake Argo Server (tests/test_workflows.py) ----
+
+def fake_summary(run_url: str, iteration: int, k: int = 2) -> dict:
+    """The summary.json the evaluate step of a Workflow would have written (the fake server runs no pod)."""
+    summary = {"k": k, "harness": "codex", "dataset": "steps/tasks/builtin", "checkpoint": "", "model": "qwen3-4b",
+               "iteration": iteration, **evaluate.summarize([result("hello-file", s, 1.0) for s in range(k)], k)}
+    manifest.write_json(layout.eval_summary_url(run_url, iteration), summary)
+    return summary
+
+
+def drive(fake: FakeArgoServer, store: str, *args: str) -> int:
+    """`submit.py` in-process against the fake server and the S3 store."""
+    return submit.main([*args, "--config", str(CLUSTER), "--argo-server", fake.url, "--poll", "0.01", f"store={store}"])
+
+
+def test_an_eval_run_on_argo_is_one_workflow_followed_and_recorded(fake_argo: FakeArgoServer, s3_store: str,
+                                                                   capsys) -> None:
+    """`eval --checkpoint trained:1`: the eval Workflow of that checkpoint is linted, created and followed; the
+    manifest says what it evaluates and records the evaluation with its numbers; the table and the summary are
+    printed; `status` shows it."""
+    trained = f"{s3_store}/trained"
+    config = load_config(CLUSTER, ["run=trained", f"store={s3_store}"])
+    manifest.write_run_config(trained, config.to_dict())
+    manifest.write_json(layout.metrics_url(config.checkpoint_url(1)), {"loss": 0.1})  # what its update wrote
+    summary = fake_summary(f"{s3_store}/ev", 0)
+    assert drive(fake_argo, s3_store, "eval", "--harness", "codex", "--checkpoint", "trained:1", "--k", "2", "run=ev") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert json.loads(out[-1]) == summary and out[-2].split()[:2] == ["overall", "2"]
+    posts = [(path.rsplit("/", 1)[-1], body["workflow"]["metadata"]["name"]) for _, path, body, _ in fake_argo.calls("POST")]
+    assert posts == [("lint", "openforge-ev-eval0"), ("openforge", "openforge-ev-eval0")]
+    created = fake_argo.workflows["openforge-ev-eval0"]
+    serve = next(t for t in created["spec"]["templates"] if t["name"] == "serve")["container"]["command"]
+    assert serve[serve.index("--model") + 1] == config.checkpoint_url(1)
+    evaluates = manifest.read_evaluates(f"{s3_store}/ev")
+    assert (evaluates["run"], evaluates["iteration"], evaluates["checkpoint"]) == ("trained", 1, config.checkpoint_url(1))
+    record = manifest.read_evals(f"{s3_store}/ev")[0]
+    assert (record.workflow, record.status, record.overall["pass_hat_k"]) == ("openforge-ev-eval0", "Succeeded", 1.0)
+    assert drive(fake_argo, s3_store, "status", "--run", "ev") == 0
+    assert "eval 0: Succeeded  openforge-ev-eval0" in capsys.readouterr().out
+
+
+def test_a_failed_eval_workflow_is_retried_like_an_iteration(fake_argo: FakeArgoServer, s3_store: str, capsys) -> None:
+    """A failed evaluation stops with exit code 1 and says how to retry; `retry` reruns its failed rollouts and
+    follows it to the end (control: before the retry the manifest records it Failed)."""
+    fake_argo.script["openforge-evr-eval0"] = ["", "Running", "Failed"]
+    assert drive(fake_argo, s3_store, "eval", "--harness", "codex", "--k", "2", "run=evr") == 1
+    assert "eval 0 ended Failed" in capsys.readouterr().err
+    assert manifest.read_evals(f"{s3_store}/evr")[0].status == "Failed"
+    summary = fake_summary(f"{s3_store}/evr", 0)
+    assert drive(fake_argo, s3_store, "retry", "--run", "evr") == 0
+    (_, path, body, _), = fake_argo.calls("PUT")
+    assert path.endswith("/openforge-evr-eval0/retry") and body["nodeFieldSelector"] == "templateName=rollout,phase=Failed"
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == summary
+    assert manifest.read_evals(f"{s3_store}/evr")[0].status == "Succeeded"
+
+
+def test_a_training_run_with_eval_every_records_each_evaluation(fake_argo: FakeArgoServer, s3_store: str) -> None:
+    """eval_every=1 of 1 iteration: the iteration's Workflow evaluates checkpoint 0 (its record gets the
+    numbers and a pointer to the summary), then the driver submits the final checkpoint's evaluation."""
+    run_url = f"{s3_store}/ev-train"
+    first, final = fake_summary(run_url, 0), fake_summary(run_url, 1)
+    assert drive(fake_argo, s3_store, "--harness", "codex", "run=ev-train", "iterations=1", "eval_every=1") == 0
+    created = [body["workflow"]["metadata"]["name"] for _, path, body, _ in fake_argo.calls("POST")
+               if not path.endswith("/lint")]
+    assert created == ["openforge-ev-train-it0", "openforge-ev-train-eval1"]
+    iteration = manifest.read_iterations(run_url)[0]
+    assert iteration.eval == {"summary": layout.eval_summary_url(run_url, 0), "k": 2, **first["overall"]}
+    evaluations = manifest.read_evals(run_url)
+    assert {i: (e.workflow, e.status) for i, e in evaluations.items()} == {
+        0: ("openforge-ev-train-it0", "Succeeded"), 1: ("openforge-ev-train-eval1", "Succeeded")}
+    assert evaluations[1].overall == {"k": 2, **final["overall"]}
+
+
+# ---- evaluations end to end on this machine (the embedded default) ----
+
+def submit_eval(store: Path, run: str, *argv: str, timeout_s: float = 900) -> subprocess.CompletedProcess:
+    """`python workflows/submit.py eval ...` with no Argo server: the local runner."""
+    env = {key: value for key, value in os.environ.items() if key != "ARGO_SERVER"}
+    done = subprocess.run([sys.executable, "workflows/submit.py", "eval", "--harness", "direct", *argv,
+                           f"store={store}", f"run={run}", "parallel_rollouts=4"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def printed(done: subprocess.CompletedProcess, store: Path, run: str) -> dict:
+    """The summary the eval printed: a table (header, a row per task, overall) then one JSON line, equal to
+    its summary.json, recorded as the run's one evaluation."""
+    *table, line = done.stdout.splitlines()
+    summary = json.loads(line)
+    assert summary == json.loads((store / run / "evals" / "iteration-0" / "summary.json").read_text())
+    assert table[0].split()[:2] == ["task", "tries"] and table[-1].split()[0] == "overall"
+    assert [row.split()[0] for row in table[2:-2]] == sorted(summary["tasks"])
+    record = manifest.read_evals(str(store / run))[0]
+    assert record.status == "Succeeded" and record.overall["tries"] == summary["overall"]["tries"]
+    assert manifest.read_evaluates(str(store / run)) is not None and manifest.read_iterations(str(store / run)) == {}
+    return summary
+
+
+def copy_tasks(names: list[str], into: Path) -> Path:
+    """A dataset of some built-in tasks, copied."""
+    for name in names:
+        shutil.copytree(BUILTIN / name, into / name)
+    return into
+
+
+class FlakyMirror:
+    """A package mirror on loopback that fails its first request (503) and serves every later one: what a task
+    image's build fetches from. A real flaky mirror cannot be had on demand; this one makes the first build
+    of the task that uses it fail, a real sandbox failure before the harness starts (an infra error)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        mirror = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                mirror.requests += 1
+                self.send_response(503 if mirror.requests == 1 else 200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.slow
+def test_the_oracles_pass_every_task_and_an_infra_error_is_retried_and_not_counted(tmp_path: Path) -> None:
+    """Every built-in task, plus a copy of hello-file whose image build fetches from a mirror that fails once,
+    evaluated with k=2 through `--upstream` in front of the scripted model replaying each task's oracle: every
+    task passes (pass@k = pass^k = 1); the failed build is an infra error, retried under `-a2`, counted and
+    not a try."""
+    from scripted_model import ScriptedModel
+
+    dataset = tmp_path / "tasks"
+    shutil.copytree(BUILTIN, dataset)
+    mirror = FlakyMirror()
+    flaky = dataset / "hello-file-mirror"
+    shutil.copytree(BUILTIN / "hello-file", flaky)
+    (flaky / "environment" / "Dockerfile").write_text(
+        f"FROM python:3.11-slim\nWORKDIR /app\n"
+        f"RUN python3 -c \"import urllib.request; urllib.request.urlopen('{mirror.url}')\"\n")
+    store = tmp_path / "runs"
+    with ScriptedModel(model="remote", oracle=dataset) as double:
+        done = submit_eval(store, "oracle", "--dataset", str(dataset), "--k", "2", "--upstream", double.url,
+                           "--upstream-model", "remote", "max_tokens_cap=4096")
+    summary = printed(done, store, "oracle")
+    tasks = summary["tasks"]
+    assert len(tasks) == len(load_dataset(BUILTIN)[0]) + 1
+    assert {(t["tries"], t["pass_at_k"], t["pass_hat_k"]) for t in tasks.values()} == {(2, 1.0, 1.0)}
+    overall = summary["overall"]
+    assert (overall["pass_at_1"], overall["pass_at_k"], overall["pass_hat_k"]) == (1.0, 1.0, 1.0)
+    assert overall["infra_errors"] == tasks["hello-file-mirror"]["infra_errors"] == 1 and mirror.requests >= 2
+    assert overall["tries"] == 2 * len(tasks)
+    results = [json.loads(p.read_text()) for p in (store / "oracle" / "evals" / "iteration-0" / "results").glob("*/result.json")]
+    (failed,) = [r for r in results if r["status"] == "infra_error"]
+    assert failed["task"] == "hello-file-mirror" and "RUN failed" in failed["error"]
+    assert any(r["rollout_id"] == f"{failed['rollout_id']}-a2" and r["reward"] == 1.0 for r in results)
+    assert summary["checkpoint"] == double.url and summary["model"] == "remote"
+
+
+@pytest.mark.slow
+def test_a_wrong_script_passes_no_task(tmp_path: Path) -> None:
+    """The scripted model playing a wrong script (one command that changes nothing): no task passes, and
+    every try is counted as one (pass@k = pass^k = 0, no infra error)."""
+    from scripted_model import WRONG_COMMANDS, ScriptedModel
+
+    dataset = copy_tasks(["hello-file", "count-errors", "edit-config"], tmp_path / "tasks")
+    store = tmp_path / "runs"
+    with ScriptedModel(model="remote", commands=WRONG_COMMANDS) as double:
+        done = submit_eval(store, "wrong", "--dataset", str(dataset), "--k", "2", "--upstream", double.url,
+                           "--upstream-model", "remote")
+    summary = printed(done, store, "wrong")
+    assert {(t["tries"], t["passes"], t["pass_at_k"], t["pass_hat_k"]) for t in summary["tasks"].values()} == \
+        {(2, 0, 0.0, 0.0)}
+    assert (summary["overall"]["infra_errors"], summary["overall"]["mean_reward"]) == (0, 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_an_eval_of_the_builtin_dataset_with_direct_on_the_embedded_default(tiny_model: Path, tmp_path: Path) -> None:
+    """`submit.py eval` of the built-in dataset with `direct` and no server: vLLM on CPU serves the tiny model,
+    every task gets its k tries under `ev0-` ids, the table and the summary are printed, `status` shows the
+    evaluation and `resume` of a finished one prints it again without running anything."""
+    store = tmp_path / "runs"
+    done = submit_eval(store, "tiny", "--dataset", "steps/tasks/builtin", "--k", "2", "--model", str(tiny_model),
+                       "max_tokens_cap=16")
+    summary = printed(done, store, "tiny")
+    tasks = load_dataset(BUILTIN)[0]
+    assert sorted(summary["tasks"]) == sorted(t.name for t in tasks)
+    assert summary["overall"]["tries"] + summary["overall"]["infra_errors"] >= 2 * len(tasks)
+    assert summary["checkpoint"] == str(tiny_model) and summary["k"] == 2
+    called = {path.name for path in (store / "tiny" / "calls" / "rollouts").iterdir()}
+    assert called and all(name.startswith("ev0-") for name in called)
+    env = {key: value for key, value in os.environ.items() if key != "ARGO_SERVER"}
+    status = subprocess.run([sys.executable, "workflows/submit.py", "status", "--run", "tiny", f"store={store}"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "eval 0: Succeeded" in status.stdout
+    again = subprocess.run([sys.executable, "workflows/submit.py", "resume", "--run", "tiny", f"store={store}"],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and json.loads(again.stdout.splitlines()[-1]) == summary
+
+
+@pytest.mark.parametrize("module", ["steps.evaluate", "steps.plan", "workflows.layout", "workflows.config",
+                                    "workflows.submit"])
+def test_doctests(module: str) -> None:
+    """The examples in the docstrings of the evaluation's pure functions hold."""
+    failures, tried = doctest.testmod(importlib.import_module(module))
+    assert tried > 0 and failures == 0

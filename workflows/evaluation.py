@@ -1,0 +1,57 @@
+"""One evaluation as an Argo Workflow, of the iteration's templates: serve, plan, rollout fan-out, trajectories,
+then evaluate.
+
+    from workflows.config import load_config
+    from workflows.evaluation import evaluation_workflow
+    print(evaluation_workflow(load_config("configs/cluster-example.yaml", ["run=demo"]), 0).to_yaml())
+
+It evaluates the checkpoint iteration `iteration` of the run serves: an eval run's one evaluation (0: the
+config's `model`, which `submit.py eval --checkpoint RUN:ITERATION` set to that run's checkpoint), or a
+training run's final checkpoint (`iterations`), which no iteration serves. The outer DAG `evaluation` runs
+`collect` (the iteration's: network policies, the serve daemon, `plan --eval` -> `rollout` x (tasks x k) ->
+`trajectories`, into the evaluation's folder) and then `evaluate` (summary.json), whether or not every
+rollout succeeded, so that infra errors are counted. The exit handler (the iteration's `exit`: `record`, then
+`report`) writes the evaluation's record (`manifest/eval-<N>.json`) and then the run's report. The templates are `workflows.iteration`'s, given the evaluation's
+folders; the rollout template keeps its name, so the driver's progress and `retry` work as for iterations.
+"""
+
+from hera.workflows import DAG, Container, Resources, Task, Workflow
+from hera.workflows.models import PodGC, TTLStrategy
+
+from workflows import commands
+from workflows.config import RunConfig
+from workflows.iteration import (collect_dag, evaluation_templates, exit_dag, image, isolation_policies,
+                                 policy_template, report_link, report_template, run_label, s3_env, serve_template)
+
+
+def workflow_name(config: RunConfig, iteration: int) -> str:
+    """The evaluation's Workflow name: fixed, so that a resumed driver finds it (DNS-1123)."""
+    return f"openforge-{run_label(config)}-eval{iteration}"
+
+
+def record_template(config: RunConfig, iteration: int) -> Container:
+    """The exit handler's first step: the evaluation's final phase and overall numbers into the run manifest."""
+    return Container(
+        name="record", image=image(config, "steps"), env=s3_env(config), resources=Resources(cpu_request=0.1),
+        command=commands.record_eval(config, iteration, "{{workflow.name}}", "{{workflow.status}}"),
+    )
+
+
+def evaluation_workflow(config: RunConfig, iteration: int) -> Workflow:
+    """The evaluation of iteration `iteration`'s checkpoint as one Workflow."""
+    # evaluate runs when collect ended either way: a rollout failed after its retries is an infra error to count.
+    evaluation_dag = DAG(name="evaluation", tasks=[
+        Task(name="collect", template="collect"),
+        Task(name="evaluate", template="evaluate", depends="collect.Succeeded || collect.Failed")])
+    templates = [evaluation_dag, collect_dag(config), serve_template(config, iteration),
+                 *evaluation_templates(config, iteration, ""), exit_dag(), record_template(config, iteration),
+                 report_template(config)]
+    templates += [policy_template(name, policy) for name, policy in isolation_policies(config).items()]
+    labels = {"openforge.dev/run": run_label(config), "openforge.dev/evaluation": str(iteration)}
+    return Workflow(
+        name=workflow_name(config, iteration), namespace=config.namespace, labels=labels,
+        annotations={"workflows.argoproj.io/description": report_link(config)},
+        entrypoint="evaluation", on_exit="exit", templates=templates,
+        service_account_name=config.service_account,
+        pod_gc=PodGC(strategy="OnWorkflowSuccess"), ttl_strategy=TTLStrategy(seconds_after_success=7 * 24 * 3600),
+    )
