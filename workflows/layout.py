@@ -63,9 +63,14 @@ def calls_url(run_url: str) -> str:
     return _join(run_url, "calls")
 
 
+def all_results_url(run_url: str) -> str:
+    """The folder holding every iteration's results folder (`iteration-<N>`, and set-aside starts)."""
+    return _join(run_url, "results")
+
+
 def results_url(run_url: str, iteration: int | str) -> str:
     """The folder holding one `<rollout_id>/result.json` per rollout attempt of an iteration."""
-    return _join(run_url, "results", f"iteration-{iteration}")
+    return _join(all_results_url(run_url), f"iteration-{iteration}")
 
 
 def rollout_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
@@ -93,6 +98,11 @@ def trajectories_url(run_url: str) -> str:
     return _join(run_url, "trajectories")
 
 
+def run_partitions_url(trajectories: str, run_name: str) -> str:
+    """The folder holding one run's partitions (`iteration=<N>`) below `trajectories`."""
+    return _join(trajectories, f"run={run_name}")
+
+
 def partition_url(trajectories: str, run_name: str, iteration: int | str) -> str:
     """The folder holding one run-iteration's tables below `trajectories` (Hive-style names, so that
     `pyarrow.dataset` reads the whole folder as one dataset partitioned by run and iteration).
@@ -100,7 +110,7 @@ def partition_url(trajectories: str, run_name: str, iteration: int | str) -> str
     >>> partition_url("s3://b/runs/demo/trajectories", "demo", 2)
     's3://b/runs/demo/trajectories/run=demo/iteration=2'
     """
-    return _join(trajectories, f"run={run_name}", f"iteration={iteration}")
+    return _join(run_partitions_url(trajectories, run_name), f"iteration={iteration}")
 
 
 def run_partition_url(run_url: str, run_name: str, iteration: int | str) -> str:
