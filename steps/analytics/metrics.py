@@ -8,19 +8,28 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from steps.analytics.tools import ToolUse, canonical, changes_and_checks
 
 
 def use(name: str, kind: str = "other", command: str | None = None, failed: bool | None = None,
-        arguments: dict | None = None) -> ToolUse:
-    """One tool use, for examples and tests: its key is the tool and its arguments (or command).
+        arguments: dict | None = None, call_index: int = 0, answered_at: int | None = None) -> ToolUse:
+    """One answered tool use, for examples and tests: its key is the tool and its command (or arguments); by
+    default each call is its own response, answered in the next request.
 
     >>> use("shell", "shell", "ls").key
-    'shell:{"command": "ls"}'
+    'shell:ls'
     """
     arguments = arguments if arguments is not None else {"command": command} if command is not None else {}
-    return ToolUse(0, name, kind, arguments, f"{name}:{canonical(arguments)}", command, None, failed)
+    made = ToolUse(call_index, name, kind, arguments, f"{name}:{command if command is not None else canonical(arguments)}",
+                   command, "", failed, call_index + 1 if answered_at is None else answered_at)
+    return replace(made, steps=tuple(changes_and_checks(made)))
+
+
+def numbered(uses: list[ToolUse]) -> list[ToolUse]:
+    """Examples' uses as one call per response, in order, each answered in the next request."""
+    return [replace(u, call_index=n, answered_at=n + 1) for n, u in enumerate(uses)]
 
 
 def tool_counts(uses: list[ToolUse]) -> dict[str, int]:
@@ -68,7 +77,7 @@ def self_verified(uses: list[ToolUse]) -> bool | None:
     >>> self_verified([use("shell", "shell", "ls")]) is None
     True
     """
-    steps = [step for u in uses for step in changes_and_checks(u)]
+    steps = [step for u in uses for step in u.steps]
     if "change" not in steps:
         return None
     last_change = len(steps) - 1 - steps[::-1].index("change")
@@ -81,40 +90,51 @@ def changes(uses: list[ToolUse]) -> int:
     >>> changes([use("shell", "shell", "mkdir d && cd d"), use("write", "edit", failed=True), use("edit", "edit")])
     2
     """
-    return sum("change" in changes_and_checks(u) for u in uses)
+    return sum("change" in u.steps for u in uses)
 
 
 def plan_completion(uses: list[ToolUse], plan_items: Callable[[dict | None], list[bool] | None]) -> float | None:
     """The share of items done in the last plan the rollout set with its harness's plan tool (`plan_items`
-    reads one call's items); None when it never set a readable, non-empty plan.
+    reads one call's items): the last plan call whose result did not fail and whose plan is readable; None
+    when there is none, or that plan is empty (every item dropped).
 
     >>> todos = lambda args: [item == "done" for item in args["items"]]
     >>> plan_completion([use("todo", "plan", arguments={"items": ["done", "todo"]}),
-    ...                  use("todo", "plan", arguments={"items": ["done", "done", "todo", "todo"]})], todos)
+    ...                  use("todo", "plan", arguments={"items": ["done", "done", "todo", "todo"]}),
+    ...                  use("todo", "plan", arguments={"items": ["done"]}, failed=True)], todos)
     0.5
+    >>> plan_completion([use("todo", "plan", arguments={"items": ["done"]}),
+    ...                  use("todo", "plan", arguments={"items": []})], todos) is None
+    True
     """
     for u in reversed(uses):
-        if u.kind == "plan":
-            items = plan_items(u.arguments)
-            if items:
-                return sum(items) / len(items)
+        if u.kind == "plan" and not u.failed and (items := plan_items(u.arguments)) is not None:
+            return sum(items) / len(items) if items else None
     return None
 
 
 def error_recovery(uses: list[ToolUse]) -> tuple[int, int, int]:
     """(failed tool results, of them followed by the same call again, followed by a different call).
 
-    A failure is a result with a non-zero exit code or an error flag. The next tool call repeats it when it
-    is the same tool with the same arguments (compared as canonical JSON); a failure with no call after it
-    counts in neither.
+    A failure is a result with a non-zero exit code or an error flag. What came next is the first response
+    made after the model saw the failure (whose request holds the result; a call made beside the failed one,
+    in the same response, was not). It repeats the failure when one of its calls is the same tool with the
+    same command (or arguments, compared as canonical JSON); a failure with no call after it counts in neither.
 
-    >>> error_recovery([use("sh", "shell", "cat a", failed=True), use("sh", "shell", "cat a", failed=True),
-    ...                 use("sh", "shell", "ls", failed=False), use("sh", "shell", "make", failed=True)])
+    >>> error_recovery(numbered([use("sh", "shell", "cat a", failed=True), use("sh", "shell", "cat a", failed=True),
+    ...                          use("sh", "shell", "ls", failed=False), use("sh", "shell", "make", failed=True)]))
     (3, 1, 1)
+    >>> error_recovery([use("sh", "shell", "cat a", failed=True), use("sh", "shell", "cat b", failed=False),
+    ...                 use("sh", "shell", "cat a", call_index=1)])
+    (1, 1, 0)
     """
-    failures = [n for n, u in enumerate(uses) if u.failed]
-    repeated = sum(1 for n in failures if n + 1 < len(uses) and uses[n + 1].key == uses[n].key)
-    changed = sum(1 for n in failures if n + 1 < len(uses) and uses[n + 1].key != uses[n].key)
+    failures = [u for u in uses if u.failed]
+    repeated = changed = 0
+    for failure in failures:
+        after = [u for u in uses if failure.answered_at is not None and u.call_index >= failure.answered_at]
+        response = [u for u in after if u.call_index == after[0].call_index] if after else []
+        repeated += any(u.key == failure.key for u in response)
+        changed += bool(response) and not any(u.key == failure.key for u in response)
     return len(failures), repeated, changed
 
 

@@ -1,7 +1,9 @@
 """What a shell command does to the workspace, read from its text alone (no LLM, no sandbox).
 
-A command is split into segments at `&&`, `||`, `;`, `|`, `&` and line breaks (quotes respected). Each
-segment is a *change* (it writes the workspace: a redirection into a file other than /dev/null, or a
+A command is split into segments at `&&`, `||`, `;`, `|`, `&` and line breaks (quotes respected). A
+pipeline that runs tests or a build (`TEST_RUNS`: `pytest -q | tee log`, `make test > log.txt`) is a check
+throughout: the log it writes is not a change to the work. `bash -c 'STRING'` is read as the STRING's
+commands. Each other segment is a *change* (it writes the workspace: a redirection into a file other than /dev/null, or a
 program that writes files: `WRITERS`, `sed -i`, `git apply`, ...), a *check* (it reads or runs something:
 `CHECKERS`, a test runner, an interpreter, `./prog`), or neither (`cd`, `echo`, `ls`). A heredoc's body is
 data, left out, unless it is fed to a shell (`bash <<EOF`), where its lines are commands too. A segment that
@@ -40,6 +42,16 @@ CHECKERS = {
     "rustc", "tsc",
 }
 PREFIXES = {"sudo", "env", "time", "timeout", "nice", "nohup", "command", "exec", "xargs"}
+# A wrapper's own options and numbers (`timeout 10s`, `nice -n 5`, `env -i A=1`).
+WRAPPER_ARGUMENT = re.compile(r"-.*|\d+(\.\d+)?[smhd]?|[^=]+=.*")
+# Options naming a file a program writes (`curl -o f`, `sort -o f`), or that make it write (`find -delete`).
+WRITING_OPTIONS = {"curl": {"-o", "-O", "--output", "--remote-name"}, "sort": {"-o", "--output"},
+                   "find": {"-delete"}}
+# Tests and builds: the first word, or the first two (`npm test`, `python -m pytest`).
+TEST_RUNS = {"pytest", "tox", "nox", "make", "ctest", "mvn", "gradle", "./gradlew", "cargo test", "cargo build",
+             "cargo check", "go test", "go build", "go vet", "npm test", "npm run", "yarn test", "pnpm test",
+             "bun test", "python -m", "python3 -m", "deno test"}
+NESTING_LIMIT = 3  # `bash -c` inside `bash -c`: deeper scripts are not read
 
 
 def words(command: str) -> list[str]:
@@ -112,8 +124,7 @@ def program(segment: list[str]) -> tuple[str, list[str]]:
         rest.pop(0)
     while rest and rest[0] in PREFIXES:
         rest.pop(0)
-        # the wrapper's own options and numbers (`timeout 10`, `env -i A=1`)
-        while rest and (rest[0].startswith("-") or rest[0].replace(".", "").isdigit() or "=" in rest[0]):
+        while rest and WRAPPER_ARGUMENT.fullmatch(rest[0]):
             rest.pop(0)
     if not rest:
         return "", []
@@ -121,23 +132,91 @@ def program(segment: list[str]) -> tuple[str, list[str]]:
     return name, rest[1:]
 
 
-def is_change(segment: list[str]) -> bool:
-    """Whether a segment writes the workspace.
+def is_change(segment: list[str], writers: tuple[str, ...] = ()) -> bool:
+    """Whether a segment writes the workspace (`writers`: a harness's own programs that write).
 
     >>> is_change(["echo", "hello", ">", "answer.txt"]), is_change(["ls", ">", "/dev/null"])
     (True, False)
-    >>> is_change(["sed", "-i", "s/a/b/", "f.py"]), is_change(["git", "diff"])
-    (True, False)
+    >>> is_change(["sed", "-i", "s/a/b/", "f.py"]), is_change(["git", "diff"]), is_change(["curl", "-o", "f", "u"])
+    (True, False, True)
     """
     for n, word in enumerate(segment[:-1]):
         if word in REDIRECTS and segment[n + 1] != "/dev/null" and not segment[n + 1].startswith("&"):
             return True
     name, args = program(segment)
-    if name in WRITERS:
+    if name in WRITERS or name in writers:
         return True
+    if name == "wget":  # it writes a file unless told to print (`-O -`, `-qO-`) or only look (`--spider`)
+        return not ({"-", "-O-", "-qO-", "--spider"} & set(args))
     if args and args[0] in WRITING_SUBCOMMANDS.get(name, ()):
         return True
-    return any(arg in IN_PLACE.get(name, ()) for arg in args)
+    return any(arg in IN_PLACE.get(name, ()) or arg in WRITING_OPTIONS.get(name, ()) for arg in args)
+
+
+def is_test_run(segment: list[str]) -> bool:
+    """Whether a segment runs tests or a build (`TEST_RUNS`).
+
+    >>> is_test_run(["pytest", "-q"]), is_test_run(["npm", "test"]), is_test_run(["npm", "install"])
+    (True, True, False)
+    """
+    name, args = program(segment)
+    return name in TEST_RUNS or " ".join([name, *args[:1]]) in TEST_RUNS
+
+
+def script(segment: list[str]) -> str | None:
+    """The script a segment hands a shell as a string (`bash -c 'STRING'`, `sh -lc STRING`), else None.
+
+    >>> script(["bash", "-lc", "echo hi > a"]), script(["bash", "run.sh"])
+    ('echo hi > a', None)
+    """
+    name, args = program(segment)
+    if name not in SHELLS:
+        return None
+    for n, arg in enumerate(args[:-1]):
+        if arg.startswith("-") and not arg.startswith("--") and "c" in arg:
+            return args[n + 1]
+    return None
+
+
+def pipelines(command: str) -> list[list[list[str]]]:
+    """The command's pipelines, each a list of its segments (see `segments`).
+
+    >>> pipelines("pytest -q | tee log && cat log")
+    [[['pytest', '-q'], ['tee', 'log']], [['cat', 'log']]]
+    """
+    found, current, segment = [], [], []
+    for word in words(without_data(command[:COMMAND_LIMIT])):
+        if word in SEPARATORS:
+            current += [segment] if segment else []
+            segment = []
+            if word not in ("|", "|&") and current:
+                found.append(current)
+                current = []
+        else:
+            segment.append(word)
+    current += [segment] if segment else []
+    return found + [current] if current else found
+
+
+def steps(command: str, writers: tuple[str, ...] = (), depth: int = 0) -> list[str]:
+    """What each segment of a command does: "change", "check" or "" (`writers`: a harness's own programs
+    that write, like Codex's shell-level `apply_patch`).
+
+    >>> steps("pytest -q 2>&1 | tee test.log"), steps("sh -c 'echo hi > a.txt' && cat a.txt")
+    (['check', 'check'], ['change', 'check'])
+    """
+    found = []
+    for pipeline in pipelines(command):
+        if is_test_run(pipeline[0]):
+            found += ["check"] * len(pipeline)
+            continue
+        for segment in pipeline:
+            inner = script(segment) if depth < NESTING_LIMIT else None
+            if inner is not None:
+                found += steps(inner, writers, depth + 1) or [""]
+            else:
+                found.append("change" if is_change(segment, writers) else "check" if is_check(segment) else "")
+    return found
 
 
 def is_check(segment: list[str]) -> bool:

@@ -2,19 +2,23 @@
 
 The calls a model made are read from each recorded call's response (what the harness received), so every
 call counts once even when a harness rewrites or compacts its history. A call's result is looked up in the
-requests of the calls after it, by id: OpenClaw re-sends ids without their dashes (`chatcmpl-tool-3e84...`
-becomes `chatcmpltool3e84...`), so ids are compared by their letters and digits only.
+first request after it that holds one with its id (an upstream may number calls per response, `call_0`
+every turn, so an id names a call only from the call that made it on). OpenClaw re-sends ids without their
+dashes (`chatcmpl-tool-3e84...` becomes `chatcmpltool3e84...`): a request without the exact id is searched
+by the id's letters and digits.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 from steps.analytics import shell
-from steps.analytics.dialects import READERS, ToolResult, decoded_arguments
+from steps.analytics.dialects import READERS, ToolCall, ToolResult, decoded_arguments
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class ToolUse:
     command: str | None = None
     output: str | None = None
     failed: bool | None = None
+    answered_at: int | None = None
+    steps: tuple[str, ...] = ()
 
 
 @dataclass
@@ -102,10 +108,40 @@ def ordered_records(records: list) -> tuple[list[dict], int]:
     return sorted(calls, key=lambda r: r["call_index"]), len(records) - len(calls)
 
 
+def results_by_id(results: list[ToolResult]) -> tuple[dict[str, list], dict[str, list]]:
+    """One request's tool results by exact id and by plain id, each id's results in order."""
+    exact, plain = defaultdict(list), defaultdict(list)
+    for result in results:
+        exact[result.id].append(result)
+        plain[plain_id(result.id)].append(result)
+    return exact, plain
+
+
+def answer(call_id: str, position: int, requests: list, made_at: dict[str, list[int]]) -> tuple | None:
+    """(call index, result) for the call made by the request at `position`: the first later request with a
+    result of its id. A request holding several results of one id (an upstream reusing ids) gives the last
+    to the latest call of that id, the one before it to the call before, and so on.
+
+    `requests`: (call index, results by exact id, by plain id) per request; `made_at`: the positions of the
+    requests whose responses made calls, per exact id and per plain id (prefixed `~`).
+    """
+    if not call_id:
+        return None
+    for later in range(position + 1, len(requests)):
+        call_index, exact, plain = requests[later]
+        found, made = ((exact[call_id], made_at[call_id]) if call_id in exact else
+                       (plain.get(plain_id(call_id), []), made_at["~" + plain_id(call_id)]))
+        # calls of the same id made after this one, before this request
+        newer = bisect_left(made, later) - bisect_right(made, position)
+        if len(found) > newer:
+            return call_index, found[-1 - newer]
+    return None
+
+
 def read_calls(records: list, harness: ModuleType | None) -> ReadCalls:
     """The tool uses of a rollout's recorded calls, with their results and failures."""
     calls, unreadable = ordered_records(records)
-    offered, emitted, results = set(), [], {}
+    offered, emitted, requests = set(), [], []
     agent_calls = 0
     for record in calls:
         dialect, request, response = record.get("dialect"), record.get("request"), record.get("response")
@@ -119,35 +155,47 @@ def read_calls(records: list, harness: ModuleType | None) -> ReadCalls:
         names = reader.offered_tools(request)
         offered.update(names)
         agent_calls += bool(names)
-        for result in reader.tool_results(request):
-            results.setdefault(plain_id(result.id), result)
-        emitted += [(record["call_index"], call) for call in reader.tool_calls(response)]
-    uses = []
-    for call_index, call in emitted:
-        kind = tool_kind(call.name, harness)
-        arguments = decoded_arguments(call.arguments)
-        result = results.get(plain_id(call.id)) if call.id else None
-        uses.append(ToolUse(
-            call_index=call_index, name=call.name, kind=kind, arguments=arguments,
-            key=f"{call.name}:{canonical(call.arguments)}",
-            command=harness.shell_command(arguments) if kind == "shell" else None,
-            output=None if result is None else result.text,
-            failed=None if result is None else failed(result, kind, harness)))
+        requests.append((record["call_index"], *results_by_id(reader.tool_results(request))))
+        emitted += [(len(requests) - 1, record["call_index"], call) for call in reader.tool_calls(response)]
+    made_at = defaultdict(list)
+    for position, _, call in emitted:
+        made_at[call.id].append(position)
+        made_at["~" + plain_id(call.id)].append(position)
+    uses = [tool_use(call_index, call, answer(call.id, position, requests, made_at), harness)
+            for position, call_index, call in emitted]
     return ReadCalls(uses, offered, agent_calls, unreadable)
 
 
-def changes_and_checks(use: ToolUse) -> list[str]:
-    """What a tool use did to the workspace, step by step: "change", "check" or "" per step (a shell
-    command's segments; one step for any other tool). An edit that failed changed nothing; a shell command
-    that failed may have written before the step that failed, so its changes stand.
+def tool_use(call_index: int, call: ToolCall, answered: tuple[int, ToolResult] | None,
+             harness: ModuleType | None) -> ToolUse:
+    """One tool use from the call, its result (the request's call index and the result) and the harness."""
+    kind = tool_kind(call.name, harness)
+    arguments = decoded_arguments(call.arguments)
+    command = harness.shell_command(arguments) if kind == "shell" else None
+    answered_at, result = answered if answered else (None, None)
+    use = ToolUse(call_index=call_index, name=call.name, kind=kind, arguments=arguments,
+                  key=f"{call.name}:{command if command is not None else canonical(call.arguments)}",
+                  command=command, output=None if result is None else result.text,
+                  failed=None if result is None else failed(result, kind, harness), answered_at=answered_at)
+    return replace(use, steps=tuple(changes_and_checks(use, getattr(harness, "SHELL_WRITERS", ()))))
 
-    >>> use = ToolUse(0, "shell", "shell", {}, "", command="echo hi > a.txt && cat a.txt", failed=False)
+
+def changes_and_checks(use: ToolUse, writers: tuple[str, ...] = ()) -> list[str]:
+    """What a tool use did to the workspace, step by step: "change", "check" or "" per step (a shell
+    command's segments, `writers` the harness's own programs that write; one step for any other tool). A call
+    no result was ever seen for (the rollout ended first) did nothing known. An edit that failed changed
+    nothing; a shell command that failed may have written before the step that failed, so its changes stand.
+
+    >>> use = ToolUse(0, "shell", "shell", {}, "", command="echo hi > a.txt && cat a.txt", output="", failed=False)
     >>> changes_and_checks(use)
     ['change', 'check']
+    >>> changes_and_checks(replace(use, output=None))
+    ['']
     """
+    if use.output is None:
+        return [""]
     if use.kind == "shell" and use.command is not None:
-        return ["change" if shell.is_change(s) else "check" if shell.is_check(s) else ""
-                for s in shell.segments(use.command)]
+        return shell.steps(use.command, writers)
     if use.kind == "edit" and use.failed:
         return [""]
     return [{"edit": "change", "read": "check"}.get(use.kind, "")]
