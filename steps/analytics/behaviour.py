@@ -86,9 +86,21 @@ def weight_version(records: list[dict]) -> str | None:
     return ",".join(sorted(found)) if found else None
 
 
+def unreadable_rollout(records: list) -> RolloutBehaviour:
+    """The behaviour of a rollout whose records could not be read at all: every record unreadable."""
+    empty = {f.name: None if f.type.endswith("None") else "{}" if f.name in COUNT_COLUMNS else 0
+             for f in fields(RolloutBehaviour)}
+    return RolloutBehaviour(**{**empty, "unreadable": len(records) if isinstance(records, list) else 1})
+
+
 def behaviour_row(keys: dict, result: dict, records: list[dict]) -> dict:
-    """One `behaviour` table row: the rollout's keys, its status, reward and weight version, its behaviour."""
-    behaviour = rollout_behaviour(records, result.get("harness"))
+    """One `behaviour` table row: the rollout's keys, its status, reward and weight version, its behaviour.
+    A rollout whose records break the readers in a way not foreseen gives a row of unreadables, not a
+    failed trajectories step."""
+    try:
+        behaviour = rollout_behaviour(records, result.get("harness"))
+    except Exception:  # noqa: BLE001 (one rollout's records must not fail the table of all)
+        behaviour = unreadable_rollout(records)
     return {**keys, "status": result.get("status"), "reward": result.get("reward"),
             "weight_version": weight_version(records), **asdict(behaviour)}
 

@@ -87,9 +87,12 @@ def canonical(arguments: object) -> str:
     True
     """
     decoded = decoded_arguments(arguments)
-    if decoded is not None:
-        return json.dumps(decoded, sort_keys=True, ensure_ascii=False, default=str)
-    return arguments if isinstance(arguments, str) else repr(arguments)
+    try:
+        if decoded is not None:
+            return json.dumps(decoded, sort_keys=True, ensure_ascii=False, default=str)
+        return arguments if isinstance(arguments, str) else repr(arguments)
+    except RecursionError:  # an object nested deeper than Python recurses: compared by identity alone
+        return f"<unreadable {id(arguments)}>"
 
 
 def failed(result: ToolResult, kind: str, harness: ModuleType | None) -> bool | None:
