@@ -33,12 +33,12 @@ def numbered(uses: list[ToolUse]) -> list[ToolUse]:
 
 
 def tool_counts(uses: list[ToolUse]) -> dict[str, int]:
-    """Tool calls by tool name, most used first.
+    """Tool calls by tool name, most used first, ties by name.
 
-    >>> tool_counts([use("Bash"), use("Read"), use("Bash")])
-    {'Bash': 2, 'Read': 1}
+    >>> tool_counts([use("Read"), use("Bash"), use("Glob"), use("Bash")])
+    {'Bash': 2, 'Glob': 1, 'Read': 1}
     """
-    return dict(Counter(u.name for u in uses).most_common())
+    return dict(sorted(Counter(u.name for u in uses).items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def tool_coverage(uses: list[ToolUse], offered: set[str]) -> float | None:
