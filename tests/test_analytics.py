@@ -482,3 +482,16 @@ def test_many_streamed_pieces_are_joined_in_linear_time():
     assert time.perf_counter() - start < 6
     # The id and name repeated on every piece are the id and name, not n copies of them.
     assert (call.id, call.name, len(call.arguments)) == ("a", "write", 8 * n)
+
+
+# --- the same rows give the same summaries -----------------------------------------------------------------
+
+def test_groups_sort_as_numbers_and_ties_by_name():
+    rows = [{"iteration": i, "status": "ok", "reward": 1.0, "calls": 1, "tool_counts": '{"b": 1, "a": 1}'}
+            for i in (10, 2, 1)]
+    summaries = summarize_behaviour(rows, ["iteration"])
+    assert [s["iteration"] for s in summaries] == [1, 2, 10]
+    assert list(summaries[0]["tool_counts"]) == ["a", "b"]
+    assert summarize_behaviour([{"calls": 1}, {"calls": 2}, {"calls": 2}], [])[0]["calls"] == 1.6667
+    records = [{"call_index": 1, "weight_version": 10}, {"call_index": 0, "weight_version": 9}]
+    assert steps.analytics.behaviour.weight_version(records) == "9,10"
