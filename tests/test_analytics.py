@@ -30,8 +30,8 @@ from steps.analytics.tools import changes_and_checks
 from steps.harnesses import HARNESSES
 from steps.trajectories.schema import BEHAVIOUR
 
-ANALYTICS_NAMES = ("SHELL_TOOLS", "EDIT_TOOLS", "READ_TOOLS", "PLAN_TOOLS", "shell_command", "exit_code",
-                   "plan_items")
+ANALYTICS_NAMES = ("SHELL_TOOLS", "EDIT_TOOLS", "READ_TOOLS", "PLAN_TOOLS", "SHELL_WRITERS", "shell_command",
+                   "exit_code", "plan_items")
 
 
 @pytest.mark.parametrize("module", [steps.analytics.behaviour, steps.analytics.dialects, steps.analytics.metrics,

@@ -63,7 +63,7 @@ def rollout_behaviour(records: list[dict], harness: str) -> RolloutBehaviour:
     failures, repeated, changed = metrics.error_recovery(uses)
     tokens, per_call = metrics.response_tokens(calls)
     return RolloutBehaviour(
-        calls=len(calls), turns=read.agent_calls, failed_calls=sum(c.get("status") != "ok" for c in calls),
+        calls=len(calls), turns=read.turns, failed_calls=sum(c.get("status") != "ok" for c in calls),
         tool_calls=len(uses), tool_counts=json.dumps(metrics.tool_counts(uses)),
         tools_offered=len(read.offered), tools_used=len({u.name for u in uses} & read.offered),
         tool_coverage=metrics.tool_coverage(uses, read.offered),
@@ -144,7 +144,8 @@ def _count_means(rows: list[dict], column: str) -> dict[str, float]:
             counts = {}
         for key, value in (counts.items() if isinstance(counts, dict) else ()):
             totals[str(key)] += value if isinstance(value, (int, float)) else 0
-    return {key: round(total / len(rows), DIGITS) for key, total in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))}
+    ordered = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {key: round(total / len(rows), DIGITS) for key, total in ordered}
 
 
 def summarize_behaviour(rows: list[dict], by: list[str]) -> list[dict]:

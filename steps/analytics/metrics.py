@@ -22,8 +22,9 @@ def use(name: str, kind: str = "other", command: str | None = None, failed: bool
     'shell:ls'
     """
     arguments = arguments if arguments is not None else {"command": command} if command is not None else {}
-    made = ToolUse(call_index, name, kind, arguments, f"{name}:{command if command is not None else canonical(arguments)}",
-                   command, "", failed, call_index + 1 if answered_at is None else answered_at)
+    key = f"{name}:{command if command is not None else canonical(arguments)}"
+    made = ToolUse(call_index, name, kind, arguments, key, command, "", failed,
+                   call_index + 1 if answered_at is None else answered_at)
     return replace(made, steps=tuple(changes_and_checks(made)))
 
 

@@ -1,10 +1,11 @@
 """What a shell command does to the workspace, read from its text alone (no LLM, no sandbox).
 
-A command is split into segments at `&&`, `||`, `;`, `|`, `&` and line breaks (quotes respected). A
-pipeline that runs tests or a build (`TEST_RUNS`: `pytest -q | tee log`, `make test > log.txt`) is a check
-throughout: the log it writes is not a change to the work. `bash -c 'STRING'` is read as the STRING's
-commands. Each other segment is a *change* (it writes the workspace: a redirection into a file other than /dev/null, or a
-program that writes files: `WRITERS`, `sed -i`, `git apply`, ...), a *check* (it reads or runs something:
+A command is split into segments at `&&`, `||`, `;`, `|`, `&` and line breaks (quotes respected).
+A pipeline that runs tests or a build (`TEST_RUNS`: `pytest -q | tee log`, `make test > log.txt`) is a
+check throughout: the log it writes is not a change to the work. `bash -c 'STRING'` is read as the
+STRING's commands. Each other segment is a *change* (it writes the workspace: a redirection into a file
+other than /dev/null, or a program that writes files: `WRITERS`, `sed -i`, `git apply`, `curl -o`, ...,
+and a harness's own `SHELL_WRITERS`), a *check* (it reads or runs something:
 `CHECKERS`, a test runner, an interpreter, `./prog`), or neither (`cd`, `echo`, `ls`). A heredoc's body is
 data, left out, unless it is fed to a shell (`bash <<EOF`), where its lines are commands too. A segment that
 writes is a change even when it also runs something (`python gen.py > out.txt`). Running a program counts

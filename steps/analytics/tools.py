@@ -15,10 +15,10 @@ import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from types import ModuleType
 
 from steps.analytics import shell
 from steps.analytics.dialects import READERS, ToolCall, ToolResult, decoded_arguments
+from steps.harnesses.base import AnalyticsRole
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class ReadCalls:
 
     uses: list[ToolUse]
     offered: set[str]
-    agent_calls: int  # calls whose request offered tools (not titles or summaries)
+    turns: int  # calls whose request offered tools (not titles or summaries)
     unreadable: int  # records, requests or responses that could not be read
 
 
@@ -63,7 +63,7 @@ def plain_id(call_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "", call_id)
 
 
-def tool_kind(name: str, harness: ModuleType | None) -> str:
+def tool_kind(name: str, harness: AnalyticsRole | None) -> str:
     """The role of a tool in a harness: `shell`, `edit`, `read`, `plan` or `other` (every tool of an
     unknown harness).
 
@@ -95,7 +95,7 @@ def canonical(arguments: object) -> str:
         return f"<unreadable {id(arguments)}>"
 
 
-def failed(result: ToolResult, kind: str, harness: ModuleType | None) -> bool | None:
+def failed(result: ToolResult, kind: str, harness: AnalyticsRole | None) -> bool | None:
     """Whether a tool result failed: the dialect's error flag, else a shell result's stated exit code."""
     if result.is_error is not None:
         return result.is_error
@@ -141,11 +141,11 @@ def answer(call_id: str, position: int, requests: list, made_at: dict[str, list[
     return None
 
 
-def read_calls(records: list, harness: ModuleType | None) -> ReadCalls:
+def read_calls(records: list, harness: AnalyticsRole | None) -> ReadCalls:
     """The tool uses of a rollout's recorded calls, with their results and failures."""
     calls, unreadable = ordered_records(records)
     offered, emitted, requests = set(), [], []
-    agent_calls = 0
+    turns = 0
     for record in calls:
         dialect, request, response = record.get("dialect"), record.get("request"), record.get("response")
         reader = READERS.get(dialect) if isinstance(dialect, str) else None
@@ -157,7 +157,7 @@ def read_calls(records: list, harness: ModuleType | None) -> ReadCalls:
             continue
         names = reader.offered_tools(request)
         offered.update(names)
-        agent_calls += bool(names)
+        turns += bool(names)
         requests.append((record["call_index"], *results_by_id(reader.tool_results(request))))
         emitted += [(len(requests) - 1, record["call_index"], call) for call in reader.tool_calls(response)]
     made_at = defaultdict(list)
@@ -166,11 +166,11 @@ def read_calls(records: list, harness: ModuleType | None) -> ReadCalls:
         made_at["~" + plain_id(call.id)].append(position)
     uses = [tool_use(call_index, call, answer(call.id, position, requests, made_at), harness)
             for position, call_index, call in emitted]
-    return ReadCalls(uses, offered, agent_calls, unreadable)
+    return ReadCalls(uses, offered, turns, unreadable)
 
 
 def tool_use(call_index: int, call: ToolCall, answered: tuple[int, ToolResult] | None,
-             harness: ModuleType | None) -> ToolUse:
+             harness: AnalyticsRole | None) -> ToolUse:
     """One tool use from the call, its result (the request's call index and the result) and the harness."""
     kind = tool_kind(call.name, harness)
     arguments = decoded_arguments(call.arguments)
@@ -180,7 +180,7 @@ def tool_use(call_index: int, call: ToolCall, answered: tuple[int, ToolResult] |
                   key=f"{call.name}:{command if command is not None else canonical(call.arguments)}",
                   command=command, output=None if result is None else result.text,
                   failed=None if result is None else failed(result, kind, harness), answered_at=answered_at)
-    return replace(use, steps=tuple(changes_and_checks(use, getattr(harness, "SHELL_WRITERS", ()))))
+    return replace(use, steps=tuple(changes_and_checks(use, harness.SHELL_WRITERS if harness else ())))
 
 
 def changes_and_checks(use: ToolUse, writers: tuple[str, ...] = ()) -> list[str]:

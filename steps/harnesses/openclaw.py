@@ -31,6 +31,7 @@ SHELL_TOOLS = ("exec",)
 EDIT_TOOLS = ("write", "edit", "apply_patch")
 READ_TOOLS = ("read",)
 PLAN_TOOLS = ()
+SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
 # The pinned CLI appends "\n\n(Command exited with code N)" at the end of a result when N is not 0
 # (bash-tools.exec-runtime: buildExecExitOutcome); only the end counts, the output before it is the agent's.
 EXIT_CODE = re.compile(r"\(Command exited with code (-?\d+)\)\s*\Z")
@@ -41,7 +42,8 @@ FAILED_ENDINGS = (
     (re.compile(r"Command not executable \(permission denied\)\s*\Z"), 126),
     (re.compile(r"Command aborted by signal \S+\s*\Z"), -1),
     (re.compile(r"Command aborted before exit code was captured\s*\Z"), -1),
-    (re.compile(r"Command timed out[^\n]*(\n\n(The command was terminated|If it should keep running)[^\n]*)*\s*\Z"), -1),
+    (re.compile(r"Command timed out[^\n]*(\n\n(The command was terminated|If it should keep running)[^\n]*)*\s*\Z"),
+     -1),
 )
 # A command left running in the background: no exit code yet.
 STILL_RUNNING = re.compile(r"Command still running \(session [^\n]*\Z")

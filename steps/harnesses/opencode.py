@@ -29,6 +29,7 @@ SHELL_TOOLS = ("bash",)
 EDIT_TOOLS = ("edit", "write", "patch", "multiedit")
 READ_TOOLS = ("read", "grep")
 PLAN_TOOLS = ("todowrite",)
+SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
 
 PROVIDER = "openforge"
 CONTEXT_WINDOW = 32768

@@ -30,6 +30,7 @@ SHELL_TOOLS = ("run_shell_command",)
 EDIT_TOOLS = ("edit", "write_file", "notebook_edit")
 READ_TOOLS = ("read_file", "read_many_files", "grep_search")
 PLAN_TOOLS = ("todo_write",)
+SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
 # A `run_shell_command` result: "Command: ...\nDirectory: ...\nOutput: <output>\nError: ...\nExit Code: N\nSignal:
 # ...\nProcess Group PGID: ..." (hints may follow). The output is the agent's and may print such lines too: the
 # last whole trailing block is the CLI's.
