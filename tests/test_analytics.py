@@ -495,3 +495,13 @@ def test_groups_sort_as_numbers_and_ties_by_name():
     assert summarize_behaviour([{"calls": 1}, {"calls": 2}, {"calls": 2}], [])[0]["calls"] == 1.6667
     records = [{"call_index": 1, "weight_version": 10}, {"call_index": 0, "weight_version": 9}]
     assert steps.analytics.behaviour.weight_version(records) == "9,10"
+
+
+def test_tokens_of_a_call_an_upstream_answered_without_token_ids_come_from_its_usage():
+    records = shell_script("direct", [("ls", "exit code: 0\n")])
+    records[0].update(response_token_ids=None, untrainable="the upstream returned no token ids",
+                      usage={"prompt_tokens": 50, "completion_tokens": 7})
+    b = rollout_behaviour(records, "direct")
+    assert (b.response_tokens, b.tokens_per_call) == (17, 8.5)
+    records[0]["usage"] = {"completion_tokens": "7"}  # not a count: the call is left out
+    assert rollout_behaviour(records, "direct").response_tokens == 10

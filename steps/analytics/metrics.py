@@ -149,10 +149,21 @@ def finish_reasons(records: list[dict]) -> dict[str, int]:
 
 
 def response_tokens(records: list[dict]) -> tuple[int, float | None]:
-    """(response tokens, mean per call), over the calls that recorded their response token ids.
+    """(response tokens, mean per call), over the calls that recorded their response token ids, or the
+    upstream's `usage.completion_tokens` for a call an external upstream answered without token ids.
 
-    >>> response_tokens([{"response_token_ids": [1, 2, 3]}, {"response_token_ids": [4]}, {"response_token_ids": None}])
-    (4, 2.0)
+    >>> response_tokens([{"response_token_ids": [1, 2, 3]}, {"response_token_ids": [4]}, {"response_token_ids": None},
+    ...                  {"response_token_ids": None, "usage": {"prompt_tokens": 9, "completion_tokens": 5}}])
+    (9, 3.0)
     """
-    counts = [len(ids) for r in records if isinstance(ids := r.get("response_token_ids"), list)]
+    counts = [len(ids) if isinstance(ids := r.get("response_token_ids"), list) else completion_tokens(r)
+              for r in records]
+    counts = [n for n in counts if n is not None]
     return sum(counts), (sum(counts) / len(counts) if counts else None)
+
+
+def completion_tokens(record: dict) -> int | None:
+    """The response tokens an upstream's `usage` states for a call recorded without token ids, else None."""
+    usage = record.get("usage")
+    count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
