@@ -30,8 +30,8 @@ from steps.analytics.tools import changes_and_checks
 from steps.harnesses import HARNESSES
 from steps.trajectories.schema import BEHAVIOUR
 
-ANALYTICS_NAMES = ("SHELL_TOOLS", "EDIT_TOOLS", "READ_TOOLS", "PLAN_TOOLS", "SHELL_WRITERS", "shell_command",
-                   "exit_code", "plan_items")
+ANALYTICS_NAMES = ("SHELL_TOOLS", "EDIT_TOOLS", "READ_TOOLS", "PLAN_TOOLS", "SHELL_WRITERS", "META_TOOLS",
+                   "PLACEHOLDER_TOOLS", "shell_command", "exit_code", "plan_items")
 
 
 @pytest.mark.parametrize("module", [steps.analytics.behaviour, steps.analytics.dialects, steps.analytics.metrics,
@@ -505,3 +505,15 @@ def test_tokens_of_a_call_an_upstream_answered_without_token_ids_come_from_its_u
     assert (b.response_tokens, b.tokens_per_call) == (17, 8.5)
     records[0]["usage"] = {"completion_tokens": "7"}  # not a count: the call is left out
     assert rollout_behaviour(records, "direct").response_tokens == 10
+
+
+def test_a_meta_tool_counts_as_the_tool_it_calls_and_placeholders_are_not_offered():
+    records = [chat(0, [("a", "tool_call", json.dumps({"name": "read_file", "arguments": {"absolute_path": "/a"}}))],
+                    tools=("run_shell_command", "read_file", "tool_call")),
+               chat(1, [], [("a", "hello")], tools=("run_shell_command", "read_file", "tool_call"))]
+    b = rollout_behaviour(records, "qwen-code")
+    assert (b.tool_counts, b.tools_used, b.tool_coverage) == ('{"read_file": 1}', 1, pytest.approx(1 / 3))
+    claude = [messages_record(0, [("m", "Bash", {"command": "ls"})]), messages_record(1, [], [("m", "x", False)])]
+    for record in claude:
+        record["request"]["tools"].append({"name": "DeferredToolPlaceholder", "defer_loading": True})
+    assert rollout_behaviour(claude, "claude-code").tools_offered == 2

@@ -156,7 +156,7 @@ def read_calls(records: list, harness: AnalyticsRole | None) -> ReadCalls:
         if reader is None:
             continue
         names = reader.offered_tools(request)
-        offered.update(names)
+        offered.update(name for name in names if harness is None or name not in harness.PLACEHOLDER_TOOLS)
         turns += bool(names)
         requests.append((record["call_index"], *results_by_id(reader.tool_results(request))))
         emitted += [(len(requests) - 1, record["call_index"], call) for call in reader.tool_calls(response)]
@@ -169,9 +169,26 @@ def read_calls(records: list, harness: AnalyticsRole | None) -> ReadCalls:
     return ReadCalls(uses, offered, turns, unreadable)
 
 
+def unwrapped(call: ToolCall, harness: AnalyticsRole | None) -> ToolCall:
+    """The call a harness's meta-tool makes (`tool_call {"name": "read_file", "arguments": {...}}`), as if
+    made directly; any other call as it is, and a meta-tool call that names no tool too.
+
+    >>> from steps.harnesses import qwen_code
+    >>> unwrapped(ToolCall("a", "tool_call", '{"name": "read_file", "arguments": {"path": "a"}}'), qwen_code)
+    ToolCall(id='a', name='read_file', arguments={'path': 'a'})
+    """
+    keys = harness.META_TOOLS.get(call.name) if harness is not None else None
+    arguments = decoded_arguments(call.arguments) if keys else None
+    name = arguments.get(keys[0]) if arguments else None
+    if not isinstance(name, str) or not name:
+        return call
+    return ToolCall(call.id, name, arguments.get(keys[1], {}))
+
+
 def tool_use(call_index: int, call: ToolCall, answered: tuple[int, ToolResult] | None,
              harness: AnalyticsRole | None) -> ToolUse:
     """One tool use from the call, its result (the request's call index and the result) and the harness."""
+    call = unwrapped(call, harness)
     kind = tool_kind(call.name, harness)
     arguments = decoded_arguments(call.arguments)
     command = harness.shell_command(arguments) if kind == "shell" else None

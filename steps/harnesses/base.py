@@ -143,6 +143,8 @@ class AnalyticsRole(Protocol):
     READ_TOOLS: tuple[str, ...]
     PLAN_TOOLS: tuple[str, ...]
     SHELL_WRITERS: tuple[str, ...]
+    META_TOOLS: dict[str, tuple[str, str]]
+    PLACEHOLDER_TOOLS: tuple[str, ...]
 
     def shell_command(self, arguments: dict | None) -> str | None:
         """The command a call of one of SHELL_TOOLS runs."""

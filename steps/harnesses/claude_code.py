@@ -33,6 +33,10 @@ EDIT_TOOLS = ("Edit", "Write", "MultiEdit", "NotebookEdit")
 READ_TOOLS = ("Read", "Grep")
 PLAN_TOOLS = ("TodoWrite",)
 SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ("DeferredToolPlaceholder",)
 EXIT_CODE = re.compile(r"\AExit code (-?\d+)")
 
 KEY_FILE = "openforge-key"

@@ -35,6 +35,10 @@ PLAN_TOOLS = ("update_plan",)
 # Programs its shell tool runs that change files: Codex edits with `apply_patch <<'PATCH' ... PATCH` in a
 # shell command as often as through the apply_patch tool.
 SHELL_WRITERS = ("apply_patch", "applypatch")
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ()
 # An `exec_command` result: a header ("Chunk ID", "Wall time", "Process exited with code N" or "Process running
 # with session ID N", "Original token count"), then "Output:" and the command's output, which is the agent's.
 EXIT_CODE = re.compile(r"^Process exited with code (-?\d+)$", re.MULTILINE)

@@ -38,6 +38,10 @@ EDIT_TOOLS = ()
 READ_TOOLS = ()
 PLAN_TOOLS = ()
 SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ()
 EXIT_CODE = re.compile(r"\Aexit code: (-?\d+)")
 
 SYSTEM_PROMPT = ("You are an autonomous agent working in a Linux shell. Use the `shell` tool to run commands "

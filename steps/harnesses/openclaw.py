@@ -32,6 +32,10 @@ EDIT_TOOLS = ("write", "edit", "apply_patch")
 READ_TOOLS = ("read",)
 PLAN_TOOLS = ()
 SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {"tool_call": ("id", "args")}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ()
 # The pinned CLI appends "\n\n(Command exited with code N)" at the end of a result when N is not 0
 # (bash-tools.exec-runtime: buildExecExitOutcome); only the end counts, the output before it is the agent's.
 EXIT_CODE = re.compile(r"\(Command exited with code (-?\d+)\)\s*\Z")

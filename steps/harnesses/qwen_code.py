@@ -31,6 +31,10 @@ EDIT_TOOLS = ("edit", "write_file", "notebook_edit")
 READ_TOOLS = ("read_file", "read_many_files", "grep_search")
 PLAN_TOOLS = ("todo_write",)
 SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {"tool_call": ("name", "arguments")}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ()
 # A `run_shell_command` result: "Command: ...\nDirectory: ...\nOutput: <output>\nError: ...\nExit Code: N\nSignal:
 # ...\nProcess Group PGID: ..." (hints may follow). The output is the agent's and may print such lines too: the
 # last whole trailing block is the CLI's.
