@@ -517,3 +517,11 @@ def test_a_meta_tool_counts_as_the_tool_it_calls_and_placeholders_are_not_offere
     for record in claude:
         record["request"]["tools"].append({"name": "DeferredToolPlaceholder", "defer_loading": True})
     assert rollout_behaviour(claude, "claude-code").tools_offered == 2
+
+
+def test_a_failed_calls_partial_stream_gives_no_tool_call():
+    partial = chat(0, [("x", "shell", '{"command": "echo hi > a.txt"}')], stream=True)
+    partial["response"], partial["status"] = partial["response"][:2], "error"
+    retry = chat(1, [("y", "shell", '{"command": "echo hi > a.txt"}')], stream=True)
+    b = rollout_behaviour([partial, retry, chat(2, [], [("y", "exit code: 0\n")])], "direct")
+    assert (b.calls, b.failed_calls, b.tool_calls, b.tool_counts) == (3, 1, 1, '{"shell": 1}')

@@ -1,11 +1,11 @@
 """A rollout's tool uses, in order, read from its recorded calls: what each call asked for and what came back.
 
-The calls a model made are read from each recorded call's response (what the harness received), so every
-call counts once even when a harness rewrites or compacts its history. A call's result is looked up in the
-first request after it that holds one with its id (an upstream may number calls per response, `call_0`
-every turn, so an id names a call only from the call that made it on). OpenClaw re-sends ids without their
-dashes (`chatcmpl-tool-3e84...` becomes `chatcmpltool3e84...`): a request without the exact id is searched
-by the id's letters and digits.
+The calls a model made are read from each answered (`ok`) recorded call's response (what the harness
+received), so every call counts once even when a harness rewrites or compacts its history. A call's
+result is looked up in the first request after it that holds one with its id (an upstream may number
+calls per response, `call_0` every turn, so an id names a call only from the call that made it on).
+OpenClaw re-sends ids without their dashes (`chatcmpl-tool-3e84...` becomes `chatcmpltool3e84...`): a
+request without the exact id is searched by the id's letters and digits.
 """
 
 from __future__ import annotations
@@ -159,7 +159,8 @@ def read_calls(records: list, harness: AnalyticsRole | None) -> ReadCalls:
         offered.update(name for name in names if harness is None or name not in harness.PLACEHOLDER_TOOLS)
         turns += bool(names)
         requests.append((record["call_index"], *results_by_id(reader.tool_results(request))))
-        emitted += [(len(requests) - 1, record["call_index"], call) for call in reader.tool_calls(response)]
+        if record.get("status") == "ok":  # a failed or aborted call's partial stream was not acted on
+            emitted += [(len(requests) - 1, record["call_index"], call) for call in reader.tool_calls(response)]
     made_at = defaultdict(list)
     for position, _, call in emitted:
         made_at[call.id].append(position)
