@@ -410,6 +410,7 @@ def test_a_call_never_answered_is_neither_a_change_nor_a_check():
     ("direct", "find . -name '*.pyc' -delete", ["change"]),
     ("direct", "sort -o out.txt in.txt", ["change"]),
     ("direct", "timeout 10s ./prog", ["check"]),
+    ("direct", "echo \"use <<EOF\" && echo hi > a.txt\ncat a.txt", ["", "change", "check"]),  # a quoted `<<`
 ])
 def test_shell_steps_with_the_harness_writers(harness, command, expected):
     arguments = {"cmd": command} if harness == "codex" else {"command": command}

@@ -22,6 +22,7 @@ import shlex
 COMMAND_LIMIT = 10_000
 # A heredoc's start (`<<EOF`, `<<-'EOF'`), not a here-string (`<<<`).
 HEREDOC = re.compile(r"(?<!<)<<-?(?!<)\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
+QUOTED = re.compile(r"'[^']*'|\"(?:\\.|[^\"\\])*\"")  # a quoted string on one line
 SHELLS = {"bash", "sh", "zsh", "dash"}
 SEPARATORS = {"&&", "||", ";", "|", "&", "|&", ";;", "\n"}
 REDIRECTS = {">", ">>", ">|", "&>", "&>>"}
@@ -83,7 +84,7 @@ def without_data(command: str) -> str:
     while n < len(lines):
         line, n = lines[n], n + 1
         kept.append(line)
-        found = HEREDOC.search(line)
+        found = heredoc(line)
         if not found:
             continue
         body = []
@@ -95,6 +96,20 @@ def without_data(command: str) -> str:
         if head and program(head[-1])[0] in SHELLS:
             kept += body
     return "\n".join(kept)
+
+
+def heredoc(line: str) -> re.Match | None:
+    """The first heredoc start on a line outside quotes (`echo "use <<EOF"` starts none).
+
+    >>> heredoc("cat > f <<'EOF'").group(2), heredoc('echo "a <<EOF" > f') is None
+    ('EOF', True)
+    """
+    masked = QUOTED.sub(lambda quoted: "_" * len(quoted.group()), line)
+    for start in re.finditer(r"<<", masked):
+        found = HEREDOC.match(line, start.start())
+        if found:
+            return found
+    return None
 
 
 def segments(command: str, data: bool = True) -> list[list[str]]:
