@@ -419,7 +419,7 @@ def test_shell_steps_with_the_harness_writers(harness, command, expected):
     if harness == "codex":
         records = [responses_record(0, [("a", name, json.dumps(arguments))]), responses_record(1, [], [("a", "")])]
     uses = steps.analytics.tools.read_calls(records, HARNESSES[harness]).uses
-    assert [list(u.steps) for u in uses] == [expected]
+    assert [[step.effect for step in u.steps] for u in uses] == [expected]
 
 
 def test_a_logged_test_run_after_a_change_verifies_it():
@@ -526,3 +526,36 @@ def test_a_failed_calls_partial_stream_gives_no_tool_call():
     retry = chat(1, [("y", "shell", '{"command": "echo hi > a.txt"}')], stream=True)
     b = rollout_behaviour([partial, retry, chat(2, [], [("y", "exit code: 0\n")])], "direct")
     assert (b.calls, b.failed_calls, b.tool_calls, b.tool_counts) == (3, 1, 1, '{"shell": 1}')
+
+
+@pytest.mark.parametrize("check, verified", [
+    ("cat answer.txt", True),
+    ("head -1 /app/answer.txt", True),
+    ("python3 -c 'print(open(\"answer.txt\").read())'", True),
+    ("pytest -q", True),  # tests check the work whatever they name
+    ("python3 solve.py", True),
+    ("git diff", True),
+    ("cat /dev/null", False),  # a look at nothing the rollout changed
+    ("git --version", False),
+    ("wc -l /etc/passwd", False),
+    ("cat notes.md", False),
+])
+def test_a_check_counts_when_it_runs_the_work_or_reads_what_changed(check, verified):
+    b = rollout_behaviour(shell_script("direct", [("echo hello > answer.txt", "exit code: 0\n"),
+                                                  (check, "exit code: 0\n")]), "direct")
+    assert b.self_verified is verified
+
+
+def test_a_dedicated_read_verifies_only_the_file_changed_and_an_unknown_change_any_check():
+    def claude(path):
+        return [messages_record(0, [("m0", "Bash", {"command": "echo hi > /app/a.txt"})]),
+                messages_record(1, [("m1", "Read", {"file_path": path})], [("m0", "", False)]),
+                messages_record(2, [], [("m0", "", False), ("m1", "hi", False)])]
+    assert rollout_behaviour(claude("/app/a.txt"), "claude-code").self_verified is True
+    assert rollout_behaviour(claude("/etc/hosts"), "claude-code").self_verified is False
+    patch = "apply_patch <<'PATCH'\n*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\nPATCH"
+    done = CODEX_HEADER.format(state="Process exited with code 0", out="")
+    codex = [responses_record(0, [("c0", "exec_command", json.dumps({"cmd": patch}))]),
+             responses_record(1, [("c1", "exec_command", '{"cmd": "cat a.txt"}')], [("c0", done)]),
+             responses_record(2, [], [("c0", done), ("c1", done)])]
+    assert rollout_behaviour(codex, "codex").self_verified is True  # which files the patch wrote is not read

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
-from steps.analytics.tools import ToolUse, canonical, changes_and_checks
+from steps.analytics.tools import ToolUse, canonical, tool_steps
 
 
 def use(name: str, kind: str = "other", command: str | None = None, failed: bool | None = None,
@@ -25,7 +25,7 @@ def use(name: str, kind: str = "other", command: str | None = None, failed: bool
     key = f"{name}:{command if command is not None else canonical(arguments)}"
     made = ToolUse(call_index, name, kind, arguments, key, command, "", failed,
                    call_index + 1 if answered_at is None else answered_at)
-    return replace(made, steps=tuple(changes_and_checks(made)))
+    return replace(made, steps=tuple(tool_steps(made)))
 
 
 def numbered(uses: list[ToolUse]) -> list[ToolUse]:
@@ -65,24 +65,50 @@ def shell_share(uses: list[ToolUse]) -> float | None:
 
 
 def self_verified(uses: list[ToolUse]) -> bool | None:
-    """After its last change to the workspace, did the rollout check something? None when it changed nothing.
+    """After its last change to the workspace, did the rollout check its work? None when it changed nothing.
 
     A change: a shell step that writes (a redirection into a file, `cp`, `sed -i`, ...) or a dedicated edit
-    tool that did not fail. A check: a later shell step that reads or runs something (`cat`, `pytest`,
-    `python prog.py`, `./prog`) or a dedicated read tool. The steps of one command count in their order.
+    tool that did not fail. A check of the work: a later step that runs tests, a build or a program
+    (`pytest`, `make`, `python prog.py`, `./prog`), or reads (`cat`, `diff`, a dedicated read tool) a file
+    the rollout changed. When the files a change wrote are not known (an `apply_patch`), any later check
+    counts. The steps of one command count in their order.
 
     >>> self_verified([use("shell", "shell", "echo hello > answer.txt"), use("shell", "shell", "cat answer.txt")])
     True
+    >>> self_verified([use("shell", "shell", "echo hello > answer.txt"), use("shell", "shell", "cat /dev/null")])
+    False
     >>> self_verified([use("shell", "shell", "cat answer.txt"), use("shell", "shell", "echo hello > answer.txt")])
     False
     >>> self_verified([use("shell", "shell", "ls")]) is None
     True
     """
     steps = [step for u in uses for step in u.steps]
-    if "change" not in steps:
+    changed = [n for n, step in enumerate(steps) if step.effect == "change"]
+    if not changed:
         return None
-    last_change = len(steps) - 1 - steps[::-1].index("change")
-    return "check" in steps[last_change + 1:]
+    files = {name for n in changed for name in file_names(steps[n].files)}
+    unknown = not all(steps[n].files for n in changed)
+    return any(step.effect == "check" and (step.runs or unknown or names_one_of(step.files, files))
+               for step in steps[changed[-1] + 1:])
+
+
+def file_names(words: tuple[str, ...]) -> set[str]:
+    """The file names (last path parts) of words that may be paths.
+
+    >>> sorted(file_names(("/app/answer.txt", "./out/", "x")))
+    ['answer.txt', 'out', 'x']
+    """
+    return {name for word in words if (name := word.rstrip("/").rsplit("/", 1)[-1]) not in ("", ".", "..")}
+
+
+def names_one_of(words: tuple[str, ...], files: set[str]) -> bool:
+    """Whether a step's words name one of the changed files: a path ending in its name, or (for names of 3
+    characters or more) a word holding it, as in `python3 -c 'print(open("answer.txt").read())'`.
+
+    >>> names_one_of(("-5", "/app/answer.txt"), {"answer.txt"}), names_one_of(("/etc/passwd",), {"answer.txt"})
+    (True, False)
+    """
+    return bool(file_names(words) & files) or any(len(f) >= 3 and f in word for f in files for word in words)
 
 
 def changes(uses: list[ToolUse]) -> int:
@@ -91,7 +117,7 @@ def changes(uses: list[ToolUse]) -> int:
     >>> changes([use("shell", "shell", "mkdir d && cd d"), use("write", "edit", failed=True), use("edit", "edit")])
     2
     """
-    return sum("change" in u.steps for u in uses)
+    return sum(any(step.effect == "change" for step in u.steps) for u in uses)
 
 
 def plan_completion(uses: list[ToolUse], plan_items: Callable[[dict | None], list[bool] | None]) -> float | None:

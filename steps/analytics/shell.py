@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import NamedTuple
 
 COMMAND_LIMIT = 10_000
 # A heredoc's start (`<<EOF`, `<<-'EOF'`), not a here-string (`<<<`).
@@ -26,6 +27,7 @@ QUOTED = re.compile(r"'[^']*'|\"(?:\\.|[^\"\\])*\"")  # a quoted string on one l
 SHELLS = {"bash", "sh", "zsh", "dash"}
 SEPARATORS = {"&&", "||", ";", "|", "&", "|&", ";;", "\n"}
 REDIRECTS = {">", ">>", ">|", "&>", "&>>"}
+INPUTS = {"<", "<<", "<<-", "<<<"}
 WRITERS = {"tee", "cp", "mv", "rm", "rmdir", "mkdir", "touch", "ln", "chmod", "chown", "install", "patch",
            "dd", "truncate", "unzip", "tar", "gunzip", "gzip"}
 # Programs whose second word decides: `git apply` writes, `git diff` reads.
@@ -53,6 +55,7 @@ WRITING_OPTIONS = {"curl": {"-o", "-O", "--output", "--remote-name"}, "sort": {"
 TEST_RUNS = {"pytest", "tox", "nox", "make", "ctest", "mvn", "gradle", "./gradlew", "cargo test", "cargo build",
              "cargo check", "go test", "go build", "go vet", "npm test", "npm run", "yarn test", "pnpm test",
              "bun test", "python -m", "python3 -m", "deno test"}
+INTERPRETERS = {"python", "python3", "node", "bash", "sh", "ruby", "perl", "deno", "bun", "php", "java", "go"}
 NESTING_LIMIT = 3  # `bash -c` inside `bash -c`: deeper scripts are not read
 
 
@@ -214,25 +217,73 @@ def pipelines(command: str) -> list[list[list[str]]]:
     return found + [current] if current else found
 
 
-def steps(command: str, writers: tuple[str, ...] = (), depth: int = 0) -> list[str]:
-    """What each segment of a command does: "change", "check" or "" (`writers`: a harness's own programs
-    that write, like Codex's shell-level `apply_patch`).
+class Step(NamedTuple):
+    """One step of a tool use: what it did ("change", "check" or ""), the words that may name the files it
+    wrote or read, and whether it runs tests, a build or a program (a check of the work whatever it names)."""
 
-    >>> steps("pytest -q 2>&1 | tee test.log"), steps("sh -c 'echo hi > a.txt' && cat a.txt")
-    (['check', 'check'], ['change', 'check'])
+    effect: str
+    files: tuple[str, ...] = ()
+    runs: bool = False
+
+
+def steps(command: str, writers: tuple[str, ...] = (), depth: int = 0) -> list[Step]:
+    """Each segment of a command as a `Step` (`writers`: a harness's own programs that write, like Codex's
+    shell-level `apply_patch`).
+
+    >>> [s.effect for s in steps("pytest -q 2>&1 | tee test.log")]
+    ['check', 'check']
+    >>> steps("sh -c 'echo hi > a.txt' && cat a.txt")  # doctest: +NORMALIZE_WHITESPACE
+    [Step(effect='change', files=('a.txt',), runs=False),
+     Step(effect='check', files=('a.txt',), runs=False)]
     """
     found = []
     for pipeline in pipelines(command):
         if is_test_run(pipeline[0]):
-            found += ["check"] * len(pipeline)
+            found += [Step("check", runs=True)] * len(pipeline)
             continue
         for segment in pipeline:
             inner = script(segment) if depth < NESTING_LIMIT else None
             if inner is not None:
-                found += steps(inner, writers, depth + 1) or [""]
+                found += steps(inner, writers, depth + 1) or [Step("")]
+            elif is_change(segment, writers):
+                found.append(Step("change", written(segment, writers)))
+            elif is_check(segment):
+                _, args = program(segment)
+                found.append(Step("check", tuple(a for a in args if not a.startswith("-")), runs_program(segment)))
             else:
-                found.append("change" if is_change(segment, writers) else "check" if is_check(segment) else "")
+                found.append(Step(""))
     return found
+
+
+def written(segment: list[str], writers: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The words that may name the files a writing segment writes: its redirections' targets, and the
+    arguments of a program that writes by itself.
+
+    >>> written(["echo", "hi", ">", "a.txt"]), written(["cp", "-r", "src", "dst"])
+    (('a.txt',), ('src', 'dst'))
+    """
+    targets = [segment[n + 1] for n, word in enumerate(segment[:-1]) if word in REDIRECTS]
+    # the segment without its redirections, output or input (`> f`, `< f`, `<<EOF`), and their words
+    redirects = REDIRECTS | INPUTS
+    rest = [w for n, w in enumerate(segment) if w not in redirects and (n == 0 or segment[n - 1] not in redirects)]
+    _, args = program(rest)
+    itself = is_change(rest, writers)
+    return tuple(targets + ([a for a in args if not a.startswith("-")] if itself else []))
+
+
+def runs_program(segment: list[str]) -> bool:
+    """Whether a checking segment runs a program of the work (`./prog`, `x.py`, `x.sh`, an interpreter on a
+    file or module: `python3 solve.py`; `python3 -c` does not count) or reviews the changes (`git diff`).
+
+    >>> runs_program(["./solution"]), runs_program(["python3", "solve.py"]), runs_program(["python3", "-c", "1"])
+    (True, True, False)
+    """
+    name, args = program(segment)
+    if name.startswith("./") or name.endswith((".sh", ".py")):
+        return True
+    if name == "git" and args[:1] in (["diff"], ["status"]):
+        return True
+    return name in INTERPRETERS and bool(args) and (not args[0].startswith("-") or args[0] == "-m")
 
 
 def is_check(segment: list[str]) -> bool:

@@ -27,9 +27,12 @@ class ToolUse:
 
     `kind`: the harness's role for the tool (`shell`, `edit`, `read`, `plan`, `other`). `arguments`: the
     decoded arguments (None when they are not a JSON object). `key`: the tool and its arguments in canonical
-    form, to tell a repeated call. `command`: a shell call's command text. `output`: the result's text (None
-    when no later request holds it). `failed`: True for a result with a non-zero exit code or an error flag,
-    False for one stating success, None when it says neither.
+    form, to tell a repeated call (a shell call by its command alone: `description`, `yield_time_ms` and
+    such do not make a retry a new call). `command`: a shell call's command text. `output`: the result's
+    text (None when no later request holds it). `failed`: True for a result with a non-zero exit code or an
+    error flag, False for one stating success, None when it says neither. `answered_at`: the call index of
+    the first request holding the result (None without one). `steps`: what it did to the workspace
+    (`tool_steps`).
     """
 
     call_index: int
@@ -41,7 +44,7 @@ class ToolUse:
     output: str | None = None
     failed: bool | None = None
     answered_at: int | None = None
-    steps: tuple[str, ...] = ()
+    steps: tuple[shell.Step, ...] = ()
 
 
 @dataclass
@@ -198,14 +201,45 @@ def tool_use(call_index: int, call: ToolCall, answered: tuple[int, ToolResult] |
                   key=f"{call.name}:{command if command is not None else canonical(call.arguments)}",
                   command=command, output=None if result is None else result.text,
                   failed=None if result is None else failed(result, kind, harness), answered_at=answered_at)
-    return replace(use, steps=tuple(changes_and_checks(use, harness.SHELL_WRITERS if harness else ())))
+    return replace(use, steps=tuple(tool_steps(use, harness.SHELL_WRITERS if harness else ())))
+
+
+def tool_steps(use: ToolUse, writers: tuple[str, ...] = ()) -> list[shell.Step]:
+    """What a tool use did to the workspace, step by step (a shell command's segments, `writers` the
+    harness's own programs that write; one step for any other tool, naming the files in its arguments). A
+    call no result was ever seen for (the rollout ended first) did nothing known. An edit that failed
+    changed nothing; a shell command that failed may have written before the step that failed, so its
+    changes stand.
+
+    >>> use = ToolUse(0, "Read", "read", {"file_path": "/app/a.txt"}, "", output="hi", failed=False)
+    >>> tool_steps(use)
+    [Step(effect='check', files=('/app/a.txt',), runs=False)]
+    """
+    if use.output is None:
+        return [shell.Step("")]
+    if use.kind == "shell" and use.command is not None:
+        return shell.steps(use.command, writers)
+    if use.kind == "edit" and use.failed:
+        return [shell.Step("")]
+    return [shell.Step({"edit": "change", "read": "check"}.get(use.kind, ""), argument_files(use.arguments))]
+
+
+def argument_files(arguments: dict | None) -> tuple[str, ...]:
+    """The file paths a dedicated tool's arguments name: text under a key that says path or file.
+
+    >>> argument_files({"file_path": "a.py", "old_string": "x", "paths": ["b", "c"]})
+    ('a.py', 'b', 'c')
+    """
+    found = []
+    for key, value in (arguments or {}).items():
+        if "path" in key.lower() or "file" in key.lower():
+            found += [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] \
+                if isinstance(value, list) else []
+    return tuple(found)
 
 
 def changes_and_checks(use: ToolUse, writers: tuple[str, ...] = ()) -> list[str]:
-    """What a tool use did to the workspace, step by step: "change", "check" or "" per step (a shell
-    command's segments, `writers` the harness's own programs that write; one step for any other tool). A call
-    no result was ever seen for (the rollout ended first) did nothing known. An edit that failed changed
-    nothing; a shell command that failed may have written before the step that failed, so its changes stand.
+    """What each step of a tool use did: "change", "check" or "" (see `tool_steps`).
 
     >>> use = ToolUse(0, "shell", "shell", {}, "", command="echo hi > a.txt && cat a.txt", output="", failed=False)
     >>> changes_and_checks(use)
@@ -213,10 +247,4 @@ def changes_and_checks(use: ToolUse, writers: tuple[str, ...] = ()) -> list[str]
     >>> changes_and_checks(replace(use, output=None))
     ['']
     """
-    if use.output is None:
-        return [""]
-    if use.kind == "shell" and use.command is not None:
-        return shell.steps(use.command, writers)
-    if use.kind == "edit" and use.failed:
-        return [""]
-    return [{"edit": "change", "read": "check"}.get(use.kind, "")]
+    return [step.effect for step in tool_steps(use, writers)]
