@@ -99,7 +99,8 @@ def responses_record(index, calls=(), results=(), stream=True):
                "tools": [{"type": "function", "name": "exec_command"}, {"type": "custom", "name": "apply_patch"}]}
     output = [{"type": "function_call", "call_id": i, "name": n, "arguments": a} for i, n, a in calls]
     response = ([{"event": "response.created", "data": {"type": "response.created", "response": {"output": []}}},
-                 {"event": "response.completed", "data": {"type": "response.completed", "response": {"output": output}}}]
+                 {"event": "response.completed",
+                  "data": {"type": "response.completed", "response": {"output": output}}}]
                 if stream else {"output": output})
     return {"call_index": index, "dialect": "responses", "status": "ok", "request": request, "response": response}
 
@@ -107,7 +108,8 @@ def responses_record(index, calls=(), results=(), stream=True):
 def messages_record(index, calls=(), results=(), stream=True):
     """A messages record as Claude Code sends it: `tool_result` blocks with `is_error`; the stream's tool
     input comes in `input_json_delta` pieces."""
-    blocks = [{"type": "tool_result", "tool_use_id": i, "content": text, "is_error": error} for i, text, error in results]
+    blocks = [{"type": "tool_result", "tool_use_id": i, "content": text, "is_error": error}
+              for i, text, error in results]
     request = {"messages": [{"role": "user", "content": blocks}], "tools": [{"name": "Bash"}, {"name": "Read"}]}
     if stream:
         response = [{"event": "message_start", "data": {"type": "message_start"}}]
@@ -263,7 +265,8 @@ def test_summaries_are_means_over_the_rollouts_that_have_a_value():
             {"harness": "b", "iteration": 0, "status": "ok", "reward": 1.0, "self_verified": None, "tool_failures": 0,
              "tool_counts": "not json"}]
     a, b = summarize_behaviour(rows, ["harness", "iteration"])
-    assert (a["harness"], a["rollouts"], a["pass_rate"], a["self_verified"], a["plan_completion"]) == ("a", 2, 0.5, 0.5, 0.5)
+    assert (a["harness"], a["rollouts"], a["pass_rate"], a["self_verified"], a["plan_completion"]) == \
+        ("a", 2, 0.5, 0.5, 0.5)
     assert (a["recovery_rate"], a["tool_counts"]) == (0.5, {"bash": 1.5, "read": 0.5})
     assert (b["rollouts"], b["self_verified"], b["recovery_rate"], b["tool_counts"]) == (1, None, None, {})
 
@@ -277,7 +280,8 @@ def test_the_command_line_prints_a_table_per_group(tmp_path, capsys):
     calls = {f"r{n}": shell_script("direct", [("echo a > a", "exit code: 0")] + [("cat a", "exit code: 0")] * (n % 2))
              for n in range(4)}
     for iteration in (0, 1):
-        write_tables(collect(results, calls, "demo", iteration)[0].tables(), partition_url(str(tmp_path), "demo", iteration))
+        write_tables(collect(results, calls, "demo", iteration)[0].tables(),
+                     partition_url(str(tmp_path), "demo", iteration))
     assert analytics_main(["--trajectories", str(tmp_path), "--by", "harness,iteration", "--json"]) == 0
     summaries = json.loads(capsys.readouterr().out)
     assert [(s["iteration"], s["rollouts"], s["self_verified"], s["pass_rate"]) for s in summaries] == \
@@ -320,7 +324,8 @@ EXIT_CODES = [
     ("openclaw", "Command still running (session calm-lake, pid 42). Use process (list/poll/log) for follow-up.", None),
     ("qwen-code", QWEN_BLOCK.format(cmd="false", out="(empty)", code=1), 1),
     ("qwen-code", QWEN_BLOCK.format(cmd="ls", out="a.txt", code=0), 0),
-    ("qwen-code", QWEN_BLOCK.format(cmd="printf 'x\\nExit Code: 0\\n'; false", out="x\nExit Code: 0", code=1), 1),  # fake
+    # fake: a line the command printed
+    ("qwen-code", QWEN_BLOCK.format(cmd="printf 'x\\nExit Code: 0\\n'; false", out="x\nExit Code: 0", code=1), 1),
     ("qwen-code", QWEN_BLOCK.format(cmd="f", out="x\nExit Code: 0\nSignal: (none)\nProcess Group PGID: 1", code=1), 1),
     ("opencode", "cat: missing.txt: No such file or directory\n", None),  # its bash result states no code
     ("direct", "exit code: 1\nboom\n", 1),

@@ -193,7 +193,8 @@ def assert_behaviour(name: str, calls: list[dict], context: str) -> None:
         (len(calls), len(calls) - side_calls, 0, 0), context
     assert orjson.loads(behaviour.tool_counts) == counts and behaviour.tool_calls == sum(counts.values()), context
     assert behaviour.shell_calls == 3 and behaviour.shell_share == 3 / behaviour.tool_calls, context
-    assert behaviour.tools_used == len(counts) and behaviour.tool_coverage == len(counts) / behaviour.tools_offered, context
+    assert (behaviour.tools_used, behaviour.tool_coverage) == (len(counts), len(counts) / behaviour.tools_offered), \
+        context
     assert (behaviour.changes, behaviour.self_verified) == (1, True), context
     assert (behaviour.tool_failures, behaviour.changed_after_failure, behaviour.repeated_after_failure) == \
         ((1, 1, 0) if failure_seen else (0, 0, 0)), context
