@@ -1,6 +1,6 @@
 """Rollout metrics as pure functions: mean reward, pass@k and pass^k, per task and overall.
 
-A try passes when its reward is at least `success` (1.0 by default). A reward of None is an
+A try passes when its reward is at least `success` (`SUCCESS`, 1.0, by default). A reward of None is an
 infrastructure failure (a harness that never started, a verifier that crashed): it is not a try at
 all, so it neither passes nor fails. pass@k and pass^k use the unbiased estimators over n tries
 with c passes, as in the Codex paper (pass@k) and tau-bench (pass^k):
@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import comb
+
+SUCCESS = 1.0  # the verifier's full reward: a pass
 
 
 def mean_reward(rewards: Sequence[float | None]) -> float | None:
@@ -82,7 +84,7 @@ class TaskMetrics:
     pass_hat_k: float | None
 
 
-def task_metrics(rewards: Sequence[float | None], k: int, success: float = 1.0) -> TaskMetrics:
+def task_metrics(rewards: Sequence[float | None], k: int, success: float = SUCCESS) -> TaskMetrics:
     """The metrics of one task's rewards (None = infra failure, not a try).
 
     >>> task_metrics([1.0, 0.0, 1.0, None], k=2)
@@ -99,7 +101,7 @@ def task_metrics(rewards: Sequence[float | None], k: int, success: float = 1.0) 
 
 
 def dataset_metrics(rewards_by_task: Mapping[str, Sequence[float | None]], k: int,
-                    success: float = 1.0) -> tuple[dict[str, TaskMetrics], TaskMetrics]:
+                    success: float = SUCCESS) -> tuple[dict[str, TaskMetrics], TaskMetrics]:
     """Per-task metrics and their macro average over tasks (tasks lacking a value are left out of its mean).
 
     >>> per_task, overall = dataset_metrics({"a": [1, 1, 1], "b": [0, 1, 0], "c": [None, None]}, k=2)

@@ -32,6 +32,7 @@ import pytest
 from scripted_model import ScriptedModel
 
 from steps.analytics import rollout_behaviour
+from steps.analytics.dialects import READERS
 from steps.harnesses import HARNESSES, Endpoint, codex, default_prefix
 from steps.harnesses.base import installed_version, node_bin_dir
 from steps.proxy import chat, messages, responses
@@ -50,8 +51,9 @@ PLANS = {"opencode": {"tool": "todowrite", "arguments": {"todos": [
     {"content": "write answer.txt", "status": "completed", "priority": "high"},
     {"content": "read it back", "status": "completed", "priority": "high"},
     {"content": "tidy up", "status": "pending", "priority": "low"}]}}}
-# Harnesses whose shell results state no exit code: their failures cannot be read.
-NO_EXIT_CODE = {"opencode"}
+# Each harness's first request as recorded from its pinned CLI: the tools it offers, counted independently
+# of the analytics' readers.
+FIRST_REQUESTS = Path(__file__).parent / "data" / "harness_requests"
 
 
 def script(name: str) -> list:
@@ -174,22 +176,40 @@ def test_harness_completes_task_through_proxy(name: str, scripted: ScriptedModel
 def assert_behaviour(name: str, calls: list[dict], context: str) -> None:
     """The behaviour analytics of the recorded calls are what the script did."""
     harness, behaviour = HARNESSES[name], rollout_behaviour(calls, name)
-    shell_tool = next(tool for tool in harness.SHELL_TOOLS if f'"{tool}"' in behaviour.tool_counts)
-    counts = {shell_tool: 3, **({PLANS[name]["tool"]: 1} if name in PLANS else {})}
-    side_calls = sum(1 for call in calls if not call["request"].get("tools"))  # titles: no tools offered
-    failure_seen = name not in NO_EXIT_CODE
     context = f"{behaviour}\n{context}"
+    shell_tools = [tool for tool in harness.SHELL_TOOLS if f'"{tool}"' in behaviour.tool_counts]
+    assert shell_tools, f"no call of {harness.SHELL_TOOLS} in {behaviour.tool_counts}\n{context}"
+    counts = {shell_tools[0]: 3, **({PLANS[name]["tool"]: 1} if name in PLANS else {})}
+    side_calls = sum(1 for call in calls if not call["request"].get("tools"))  # titles: no tools offered
+    # Whether the failed read's result states its exit code, as the harness's own reader sees the CLI's text.
+    failure_seen = harness.exit_code(first_result_text(harness.DIALECT, calls)) not in (None, 0)
+    first_request = FIRST_REQUESTS / f"{name}.json"
+    if first_request.exists():
+        tools = orjson.loads(first_request.read_bytes())["body"]["tools"]
+        names = [tool.get("name") or tool.get("function", {}).get("name") for tool in tools]
+        offered = len([name for name in names if name not in harness.PLACEHOLDER_TOOLS])
+        assert behaviour.tools_offered == offered, context
     assert (behaviour.calls, behaviour.turns, behaviour.failed_calls, behaviour.unreadable) == \
         (len(calls), len(calls) - side_calls, 0, 0), context
     assert orjson.loads(behaviour.tool_counts) == counts and behaviour.tool_calls == sum(counts.values()), context
     assert behaviour.shell_calls == 3 and behaviour.shell_share == 3 / behaviour.tool_calls, context
-    assert behaviour.tool_coverage == behaviour.tools_used / behaviour.tools_offered == len(counts) / behaviour.tools_offered
+    assert (behaviour.tools_used, behaviour.tool_coverage) == (len(counts), len(counts) / behaviour.tools_offered), \
+        context
     assert (behaviour.changes, behaviour.self_verified) == (1, True), context
     assert (behaviour.tool_failures, behaviour.changed_after_failure, behaviour.repeated_after_failure) == \
         ((1, 1, 0) if failure_seen else (0, 0, 0)), context
     assert behaviour.plan_completion == (pytest.approx(2 / 3) if name in PLANS else None), context
     assert orjson.loads(behaviour.finish_reasons)["tool_calls"] == behaviour.tool_calls, context
     assert behaviour.response_tokens == sum(len(call["response_token_ids"]) for call in calls), context
+
+
+def first_result_text(dialect: str, calls: list[dict]) -> str:
+    """The text of the first tool result any recorded request holds (the failed `cat answer.txt`)."""
+    for call in sorted(calls, key=lambda c: c["call_index"]):
+        results = READERS[dialect].tool_results(call["request"])
+        if results:
+            return results[0].text
+    raise AssertionError(f"no tool result in {len(calls)} recorded requests")
 
 
 def run_recorded(name: str, harness_proxy: ProxyProcess, tmp_path: Path) -> list[dict]:

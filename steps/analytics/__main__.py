@@ -17,7 +17,7 @@ import sys
 
 import fsspec
 
-from steps.analytics.behaviour import summarize_behaviour
+from steps.analytics.behaviour import METRICS, summarize_behaviour
 from steps.trajectories import TrajectoryFileError, read_table
 from steps.trajectories.schema import BEHAVIOUR, SchemaError
 from workflows.layout import table_url
@@ -25,7 +25,7 @@ from workflows.layout import table_url
 SHOWN = ["rollouts", "pass_rate", "calls", "turns", "tool_calls", "tool_coverage", "shell_share",
          "self_verified", "plan_completion", "tool_failures", "recovery_rate", "repeated_after_failure",
          "tokens_per_call"]
-GROUPABLE = BEHAVIOUR.names[:9]  # the keys, status, reward and weight_version
+GROUPABLE = [name for name in BEHAVIOUR.names if name not in METRICS]  # the keys, status, reward, weight_version
 
 
 def behaviour_rows(url: str) -> list[dict]:
@@ -58,6 +58,7 @@ def table(summaries: list[dict], by: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the behaviour summaries of the trajectories named in `argv`; 2 when there are none to read."""
     p = argparse.ArgumentParser(prog="python -m steps.analytics", description=__doc__.split("\n\n")[0])
     p.add_argument("--trajectories", required=True, help="a trajectories folder or URL")
     p.add_argument("--by", default="harness", help="comma-separated columns to group by (default: harness)")

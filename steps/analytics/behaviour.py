@@ -16,10 +16,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 
 from steps.analytics import metrics
+from steps.metrics import SUCCESS
 from steps.analytics.tools import ordered_records, read_calls
 from steps.harnesses import HARNESSES
 
-PASS_REWARD = 1.0  # a rollout passes when its verifier gives the full reward (as steps.metrics counts a pass)
 EXCLUDED_STATUSES = ("infra_error",)  # not the agent's doing: left out of every mean, as in evaluations
 
 
@@ -63,7 +63,7 @@ def rollout_behaviour(records: list[dict], harness: str) -> RolloutBehaviour:
     failures, repeated, changed = metrics.error_recovery(uses)
     tokens, per_call = metrics.response_tokens(calls)
     return RolloutBehaviour(
-        calls=len(calls), turns=read.agent_calls, failed_calls=sum(c.get("status") != "ok" for c in calls),
+        calls=len(calls), turns=read.turns, failed_calls=sum(c.get("status") != "ok" for c in calls),
         tool_calls=len(uses), tool_counts=json.dumps(metrics.tool_counts(uses)),
         tools_offered=len(read.offered), tools_used=len({u.name for u in uses} & read.offered),
         tool_coverage=metrics.tool_coverage(uses, read.offered),
@@ -76,19 +76,32 @@ def rollout_behaviour(records: list[dict], harness: str) -> RolloutBehaviour:
 
 
 def weight_version(records: list[dict]) -> str | None:
-    """The weight version a rollout's calls ran on; several, comma-separated, when it changed mid-rollout.
+    """The weight version a rollout's calls ran on; several, comma-separated in call order, when it changed
+    mid-rollout.
 
-    >>> weight_version([{"call_index": 0, "weight_version": "3"}, {"call_index": 1, "weight_version": 4}])
-    '3,4'
+    >>> weight_version([{"call_index": 1, "weight_version": 10}, {"call_index": 0, "weight_version": "9"}])
+    '9,10'
     """
     calls, _ = ordered_records(records if isinstance(records, list) else [])
-    found = {str(c["weight_version"]) for c in calls if c.get("weight_version") is not None}
-    return ",".join(sorted(found)) if found else None
+    found = dict.fromkeys(str(c["weight_version"]) for c in calls if c.get("weight_version") is not None)
+    return ",".join(found) if found else None
+
+
+def unreadable_rollout(records: list) -> RolloutBehaviour:
+    """The behaviour of a rollout whose records could not be read at all: every record unreadable."""
+    empty = {f.name: None if f.type.endswith("None") else "{}" if f.name in COUNT_COLUMNS else 0
+             for f in fields(RolloutBehaviour)}
+    return RolloutBehaviour(**{**empty, "unreadable": len(records) if isinstance(records, list) else 1})
 
 
 def behaviour_row(keys: dict, result: dict, records: list[dict]) -> dict:
-    """One `behaviour` table row: the rollout's keys, its status, reward and weight version, its behaviour."""
-    behaviour = rollout_behaviour(records, result.get("harness"))
+    """One `behaviour` table row: the rollout's keys, its status, reward and weight version, its behaviour.
+    A rollout whose records break the readers in a way not foreseen gives a row of unreadables, not a
+    failed trajectories step."""
+    try:
+        behaviour = rollout_behaviour(records, result.get("harness"))
+    except Exception:  # noqa: BLE001 (one rollout's records must not fail the table of all)
+        behaviour = unreadable_rollout(records)
     return {**keys, "status": result.get("status"), "reward": result.get("reward"),
             "weight_version": weight_version(records), **asdict(behaviour)}
 
@@ -100,12 +113,25 @@ def passed(row: dict) -> bool:
     (True, False, False)
     """
     reward = row.get("reward")
-    return isinstance(reward, (int, float)) and reward >= PASS_REWARD
+    return isinstance(reward, (int, float)) and reward >= SUCCESS
+
+
+DIGITS = 4  # means are rounded, so that the same rows give the same text whatever their order
 
 
 def _mean(values: list) -> float | None:
     values = [float(v) for v in values if isinstance(v, (int, float))]
-    return sum(values) / len(values) if values else None
+    return round(sum(values) / len(values), DIGITS) if values else None
+
+
+def group_order(group: tuple) -> tuple:
+    """A sort key for a group's values: numbers as numbers, before text, before missing values.
+
+    >>> sorted([(10,), (2,), ("b",), (None,), (1,)], key=group_order)
+    [(1,), (2,), (10,), ('b',), (None,)]
+    """
+    return tuple((2, "") if v is None else (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool)
+                 else (1, str(v)) for v in group)
 
 
 def _count_means(rows: list[dict], column: str) -> dict[str, float]:
@@ -118,7 +144,8 @@ def _count_means(rows: list[dict], column: str) -> dict[str, float]:
             counts = {}
         for key, value in (counts.items() if isinstance(counts, dict) else ()):
             totals[str(key)] += value if isinstance(value, (int, float)) else 0
-    return {key: round(total / len(rows), 4) for key, total in sorted(totals.items(), key=lambda kv: -kv[1])}
+    ordered = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {key: round(total / len(rows), DIGITS) for key, total in ordered}
 
 
 def summarize_behaviour(rows: list[dict], by: list[str]) -> list[dict]:
@@ -137,7 +164,7 @@ def summarize_behaviour(rows: list[dict], by: list[str]) -> list[dict]:
         if row.get("status") not in EXCLUDED_STATUSES:
             groups[tuple(row.get(key) for key in by)].append(row)
     summaries = []
-    for group, members in sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0])):
+    for group, members in sorted(groups.items(), key=lambda kv: group_order(kv[0])):
         failing = [row for row in members if (row.get("tool_failures") or 0) > 0]
         summary = {**dict(zip(by, group)), "rollouts": len(members),
                    "pass_rate": _mean([passed(row) for row in members]),

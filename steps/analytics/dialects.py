@@ -93,12 +93,14 @@ class Chat:
                       for piece in _list(_get(choice, "delta", dict), "tool_calls")]
         calls: dict[int | None, dict] = {}
         for index, piece in pieces:
-            call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+            call = calls.setdefault(index, {"id": "", "name": "", "arguments": []})
             function = _get(piece, "function", dict) or {}
-            call["id"] += _get(piece, "id", str) or ""
-            call["name"] += _get(function, "name", str) or ""
-            call["arguments"] += _get(function, "arguments", str) or ""
-        return [ToolCall(**call) for call in calls.values()]
+            # The id and name come once, in a call's first piece; an upstream repeating them on every
+            # piece must not make "aaa" of them.
+            call["id"] = call["id"] or _get(piece, "id", str) or ""
+            call["name"] = call["name"] or _get(function, "name", str) or ""
+            call["arguments"].append(_get(function, "arguments", str) or "")  # joined once: linear time
+        return [ToolCall(c["id"], c["name"], "".join(c["arguments"])) for c in calls.values()]
 
     def tool_results(self, request: object) -> list[ToolResult]:
         return [ToolResult(_get(m, "tool_call_id", str) or "", _text(_get(m, "content")))
@@ -149,12 +151,12 @@ class Messages:
             index, block = _get(data, "index", int), _get(data, "content_block", dict)
             if _get(data, "type") == "content_block_start" and _get(block, "type") == "tool_use":
                 blocks[index] = {"id": _get(block, "id", str) or "", "name": _get(block, "name", str) or "",
-                                 "json": "", "input": _get(block, "input")}
+                                 "json": [], "input": _get(block, "input")}
             delta = _get(data, "delta", dict)
             if index in blocks and _get(delta, "type") == "input_json_delta":
-                blocks[index]["json"] += _get(delta, "partial_json", str) or ""
+                blocks[index]["json"].append(_get(delta, "partial_json", str) or "")  # joined once: linear time
         # The deltas carry the input; the start block's `{}` stands only when no delta came.
-        return [ToolCall(b["id"], b["name"], b["json"] if b["json"] else b["input"]) for b in blocks.values()]
+        return [ToolCall(b["id"], b["name"], "".join(b["json"]) or b["input"]) for b in blocks.values()]
 
     def tool_results(self, request: object) -> list[ToolResult]:
         return [ToolResult(_get(block, "tool_use_id", str) or "", _text(_get(block, "content")),

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 # OpenClaw 2026.9 requires Node >= 24.16 (< 25); on an older Node npm quietly resolves it to a
 # placeholder package, so every npm install below runs on this Node.
@@ -132,9 +133,28 @@ def dir_size(path: Path) -> int:
     return total
 
 
-# Behaviour analytics (`steps.analytics`) reads each harness's tools through the same few names in every
-# harness module: SHELL_TOOLS, EDIT_TOOLS, READ_TOOLS, PLAN_TOOLS, and the functions shell_command(arguments),
-# exit_code(output) and plan_items(arguments). The helpers below are what they share.
+class AnalyticsRole(Protocol):
+    """What behaviour analytics (`steps.analytics`) reads of a harness module: its tools by role, the
+    programs its shell tool runs that write files, and how to read a call's command, a shell result's exit
+    code and a plan's items. Every harness module has these names; the helpers below are what they share."""
+
+    SHELL_TOOLS: tuple[str, ...]
+    EDIT_TOOLS: tuple[str, ...]
+    READ_TOOLS: tuple[str, ...]
+    PLAN_TOOLS: tuple[str, ...]
+    SHELL_WRITERS: tuple[str, ...]
+    META_TOOLS: dict[str, tuple[str, str]]
+    PLACEHOLDER_TOOLS: tuple[str, ...]
+
+    def shell_command(self, arguments: dict | None) -> str | None:
+        """The command a call of one of SHELL_TOOLS runs."""
+
+    def exit_code(self, output: str) -> int | None:
+        """The exit code a shell result states, None when it states none."""
+
+    def plan_items(self, arguments: dict | None) -> list[bool] | None:
+        """Whether each item of the plan a call of PLAN_TOOLS sets is done."""
+
 
 def argument_text(arguments: dict | None, *keys: str) -> str | None:
     """The first of `keys` in a tool call's decoded arguments that holds text (an argv list is joined).

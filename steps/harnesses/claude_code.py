@@ -13,8 +13,8 @@ whose `apiKeyHelper` prints the rollout's key from a file beside it. Its event l
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 from pathlib import Path
 
 from steps.harnesses.base import Endpoint, argument_text, clean_env, exit_code_in, npm_binds, npm_install, todo_items
@@ -32,6 +32,11 @@ SHELL_TOOLS = ("Bash",)
 EDIT_TOOLS = ("Edit", "Write", "MultiEdit", "NotebookEdit")
 READ_TOOLS = ("Read", "Grep")
 PLAN_TOOLS = ("TodoWrite",)
+SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ("DeferredToolPlaceholder",)
 EXIT_CODE = re.compile(r"\AExit code (-?\d+)")
 
 KEY_FILE = "openforge-key"

@@ -32,7 +32,17 @@ SHELL_TOOLS = ("exec_command",)
 EDIT_TOOLS = ("apply_patch",)
 READ_TOOLS = ("view_image",)
 PLAN_TOOLS = ("update_plan",)
-EXIT_CODE = re.compile(r"Process exited with code (-?\d+)")
+# Programs its shell tool runs that change files: Codex edits with `apply_patch <<'PATCH' ... PATCH` in a
+# shell command as often as through the apply_patch tool.
+SHELL_WRITERS = ("apply_patch", "applypatch")
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ()
+# An `exec_command` result: a header ("Chunk ID", "Wall time", "Process exited with code N" or "Process running
+# with session ID N", "Original token count"), then "Output:" and the command's output, which is the agent's.
+EXIT_CODE = re.compile(r"^Process exited with code (-?\d+)$", re.MULTILINE)
+OUTPUT_START = "\nOutput:\n"
 
 
 def install(prefix: Path) -> Path:
@@ -111,8 +121,16 @@ def shell_command(arguments: dict | None) -> str | None:
 
 
 def exit_code(output: str) -> int | None:
-    """The exit code a shell result states: "Process exited with code 1" in its `exec_command` result."""
-    return exit_code_in(EXIT_CODE, output)
+    """The exit code a shell result states: "Process exited with code 1" in the header of its `exec_command`
+    result, before its output; None for a process still running.
+
+    >>> exit_code("Wall time: 0.1 seconds\\nProcess exited with code 1\\nOutput:\\nboom")
+    1
+    >>> exit_code("Process running with session ID 3\\nOutput:\\nProcess exited with code 0") is None
+    True
+    """
+    header = output.split(OUTPUT_START, 1)[0] if isinstance(output, str) else None
+    return exit_code_in(EXIT_CODE, header)
 
 
 def plan_items(arguments: dict | None) -> list[bool] | None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,6 +37,11 @@ SHELL_TOOLS = ("shell",)
 EDIT_TOOLS = ()
 READ_TOOLS = ()
 PLAN_TOOLS = ()
+SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ()
 EXIT_CODE = re.compile(r"\Aexit code: (-?\d+)")
 
 SYSTEM_PROMPT = ("You are an autonomous agent working in a Linux shell. Use the `shell` tool to run commands "
@@ -158,10 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def shell_command(arguments: dict | None) -> str | None:
     """The command a call of one of SHELL_TOOLS runs, from its decoded arguments."""
     return argument_text(arguments, "command")
@@ -176,3 +177,7 @@ def exit_code(output: str) -> int | None:
 def plan_items(arguments: dict | None) -> list[bool] | None:
     """None: `direct` has only its shell tool."""
     return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,9 +31,26 @@ SHELL_TOOLS = ("exec",)
 EDIT_TOOLS = ("write", "edit", "apply_patch")
 READ_TOOLS = ("read",)
 PLAN_TOOLS = ()
-EXIT_CODE = re.compile(r"Command exited with code (-?\d+)")
-NOT_FINISHED = re.compile(r"^Command (timed out|output exceeded|was canceled|was terminated|failed during launch)",
-                          re.MULTILINE)
+SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {"tool_call": ("id", "args")}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ()
+# The pinned CLI appends "\n\n(Command exited with code N)" at the end of a result when N is not 0
+# (bash-tools.exec-runtime: buildExecExitOutcome); only the end counts, the output before it is the agent's.
+EXIT_CODE = re.compile(r"\(Command exited with code (-?\d+)\)\s*\Z")
+# What it appends instead for a command that failed without an exit code of its own (formatExecFailureReason),
+# with the code each stands for (-1: none was captured).
+FAILED_ENDINGS = (
+    (re.compile(r"Command not found\s*\Z"), 127),
+    (re.compile(r"Command not executable \(permission denied\)\s*\Z"), 126),
+    (re.compile(r"Command aborted by signal \S+\s*\Z"), -1),
+    (re.compile(r"Command aborted before exit code was captured\s*\Z"), -1),
+    (re.compile(r"Command timed out[^\n]*(\n\n(The command was terminated|If it should keep running)[^\n]*)*\s*\Z"),
+     -1),
+)
+# A command left running in the background: no exit code yet.
+STILL_RUNNING = re.compile(r"Command still running \(session [^\n]*\Z")
 
 PROVIDER = "openforge"
 # What OpenClaw is told about the served model; it plans compaction and output caps from these.
@@ -95,13 +112,21 @@ def shell_command(arguments: dict | None) -> str | None:
 
 
 def exit_code(output: str) -> int | None:
-    """The exit code an `exec` result states: "(Command exited with code N)" is appended only when N is not
-    0, so a finished command's result that says nothing exited 0; None when it did not finish (timed out,
-    canceled, terminated, failed to launch)."""
-    if not isinstance(output, str) or NOT_FINISHED.search(output):
+    """The exit code an `exec` result states at its end: "(Command exited with code N)" is appended only
+    when N is not 0, and a failure text (`FAILED_ENDINGS`) when the command did not exit by itself, so a
+    result ending in neither exited 0; None for a command still running in the background.
+
+    >>> exit_code("boom\\n\\n(Command exited with code 2)"), exit_code("x\\n\\nCommand not found"), exit_code("hi")
+    (2, 127, 0)
+    >>> exit_code("(Command exited with code 0)\\nstill printing")
+    0
+    """
+    if not isinstance(output, str) or STILL_RUNNING.search(output):
         return None
     found = EXIT_CODE.search(output)
-    return int(found.group(1)) if found else 0
+    if found:
+        return int(found.group(1))
+    return next((code for ending, code in FAILED_ENDINGS if ending.search(output)), 0)
 
 
 def plan_items(arguments: dict | None) -> list[bool] | None:

@@ -29,6 +29,11 @@ SHELL_TOOLS = ("bash",)
 EDIT_TOOLS = ("edit", "write", "patch", "multiedit")
 READ_TOOLS = ("read", "grep")
 PLAN_TOOLS = ("todowrite",)
+SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ()
 
 PROVIDER = "openforge"
 CONTEXT_WINDOW = 32768

@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, argument_text, clean_env, exit_code_in, npm_binds, npm_install, todo_items
+from steps.harnesses.base import Endpoint, argument_text, clean_env, npm_binds, npm_install, todo_items
 
 NPM_PACKAGE = "@qwen-code/qwen-code"
 VERSION = "0.24.4"
@@ -30,7 +30,15 @@ SHELL_TOOLS = ("run_shell_command",)
 EDIT_TOOLS = ("edit", "write_file", "notebook_edit")
 READ_TOOLS = ("read_file", "read_many_files", "grep_search")
 PLAN_TOOLS = ("todo_write",)
-EXIT_CODE = re.compile(r"^Exit Code: (-?\d+)", re.MULTILINE)
+SHELL_WRITERS = ()  # programs of its own, run in its shell tool, that change files: none
+# Tools that call another tool by name (`tool_call {"name": ..., "arguments": ...}`): name key, arguments key.
+META_TOOLS: dict[str, tuple[str, str]] = {"tool_call": ("name", "arguments")}
+# Tools offered only to keep a mechanism on, never to be called: not counted as offered.
+PLACEHOLDER_TOOLS = ()
+# A `run_shell_command` result: "Command: ...\nDirectory: ...\nOutput: <output>\nError: ...\nExit Code: N\nSignal:
+# ...\nProcess Group PGID: ..." (hints may follow). The output is the agent's and may print such lines too: the
+# last whole trailing block is the CLI's.
+EXIT_CODE = re.compile(r"^Exit Code: (-?\d+)\nSignal: [^\n]*\nProcess Group PGID: [^\n]*$", re.MULTILINE)
 
 SETTINGS = {
     "general": {"enableAutoUpdate": False},
@@ -95,8 +103,15 @@ def shell_command(arguments: dict | None) -> str | None:
 
 
 def exit_code(output: str) -> int | None:
-    """The exit code a shell result states: "Exit Code: 1" on a line of its `run_shell_command` result."""
-    return exit_code_in(EXIT_CODE, output)
+    """The exit code a shell result states: "Exit Code: 1" in the last Exit Code/Signal/PGID block of its
+    `run_shell_command` result.
+
+    >>> exit_code("Output: x\\nExit Code: 0\\nSignal: (none)\\nProcess Group PGID: 1\\nError: (none)\\n"
+    ...           "Exit Code: 1\\nSignal: (none)\\nProcess Group PGID: 7")
+    1
+    """
+    found = list(EXIT_CODE.finditer(output)) if isinstance(output, str) else []
+    return int(found[-1].group(1)) if found else None
 
 
 def plan_items(arguments: dict | None) -> list[bool] | None:
