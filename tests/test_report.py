@@ -331,3 +331,74 @@ def test_files_named_in_result_json_are_read_only_from_the_rollouts_folder_and_n
     assert kept_files(result, "harness_log") == []
     assert kept_files(dict(result, paths={"harness_log": str(outside)}), "harness_log") == []  # not in its folder
     assert kept_files(dict(result, paths={"harness_log": "../../../secret.txt"}), "harness_log") == []
+
+
+def report_run(iterations: dict | None = None, **fields):
+    """A Run built in memory: what `load_run` would give, for the index's numbers alone (no files)."""
+    from steps.report.data import Run
+
+    return Run(fields.pop("name", "mem"), "/nowhere/mem", fields.pop("config", {"run": "mem"}), iterations or {},
+               fields.pop("evals", {}), fields.pop("eval_iterations", {}), **fields)
+
+
+def test_behaviour_means_are_the_analytics_owners_infra_errors_left_out_and_iterations_in_number_order():
+    """Without `summarize_behaviour` (the report's own means) iteration 0's row read rollouts 2, calls 2.0,
+    and iteration 10 came before 2."""
+    from steps.report.data import Iteration
+    from steps.report.index import Figures, behaviour_section
+
+    def rows(n):
+        return [{"harness": "direct", "iteration": n, "status": "ok", "reward": 1.0, "calls": 4, "tool_failures": 1},
+                {"harness": "direct", "iteration": n, "status": "infra_error", "reward": None, "calls": 0}]
+    run = report_run({n: Iteration(n, behaviour=rows(n)) for n in (0, 2, 10)})
+    figs = Figures()
+    section = behaviour_section(run, figs)
+    body = section.split("<tbody>")[1].split("</tbody>")[0]
+    cells = [[c.split("</td>")[0] for c in row.split("<td>")[1:]] for row in body.split("<tr>")[1:]]
+    header = [h.split("</th>")[0] for h in section.split("<th>")[1:]]
+    assert [c[1] for c in cells] == ["0", "2", "10"]
+    first = dict(zip(header, cells[0]))
+    assert (first["rollouts"], first["calls"], first["pass_rate"], first["recovery_rate"]) == ("1", "4.000", "1.000", "1.000")
+    titles = [f["figure"]["layout"]["title"]["text"] for f in figs.items]
+    assert titles == ["pass_rate", "recovery_rate"]  # the chosen plots that have values; the others say so
+    assert "No tool_coverage plot: no rollout has a value." in section
+
+
+def test_pass_at_k_uses_the_runners_k_and_one_broken_task_does_not_collapse_it(tmp_path):
+    """Task a: four tries, two passing; task b: four infra errors. Before: the report took k = 1 (pass@k 0.5),
+    the runner k = 4 counting infra errors as tries."""
+    from steps.report.series import reward_metrics
+    from workflows.local import summarize
+
+    results = [{"task": "a", "status": "ok", "reward": r} for r in (1.0, 0.0, 1.0, 0.0)] + \
+        [{"task": "b", "status": "infra_error", "reward": None}] * 4
+    report = reward_metrics(results)
+    runner = summarize(0, results, str(tmp_path / "no-checkpoint"), {})
+    assert (report["k"], report["pass_at_k"], report["pass_hat_k"]) == (4, 1.0, 0.0)
+    assert runner["k"] == 4 and runner["metrics"] == {key: report[key] for key in runner["metrics"]}
+
+
+def test_a_failed_iteration_gets_a_report_too(tiny_model, tmp_path, monkeypatch, capsys):
+    """The local runner's failure path, with serve and the iteration replaced: vLLM takes minutes to start and
+    a real failing step would need a broken harness; what is checked is that the report is written anyway
+    (before, `run_local` returned 1 before writing it)."""
+    from workflows import local
+    from workflows.config import RunConfig
+
+    class Stopped:
+        def terminate(self):
+            pass
+
+        def wait(self, timeout):
+            pass
+
+    def fail(config, iteration, *args, **kwargs):
+        raise local.StepFailed("step rollout failed with exit code 1")
+
+    monkeypatch.setattr(local, "start_serve", lambda *args: (Stopped(), "http://127.0.0.1:9"))
+    monkeypatch.setattr(local, "run_iteration", fail)
+    config = RunConfig(store=str(tmp_path), run="broken", iterations=1, model=str(tiny_model))
+    assert local.run_local(config) == 1
+    index = tmp_path / "broken" / "reports" / "index.html"
+    assert f"report: {index}" in capsys.readouterr().err
+    assert "<td>0</td><td>Failed</td>" in index.read_text()

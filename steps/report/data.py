@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import fsspec
-import pyarrow.parquet as pq
 
 from steps import manifest
 from steps.trajectories.collect import CollectError, fetch_calls_store
@@ -92,18 +91,6 @@ def _table_rows(partition: str, name: str, columns: list[str] | None, notes: lis
     return table.select(columns).to_pylist() if columns else table.to_pylist()
 
 
-def read_behaviour(partition: str, notes: list[str]) -> list[dict] | None:
-    """The behaviour table's rows (written by the trajectories step with `steps.analytics`), or None."""
-    fs, path = fsspec.core.url_to_fs(layout.table_url(partition, BEHAVIOUR_TABLE))
-    try:
-        return pq.read_table(fs.open(path, "rb")).to_pylist()
-    except FileNotFoundError:
-        return None
-    except Exception as exc:  # a torn or foreign file: noted, the rest of the report stands
-        notes.append(f"{layout.table_url(partition, BEHAVIOUR_TABLE)} could not be read: {exc}")
-        return None
-
-
 def read_results(results_url: str) -> dict[str, dict]:
     """Every `<rollout>/result.json` below `results_url`, by rollout id (unreadable ones left out)."""
     fs, root = fsspec.core.url_to_fs(results_url)
@@ -138,7 +125,7 @@ def load_iteration(number: int, partition: str, results_url: str, notes: list[st
                      "result.json files, without calls or samples tables.")
     it.rollouts = rollouts if rollouts is not None else [rollout_row(r) for r in it.results.values()]
     it.calls = _table_rows(partition, "calls", CALL_COLUMNS, notes) or []
-    it.behaviour = read_behaviour(partition, notes)
+    it.behaviour = _table_rows(partition, BEHAVIOUR_TABLE, None, notes)  # None: not written (older runs)
     return it
 
 

@@ -2,6 +2,7 @@
 
 import json
 
+from steps.analytics import summarize_behaviour
 from steps.report import figures, series
 from steps.report.data import Run
 from steps.report.html import esc, json_script, page, table
@@ -12,7 +13,9 @@ ITERATION_COLUMNS = [("status", "status"), ("rollouts", "rollouts"), ("infra_err
                      ("mean_reward", "mean reward"), ("k", "k"), ("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k"),
                      ("calls", "calls / rollout"), ("tokens", "tokens / rollout"), ("logprob_gap", "logprob gap"),
                      ("tokens_trained", "tokens trained"), ("update_skipped", "update skipped")]
-MAX_BEHAVIOUR_PLOTS = 6
+# The behaviour means plotted per iteration: the informative ones (the table shows every column).
+BEHAVIOUR_PLOTS = ["pass_rate", "recovery_rate", "tool_coverage", "self_verified", "shell_share", "plan_completion",
+                   "tokens_per_call"]
 
 
 def summaries(run: Run, only: int | None = None) -> dict[int, dict]:
@@ -20,8 +23,9 @@ def summaries(run: Run, only: int | None = None) -> dict[int, dict]:
     out = {}
     for n, it in run.iterations.items():
         if only is None or n == only:
-            out[n] = series.iteration_summary(it.rollouts, it.calls, it.update) | {
-                "status": (it.record or {}).get("status")}
+            record = it.record or {}
+            out[n] = series.iteration_summary(it.rollouts, it.calls, it.update) | {"status": record.get("status")} \
+                | {f"phase {name}": seconds for name, seconds in (record.get("timings_s") or {}).items()}
     return out
 
 
@@ -49,15 +53,20 @@ def iteration_section(subjects: list[tuple[str, dict[int, dict]]], figs: Figures
     """Plots per iteration, every subject's series overlaid."""
     plots = [
         figures.series_figure("Mean reward", subjects, [("mean_reward", "mean reward")], "reward"),
-        figures.series_figure("pass@k and pass^k", subjects, [("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")]),
+        figures.series_figure("pass@k and pass^k (k: the table's; a pass: reward ≥ 1)", subjects,
+                              [("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")]),
         figures.series_figure("Continuity rate per harness", subjects, figures.prefixed_keys(subjects, "continuity "),
                               "share of calls"),
         figures.series_figure("Rollout vs trainer logprob gap", subjects, [("logprob_gap", "mean |gap|")], "nats"),
         figures.series_figure("Tokens and calls per rollout", subjects, [("tokens", "response tokens"), ("calls", "calls")]),
         figures.series_figure("Infra errors", subjects, [("infra_errors", "infra errors")], "rollouts"),
-        figures.phase_figure(subjects),
+        figures.series_figure("Time per phase of the iteration (s)", subjects, figures.prefixed_keys(subjects, "phase "),
+                              "seconds"),
+        figures.rollout_time_figure(subjects),
     ]
-    return '<div class="plots">' + "".join(figs.div(f) for f in plots) + "</div>"
+    empty = {2: "No continuity plot: no call could have continued a sample (one call per rollout, or no calls table).",
+             7: "No phase times: the local runner records them in each iteration's manifest record (timings_s)."}
+    return '<div class="plots">' + "".join(figs.div(f, empty.get(n, "")) for n, f in enumerate(plots)) + "</div>"
 
 
 def config_section(run: Run) -> str:
@@ -82,16 +91,20 @@ def behaviour_section(run: Run, figs: Figures) -> str:
     if not rows:
         return ('<p class="note">No behaviour table: the trajectory partitions hold no behaviour.parquet '
                 "(written by the trajectories step with steps.analytics).</p>")
-    means = series.group_means(rows, ["harness", "iteration"])
+    means = summarize_behaviour(rows, ["harness", "iteration"])  # infra errors left out, iterations in number order
+    if not means:
+        return '<p class="note">Every rollout in the behaviour tables is an infra error: no behaviour to average.</p>'
     metrics = [c for c in means[0] if c not in ("harness", "iteration")]
-    out = table(["harness", "iteration", *metrics], [[m.get("harness"), m.get("iteration"), *[m.get(c) for c in metrics]]
-                                                     for m in means])
+    out = table(["harness", "iteration", *metrics], [[m.get("harness"), m.get("iteration"),
+                                                      *[json.dumps(m[c]) if isinstance(m.get(c), dict) else m.get(c)
+                                                        for c in metrics]] for m in means])
     by_harness: dict[str, dict[int, dict]] = {}
     for m in means:
         by_harness.setdefault(str(m["harness"]), {})[m["iteration"]] = m
     subjects = sorted(by_harness.items())
-    plots = [figures.series_figure(metric, subjects, [(metric, "")]) for metric in metrics[1:1 + MAX_BEHAVIOUR_PLOTS]]
-    return out + '<div class="plots">' + "".join(figs.div(p) for p in plots) + "</div>"
+    plots = [figures.series_figure(metric, subjects, [(metric, "")]) for metric in BEHAVIOUR_PLOTS]
+    return out + '<div class="plots">' + "".join(figs.div(p, f"No {m} plot: no rollout has a value.")
+                                                 for m, p in zip(BEHAVIOUR_PLOTS, plots)) + "</div>"
 
 
 def evals_section(runs: list[tuple[str, Run]], figs: Figures) -> str:
