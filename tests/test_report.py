@@ -402,3 +402,24 @@ def test_a_failed_iteration_gets_a_report_too(tiny_model, tmp_path, monkeypatch,
     index = tmp_path / "broken" / "reports" / "index.html"
     assert f"report: {index}" in capsys.readouterr().err
     assert "<td>0</td><td>Failed</td>" in index.read_text()
+
+
+def test_a_huge_tool_output_and_a_huge_sample_give_a_bounded_rollout_page():
+    """Four 10 MB tool outputs and a sample of 100,000 response tokens after a 200,000-token prompt: before the
+    caps, a 40 MB page; now each turn shows its two ends and each sample its first and last 2,000 tokens."""
+    from steps.report.rollout_page import Decoder, rollout_page
+
+    big = "<b>" + "x" * 10_000_000 + "the end"
+    messages, records = [{"role": "user", "content": "hi"}], []
+    for n in range(4):
+        call = {"id": f"c{n}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"c{n}", "content": big}]
+        records.append({"call_index": n, "dialect": "chat_completions", "status": "ok",
+                        "request": {"messages": list(messages)}, "response": None})
+    sample = {"sample_index": 0, "call_indices": [0], "prompt_token_ids": [5] * 200_000,
+              "response_token_ids": [7] * 100_000, "response_mask": [1] * 100_000, "response_logprobs": [-0.5] * 100_000}
+    page = rollout_page({"rollout_id": "r"}, None, records, [], [sample], Decoder(), "train")
+    assert len(page) < 1_500_000, len(page)
+    assert page.count("the end") == 4 and "[9960010 characters left out]" in page and "&lt;b&gt;" in page
+    assert page.count('class="m1"') == 4_000 and "[96000 tokens left out]" in page

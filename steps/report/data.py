@@ -167,7 +167,7 @@ def samples_by_rollout(partition: str | None) -> dict[str, list[dict]]:
     return out
 
 
-def calls_in_chunks(run_url: str, rollout_ids: list[str], chunk: int = 32):
+def calls_in_chunks(run_url: str, rollout_ids: list[str], chunk: int = 8):
     """Yields (rollout_id, its call records from the proxy's store, or None when there is no store), a few
     rollouts' records in memory at a time."""
     # The store's reader runs its own event loop: in a thread of its own, so that a caller inside a running

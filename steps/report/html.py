@@ -43,6 +43,22 @@ def json_text(data) -> str:
     return text
 
 
+def clip(text: str, keep: int) -> str:
+    """`text` whole up to 2 x `keep` characters; past that its first and last `keep` with the middle left out
+    and counted (a tool output, a log: its start and its outcome), so that no text makes a page unbounded.
+
+    >>> print(clip("abcdefghij", 2))
+    ab
+    [6 characters left out]
+    ij
+    >>> clip("abcd", 2)
+    'abcd'
+    """
+    if len(text) <= 2 * keep:
+        return text
+    return f"{text[:keep]}\n[{len(text) - 2 * keep} characters left out]\n{text[-keep:]}"
+
+
 def json_script(element_id: str, data) -> str:
     """A `<script type="application/json">` element that a page's script reads with `JSON.parse`."""
     return f'<script type="application/json" id="{esc(element_id)}">{json_text(data)}</script>'

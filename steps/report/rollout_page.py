@@ -9,10 +9,12 @@ import json
 import fsspec
 
 from steps.report.exchange import exchange
-from steps.report.html import esc, number, page, table
+from steps.report.html import clip, esc, number, page, table
 
 MAX_FILE_BYTES = 200_000  # of a log or verifier file shown (its end, where the outcome is)
 MAX_VERIFIER_FILES = 20
+MAX_TURN_CHARS = 20_000  # of a turn's text shown at each end (a 10 MB tool output, a base64 image)
+MAX_TOKENS = 2_000  # of a sample's response (and of its prompt) shown at each end
 
 
 def _turns(turns: list[dict]) -> str:
@@ -21,7 +23,7 @@ def _turns(turns: list[dict]) -> str:
         kind = "tool-call" if t["kind"] == "tool_call" else t["kind"].replace("_", "-")
         name = f" · {esc(t['name'])}" if t.get("name") else ""
         out.append(f'<div class="turn role-{esc(t["role"])} {esc(kind)}"><span class="kind">{esc(t["role"])} · '
-                   f'{esc(t["kind"].replace("_", " "))}{name}</span><pre>{esc(t["text"])}</pre></div>')
+                   f'{esc(t["kind"].replace("_", " "))}{name}</span><pre>{esc(clip(str(t["text"]), MAX_TURN_CHARS))}</pre></div>')
     return "".join(out)
 
 
@@ -39,7 +41,7 @@ def exchange_html(records: list[dict] | None, calls: dict[int, dict]) -> str:
                 f"finish {esc(record.get('finish_reason'))} · weights {esc(record.get('weight_version'))} · {esc(used)}")
         rewritten = "" if call["rewritten_from"] is None else \
             f'<p class="split">The harness rewrote its history from turn {call["rewritten_from"]}: shown from there.</p>'
-        error = f"<pre>{esc(record.get('error'))}</pre>" if record.get("error") else ""
+        error = f"<pre>{esc(clip(str(record['error']), MAX_TURN_CHARS))}</pre>" if record.get("error") else ""
         out.append(f'<div class="call" id="call-{esc(record.get("call_index"))}"><h3>{meta}</h3>{rewritten}{error}'
                    f'{_turns(call["added"])}<div class="response">{_turns(call["response"])}</div></div>')
     return "".join(out)
@@ -97,15 +99,29 @@ def split_reason(call_index: int, sample_index: int, records: dict[int, dict], c
             f"(after {decoder.text(tokens[max(0, shared - 8):shared])!r})")
 
 
+def _ends(n: int) -> tuple[range, int, range]:
+    """Which of n tokens are shown: the first and last `MAX_TOKENS`, and how many in between are not."""
+    if n <= 2 * MAX_TOKENS:
+        return range(n), 0, range(0)
+    return range(MAX_TOKENS), n - 2 * MAX_TOKENS, range(n - MAX_TOKENS, n)
+
+
 def _tokens(sample: dict, decoder: Decoder) -> str:
     ids, mask = sample.get("response_token_ids") or [], sample.get("response_mask") or []
     logprobs = sample.get("response_logprobs") or [None] * len(ids)
-    spans = "".join(f'<span class="m{int(m)}" title="id {t} · mask {int(m)}'
-                    f'{"" if lp is None or not m else f" · logprob {lp:.3f}"}">{esc(decoder.piece(t))}</span>'
-                    for t, m, lp in zip(ids, mask, logprobs))
+
+    def spans(positions: range) -> str:
+        return "".join(f'<span class="m{int(mask[i])}" title="id {ids[i]} · mask {int(mask[i])}'
+                       f'{"" if logprobs[i] is None or not mask[i] else f" · logprob {logprobs[i]:.3f}"}">'
+                       f'{esc(decoder.piece(ids[i]))}</span>' for i in positions)
+    head, left_out, tail = _ends(min(len(ids), len(mask), len(logprobs)))
+    gap = f'<span class="note">[{left_out} tokens left out]</span>' if left_out else ""
     prompt = sample.get("prompt_token_ids") or []
+    first, skipped, last = _ends(len(prompt))
+    shown = decoder.text([prompt[i] for i in first]) + (f"\n[{skipped} tokens left out]\n" if skipped else "") + \
+        decoder.text([prompt[i] for i in last])
     return (f'<details><summary>prompt: {len(prompt)} tokens (not trained on)</summary>'
-            f'<div class="tokens pr">{esc(decoder.text(prompt))}</div></details><div class="tokens">{spans}</div>')
+            f'<div class="tokens pr">{esc(shown)}</div></details><div class="tokens">{spans(head)}{gap}{spans(tail)}</div>')
 
 
 def training_html(samples: list[dict], records: dict[int, dict], calls: dict[int, dict], decoder: Decoder) -> str:
