@@ -236,7 +236,7 @@ def test_a_failing_report_is_one_line_and_never_fails_the_local_run(tmp_path, ca
 
     refresh_report(str(tmp_path / "no-such-run"))  # raises nothing
     err = capsys.readouterr().err.strip()
-    assert "report not written: ValueError: no run at" in err and "\n" not in err
+    assert "report not written: NoRunError: no run at" in err and "\n" not in err
 
 
 DIALECT_REQUESTS = {  # a second call's request: the user's message, the model's tool call, the tool's output
@@ -292,8 +292,8 @@ def test_an_eval_run_gets_an_evaluation_report_with_its_rollouts(hostile_run, br
     from benchmarks.report_weight import eval_summary
 
     run = tmp_path / "evalrun"
-    manifest.write_run_config(str(run), {"run": "evalrun", "harness": "direct", "model": "",
-                                         "eval": {"checkpoint": "base", "run": None, "iteration": None}})
+    manifest.write_run_config(str(run), {"run": "evalrun", "harness": "direct", "model": ""},
+                              evaluates={"checkpoint": "base", "run": None, "iteration": None})
     shutil.copytree(hostile_run / "results" / "iteration-0", Path(layout.eval_results_url(str(run), 0)))
     shutil.copytree(hostile_run / "calls", run / "calls")
     manifest.write_json(layout.eval_summary_url(str(run), 0), eval_summary(["task-1"], 0))
@@ -423,3 +423,36 @@ def test_a_huge_tool_output_and_a_huge_sample_give_a_bounded_rollout_page():
     assert len(page) < 1_500_000, len(page)
     assert page.count("the end") == 4 and "[9960010 characters left out]" in page and "&lt;b&gt;" in page
     assert page.count('class="m1"') == 4_000 and "[96000 tokens left out]" in page
+
+
+def test_an_eval_run_is_told_by_its_manifest_before_its_summary_is_written(tmp_path):
+    """Before: `read_run_config` drops the `eval` field, so an eval run without a summary yet was titled a
+    training run, and what it evaluates was never shown."""
+    run = tmp_path / "pending-eval"
+    manifest.write_run_config(str(run), {"run": "pending-eval", "harness": "direct", "model": ""},
+                              evaluates={"checkpoint": "/ckpt/iteration-3", "run": "train-a", "iteration": 3})
+    text = Path(write_report(str(run))).read_text()
+    assert "pending-eval: evaluation report" in text
+    assert "<h3>What it evaluates</h3>" in text and "<td>/ckpt/iteration-3</td>" in text and "<td>train-a</td>" in text
+
+
+def test_a_nan_in_a_run_gives_a_report_not_an_error(tmp_path, capsys):
+    """A NaN reward and a NaN loss (a diverged update): before, the page's JSON refused them and the CLI said
+    the run was missing."""
+    run = tmp_path / "nan"
+    manifest.write_run_config(str(run), {"run": "nan", "harness": "direct", "model": ""})
+    folder = Path(layout.rollout_url(str(run), 0, "it0-t-s0"))
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({"rollout_id": "it0-t-s0", "task": "t", "sample": 0, "status": "ok",
+                                                    "reward": float("nan"), "durations": {"total_s": float("inf")}}))
+    metrics = Path(layout.metrics_url(layout.checkpoint_url(str(run), 1, "")))
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(json.dumps({"loss": float("nan"), "logprob_gap": 0.1}))
+    assert report_cli.main(["--run", "nan", "--store", str(tmp_path)]) == 0, capsys.readouterr().err
+    index = (run / "reports" / "index.html").read_text()
+    data = index.split('id="rollout-data">', 1)[1].split("</script>", 1)[0]
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in the page's JSON: a browser's JSON.parse rejects it")
+    row = json.loads(data, parse_constant=refuse)["rows"][0]["cells"]
+    assert row[0] == "it0-t-s0" and row[7] is None and row[10] is None

@@ -16,7 +16,7 @@ import fsspec
 from plotly.offline import get_plotlyjs
 
 from steps.report.assets import JS
-from steps.report.data import Run, calls_in_chunks, load_run, samples_by_rollout
+from steps.report.data import NoRunError, Run, calls_in_chunks, load_run, samples_by_rollout
 from steps.report.html import file_name
 from steps.report.index import index_page
 from steps.report.rollout_page import Decoder, rollout_page
@@ -78,7 +78,7 @@ def resolve_subject(spec: str, run: Run) -> tuple[str, Run, int | None]:
     url = name if "/" in name else layout.run_url(run.url.rsplit("/", 1)[0], name)
     other = load_run(url)
     if other.config is None and not other.iterations and not other.evals:
-        raise ValueError(f"--compare {spec}: no run at {url} (give a run name in the same store, a run URL, "
+        raise NoRunError(f"--compare {spec}: no run at {url} (give a run name in the same store, a run URL, "
                          "RUN:ITERATION or :ITERATION)")
     return spec, other, iteration
 
@@ -112,7 +112,7 @@ def write_report(run_url: str, out: str | None = None, compare: tuple[str, ...] 
     or URL of its index page. `compare`: runs, `RUN:N` or `:N` iterations, shown side by side."""
     run = load_run(run_url)
     if run.config is None and not run.iterations and not run.evals:
-        raise ValueError(f"no run at {run.url}: it has no manifest, results or evaluations (check --run and --store)")
+        raise NoRunError(f"no run at {run.url}: it has no manifest, results or evaluations (check --run and --store)")
     compared = [resolve_subject(spec, run) for spec in compare]
     if compared and not any(other is run for _, other, _ in compared):
         compared.insert(0, (run.name, run, None))

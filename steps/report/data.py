@@ -25,6 +25,10 @@ CALL_COLUMNS = ["rollout_id", "harness", "call_index", "status", "finish_reason"
 BEHAVIOUR_TABLE = "behaviour"
 
 
+class NoRunError(ValueError):
+    """There is no run where the report was asked to look (the message says where, and what to give)."""
+
+
 @dataclass
 class Iteration:
     """One iteration (or one evaluation) of a run: its rows as dicts, whatever of them exists."""
@@ -51,11 +55,12 @@ class Run:
     evals: dict[int, dict]  # summary.json by iteration
     eval_iterations: dict[int, Iteration]
     notes: list[str] = field(default_factory=list)
+    evaluates: dict | None = None  # an eval run's: what it evaluates (`manifest.read_evaluates`)
 
     @property
     def is_eval(self) -> bool:
-        """An eval run (its config says so); its one evaluation is at iteration 0."""
-        return bool((self.config or {}).get("eval")) or (not self.iterations and bool(self.evals))
+        """An eval run (its manifest says what it evaluates); its one evaluation is at iteration 0."""
+        return self.evaluates is not None or (not self.iterations and bool(self.evals))
 
 
 def read_json(url: str) -> dict | None:
@@ -150,7 +155,7 @@ def load_run(run_url: str) -> Run:
             evals[n] = summary
         eval_iterations[n] = load_iteration(n, layout.partition_url(layout.eval_trajectories_url(run_url, n), name, n),
                                             layout.eval_results_url(run_url, n), notes)
-    return Run(name, run_url, config, iterations, evals, eval_iterations, notes)
+    return Run(name, run_url, config, iterations, evals, eval_iterations, notes, manifest.read_evaluates(run_url))
 
 
 def samples_by_rollout(partition: str | None) -> dict[str, list[dict]]:

@@ -8,6 +8,7 @@ leave its folder; plot labels go through `label` (plotly reads a few HTML tags i
 import hashlib
 import html
 import json
+import math
 import re
 
 from steps.report.assets import CSS
@@ -31,13 +32,28 @@ def label(value) -> str:
     return esc(value)
 
 
+def finite(data):
+    """`data` with every NaN or infinity as None (JSON has neither: a page's script would not parse it).
+
+    >>> finite({"a": [float("nan"), 1.0, float("inf")], "b": (2,)})
+    {'a': [None, 1.0, None], 'b': [2]}
+    """
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite(v) for v in data]
+    return data
+
+
 def json_text(data) -> str:
     """JSON that cannot end the `<script>` element holding it, nor open a comment or CDATA in it.
 
     >>> json_text({"out": "</script><script>alert(1)</script>"})
     '{"out": "\\\\u003c/script\\\\u003e\\\\u003cscript\\\\u003ealert(1)\\\\u003c/script\\\\u003e"}'
     """
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False, default=str)
+    text = json.dumps(finite(data), ensure_ascii=False, allow_nan=False, default=str)
     for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(raw, escaped)
     return text

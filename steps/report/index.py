@@ -74,7 +74,10 @@ def config_section(run: Run) -> str:
     if run.config is None:
         return '<p class="note">No recorded config (manifest/run.json is missing).</p>'
     rows = [[k, v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v)] for k, v in sorted(run.config.items())]
-    return f"<details><summary>{len(rows)} keys</summary>{table(['key', 'value'], rows)}</details>"
+    evaluated = "" if run.evaluates is None else "<h3>What it evaluates</h3>" + table(
+        ["what", "value"], [[k, v if v is None or isinstance(v, (str, int, float)) else json.dumps(v)]
+                            for k, v in sorted(run.evaluates.items())])
+    return f"{evaluated}<details><summary>{len(rows)} keys</summary>{table(['key', 'value'], rows)}</details>"
 
 
 def iterations_table(numbers: dict[int, dict]) -> str:
