@@ -456,3 +456,18 @@ def test_a_nan_in_a_run_gives_a_report_not_an_error(tmp_path, capsys):
         raise AssertionError(f"{constant} in the page's JSON: a browser's JSON.parse rejects it")
     row = json.loads(data, parse_constant=refuse)["rows"][0]["cells"]
     assert row[0] == "it0-t-s0" and row[7] is None and row[10] is None
+
+
+def test_a_comparison_says_which_iteration_each_column_is_and_which_config_keys_differ(hostile_run, tmp_path, capsys):
+    """Before: no iteration rows, raw keys (pass_at_k), no config diff, and `RUN:9` (no such iteration) a blank
+    column with no error."""
+    index = Path(write_report(str(hostile_run), out=str(tmp_path / "c"), compare=["other", ":0"])).read_text()
+    section = index.split('id="compare"', 1)[1].split('id="rollouts"', 1)[0]
+    rows = {r.split("</td>")[0]: [c.split("</td>")[0] for c in r.split("<td>")[1:]]
+            for r in section.split("<tr><td>")[1:]}
+    assert rows["iteration"] == ["1", "0"] and rows["pass@k"] and "pass_at_k" not in rows
+    assert "Config keys that differ" in section and "run" in rows and rows["run"] == ["other", "hostile"]
+    assert report_cli.main(["--run", "hostile", "--store", str(hostile_run.parent), "--out", str(tmp_path / "d"),
+                            "--compare", "other:9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --compare other:9: other has no iteration 9") and "\n" not in err

@@ -73,13 +73,17 @@ def resolve_subject(spec: str, run: Run) -> tuple[str, Run, int | None]:
     """A `--compare` value: `RUN` (a run in the same store, or a run URL), `RUN:N` (its iteration N) or
     `:N` (this run's iteration N); as (label, run, iteration or None)."""
     name, iteration = parse_subject(spec)
-    if not name:
-        return f"{run.name}:{iteration}", run, iteration
-    url = name if "/" in name else layout.run_url(run.url.rsplit("/", 1)[0], name)
-    other = load_run(url)
+    if name:
+        url = name if "/" in name else layout.run_url(run.url.rsplit("/", 1)[0], name)
+        other = load_run(url)
+    else:
+        spec, url, other = f"{run.name}:{iteration}", run.url, run
     if other.config is None and not other.iterations and not other.evals:
         raise NoRunError(f"--compare {spec}: no run at {url} (give a run name in the same store, a run URL, "
                          "RUN:ITERATION or :ITERATION)")
+    if iteration is not None and iteration not in other.iterations and iteration not in other.evals:
+        raise NoRunError(f"--compare {spec}: {other.name} has no iteration {iteration} (its iterations: "
+                         f"{sorted(other.iterations) or 'none'}; its evaluations: {sorted(other.evals) or 'none'})")
     return spec, other, iteration
 
 

@@ -135,10 +135,40 @@ def evals_section(runs: list[tuple[str, Run]], figs: Figures) -> str:
     return out + '<div class="plots">' + "".join(figs.div(p) for p in plots) + "</div>"
 
 
-def compare_section(columns: list[tuple[str, dict]]) -> str:
-    """Side by side: one column per compared run, iteration or evaluation, one row per number."""
+LABELS = dict(ITERATION_COLUMNS) | {"tries": "tries", "passes": "passes", "update_train_s": "update train (s)",
+                                    "update_total_s": "update total (s)", "setup_s": "rollout setup (s)",
+                                    "agent_s": "rollout agent (s)", "verifier_s": "rollout verifier (s)",
+                                    "total_s": "rollout total (s)", "loss": "loss", "entropy": "entropy",
+                                    "pass_at_1": "pass@1", "mean_calls": "calls / rollout",
+                                    "mean_tokens": "tokens / rollout", "mean_duration_s": "duration / rollout (s)"}
+
+
+def compare_column(run: Run, only: int | None) -> dict:
+    """One compared subject's numbers, labelled: which iteration they are of (the given one, else the run's
+    last, whatever its status) and which evaluation (the given iteration's, else the run's last)."""
+    per = summaries(run, only)
+    n = only if only is not None else max(per, default=None)
+    m = only if only is not None else max(run.evals, default=None)
+    evaluation = (run.evals.get(m) or {}).get("overall") or {}
+    return {"iteration": n, **{LABELS.get(k, k): v for k, v in per.get(n, {}).items()},
+            "eval iteration": m if evaluation else None, **{f"eval {LABELS.get(k, k)}": v for k, v in evaluation.items()}}
+
+
+def compare_section(compared: list[tuple[str, Run, int | None]]) -> str:
+    """Side by side: one column per compared run, iteration or evaluation, one row per number; then the
+    config keys whose values differ between the runs."""
+    columns = [(name, compare_column(run, only)) for name, run, only in compared]
     keys = list(dict.fromkeys(k for _, numbers in columns for k in numbers))
-    return table(["", *[name for name, _ in columns]], [[k, *[numbers.get(k) for _, numbers in columns]] for k in keys])
+    out = table(["", *[name for name, _ in columns]], [[k, *[numbers.get(k) for _, numbers in columns]] for k in keys])
+    configs = [(name, run.config or {}) for name, run, _ in compared]
+    differ = sorted(k for k in {k for _, c in configs for k in c}
+                    if len({json.dumps(c.get(k), sort_keys=True, default=str) for _, c in configs}) > 1)
+    if not differ:
+        return out + '<p class="note">The compared runs\' configs are the same.</p>'
+    return out + "<h3>Config keys that differ</h3>" + table(
+        ["key", *[name for name, _ in configs]],
+        [[k, *[c.get(k) if c.get(k) is None or isinstance(c.get(k), (str, int, float)) else json.dumps(c.get(k))
+               for _, c in configs]] for k in differ])
 
 
 ROLLOUT_COLUMNS = ["rollout", "kind", "iteration", "task", "sample", "harness", "status", "reward", "calls", "tokens",
@@ -177,12 +207,6 @@ def index_page(run: Run, entries: list[dict], compared: list[tuple[str, Run, int
             f'<h2 id="behaviour">Behaviour</h2>{behaviour_section(run, figs)}'
             f'<h2 id="evals">Evaluations</h2>{evals_section([(run.name, run)] + [(n, r) for n, r, _ in compared if r is not run], figs)}')
     if compared:
-        columns = []
-        for name, other, only in compared:
-            per = summaries(other, only)
-            latest = per[max(per)] if per else {}
-            evaluation = other.evals.get(only if only is not None else max(other.evals, default=-1))
-            columns.append((name, latest | {f"eval {k}": v for k, v in ((evaluation or {}).get("overall") or {}).items()}))
-        body += f'<h2 id="compare">Comparison</h2>{compare_section(columns)}'
+        body += f'<h2 id="compare">Comparison</h2>{compare_section(compared)}'
     body += f'<h2 id="rollouts">Rollouts</h2>{rollout_table(entries)}{json_script("figure-data", figs.items)}'
     return page(f"{run.name}: report", body, "assets", ["plotly.min.js", "report.js"])
