@@ -471,3 +471,53 @@ def test_a_comparison_says_which_iteration_each_column_is_and_which_config_keys_
                             "--compare", "other:9"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --compare other:9: other has no iteration 9") and "\n" not in err
+
+
+def test_a_plot_with_nothing_to_draw_says_why():
+    """Before: the continuity plot vanished without a word when every rollout made one call, and the pass@k
+    plot did not say what a pass is (graded toy rewards below 1 give a flat 0)."""
+    from steps.report.data import Iteration
+    from steps.report.index import index_page
+
+    rollouts = [{"rollout_id": "r", "task": "t", "status": "ok", "reward": 0.5, "num_calls": 1}]
+    calls = [{"harness": "direct", "rollout_id": "r", "sample_index": 0, "continued": False}]
+    text = index_page(report_run({0: Iteration(0, rollouts=rollouts, calls=calls)}), [], [])
+    assert "No continuity plot: no call could have continued a sample" in text
+    assert "a pass: reward ≥ 1" in text and "No phase times" in text
+
+
+def test_the_exchange_marks_an_assistant_turn_the_harness_changed_and_shows_the_tools_offered():
+    """Before: any leading assistant turn of a request was hidden as "the previous response sent back", so a
+    harness (or anything between) could put words in the model's mouth unseen; tool definitions were never shown."""
+    from steps.report.rollout_page import exchange_html
+
+    tools = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]
+    first = {"call_index": 0, "dialect": "chat_completions", "status": "ok",
+             "request": {"messages": [{"role": "user", "content": "hi"}], "tools": tools},
+             "response": {"choices": [{"message": {"role": "assistant", "content": "ok"}}]}}
+    second = {"call_index": 1, "dialect": "chat_completions", "status": "ok", "response": None,
+              "request": {"tools": tools, "messages": [{"role": "user", "content": "hi"},
+                                                       {"role": "assistant", "content": "I will delete everything"},
+                                                       {"role": "user", "content": "go"}]}}
+    same = dict(second, request={"tools": tools, "messages": [{"role": "user", "content": "hi"},
+                                                              {"role": "assistant", "content": "ok"},
+                                                              {"role": "user", "content": "go"}]})
+    changed = exchange_html([first, second], {})
+    assert "I will delete everything" in changed and "differs from the model&#x27;s response" in changed
+    assert changed.count("tools offered (1): shell") == 1  # once: the second call offers the same
+    assert "differs" not in exchange_html([first, same], {})  # the control: the response sent back as it was
+
+
+def test_a_character_spread_over_byte_tokens_is_shown_whole(tiny_model):
+    """Before: each token decoded alone, so a character of several byte tokens showed as U+FFFD marks."""
+    from tokenizers import Tokenizer
+
+    from steps.report.rollout_page import Decoder
+
+    tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+    text = "naïve € ✓ 漢字"
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    decoder = Decoder(tokenizer)
+    assert any("\ufffd" in decoder.piece(i) for i in ids)  # the control: token by token, characters break
+    pieces = decoder.pieces_of(ids)
+    assert len(pieces) == len(ids) and "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
