@@ -9,6 +9,7 @@ The report of a real two-iteration local run is checked in tests/test_local_run.
 """
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def test_the_rollout_table_sorts_and_filters(hostile_run, browser):
     page.click("#rollout-table th:text-is('reward')")
     assert [float(r[7]) for r in page.evaluate(rows)] == sorted(rewards, reverse=True)
     page.fill("#filter", "task-1")
+    page.locator("#rollout-count", has_text=re.compile("^8 of 16 rollouts$")).wait_for()  # the filter runs once typing pauses
     shown = page.evaluate(rows)
     assert len(shown) == 8 and all("task-1" in r[3] for r in shown)
     assert page.inner_text("#rollout-count") == "8 of 16 rollouts"
@@ -521,3 +523,33 @@ def test_a_character_spread_over_byte_tokens_is_shown_whole(tiny_model):
     assert any("\ufffd" in decoder.piece(i) for i in ids)  # the control: token by token, characters break
     pieces = decoder.pieces_of(ids)
     assert len(pieces) == len(ids) and "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+
+
+def test_the_rollout_table_draws_200_rows_a_page_and_filters_rollouts_without_a_status(hostile_run, browser, tmp_path):
+    """Before: every row drawn on every keystroke (a 100,000-rollout run froze the page), and the status
+    filter's "None" never matched a rollout whose status is null."""
+    from steps.report.index import index_page
+
+    shutil.copytree(hostile_run / "reports" / "assets", tmp_path / "assets")
+    entries = [{"row": {"rollout_id": f"r{i}", "task": "t", "status": None if i % 2 else "ok"}, "kind": "train",
+                "iteration": 0, "href": f"r{i}.html"} for i in range(450)]
+    (tmp_path / "index.html").write_text(index_page(report_run(), entries, []))
+    loaded = browser.open(tmp_path / "index.html")
+    page = loaded.page
+    assert loaded.errors == [] and page.locator("#rollout-table tbody tr").count() == 200
+    assert page.inner_text("#rollout-count") == "450 of 450 rollouts (1-200 shown)"
+    page.click("#rollout-table button:text-is('next 200')")
+    assert page.locator("#rollout-table tbody tr").first.inner_text().startswith("r200")
+    page.select_option("#status-filter", "(none)")
+    assert page.inner_text("#rollout-count") == "225 of 450 rollouts (1-200 shown)"
+    page.fill("#filter", "r44")
+    page.locator("#rollout-count", has_text=re.compile("^5 of 450 rollouts$")).wait_for()
+    assert page.inner_text("#rollout-count") == "5 of 450 rollouts"  # r441 ... r449, the odd ones
+
+
+def test_the_pages_policy_forbids_a_base_url_and_form_submission():
+    """Were markup ever to get through, a `<base href>` could point every relative link elsewhere and a form
+    could send the page's data: the policy forbids both (it lacked them)."""
+    policy = html.page("t", "", "assets").split('content="', 1)[1].split('"', 1)[0]
+    assert {"default-src 'none'", "base-uri 'none'", "form-action 'none'", "script-src 'self'"} <= \
+        {d.strip() for d in policy.split(";")}

@@ -119,5 +119,5 @@ def page(title: str, body: str, assets: str, scripts: list[str] = ()) -> str:
     tags = "".join(f'<script src="{esc(assets)}/{esc(s)}"></script>' for s in scripts)
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>{esc(title)}</title>'
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'self'; "
-            "style-src 'self' 'unsafe-inline'; img-src 'self' data:\">"
+            "style-src 'self' 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'\">"
             f"<style>{CSS}</style></head><body>{body}{tags}</body></html>")

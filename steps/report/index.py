@@ -4,6 +4,7 @@ import json
 
 from steps.analytics import summarize_behaviour
 from steps.report import figures, series
+from steps.report.assets import NO_STATUS
 from steps.report.data import Run
 from steps.report.html import esc, json_script, page, table
 
@@ -181,7 +182,7 @@ def rollout_table(entries: list[dict]) -> str:
                                           e["row"].get("sample"), e["row"].get("harness"), e["row"].get("status"),
                                           e["row"].get("reward"), e["row"].get("num_calls"),
                                           e["row"].get("response_tokens"), e["row"].get("total_s")]} for e in entries]
-    statuses = sorted({str(r["cells"][6]) for r in rows})
+    statuses = sorted({NO_STATUS if r["cells"][6] is None else str(r["cells"][6]) for r in rows})
     options = "".join(f'<option value="{esc(s)}">{esc(s)}</option>' for s in statuses)
     return (f'<p><input id="filter" placeholder="filter: task, rollout, status..."> <select id="status-filter">'
             f'<option value="">every status</option>{options}</select> <span id="rollout-count"></span></p>'
