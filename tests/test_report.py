@@ -553,3 +553,27 @@ def test_the_pages_policy_forbids_a_base_url_and_form_submission():
     policy = html.page("t", "", "assets").split('content="', 1)[1].split('"', 1)[0]
     assert {"default-src 'none'", "base-uri 'none'", "form-action 'none'", "script-src 'self'"} <= \
         {d.strip() for d in policy.split(";")}
+
+
+def test_a_result_claiming_another_rollouts_id_does_not_take_over_its_page_and_extra_files_are_counted(tmp_path):
+    """Before: the last result.json read won, whatever folder it was in; files past 20 vanished unnoted."""
+    from steps.report.data import read_results
+    from steps.report.rollout_page import kept_files
+
+    results = tmp_path / "results" / "iteration-0"
+    for folder, reward in (("it0-0-s0", 0.0), ("it0-a-s0", 1.0)):  # the impostor read first
+        (results / folder).mkdir(parents=True)
+        (results / folder / "result.json").write_text(json.dumps({"rollout_id": "it0-a-s0", "reward": reward}))
+    (results / "it0-c-s0").mkdir()
+    (results / "it0-c-s0" / "result.json").write_text(json.dumps({"rollout_id": "it0-c-s0-a2", "reward": 0.5}))
+    notes = []
+    found = read_results(str(results), notes)
+    assert found["it0-a-s0"]["reward"] == 1.0 and found["it0-c-s0-a2"]["reward"] == 0.5  # a rerun's own id
+    assert len(notes) == 1 and "it0-0-s0/result.json names rollout 'it0-a-s0'" in notes[0]
+    verifier = results / "it0-a-s0" / "verifier"
+    verifier.mkdir()
+    for n in range(23):
+        (verifier / f"f{n:02d}.txt").write_text(str(n))
+    files = kept_files({"_url": str(results / "it0-a-s0" / "result.json"), "paths": {"verifier_output": "verifier"}},
+                       "verifier_output")
+    assert len(files) == 21 and files[-1] == ("[3 more files not shown]", "f20.txt, f21.txt, f22.txt")

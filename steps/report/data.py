@@ -96,17 +96,26 @@ def _table_rows(partition: str, name: str, columns: list[str] | None, notes: lis
     return table.select(columns).to_pylist() if columns else table.to_pylist()
 
 
-def read_results(results_url: str) -> dict[str, dict]:
-    """Every `<rollout>/result.json` below `results_url`, by rollout id (unreadable ones left out)."""
+def read_results(results_url: str, notes: list[str]) -> dict[str, dict]:
+    """Every `<rollout>/result.json` below `results_url`, by rollout id (unreadable ones left out). A result may
+    name another id than its folder (a rerun that found its id taken runs under the next attempt's); where two
+    claim the same id, the one in the folder of that name is kept and the other noted, never taking it over."""
     fs, root = fsspec.core.url_to_fs(results_url)
     paths = sorted(fs.glob(f"{root.rstrip('/')}/*/{layout.RESULT_FILE}"))
     out = {}
     for path, data in (fs.cat(paths, on_error="omit") if paths else {}).items():
         try:
             result = json.loads(data)
-            out[str(result["rollout_id"])] = dict(result, _url=fs.unstrip_protocol(path))
+            rollout_id = str(result["rollout_id"])
         except (ValueError, KeyError, TypeError):
             continue
+        result = dict(result, _url=fs.unstrip_protocol(path))
+        if rollout_id in out:
+            own = path.rsplit("/", 2)[-2] == rollout_id
+            kept, dropped = (result, out[rollout_id]) if own else (out[rollout_id], result)
+            notes.append(f"{dropped['_url']} names rollout {rollout_id!r}, as {kept['_url']} does: left out")
+            result = kept
+        out[rollout_id] = result
     return out
 
 
@@ -123,7 +132,7 @@ def rollout_row(result: dict) -> dict:
 def load_iteration(number: int, partition: str, results_url: str, notes: list[str]) -> Iteration:
     """One iteration's tables, or its result.json files where the rollouts table is not there."""
     it = Iteration(number, partition=partition, results_url=results_url)
-    it.results = read_results(results_url)
+    it.results = read_results(results_url, notes)
     rollouts = _table_rows(partition, "rollouts", None, notes)
     if rollouts is None and it.results:
         notes.append(f"{partition} has no rollouts table (not written yet): its rollouts are read from their "

@@ -217,8 +217,12 @@ def kept_files(result: dict, key: str) -> list[tuple[str, str]]:
             return []
         if info["type"] == "file":
             return [(base, _read_tail(fs, path))]
-        entries = [e for e in fs.ls(path, detail=True) if e["type"] == "file" and not e.get("islink")]
-        return [(e["name"].rsplit("/", 1)[-1], _read_tail(fs, e["name"])) for e in sorted(entries, key=lambda e: e["name"])[:MAX_VERIFIER_FILES]]
+        entries = sorted((e for e in fs.ls(path, detail=True) if e["type"] == "file" and not e.get("islink")),
+                         key=lambda e: e["name"])
+        shown = [(e["name"].rsplit("/", 1)[-1], _read_tail(fs, e["name"])) for e in entries[:MAX_VERIFIER_FILES]]
+        more = len(entries) - MAX_VERIFIER_FILES
+        names = ", ".join(e["name"].rsplit("/", 1)[-1] for e in entries[MAX_VERIFIER_FILES:])
+        return shown + ([(f"[{more} more files not shown]", clip(names, MAX_TURN_CHARS))] if more > 0 else [])
     except (FileNotFoundError, OSError):
         return []
 
