@@ -130,7 +130,7 @@ def test_json_in_a_page_cannot_close_its_script_element(quoted, browser, tmp_pat
 def test_report_files_stay_in_the_report_folder(hostile_run):
     reports = (hostile_run / "reports").resolve()
     written = [p.resolve() for p in reports.rglob("*") if p.is_file()]
-    assert len(written) == 19 and all(p.is_relative_to(reports) for p in written)
+    assert len(written) == 20 and all(p.is_relative_to(reports) for p in written)  # 17 pages, 2 assets, written.json
     for hostile in ("../../etc/passwd", "..", "/abs/path", "a\\..\\b", "<script>"):
         name = html.file_name(hostile)
         assert "/" not in name and "\\" not in name and not name.startswith(".") and name != html.file_name(hostile + "x")
@@ -577,3 +577,45 @@ def test_a_result_claiming_another_rollouts_id_does_not_take_over_its_page_and_e
     files = kept_files({"_url": str(results / "it0-a-s0" / "result.json"), "paths": {"verifier_output": "verifier"}},
                        "verifier_output")
     assert len(files) == 21 and files[-1] == ("[3 more files not shown]", "f20.txt, f21.txt, f22.txt")
+
+
+def test_a_refresh_writes_only_the_pages_whose_tables_changed_and_removes_orphans(hostile_run, tmp_path, monkeypatch):
+    """Before: every write rewrote every page of every iteration and plotly.js (minutes per refresh late in a
+    long run), and pages of rollouts gone (a dead attempt's) stayed."""
+    import steps.report as report
+
+    run = tmp_path / "hostile"
+    shutil.copytree(hostile_run, run, ignore=shutil.ignore_patterns("reports"))
+    written = []
+    real = report.rollout_page
+    monkeypatch.setattr(report, "rollout_page", lambda row, *args: written.append(row["rollout_id"]) or real(row, *args))
+    write_report(str(run))
+    assert len(written) == 16
+    plotly = run / "reports" / "assets" / "plotly.min.js"
+    stamp = plotly.stat().st_mtime_ns
+    stale = run / "reports" / "rollouts" / "train-0" / "gone-00000000.html"
+    stale.write_text("a dead attempt's page")
+    written.clear()
+    write_report(str(run))
+    assert written == [] and not stale.exists() and plotly.stat().st_mtime_ns == stamp
+    result = next((run / "results" / "iteration-1").glob("*/result.json"))
+    result.write_text(json.dumps(dict(json.loads(result.read_text()), notes="re-graded")))
+    write_report(str(run))
+    assert len(written) == 8 and all(rollout_id.startswith("it1-") for rollout_id in written)
+
+
+def test_a_hostile_rollout_id_stays_in_the_report_folder(tmp_path):
+    """A result.json naming its rollout `../../../outside` (a rerun's result may name another id than its
+    folder): its page is written inside the report's folder, under a safe name."""
+    run = tmp_path / "store" / "climb"
+    folder = Path(layout.rollout_url(str(run), 0, "it0-t-s0"))
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({"rollout_id": "../../../outside", "task": "../t", "status": "ok",
+                                                    "reward": 1.0}))
+    write_report(str(run))
+    reports = (run / "reports").resolve()
+    outside = [p for p in tmp_path.rglob("*") if p.is_file() and not p.resolve().is_relative_to(reports)
+               and not p.resolve().is_relative_to((run / "results").resolve())]
+    assert outside == []
+    pages = list((reports / "rollouts").rglob("*.html"))
+    assert [p.parent.name for p in pages] == ["train-0"] and pages[0].name == f"{html.file_name('../../../outside')}.html"
