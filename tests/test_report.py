@@ -115,6 +115,14 @@ def test_the_hostile_text_check_catches_a_page_that_does_not_escape(hostile_run,
     assert not browser.open(rollout).page.evaluate(PWNED)
 
 
+def test_the_hostile_text_check_catches_an_index_whose_tables_do_not_escape(hostile_run, browser, tmp_path, monkeypatch):
+    """Control for the index: with `html.table`'s escaping off, the task named with markup (in the per-task
+    evaluation table) becomes an element of the front page."""
+    monkeypatch.setattr(html, "esc", lambda value: "" if value is None else str(value))
+    index = write_report(str(hostile_run), out=str(tmp_path / "unescaped-index"))
+    assert not browser.open(Path(index)).page.evaluate(PWNED)
+
+
 @pytest.mark.parametrize("quoted", [True, False], ids=["json_text", "control-json.dumps"])
 def test_json_in_a_page_cannot_close_its_script_element(quoted, browser, tmp_path, monkeypatch):
     if not quoted:

@@ -8,6 +8,8 @@ from collections import defaultdict
 from dataclasses import asdict
 
 from steps.metrics import iteration_metrics
+from steps.trajectories.collect import HarnessStats
+from steps.trajectories.samples import RolloutSamples
 
 DURATIONS = ["setup_s", "agent_s", "verifier_s", "total_s"]
 
@@ -33,28 +35,26 @@ def reward_metrics(rollouts: list[dict]) -> dict:
 
 
 def continuity_by_harness(calls: list[dict]) -> dict[str, float | None]:
-    """Per harness: the share of calls that extended an existing sample token-exactly (`continued`), over the
-    calls that could have (every call that went into a sample, but each rollout's first).
+    """Per harness: the trajectories step's `continuity_rate` (`HarnessStats`, its one owner), from the calls
+    table: calls that extended an existing sample token-exactly (`continued`) over the calls that could have
+    (every call that went into a sample, but each rollout's first).
 
-    >>> continuity_by_harness([{"harness": "codex", "rollout_id": "r", "sample_index": 0, "continued": False},
-    ...                        {"harness": "codex", "rollout_id": "r", "sample_index": 0, "continued": True},
-    ...                        {"harness": "codex", "rollout_id": "r", "sample_index": 1, "continued": False},
-    ...                        {"harness": "codex", "rollout_id": "r", "sample_index": None, "continued": None}])
+    >>> calls = [{"call_index": n, "harness": "codex", "rollout_id": "r", "sample_index": s, "continued": c}
+    ...          for n, (s, c) in enumerate([(0, False), (0, True), (1, False), (None, None)])]
+    >>> continuity_by_harness(calls)
     {'codex': 0.5}
     """
-    used: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    continued: dict[str, int] = defaultdict(int)
+    used: dict[tuple, list[dict]] = defaultdict(list)
     for call in calls:
-        if call.get("sample_index") is None:
-            continue
-        harness = str(call.get("harness"))
-        used[harness][call["rollout_id"]] += 1
-        continued[harness] += bool(call.get("continued"))
-    out = {}
-    for harness, per_rollout in sorted(used.items()):
-        continuable = sum(max(n - 1, 0) for n in per_rollout.values())
-        out[harness] = continued[harness] / continuable if continuable else None
-    return out
+        if call.get("sample_index") is not None:
+            used[str(call.get("harness")), call["rollout_id"]].append(call)
+    stats: dict[str, HarnessStats] = defaultdict(HarnessStats)
+    for (harness, _), members in used.items():
+        built = RolloutSamples(samples=[], sample_of_call={}, used_calls=len(members),
+                               continued_calls={c["call_index"] for c in members if c.get("continued")})
+        stats[harness].continuable_calls += built.continuable_calls
+        stats[harness].continued_calls += len(built.continued_calls)
+    return {harness: s.summary()["continuity_rate"] for harness, s in sorted(stats.items())}
 
 
 def rollout_means(rollouts: list[dict]) -> dict:
