@@ -493,7 +493,7 @@ def test_a_plot_with_nothing_to_draw_says_why():
     calls = [{"harness": "direct", "rollout_id": "r", "sample_index": 0, "continued": False}]
     text = index_page(report_run({0: Iteration(0, rollouts=rollouts, calls=calls)}), [], [])
     assert "No continuity plot: no call could have continued a sample" in text
-    assert "a pass: reward ≥ 1" in text and "No phase times" in text
+    assert "pass@1 and pass^1 (a pass: reward ≥ 1)" in text and "No phase times" in text
 
 
 def test_the_exchange_marks_an_assistant_turn_the_harness_changed_and_shows_the_tools_offered():

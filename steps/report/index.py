@@ -50,12 +50,24 @@ class Figures:
         return f'<div class="plot" id="{element}"></div>'
 
 
+def pass_title(subjects: list[tuple[str, dict[int, dict]]]) -> str:
+    """The pass@k plot's title, naming k (or saying it varies) and what a pass is.
+
+    >>> pass_title([("a", {0: {"k": 4}, 1: {"k": 4}})]), pass_title([("a", {0: {"k": 4}, 1: {"k": 2}})])
+    ('pass@4 and pass^4 (a pass: reward ≥ 1)', "pass@k and pass^k (k per iteration: the table's; a pass: reward ≥ 1)")
+    """
+    ks = {numbers.get("k") for _, by in subjects for numbers in by.values()}
+    if len(ks) == 1 and None not in ks:
+        k = ks.pop()
+        return f"pass@{k} and pass^{k} (a pass: reward ≥ 1)"
+    return "pass@k and pass^k (k per iteration: the table's; a pass: reward ≥ 1)"
+
+
 def iteration_section(subjects: list[tuple[str, dict[int, dict]]], figs: Figures) -> str:
     """Plots per iteration, every subject's series overlaid."""
     plots = [
         figures.series_figure("Mean reward", subjects, [("mean_reward", "mean reward")], "reward"),
-        figures.series_figure("pass@k and pass^k (k: the table's; a pass: reward ≥ 1)", subjects,
-                              [("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")]),
+        figures.series_figure(pass_title(subjects), subjects, [("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")]),
         figures.series_figure("Continuity rate per harness", subjects, figures.prefixed_keys(subjects, "continuity "),
                               "share of calls"),
         figures.series_figure("Rollout vs trainer logprob gap", subjects, [("logprob_gap", "mean |gap|")], "nats"),
