@@ -43,6 +43,7 @@ class IterationRecord:
     metrics: dict | None = None
     attempt: int = 0  # local runner: how many earlier starts of this iteration died or failed
     eval: dict | None = None  # with eval_every: the evaluation of `checkpoint` (`eval_numbers`)
+    timings_s: dict | None = None  # local runner: seconds in rollouts, trajectories, update, reload
 
     @property
     def done(self) -> bool:

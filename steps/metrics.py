@@ -121,3 +121,20 @@ def dataset_metrics(rewards_by_task: Mapping[str, Sequence[float | None]], k: in
                           mean_reward=average("mean_reward"), pass_at_k=average("pass_at_k"),
                           pass_hat_k=average("pass_hat_k"))
     return per_task, overall
+
+
+def iteration_metrics(rewards_by_task: Mapping[str, Sequence[float | None]],
+                      success: float = SUCCESS) -> tuple[int, TaskMetrics]:
+    """k and the overall metrics of one iteration's (or evaluation's) rollouts, as the local runner's summary
+    line and the run report show them: k is the fewest real tries of any task that has one (a task whose
+    every try was an infra failure is left out of k and of the means, so one broken task does not collapse it).
+
+    >>> k, overall = iteration_metrics({"a": [1, 0, 1, 0], "b": [None, None, None, None]})
+    >>> k, overall.pass_at_k, overall.pass_hat_k, overall.tries
+    (4, 1.0, 0.0, 4)
+    >>> iteration_metrics({})[0]
+    1
+    """
+    tries = [n for rewards in rewards_by_task.values() if (n := sum(r is not None for r in rewards))]
+    k = min(tries, default=1)
+    return k, dataset_metrics(rewards_by_task, k, success)[1]

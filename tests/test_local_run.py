@@ -22,6 +22,7 @@ from report_browser import PLOT_POINTS, browser  # noqa: F401 (a fixture)
 from safetensors.torch import load_file
 
 from steps.trajectories.io import partition_url, read_table
+from workflows import layout
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
@@ -141,29 +142,38 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(local_
 
 
 def test_the_runs_report_is_written_after_every_iteration_and_every_page_of_it_loads(local_run, browser):
-    """The report of the real run in headless chromium: the driver printed its path; every page loads with no
-    console error; the plots carry the run's numbers; each rollout page shows the samples table's tokens."""
+    """The report of the real run in headless chromium: the driver printed its path after every iteration and
+    every evaluation (first start: eval 0, iteration 0; resumed: iteration 1, eval 2); every page loads with no
+    console error; the plots carry the run's numbers; each rollout page (training and evaluation) shows the
+    samples table's tokens."""
     run = local_run.run
     index = run / "reports" / "index.html"
-    assert f"report: {index}" in local_run.resumed.stderr
-    pages = sorted((run / "reports" / "rollouts").rglob("*.html"))
-    samples = {i: read_table(partition_url(str(run / "trajectories"), "loop", i), "samples").to_pylist() for i in (0, 1)}
-    rollouts = {i: read_table(partition_url(str(run / "trajectories"), "loop", i), "rollouts").to_pylist() for i in (0, 1)}
-    assert len(pages) == 16
+    first_log = (local_run.store.parent / "driver.log").read_text()
+    for log in (first_log, local_run.resumed.stderr):
+        assert [line.split("] ", 1)[-1] for line in log.splitlines() if "] report" in line] == [f"report: {index}"] * 2
+    train_pages = sorted((run / "reports" / "rollouts").glob("train-*/*.html"))
+    eval_pages = sorted((run / "reports" / "rollouts").glob("eval-*/*.html"))
+    partitions = {("train", i): partition_url(str(run / "trajectories"), "loop", i) for i in (0, 1)} | \
+        {("eval", i): partition_url(layout.eval_trajectories_url(str(run), i), "loop", i) for i in (0, 2)}
+    samples = {key: read_table(url, "samples").to_pylist() for key, url in partitions.items()}
+    rollouts = {i: read_table(partitions["train", i], "rollouts").to_pylist() for i in (0, 1)}
+    assert len(train_pages) == 16 and len(eval_pages) == 4  # eval_k 2 tries of the one task, at iterations 0 and 2
     loaded = browser.open(index, screenshot="local-run-index")
     assert loaded.errors == []
-    points = loaded.page.evaluate(PLOT_POINTS)
+    assert loaded.page.evaluate(PLOT_POINTS)
+    points = loaded.page.evaluate(PLOT_POINTS.replace("document.querySelectorAll('.plot')",
+                                                      "document.querySelector('.plots').querySelectorAll('.plot')"))
     assert len(points) >= 6 and all(plot and max(plot) == 2 for plot in points), points  # two iterations each
     mean_reward = loaded.page.evaluate("Array.from(document.querySelectorAll('.plot')).find(d => "
                                        "d.layout.title.text === 'Mean reward').data[0].y")
     assert mean_reward == pytest.approx([sum(r["reward"] for r in rollouts[i]) / 8 for i in (0, 1)])
-    assert loaded.page.locator("#rollout-table tbody tr").count() == 16
-    for n, page_path in enumerate(pages):
+    assert loaded.page.locator("#rollout-table tbody tr").count() == 20
+    for n, page_path in enumerate(train_pages + eval_pages):
         loaded = browser.open(page_path, screenshot="local-run-rollout" if n == 0 else None)
         assert loaded.errors == [], page_path
         rollout_id = loaded.page.evaluate("document.querySelector('h1').textContent").removeprefix("Rollout ")
-        iteration = int(rollout_id[2])
-        expected = [sum(s["response_mask"]) for s in sorted(samples[iteration], key=lambda s: s["sample_index"])
+        kind, iteration = page_path.parent.name.split("-")
+        expected = [sum(s["response_mask"]) for s in sorted(samples[kind, int(iteration)], key=lambda s: s["sample_index"])
                     if s["rollout_id"] == rollout_id]
         shown = loaded.page.evaluate("Array.from(document.querySelectorAll('section.sample')).map(s => "
                                      "s.querySelectorAll('span.m1').length)")

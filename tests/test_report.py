@@ -9,6 +9,7 @@ The report of a real two-iteration local run is checked in tests/test_local_run.
 """
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def test_the_rollout_table_sorts_and_filters(hostile_run, browser):
     page.click("#rollout-table th:text-is('reward')")
     assert [float(r[7]) for r in page.evaluate(rows)] == sorted(rewards, reverse=True)
     page.fill("#filter", "task-1")
+    page.locator("#rollout-count", has_text=re.compile("^8 of 16 rollouts$")).wait_for()  # the filter runs once typing pauses
     shown = page.evaluate(rows)
     assert len(shown) == 8 and all("task-1" in r[3] for r in shown)
     assert page.inner_text("#rollout-count") == "8 of 16 rollouts"
@@ -113,6 +115,14 @@ def test_the_hostile_text_check_catches_a_page_that_does_not_escape(hostile_run,
     assert not browser.open(rollout).page.evaluate(PWNED)
 
 
+def test_the_hostile_text_check_catches_an_index_whose_tables_do_not_escape(hostile_run, browser, tmp_path, monkeypatch):
+    """Control for the index: with `html.table`'s escaping off, the task named with markup (in the per-task
+    evaluation table) becomes an element of the front page."""
+    monkeypatch.setattr(html, "esc", lambda value: "" if value is None else str(value))
+    index = write_report(str(hostile_run), out=str(tmp_path / "unescaped-index"))
+    assert not browser.open(Path(index)).page.evaluate(PWNED)
+
+
 @pytest.mark.parametrize("quoted", [True, False], ids=["json_text", "control-json.dumps"])
 def test_json_in_a_page_cannot_close_its_script_element(quoted, browser, tmp_path, monkeypatch):
     if not quoted:
@@ -128,7 +138,7 @@ def test_json_in_a_page_cannot_close_its_script_element(quoted, browser, tmp_pat
 def test_report_files_stay_in_the_report_folder(hostile_run):
     reports = (hostile_run / "reports").resolve()
     written = [p.resolve() for p in reports.rglob("*") if p.is_file()]
-    assert len(written) == 19 and all(p.is_relative_to(reports) for p in written)
+    assert len(written) == 20 and all(p.is_relative_to(reports) for p in written)  # 17 pages, 2 assets, written.json
     for hostile in ("../../etc/passwd", "..", "/abs/path", "a\\..\\b", "<script>"):
         name = html.file_name(hostile)
         assert "/" not in name and "\\" not in name and not name.startswith(".") and name != html.file_name(hostile + "x")
@@ -236,7 +246,7 @@ def test_a_failing_report_is_one_line_and_never_fails_the_local_run(tmp_path, ca
 
     refresh_report(str(tmp_path / "no-such-run"))  # raises nothing
     err = capsys.readouterr().err.strip()
-    assert "report not written: ValueError: no run at" in err and "\n" not in err
+    assert "report not written: NoRunError: no run at" in err and "\n" not in err
 
 
 DIALECT_REQUESTS = {  # a second call's request: the user's message, the model's tool call, the tool's output
@@ -292,8 +302,8 @@ def test_an_eval_run_gets_an_evaluation_report_with_its_rollouts(hostile_run, br
     from benchmarks.report_weight import eval_summary
 
     run = tmp_path / "evalrun"
-    manifest.write_run_config(str(run), {"run": "evalrun", "harness": "direct", "model": "",
-                                         "eval": {"checkpoint": "base", "run": None, "iteration": None}})
+    manifest.write_run_config(str(run), {"run": "evalrun", "harness": "direct", "model": ""},
+                              evaluates={"checkpoint": "base", "run": None, "iteration": None})
     shutil.copytree(hostile_run / "results" / "iteration-0", Path(layout.eval_results_url(str(run), 0)))
     shutil.copytree(hostile_run / "calls", run / "calls")
     manifest.write_json(layout.eval_summary_url(str(run), 0), eval_summary(["task-1"], 0))
@@ -331,3 +341,289 @@ def test_files_named_in_result_json_are_read_only_from_the_rollouts_folder_and_n
     assert kept_files(result, "harness_log") == []
     assert kept_files(dict(result, paths={"harness_log": str(outside)}), "harness_log") == []  # not in its folder
     assert kept_files(dict(result, paths={"harness_log": "../../../secret.txt"}), "harness_log") == []
+
+
+def report_run(iterations: dict | None = None, **fields):
+    """A Run built in memory: what `load_run` would give, for the index's numbers alone (no files)."""
+    from steps.report.data import Run
+
+    return Run(fields.pop("name", "mem"), "/nowhere/mem", fields.pop("config", {"run": "mem"}), iterations or {},
+               fields.pop("evals", {}), fields.pop("eval_iterations", {}), **fields)
+
+
+def test_behaviour_means_are_the_analytics_owners_infra_errors_left_out_and_iterations_in_number_order():
+    """Without `summarize_behaviour` (the report's own means) iteration 0's row read rollouts 2, calls 2.0,
+    and iteration 10 came before 2."""
+    from steps.report.data import Iteration
+    from steps.report.index import Figures, behaviour_section
+
+    def rows(n):
+        return [{"harness": "direct", "iteration": n, "status": "ok", "reward": 1.0, "calls": 4, "tool_failures": 1},
+                {"harness": "direct", "iteration": n, "status": "infra_error", "reward": None, "calls": 0}]
+    run = report_run({n: Iteration(n, behaviour=rows(n)) for n in (0, 2, 10)})
+    figs = Figures()
+    section = behaviour_section(run, figs)
+    body = section.split("<tbody>")[1].split("</tbody>")[0]
+    cells = [[c.split("</td>")[0] for c in row.split("<td>")[1:]] for row in body.split("<tr>")[1:]]
+    header = [h.split("</th>")[0] for h in section.split("<th>")[1:]]
+    assert [c[1] for c in cells] == ["0", "2", "10"]
+    first = dict(zip(header, cells[0]))
+    assert (first["rollouts"], first["calls"], first["pass_rate"], first["recovery_rate"]) == ("1", "4.000", "1.000", "1.000")
+    titles = [f["figure"]["layout"]["title"]["text"] for f in figs.items]
+    assert titles == ["pass_rate", "recovery_rate"]  # the chosen plots that have values; the others say so
+    assert "No tool_coverage plot: no rollout has a value." in section
+
+
+def test_pass_at_k_uses_the_runners_k_and_one_broken_task_does_not_collapse_it(tmp_path):
+    """Task a: four tries, two passing; task b: four infra errors. Before: the report took k = 1 (pass@k 0.5),
+    the runner k = 4 counting infra errors as tries."""
+    from steps.report.series import reward_metrics
+    from workflows.local import summarize
+
+    results = [{"task": "a", "status": "ok", "reward": r} for r in (1.0, 0.0, 1.0, 0.0)] + \
+        [{"task": "b", "status": "infra_error", "reward": None}] * 4
+    report = reward_metrics(results)
+    runner = summarize(0, results, str(tmp_path / "no-checkpoint"), {})
+    assert (report["k"], report["pass_at_k"], report["pass_hat_k"]) == (4, 1.0, 0.0)
+    assert runner["k"] == 4 and runner["metrics"] == {key: report[key] for key in runner["metrics"]}
+
+
+def test_a_failed_iteration_gets_a_report_too(tiny_model, tmp_path, monkeypatch, capsys):
+    """The local runner's failure path, with serve and the iteration replaced: vLLM takes minutes to start and
+    a real failing step would need a broken harness; what is checked is that the report is written anyway
+    (before, `run_local` returned 1 before writing it)."""
+    from workflows import local
+    from workflows.config import RunConfig
+
+    class Stopped:
+        def terminate(self):
+            pass
+
+        def wait(self, timeout):
+            pass
+
+    def fail(config, iteration, *args, **kwargs):
+        raise local.StepFailed("step rollout failed with exit code 1")
+
+    monkeypatch.setattr(local, "start_serve", lambda *args: (Stopped(), "http://127.0.0.1:9"))
+    monkeypatch.setattr(local, "run_iteration", fail)
+    config = RunConfig(store=str(tmp_path), run="broken", iterations=1, model=str(tiny_model))
+    assert local.run_local(config) == 1
+    index = tmp_path / "broken" / "reports" / "index.html"
+    assert f"report: {index}" in capsys.readouterr().err
+    assert "<td>0</td><td>Failed</td>" in index.read_text()
+
+
+def test_a_huge_tool_output_and_a_huge_sample_give_a_bounded_rollout_page():
+    """Four 10 MB tool outputs and a sample of 100,000 response tokens after a 200,000-token prompt: before the
+    caps, a 40 MB page; now each turn shows its two ends and each sample its first and last 2,000 tokens."""
+    from steps.report.rollout_page import Decoder, rollout_page
+
+    big = "<b>" + "x" * 10_000_000 + "the end"
+    messages, records = [{"role": "user", "content": "hi"}], []
+    for n in range(4):
+        call = {"id": f"c{n}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"c{n}", "content": big}]
+        records.append({"call_index": n, "dialect": "chat_completions", "status": "ok",
+                        "request": {"messages": list(messages)}, "response": None})
+    sample = {"sample_index": 0, "call_indices": [0], "prompt_token_ids": [5] * 200_000,
+              "response_token_ids": [7] * 100_000, "response_mask": [1] * 100_000, "response_logprobs": [-0.5] * 100_000}
+    page = rollout_page({"rollout_id": "r"}, None, records, [], [sample], Decoder(), "train")
+    assert len(page) < 1_500_000, len(page)
+    assert page.count("the end") == 4 and "[9960010 characters left out]" in page and "&lt;b&gt;" in page
+    assert page.count('class="m1"') == 4_000 and "[96000 tokens left out]" in page
+
+
+def test_an_eval_run_is_told_by_its_manifest_before_its_summary_is_written(tmp_path):
+    """Before: `read_run_config` drops the `eval` field, so an eval run without a summary yet was titled a
+    training run, and what it evaluates was never shown."""
+    run = tmp_path / "pending-eval"
+    manifest.write_run_config(str(run), {"run": "pending-eval", "harness": "direct", "model": ""},
+                              evaluates={"checkpoint": "/ckpt/iteration-3", "run": "train-a", "iteration": 3})
+    text = Path(write_report(str(run))).read_text()
+    assert "pending-eval: evaluation report" in text
+    assert "<h3>What it evaluates</h3>" in text and "<td>/ckpt/iteration-3</td>" in text and "<td>train-a</td>" in text
+
+
+def test_a_nan_in_a_run_gives_a_report_not_an_error(tmp_path, capsys):
+    """A NaN reward and a NaN loss (a diverged update): before, the page's JSON refused them and the CLI said
+    the run was missing."""
+    run = tmp_path / "nan"
+    manifest.write_run_config(str(run), {"run": "nan", "harness": "direct", "model": ""})
+    folder = Path(layout.rollout_url(str(run), 0, "it0-t-s0"))
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({"rollout_id": "it0-t-s0", "task": "t", "sample": 0, "status": "ok",
+                                                    "reward": float("nan"), "durations": {"total_s": float("inf")}}))
+    metrics = Path(layout.metrics_url(layout.checkpoint_url(str(run), 1, "")))
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(json.dumps({"loss": float("nan"), "logprob_gap": 0.1}))
+    assert report_cli.main(["--run", "nan", "--store", str(tmp_path)]) == 0, capsys.readouterr().err
+    index = (run / "reports" / "index.html").read_text()
+    data = index.split('id="rollout-data">', 1)[1].split("</script>", 1)[0]
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in the page's JSON: a browser's JSON.parse rejects it")
+    row = json.loads(data, parse_constant=refuse)["rows"][0]["cells"]
+    assert row[0] == "it0-t-s0" and row[7] is None and row[10] is None
+
+
+def test_a_comparison_says_which_iteration_each_column_is_and_which_config_keys_differ(hostile_run, tmp_path, capsys):
+    """Before: no iteration rows, raw keys (pass_at_k), no config diff, and `RUN:9` (no such iteration) a blank
+    column with no error."""
+    index = Path(write_report(str(hostile_run), out=str(tmp_path / "c"), compare=["other", ":0"])).read_text()
+    section = index.split('id="compare"', 1)[1].split('id="rollouts"', 1)[0]
+    rows = {r.split("</td>")[0]: [c.split("</td>")[0] for c in r.split("<td>")[1:]]
+            for r in section.split("<tr><td>")[1:]}
+    assert rows["iteration"] == ["1", "0"] and rows["pass@k"] and "pass_at_k" not in rows
+    assert "Config keys that differ" in section and "run" in rows and rows["run"] == ["other", "hostile"]
+    assert report_cli.main(["--run", "hostile", "--store", str(hostile_run.parent), "--out", str(tmp_path / "d"),
+                            "--compare", "other:9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --compare other:9: other has no iteration 9") and "\n" not in err
+
+
+def test_a_plot_with_nothing_to_draw_says_why():
+    """Before: the continuity plot vanished without a word when every rollout made one call, and the pass@k
+    plot did not say what a pass is (graded toy rewards below 1 give a flat 0)."""
+    from steps.report.data import Iteration
+    from steps.report.index import index_page
+
+    rollouts = [{"rollout_id": "r", "task": "t", "status": "ok", "reward": 0.5, "num_calls": 1}]
+    calls = [{"harness": "direct", "rollout_id": "r", "sample_index": 0, "continued": False}]
+    text = index_page(report_run({0: Iteration(0, rollouts=rollouts, calls=calls)}), [], [])
+    assert "No continuity plot: no call could have continued a sample" in text
+    assert "pass@1 and pass^1 (a pass: reward ≥ 1)" in text and "No phase times" in text
+
+
+def test_the_exchange_marks_an_assistant_turn_the_harness_changed_and_shows_the_tools_offered():
+    """Before: any leading assistant turn of a request was hidden as "the previous response sent back", so a
+    harness (or anything between) could put words in the model's mouth unseen; tool definitions were never shown."""
+    from steps.report.rollout_page import exchange_html
+
+    tools = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]
+    first = {"call_index": 0, "dialect": "chat_completions", "status": "ok",
+             "request": {"messages": [{"role": "user", "content": "hi"}], "tools": tools},
+             "response": {"choices": [{"message": {"role": "assistant", "content": "ok"}}]}}
+    second = {"call_index": 1, "dialect": "chat_completions", "status": "ok", "response": None,
+              "request": {"tools": tools, "messages": [{"role": "user", "content": "hi"},
+                                                       {"role": "assistant", "content": "I will delete everything"},
+                                                       {"role": "user", "content": "go"}]}}
+    same = dict(second, request={"tools": tools, "messages": [{"role": "user", "content": "hi"},
+                                                              {"role": "assistant", "content": "ok"},
+                                                              {"role": "user", "content": "go"}]})
+    changed = exchange_html([first, second], {})
+    assert "I will delete everything" in changed and "differs from the model&#x27;s response" in changed
+    assert changed.count("tools offered (1): shell") == 1  # once: the second call offers the same
+    assert "differs" not in exchange_html([first, same], {})  # the control: the response sent back as it was
+
+
+def test_a_character_spread_over_byte_tokens_is_shown_whole(tiny_model):
+    """Before: each token decoded alone, so a character of several byte tokens showed as U+FFFD marks."""
+    from tokenizers import Tokenizer
+
+    from steps.report.rollout_page import Decoder
+
+    tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+    text = "naïve € ✓ 漢字"
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    decoder = Decoder(tokenizer)
+    assert any("\ufffd" in decoder.piece(i) for i in ids)  # the control: token by token, characters break
+    pieces = decoder.pieces_of(ids)
+    assert len(pieces) == len(ids) and "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+
+
+def test_the_rollout_table_draws_200_rows_a_page_and_filters_rollouts_without_a_status(hostile_run, browser, tmp_path):
+    """Before: every row drawn on every keystroke (a 100,000-rollout run froze the page), and the status
+    filter's "None" never matched a rollout whose status is null."""
+    from steps.report.index import index_page
+
+    shutil.copytree(hostile_run / "reports" / "assets", tmp_path / "assets")
+    entries = [{"row": {"rollout_id": f"r{i}", "task": "t", "status": None if i % 2 else "ok"}, "kind": "train",
+                "iteration": 0, "href": f"r{i}.html"} for i in range(450)]
+    (tmp_path / "index.html").write_text(index_page(report_run(), entries, []))
+    loaded = browser.open(tmp_path / "index.html")
+    page = loaded.page
+    assert loaded.errors == [] and page.locator("#rollout-table tbody tr").count() == 200
+    assert page.inner_text("#rollout-count") == "450 of 450 rollouts (1-200 shown)"
+    page.click("#rollout-table button:text-is('next 200')")
+    assert page.locator("#rollout-table tbody tr").first.inner_text().startswith("r200")
+    page.select_option("#status-filter", "(none)")
+    assert page.inner_text("#rollout-count") == "225 of 450 rollouts (1-200 shown)"
+    page.fill("#filter", "r44")
+    page.locator("#rollout-count", has_text=re.compile("^5 of 450 rollouts$")).wait_for()
+    assert page.inner_text("#rollout-count") == "5 of 450 rollouts"  # r441 ... r449, the odd ones
+
+
+def test_the_pages_policy_forbids_a_base_url_and_form_submission():
+    """Were markup ever to get through, a `<base href>` could point every relative link elsewhere and a form
+    could send the page's data: the policy forbids both (it lacked them)."""
+    policy = html.page("t", "", "assets").split('content="', 1)[1].split('"', 1)[0]
+    assert {"default-src 'none'", "base-uri 'none'", "form-action 'none'", "script-src 'self'"} <= \
+        {d.strip() for d in policy.split(";")}
+
+
+def test_a_result_claiming_another_rollouts_id_does_not_take_over_its_page_and_extra_files_are_counted(tmp_path):
+    """Before: the last result.json read won, whatever folder it was in; files past 20 vanished unnoted."""
+    from steps.report.data import read_results
+    from steps.report.rollout_page import kept_files
+
+    results = tmp_path / "results" / "iteration-0"
+    for folder, reward in (("it0-0-s0", 0.0), ("it0-a-s0", 1.0)):  # the impostor read first
+        (results / folder).mkdir(parents=True)
+        (results / folder / "result.json").write_text(json.dumps({"rollout_id": "it0-a-s0", "reward": reward}))
+    (results / "it0-c-s0").mkdir()
+    (results / "it0-c-s0" / "result.json").write_text(json.dumps({"rollout_id": "it0-c-s0-a2", "reward": 0.5}))
+    notes = []
+    found = read_results(str(results), notes)
+    assert found["it0-a-s0"]["reward"] == 1.0 and found["it0-c-s0-a2"]["reward"] == 0.5  # a rerun's own id
+    assert len(notes) == 1 and "it0-0-s0/result.json names rollout 'it0-a-s0'" in notes[0]
+    verifier = results / "it0-a-s0" / "verifier"
+    verifier.mkdir()
+    for n in range(23):
+        (verifier / f"f{n:02d}.txt").write_text(str(n))
+    files = kept_files({"_url": str(results / "it0-a-s0" / "result.json"), "paths": {"verifier_output": "verifier"}},
+                       "verifier_output")
+    assert len(files) == 21 and files[-1] == ("[3 more files not shown]", "f20.txt, f21.txt, f22.txt")
+
+
+def test_a_refresh_writes_only_the_pages_whose_tables_changed_and_removes_orphans(hostile_run, tmp_path, monkeypatch):
+    """Before: every write rewrote every page of every iteration and plotly.js (minutes per refresh late in a
+    long run), and pages of rollouts gone (a dead attempt's) stayed."""
+    import steps.report as report
+
+    run = tmp_path / "hostile"
+    shutil.copytree(hostile_run, run, ignore=shutil.ignore_patterns("reports"))
+    written = []
+    real = report.rollout_page
+    monkeypatch.setattr(report, "rollout_page", lambda row, *args: written.append(row["rollout_id"]) or real(row, *args))
+    write_report(str(run))
+    assert len(written) == 16
+    plotly = run / "reports" / "assets" / "plotly.min.js"
+    stamp = plotly.stat().st_mtime_ns
+    stale = run / "reports" / "rollouts" / "train-0" / "gone-00000000.html"
+    stale.write_text("a dead attempt's page")
+    written.clear()
+    write_report(str(run))
+    assert written == [] and not stale.exists() and plotly.stat().st_mtime_ns == stamp
+    result = next((run / "results" / "iteration-1").glob("*/result.json"))
+    result.write_text(json.dumps(dict(json.loads(result.read_text()), notes="re-graded")))
+    write_report(str(run))
+    assert len(written) == 8 and all(rollout_id.startswith("it1-") for rollout_id in written)
+
+
+def test_a_hostile_rollout_id_stays_in_the_report_folder(tmp_path):
+    """A result.json naming its rollout `../../../outside` (a rerun's result may name another id than its
+    folder): its page is written inside the report's folder, under a safe name."""
+    run = tmp_path / "store" / "climb"
+    folder = Path(layout.rollout_url(str(run), 0, "it0-t-s0"))
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({"rollout_id": "../../../outside", "task": "../t", "status": "ok",
+                                                    "reward": 1.0}))
+    write_report(str(run))
+    reports = (run / "reports").resolve()
+    outside = [p for p in tmp_path.rglob("*") if p.is_file() and not p.resolve().is_relative_to(reports)
+               and not p.resolve().is_relative_to((run / "results").resolve())]
+    assert outside == []
+    pages = list((reports / "rollouts").rglob("*.html"))
+    assert [p.parent.name for p in pages] == ["train-0"] and pages[0].name == f"{html.file_name('../../../outside')}.html"

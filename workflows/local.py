@@ -7,8 +7,8 @@ subprocesses: `plan`, `rollout` x N (at most `parallel_rollouts` at a time; on e
 runs as `ID-aK` in its own results folder, with the same sample number), `trajectories`, `update`;
 `serve` (vLLM on CPU + the recording proxy) runs once for the whole run and the new weights are swapped
 into it through the proxy (`POST /weights/update`), where a cluster starts a fresh serve pod. The run
-manifest is the cluster's, so `resume` works here too. After each iteration the run's report (`steps.report`) is
-written again and its path printed.
+manifest is the cluster's, so `resume` works here too. After each iteration and each evaluation, failed ones
+too, the run's report (`steps.report`) is written again and its path printed.
 The update runs on `$OPENFORGE_TRAIN_PYTHON`, else `.venv-train/bin/python` (veRL lives in its own
 environment), else this Python.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from steps import manifest
 from steps.evaluate import cell, format_table
-from steps.metrics import dataset_metrics
+from steps.metrics import iteration_metrics
 from steps.net import free_port
 from steps.plan import attempt_id
 from steps.proxy.client import ProxyClient, ProxyClientError
@@ -220,8 +220,7 @@ def summarize(iteration: int, results: list[dict], next_checkpoint: str, timings
     by_task: dict[str, list] = {}
     for result in results:
         by_task.setdefault(result["task"], []).append(result["reward"] if result["status"] != "infra_error" else None)
-    k = max(1, min(len(v) for v in by_task.values())) if by_task else 1
-    _, overall = dataset_metrics(by_task, k)
+    k, overall = iteration_metrics(by_task)
     return {"iteration": iteration, "rollouts": len(results),
             "infra_errors": sum(r["status"] == "infra_error" for r in results),
             "k": k, "metrics": asdict(overall),
@@ -305,13 +304,15 @@ def run_local(config: RunConfig) -> int:
             try:
                 if config.evaluates_at(iteration):  # the checkpoint this iteration serves, before its rollouts
                     run_evaluation(config, iteration, proxy_url, env, logs)
+                    refresh_report(config.run_url)
                 summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs, entry.attempt)
             except (StepFailed, OSError) as exc:
                 entry.status = "Failed"
                 manifest.record(config.run_url, entry)
                 print(f"error: iteration {iteration}: {exc}", file=sys.stderr)
+                refresh_report(config.run_url)  # a failed iteration is reported too: what its rollouts did
                 return 1
-            entry.status, entry.metrics = "Succeeded", summary["update"]
+            entry.status, entry.metrics, entry.timings_s = "Succeeded", summary["update"], summary["timings_s"]
             entry.eval = summary["eval"] = manifest.eval_numbers(layout.eval_summary_url(config.run_url, iteration)) \
                 if config.evaluates_at(iteration) else None
             manifest.record(config.run_url, entry)
@@ -322,6 +323,7 @@ def run_local(config: RunConfig) -> int:
                 run_evaluation(config, config.iterations, proxy_url, env, logs)
             except (StepFailed, OSError) as exc:
                 print(f"error: the evaluation of the final checkpoint: {exc}", file=sys.stderr)
+                refresh_report(config.run_url)
                 return 1
             print(json.dumps({"eval": config.iterations, "checkpoint": config.checkpoint_url(config.iterations),
                               **manifest.eval_numbers(layout.eval_summary_url(config.run_url, config.iterations))}),
@@ -357,6 +359,7 @@ def run_local_eval(config: RunConfig, evaluates: dict) -> int:
             summary = run_evaluation(config, 0, proxy_url, env, logs)
         except (StepFailed, OSError) as exc:
             print(f"error: eval {config.run}: {exc}", file=sys.stderr)
+            refresh_report(config.run_url)
             return 1
         finally:
             serve.terminate()

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from steps.report import write_report
+from steps.report.data import NoRunError
 from workflows import layout
 from workflows.config import RunConfig
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     run_url = layout.run_url(args.store, args.run)
     try:
         print(write_report(run_url, args.out, tuple(args.compare)))
-    except ValueError as exc:
+    except NoRunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

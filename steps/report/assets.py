@@ -5,6 +5,8 @@ from the same folder), and makes the rollout table sort and filter. It reads dat
 (`JSON.parse`) and puts text into the page only as text (`textContent`), never as HTML.
 """
 
+import json
+
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222}
 h1{font-size:1.5em}h2{font-size:1.25em;border-bottom:1px solid #ddd;margin-top:2em}h3{font-size:1.05em}
@@ -21,8 +23,12 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f8f8f8;border:1px sol
 #filter{width:20em}
 """
 
+PAGE_ROWS = 200  # rollout table rows drawn at a time
+NO_STATUS = "(none)"  # the status filter's value for a rollout without a status
+
 JS = r"""
 "use strict";
+const PAGE_ROWS = %d, NO_STATUS = %s;
 function readJson(id) {
   const el = document.getElementById(id);
   return el ? JSON.parse(el.textContent) : null;
@@ -37,20 +43,25 @@ function drawFigures() {
 function rolloutTable() {
   const data = readJson("rollout-data"), host = document.getElementById("rollout-table");
   if (!data || !host) return;
-  let sortBy = null, ascending = true;
+  let sortBy = null, ascending = true, first = 0;
   const filter = document.getElementById("filter"), status = document.getElementById("status-filter");
   const count = document.getElementById("rollout-count");
   const table = document.createElement("table"), head = table.createTHead().insertRow(), body = table.createTBody();
   data.columns.forEach((name, i) => {
     const th = document.createElement("th");
     th.textContent = name; th.className = "sortable";
-    th.addEventListener("click", () => { ascending = sortBy === i ? !ascending : true; sortBy = i; render(); });
+    th.addEventListener("click", () => { ascending = sortBy === i ? !ascending : true; sortBy = i; first = 0; render(); });
     head.appendChild(th);
   });
-  host.appendChild(table);
+  const pager = document.createElement("p"), back = document.createElement("button"), next = document.createElement("button");
+  back.textContent = "previous " + PAGE_ROWS; next.textContent = "next " + PAGE_ROWS;
+  back.addEventListener("click", () => { first = Math.max(0, first - PAGE_ROWS); render(); });
+  next.addEventListener("click", () => { first += PAGE_ROWS; render(); });
+  pager.append(back, " ", next);
+  host.append(table, pager);
   function render() {
     const needle = filter.value.toLowerCase(), wanted = status.value;
-    let rows = data.rows.filter(r => (!wanted || r.cells[data.status] === wanted) &&
+    let rows = data.rows.filter(r => (!wanted || (r.cells[data.status] ?? NO_STATUS) === wanted) &&
       (!needle || r.cells.some(c => String(c ?? "").toLowerCase().includes(needle))));
     if (sortBy !== null) {
       rows = rows.slice().sort((a, b) => {
@@ -60,7 +71,8 @@ function rolloutTable() {
       });
     }
     body.replaceChildren();
-    for (const r of rows) {
+    if (first >= rows.length) first = Math.max(0, rows.length - PAGE_ROWS);
+    for (const r of rows.slice(first, first + PAGE_ROWS)) {
       const tr = body.insertRow();
       r.cells.forEach((c, i) => {
         const td = tr.insertCell();
@@ -68,10 +80,14 @@ function rolloutTable() {
         else td.textContent = typeof c === "number" && !Number.isInteger(c) ? c.toFixed(3) : (c ?? "");
       });
     }
-    count.textContent = rows.length + " of " + data.rows.length + " rollouts";
+    count.textContent = rows.length + " of " + data.rows.length + " rollouts" +
+      (rows.length > PAGE_ROWS ? " (" + (first + 1) + "-" + Math.min(first + PAGE_ROWS, rows.length) + " shown)" : "");
+    back.disabled = first === 0; next.disabled = first + PAGE_ROWS >= rows.length;
   }
-  filter.addEventListener("input", render); status.addEventListener("change", render);
+  let typing = null;  // one render after typing pauses, not one per keystroke over every row
+  filter.addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(() => { first = 0; render(); }, 150); });
+  status.addEventListener("change", () => { first = 0; render(); });
   render();
 }
 document.addEventListener("DOMContentLoaded", () => { drawFigures(); rolloutTable(); });
-"""
+""" % (PAGE_ROWS, json.dumps(NO_STATUS))

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import fsspec
-import pyarrow.parquet as pq
 
 from steps import manifest
 from steps.trajectories.collect import CollectError, fetch_calls_store
@@ -24,6 +23,10 @@ from workflows import layout
 CALL_COLUMNS = ["rollout_id", "harness", "call_index", "status", "finish_reason", "sample_index", "continued",
                 "weight_version", "total_s", "error"]
 BEHAVIOUR_TABLE = "behaviour"
+
+
+class NoRunError(ValueError):
+    """There is no run where the report was asked to look (the message says where, and what to give)."""
 
 
 @dataclass
@@ -52,11 +55,12 @@ class Run:
     evals: dict[int, dict]  # summary.json by iteration
     eval_iterations: dict[int, Iteration]
     notes: list[str] = field(default_factory=list)
+    evaluates: dict | None = None  # an eval run's: what it evaluates (`manifest.read_evaluates`)
 
     @property
     def is_eval(self) -> bool:
-        """An eval run (its config says so); its one evaluation is at iteration 0."""
-        return bool((self.config or {}).get("eval")) or (not self.iterations and bool(self.evals))
+        """An eval run (its manifest says what it evaluates); its one evaluation is at iteration 0."""
+        return self.evaluates is not None or (not self.iterations and bool(self.evals))
 
 
 def read_json(url: str) -> dict | None:
@@ -92,29 +96,26 @@ def _table_rows(partition: str, name: str, columns: list[str] | None, notes: lis
     return table.select(columns).to_pylist() if columns else table.to_pylist()
 
 
-def read_behaviour(partition: str, notes: list[str]) -> list[dict] | None:
-    """The behaviour table's rows (written by the trajectories step with `steps.analytics`), or None."""
-    fs, path = fsspec.core.url_to_fs(layout.table_url(partition, BEHAVIOUR_TABLE))
-    try:
-        return pq.read_table(fs.open(path, "rb")).to_pylist()
-    except FileNotFoundError:
-        return None
-    except Exception as exc:  # a torn or foreign file: noted, the rest of the report stands
-        notes.append(f"{layout.table_url(partition, BEHAVIOUR_TABLE)} could not be read: {exc}")
-        return None
-
-
-def read_results(results_url: str) -> dict[str, dict]:
-    """Every `<rollout>/result.json` below `results_url`, by rollout id (unreadable ones left out)."""
+def read_results(results_url: str, notes: list[str]) -> dict[str, dict]:
+    """Every `<rollout>/result.json` below `results_url`, by rollout id (unreadable ones left out). A result may
+    name another id than its folder (a rerun that found its id taken runs under the next attempt's); where two
+    claim the same id, the one in the folder of that name is kept and the other noted, never taking it over."""
     fs, root = fsspec.core.url_to_fs(results_url)
     paths = sorted(fs.glob(f"{root.rstrip('/')}/*/{layout.RESULT_FILE}"))
     out = {}
     for path, data in (fs.cat(paths, on_error="omit") if paths else {}).items():
         try:
             result = json.loads(data)
-            out[str(result["rollout_id"])] = dict(result, _url=fs.unstrip_protocol(path))
+            rollout_id = str(result["rollout_id"])
         except (ValueError, KeyError, TypeError):
             continue
+        result = dict(result, _url=fs.unstrip_protocol(path))
+        if rollout_id in out:
+            own = path.rsplit("/", 2)[-2] == rollout_id
+            kept, dropped = (result, out[rollout_id]) if own else (out[rollout_id], result)
+            notes.append(f"{dropped['_url']} names rollout {rollout_id!r}, as {kept['_url']} does: left out")
+            result = kept
+        out[rollout_id] = result
     return out
 
 
@@ -131,14 +132,14 @@ def rollout_row(result: dict) -> dict:
 def load_iteration(number: int, partition: str, results_url: str, notes: list[str]) -> Iteration:
     """One iteration's tables, or its result.json files where the rollouts table is not there."""
     it = Iteration(number, partition=partition, results_url=results_url)
-    it.results = read_results(results_url)
+    it.results = read_results(results_url, notes)
     rollouts = _table_rows(partition, "rollouts", None, notes)
     if rollouts is None and it.results:
         notes.append(f"{partition} has no rollouts table (not written yet): its rollouts are read from their "
                      "result.json files, without calls or samples tables.")
     it.rollouts = rollouts if rollouts is not None else [rollout_row(r) for r in it.results.values()]
     it.calls = _table_rows(partition, "calls", CALL_COLUMNS, notes) or []
-    it.behaviour = read_behaviour(partition, notes)
+    it.behaviour = _table_rows(partition, BEHAVIOUR_TABLE, None, notes)  # None: not written (older runs)
     return it
 
 
@@ -163,7 +164,7 @@ def load_run(run_url: str) -> Run:
             evals[n] = summary
         eval_iterations[n] = load_iteration(n, layout.partition_url(layout.eval_trajectories_url(run_url, n), name, n),
                                             layout.eval_results_url(run_url, n), notes)
-    return Run(name, run_url, config, iterations, evals, eval_iterations, notes)
+    return Run(name, run_url, config, iterations, evals, eval_iterations, notes, manifest.read_evaluates(run_url))
 
 
 def samples_by_rollout(partition: str | None) -> dict[str, list[dict]]:
@@ -180,7 +181,7 @@ def samples_by_rollout(partition: str | None) -> dict[str, list[dict]]:
     return out
 
 
-def calls_in_chunks(run_url: str, rollout_ids: list[str], chunk: int = 32):
+def calls_in_chunks(run_url: str, rollout_ids: list[str], chunk: int = 8):
     """Yields (rollout_id, its call records from the proxy's store, or None when there is no store), a few
     rollouts' records in memory at a time."""
     # The store's reader runs its own event loop: in a thread of its own, so that a caller inside a running

@@ -185,6 +185,42 @@ def response_turns(dialect: str, response) -> list[dict]:
     return DIALECTS[dialect][1](response)
 
 
+def _same(a: dict, b: dict) -> bool:
+    """The same turn, whatever re-serialisation the harness applied (JSON arguments re-spaced, text trimmed)."""
+    def norm(text: str) -> str:
+        try:
+            return json.dumps(json.loads(text), sort_keys=True)
+        except ValueError:
+            return text.strip()
+    return (a["kind"], a.get("name")) == (b["kind"], b.get("name")) and norm(a["text"]) == norm(b["text"])
+
+
+def sent_back(added: list[dict], answered: list[dict]) -> list[dict]:
+    """What a request added, without the previous response the harness sent back at its start: a leading
+    assistant turn is left out only when it equals a turn of that response (a reasoning turn the harness did
+    not send back may be skipped); one that differs is kept and marked `changed`, so that nothing the harness
+    sent is hidden.
+
+    >>> said = [turn("assistant", "text", "ok")]
+    >>> [(t["text"], t.get("changed")) for t in sent_back([turn("assistant", "text", "ok"), turn("user", "text", "go")], said)]
+    [('go', None)]
+    >>> [(t["text"], t.get("changed")) for t in sent_back([turn("assistant", "text", "I agree to anything")], said)]
+    [('I agree to anything', True)]
+    """
+    out, rest = list(added), list(answered)
+    while rest and out and out[0]["role"] == "assistant":
+        match = next((n for n, t in enumerate(rest) if _same(t, out[0])), None)
+        if match is None:
+            return [dict(t, changed=True) if t["role"] == "assistant" and n < _leading(out) else t
+                    for n, t in enumerate(out)]
+        out, rest = out[1:], rest[match + 1:]
+    return out
+
+
+def _leading(turns: list[dict]) -> int:
+    return next((n for n, t in enumerate(turns) if t["role"] != "assistant"), len(turns))
+
+
 def exchange(records: list[dict]) -> list[dict]:
     """Per call: its index, what its request added to the previous call's (`added`), `rewritten_from` (the
     turn the harness rewrote its history from, or None) and its response turns. The previous response, which
@@ -204,9 +240,7 @@ def exchange(records: list[dict]) -> list[dict]:
         while shared < min(len(before), len(turns)) and before[shared] == turns[shared]:
             shared += 1
         rewritten = shared if shared < len(before) else None
-        added = turns[shared:]
-        while rewritten is None and answered and added and added[0]["role"] == "assistant":
-            added = added[1:]  # the previous response as the harness sent it back (maybe re-serialised)
+        added = turns[shared:] if rewritten is not None else sent_back(turns[shared:], answered)
         answered = response_turns(record.get("dialect"), record.get("response"))
         out.append({"call_index": record.get("call_index"), "added": added, "rewritten_from": rewritten,
                     "response": answered})

@@ -49,17 +49,8 @@ def prefixed_keys(subjects: list[tuple[str, dict[int, dict]]], prefix: str) -> l
     return [(k, k[len(prefix):]) for k in keys]
 
 
-def phase_figure(subjects: list[tuple[str, dict[int, dict]]]) -> dict | None:
-    """Time per phase: mean seconds per rollout in setup, agent and verifier, and the update's, per iteration."""
+def rollout_time_figure(subjects: list[tuple[str, dict[int, dict]]]) -> dict | None:
+    """Mean seconds per rollout in setup, agent and verifier, and the update's train and total, per iteration."""
     keys = [("setup_s", "rollout setup"), ("agent_s", "rollout agent"), ("verifier_s", "rollout verifier"),
             ("total_s", "rollout total"), ("update_train_s", "update train"), ("update_total_s", "update total")]
-    return series_figure("Time per phase (s)", subjects, keys, yaxis="seconds")
-
-
-def bar_figure(title: str, categories: list[str], bars: list[tuple[str, list]], yaxis: str = "") -> dict | None:
-    """Grouped bars: one bar per category for each (name, values) in `bars`."""
-    traces = [go.Bar(x=[label(c) for c in categories], y=values, name=label(name)) for name, values in bars
-              if any(isinstance(v, (int, float)) for v in values)]
-    if not traces:
-        return None
-    return _figure(title, traces, xaxis="", yaxis=yaxis, barmode="group")
+    return series_figure("Time per rollout and update (s)", subjects, keys, yaxis="seconds")

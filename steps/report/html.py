@@ -8,6 +8,7 @@ leave its folder; plot labels go through `label` (plotly reads a few HTML tags i
 import hashlib
 import html
 import json
+import math
 import re
 
 from steps.report.assets import CSS
@@ -31,16 +32,47 @@ def label(value) -> str:
     return esc(value)
 
 
+def finite(data):
+    """`data` with every NaN or infinity as None (JSON has neither: a page's script would not parse it).
+
+    >>> finite({"a": [float("nan"), 1.0, float("inf")], "b": (2,)})
+    {'a': [None, 1.0, None], 'b': [2]}
+    """
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite(v) for v in data]
+    return data
+
+
 def json_text(data) -> str:
     """JSON that cannot end the `<script>` element holding it, nor open a comment or CDATA in it.
 
     >>> json_text({"out": "</script><script>alert(1)</script>"})
     '{"out": "\\\\u003c/script\\\\u003e\\\\u003cscript\\\\u003ealert(1)\\\\u003c/script\\\\u003e"}'
     """
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False, default=str)
+    text = json.dumps(finite(data), ensure_ascii=False, allow_nan=False, default=str)
     for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(raw, escaped)
     return text
+
+
+def clip(text: str, keep: int) -> str:
+    """`text` whole up to 2 x `keep` characters; past that its first and last `keep` with the middle left out
+    and counted (a tool output, a log: its start and its outcome), so that no text makes a page unbounded.
+
+    >>> print(clip("abcdefghij", 2))
+    ab
+    [6 characters left out]
+    ij
+    >>> clip("abcd", 2)
+    'abcd'
+    """
+    if len(text) <= 2 * keep:
+        return text
+    return f"{text[:keep]}\n[{len(text) - 2 * keep} characters left out]\n{text[-keep:]}"
 
 
 def json_script(element_id: str, data) -> str:
@@ -87,5 +119,5 @@ def page(title: str, body: str, assets: str, scripts: list[str] = ()) -> str:
     tags = "".join(f'<script src="{esc(assets)}/{esc(s)}"></script>' for s in scripts)
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>{esc(title)}</title>'
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'self'; "
-            "style-src 'self' 'unsafe-inline'; img-src 'self' data:\">"
+            "style-src 'self' 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'\">"
             f"<style>{CSS}</style></head><body>{body}{tags}</body></html>")

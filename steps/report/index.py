@@ -2,7 +2,9 @@
 
 import json
 
+from steps.analytics import summarize_behaviour
 from steps.report import figures, series
+from steps.report.assets import NO_STATUS
 from steps.report.data import Run
 from steps.report.html import esc, json_script, page, table
 
@@ -12,7 +14,9 @@ ITERATION_COLUMNS = [("status", "status"), ("rollouts", "rollouts"), ("infra_err
                      ("mean_reward", "mean reward"), ("k", "k"), ("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k"),
                      ("calls", "calls / rollout"), ("tokens", "tokens / rollout"), ("logprob_gap", "logprob gap"),
                      ("tokens_trained", "tokens trained"), ("update_skipped", "update skipped")]
-MAX_BEHAVIOUR_PLOTS = 6
+# The behaviour means plotted per iteration: the informative ones (the table shows every column).
+BEHAVIOUR_PLOTS = ["pass_rate", "recovery_rate", "tool_coverage", "self_verified", "shell_share", "plan_completion",
+                   "tokens_per_call"]
 
 
 def summaries(run: Run, only: int | None = None) -> dict[int, dict]:
@@ -20,8 +24,9 @@ def summaries(run: Run, only: int | None = None) -> dict[int, dict]:
     out = {}
     for n, it in run.iterations.items():
         if only is None or n == only:
-            out[n] = series.iteration_summary(it.rollouts, it.calls, it.update) | {
-                "status": (it.record or {}).get("status")}
+            record = it.record or {}
+            out[n] = series.iteration_summary(it.rollouts, it.calls, it.update) | {"status": record.get("status")} \
+                | {f"phase {name}": seconds for name, seconds in (record.get("timings_s") or {}).items()}
     return out
 
 
@@ -45,19 +50,36 @@ class Figures:
         return f'<div class="plot" id="{element}"></div>'
 
 
+def pass_title(subjects: list[tuple[str, dict[int, dict]]]) -> str:
+    """The pass@k plot's title, naming k (or saying it varies) and what a pass is.
+
+    >>> pass_title([("a", {0: {"k": 4}, 1: {"k": 4}})]), pass_title([("a", {0: {"k": 4}, 1: {"k": 2}})])
+    ('pass@4 and pass^4 (a pass: reward ≥ 1)', "pass@k and pass^k (k per iteration: the table's; a pass: reward ≥ 1)")
+    """
+    ks = {numbers.get("k") for _, by in subjects for numbers in by.values()}
+    if len(ks) == 1 and None not in ks:
+        k = ks.pop()
+        return f"pass@{k} and pass^{k} (a pass: reward ≥ 1)"
+    return "pass@k and pass^k (k per iteration: the table's; a pass: reward ≥ 1)"
+
+
 def iteration_section(subjects: list[tuple[str, dict[int, dict]]], figs: Figures) -> str:
     """Plots per iteration, every subject's series overlaid."""
     plots = [
         figures.series_figure("Mean reward", subjects, [("mean_reward", "mean reward")], "reward"),
-        figures.series_figure("pass@k and pass^k", subjects, [("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")]),
+        figures.series_figure(pass_title(subjects), subjects, [("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")]),
         figures.series_figure("Continuity rate per harness", subjects, figures.prefixed_keys(subjects, "continuity "),
                               "share of calls"),
         figures.series_figure("Rollout vs trainer logprob gap", subjects, [("logprob_gap", "mean |gap|")], "nats"),
         figures.series_figure("Tokens and calls per rollout", subjects, [("tokens", "response tokens"), ("calls", "calls")]),
         figures.series_figure("Infra errors", subjects, [("infra_errors", "infra errors")], "rollouts"),
-        figures.phase_figure(subjects),
+        figures.series_figure("Time per phase of the iteration (s)", subjects, figures.prefixed_keys(subjects, "phase "),
+                              "seconds"),
+        figures.rollout_time_figure(subjects),
     ]
-    return '<div class="plots">' + "".join(figs.div(f) for f in plots) + "</div>"
+    empty = {2: "No continuity plot: no call could have continued a sample (one call per rollout, or no calls table).",
+             7: "No phase times: the local runner records them in each iteration's manifest record (timings_s)."}
+    return '<div class="plots">' + "".join(figs.div(f, empty.get(n, "")) for n, f in enumerate(plots)) + "</div>"
 
 
 def config_section(run: Run) -> str:
@@ -65,7 +87,10 @@ def config_section(run: Run) -> str:
     if run.config is None:
         return '<p class="note">No recorded config (manifest/run.json is missing).</p>'
     rows = [[k, v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v)] for k, v in sorted(run.config.items())]
-    return f"<details><summary>{len(rows)} keys</summary>{table(['key', 'value'], rows)}</details>"
+    evaluated = "" if run.evaluates is None else "<h3>What it evaluates</h3>" + table(
+        ["what", "value"], [[k, v if v is None or isinstance(v, (str, int, float)) else json.dumps(v)]
+                            for k, v in sorted(run.evaluates.items())])
+    return f"{evaluated}<details><summary>{len(rows)} keys</summary>{table(['key', 'value'], rows)}</details>"
 
 
 def iterations_table(numbers: dict[int, dict]) -> str:
@@ -82,16 +107,20 @@ def behaviour_section(run: Run, figs: Figures) -> str:
     if not rows:
         return ('<p class="note">No behaviour table: the trajectory partitions hold no behaviour.parquet '
                 "(written by the trajectories step with steps.analytics).</p>")
-    means = series.group_means(rows, ["harness", "iteration"])
+    means = summarize_behaviour(rows, ["harness", "iteration"])  # infra errors left out, iterations in number order
+    if not means:
+        return '<p class="note">Every rollout in the behaviour tables is an infra error: no behaviour to average.</p>'
     metrics = [c for c in means[0] if c not in ("harness", "iteration")]
-    out = table(["harness", "iteration", *metrics], [[m.get("harness"), m.get("iteration"), *[m.get(c) for c in metrics]]
-                                                     for m in means])
+    out = table(["harness", "iteration", *metrics], [[m.get("harness"), m.get("iteration"),
+                                                      *[json.dumps(m[c]) if isinstance(m.get(c), dict) else m.get(c)
+                                                        for c in metrics]] for m in means])
     by_harness: dict[str, dict[int, dict]] = {}
     for m in means:
         by_harness.setdefault(str(m["harness"]), {})[m["iteration"]] = m
     subjects = sorted(by_harness.items())
-    plots = [figures.series_figure(metric, subjects, [(metric, "")]) for metric in metrics[1:1 + MAX_BEHAVIOUR_PLOTS]]
-    return out + '<div class="plots">' + "".join(figs.div(p) for p in plots) + "</div>"
+    plots = [figures.series_figure(metric, subjects, [(metric, "")]) for metric in BEHAVIOUR_PLOTS]
+    return out + '<div class="plots">' + "".join(figs.div(p, f"No {m} plot: no rollout has a value.")
+                                                 for m, p in zip(BEHAVIOUR_PLOTS, plots)) + "</div>"
 
 
 def evals_section(runs: list[tuple[str, Run]], figs: Figures) -> str:
@@ -119,10 +148,40 @@ def evals_section(runs: list[tuple[str, Run]], figs: Figures) -> str:
     return out + '<div class="plots">' + "".join(figs.div(p) for p in plots) + "</div>"
 
 
-def compare_section(columns: list[tuple[str, dict]]) -> str:
-    """Side by side: one column per compared run, iteration or evaluation, one row per number."""
+LABELS = dict(ITERATION_COLUMNS) | {"tries": "tries", "passes": "passes", "update_train_s": "update train (s)",
+                                    "update_total_s": "update total (s)", "setup_s": "rollout setup (s)",
+                                    "agent_s": "rollout agent (s)", "verifier_s": "rollout verifier (s)",
+                                    "total_s": "rollout total (s)", "loss": "loss", "entropy": "entropy",
+                                    "pass_at_1": "pass@1", "mean_calls": "calls / rollout",
+                                    "mean_tokens": "tokens / rollout", "mean_duration_s": "duration / rollout (s)"}
+
+
+def compare_column(run: Run, only: int | None) -> dict:
+    """One compared subject's numbers, labelled: which iteration they are of (the given one, else the run's
+    last, whatever its status) and which evaluation (the given iteration's, else the run's last)."""
+    per = summaries(run, only)
+    n = only if only is not None else max(per, default=None)
+    m = only if only is not None else max(run.evals, default=None)
+    evaluation = (run.evals.get(m) or {}).get("overall") or {}
+    return {"iteration": n, **{LABELS.get(k, k): v for k, v in per.get(n, {}).items()},
+            "eval iteration": m if evaluation else None, **{f"eval {LABELS.get(k, k)}": v for k, v in evaluation.items()}}
+
+
+def compare_section(compared: list[tuple[str, Run, int | None]]) -> str:
+    """Side by side: one column per compared run, iteration or evaluation, one row per number; then the
+    config keys whose values differ between the runs."""
+    columns = [(name, compare_column(run, only)) for name, run, only in compared]
     keys = list(dict.fromkeys(k for _, numbers in columns for k in numbers))
-    return table(["", *[name for name, _ in columns]], [[k, *[numbers.get(k) for _, numbers in columns]] for k in keys])
+    out = table(["", *[name for name, _ in columns]], [[k, *[numbers.get(k) for _, numbers in columns]] for k in keys])
+    configs = [(name, run.config or {}) for name, run, _ in compared]
+    differ = sorted(k for k in {k for _, c in configs for k in c}
+                    if len({json.dumps(c.get(k), sort_keys=True, default=str) for _, c in configs}) > 1)
+    if not differ:
+        return out + '<p class="note">The compared runs\' configs are the same.</p>'
+    return out + "<h3>Config keys that differ</h3>" + table(
+        ["key", *[name for name, _ in configs]],
+        [[k, *[c.get(k) if c.get(k) is None or isinstance(c.get(k), (str, int, float)) else json.dumps(c.get(k))
+               for _, c in configs]] for k in differ])
 
 
 ROLLOUT_COLUMNS = ["rollout", "kind", "iteration", "task", "sample", "harness", "status", "reward", "calls", "tokens",
@@ -135,7 +194,7 @@ def rollout_table(entries: list[dict]) -> str:
                                           e["row"].get("sample"), e["row"].get("harness"), e["row"].get("status"),
                                           e["row"].get("reward"), e["row"].get("num_calls"),
                                           e["row"].get("response_tokens"), e["row"].get("total_s")]} for e in entries]
-    statuses = sorted({str(r["cells"][6]) for r in rows})
+    statuses = sorted({NO_STATUS if r["cells"][6] is None else str(r["cells"][6]) for r in rows})
     options = "".join(f'<option value="{esc(s)}">{esc(s)}</option>' for s in statuses)
     return (f'<p><input id="filter" placeholder="filter: task, rollout, status..."> <select id="status-filter">'
             f'<option value="">every status</option>{options}</select> <span id="rollout-count"></span></p>'
@@ -161,12 +220,6 @@ def index_page(run: Run, entries: list[dict], compared: list[tuple[str, Run, int
             f'<h2 id="behaviour">Behaviour</h2>{behaviour_section(run, figs)}'
             f'<h2 id="evals">Evaluations</h2>{evals_section([(run.name, run)] + [(n, r) for n, r, _ in compared if r is not run], figs)}')
     if compared:
-        columns = []
-        for name, other, only in compared:
-            per = summaries(other, only)
-            latest = per[max(per)] if per else {}
-            evaluation = other.evals.get(only if only is not None else max(other.evals, default=-1))
-            columns.append((name, latest | {f"eval {k}": v for k, v in ((evaluation or {}).get("overall") or {}).items()}))
-        body += f'<h2 id="compare">Comparison</h2>{compare_section(columns)}'
+        body += f'<h2 id="compare">Comparison</h2>{compare_section(compared)}'
     body += f'<h2 id="rollouts">Rollouts</h2>{rollout_table(entries)}{json_script("figure-data", figs.items)}'
     return page(f"{run.name}: report", body, "assets", ["plotly.min.js", "report.js"])

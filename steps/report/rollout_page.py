@@ -9,10 +9,13 @@ import json
 import fsspec
 
 from steps.report.exchange import exchange
-from steps.report.html import esc, number, page, table
+from steps.report.html import clip, esc, number, page, table
 
 MAX_FILE_BYTES = 200_000  # of a log or verifier file shown (its end, where the outcome is)
 MAX_VERIFIER_FILES = 20
+MAX_TURN_CHARS = 20_000  # of a turn's text shown at each end (a 10 MB tool output, a base64 image)
+MAX_TOKENS = 2_000  # of a sample's response (and of its prompt) shown at each end
+MAX_CHARACTER_TOKENS = 4  # a UTF-8 character is at most 4 bytes: byte tokens of one character
 
 
 def _turns(turns: list[dict]) -> str:
@@ -20,17 +23,38 @@ def _turns(turns: list[dict]) -> str:
     for t in turns:
         kind = "tool-call" if t["kind"] == "tool_call" else t["kind"].replace("_", "-")
         name = f" · {esc(t['name'])}" if t.get("name") else ""
+        if t.get("changed"):  # sent back by the harness, but not what the model answered
+            name += " · differs from the model&#x27;s response to the call before"
         out.append(f'<div class="turn role-{esc(t["role"])} {esc(kind)}"><span class="kind">{esc(t["role"])} · '
-                   f'{esc(t["kind"].replace("_", " "))}{name}</span><pre>{esc(t["text"])}</pre></div>')
+                   f'{esc(t["kind"].replace("_", " "))}{name}</span><pre>{esc(clip(str(t["text"]), MAX_TURN_CHARS))}</pre></div>')
     return "".join(out)
+
+
+def tools_html(tools) -> str:
+    """The tool definitions a request offered, folded: their names, and the definitions as sent.
+
+    >>> "shell" in tools_html([{"type": "function", "function": {"name": "shell"}}])
+    True
+    """
+    def name(tool) -> str:
+        if not isinstance(tool, dict):
+            return "?"
+        inner = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        return str(inner.get("name", tool.get("type", "?")))
+    listed = tools if isinstance(tools, list) else [tools]
+    return (f'<details class="tools"><summary>tools offered ({len(listed)}): {esc(", ".join(map(name, listed)))}'
+            f'</summary><pre>{esc(clip(json.dumps(tools, ensure_ascii=False, indent=1), MAX_TURN_CHARS))}</pre></details>')
 
 
 def exchange_html(records: list[dict] | None, calls: dict[int, dict]) -> str:
     """Every call: what its request added, its response, and how the trajectories step used it."""
     if records is None:
         return '<p class="note">The proxy\'s store holds no calls of this rollout (or the run has no calls store).</p>'
-    out = []
+    out, offered = [], None
     for call, record in zip(exchange(records), records):
+        tools = (record.get("request") or {}).get("tools") if isinstance(record.get("request"), dict) else None
+        shown_tools = tools_html(tools) if tools and tools != offered else ""  # once, and again when they change
+        offered = tools or offered
         row = calls.get(record.get("call_index"), {})
         sample = row.get("sample_index")
         used = "not trained on" if sample is None else f"sample {sample}, " + (
@@ -39,8 +63,8 @@ def exchange_html(records: list[dict] | None, calls: dict[int, dict]) -> str:
                 f"finish {esc(record.get('finish_reason'))} · weights {esc(record.get('weight_version'))} · {esc(used)}")
         rewritten = "" if call["rewritten_from"] is None else \
             f'<p class="split">The harness rewrote its history from turn {call["rewritten_from"]}: shown from there.</p>'
-        error = f"<pre>{esc(record.get('error'))}</pre>" if record.get("error") else ""
-        out.append(f'<div class="call" id="call-{esc(record.get("call_index"))}"><h3>{meta}</h3>{rewritten}{error}'
+        error = f"<pre>{esc(clip(str(record['error']), MAX_TURN_CHARS))}</pre>" if record.get("error") else ""
+        out.append(f'<div class="call" id="call-{esc(record.get("call_index"))}"><h3>{meta}</h3>{rewritten}{error}{shown_tools}'
                    f'{_turns(call["added"])}<div class="response">{_turns(call["response"])}</div></div>')
     return "".join(out)
 
@@ -62,9 +86,32 @@ class Decoder:
                 self.pieces[token_id] = f"[{token_id}]"
         return self.pieces[token_id]
 
+    def decode(self, ids: list[int]) -> str:
+        """A run of tokens decoded together (a character spread over tokens comes out whole)."""
+        if self.tokenizer is None:
+            return "".join(self.piece(i) for i in ids)
+        try:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        except Exception:  # an id outside the vocabulary: token by token, it shown as the id
+            return "".join(self.piece(i) for i in ids)
+
     def text(self, ids: list[int]) -> str:
         """A run of tokens as text."""
-        return "".join(self.piece(i) for i in ids)
+        return self.decode(ids)
+
+    def pieces_of(self, ids: list[int]) -> list[str]:
+        """Each token's text, where a character split over tokens (UTF-8 bytes, U+FFFD alone) is given whole
+        to its last token and the ones before show nothing: one piece per token, no broken characters."""
+        out, pending = [], []
+        for token_id in ids:
+            pending.append(token_id)
+            text = self.decode(pending) if len(pending) > 1 else self.piece(token_id)
+            if text.endswith("\ufffd") and len(pending) < MAX_CHARACTER_TOKENS:
+                out.append("")
+                continue
+            out.append(text)
+            pending = []
+        return out
 
 
 def split_reason(call_index: int, sample_index: int, records: dict[int, dict], calls: dict[int, dict],
@@ -97,15 +144,30 @@ def split_reason(call_index: int, sample_index: int, records: dict[int, dict], c
             f"(after {decoder.text(tokens[max(0, shared - 8):shared])!r})")
 
 
+def _ends(n: int) -> tuple[range, int, range]:
+    """Which of n tokens are shown: the first and last `MAX_TOKENS`, and how many in between are not."""
+    if n <= 2 * MAX_TOKENS:
+        return range(n), 0, range(0)
+    return range(MAX_TOKENS), n - 2 * MAX_TOKENS, range(n - MAX_TOKENS, n)
+
+
 def _tokens(sample: dict, decoder: Decoder) -> str:
     ids, mask = sample.get("response_token_ids") or [], sample.get("response_mask") or []
     logprobs = sample.get("response_logprobs") or [None] * len(ids)
-    spans = "".join(f'<span class="m{int(m)}" title="id {t} · mask {int(m)}'
-                    f'{"" if lp is None or not m else f" · logprob {lp:.3f}"}">{esc(decoder.piece(t))}</span>'
-                    for t, m, lp in zip(ids, mask, logprobs))
+
+    def spans(positions: range) -> str:
+        pieces = decoder.pieces_of([ids[i] for i in positions])
+        return "".join(f'<span class="m{int(mask[i])}" title="id {ids[i]} · mask {int(mask[i])}'
+                       f'{"" if logprobs[i] is None or not mask[i] else f" · logprob {logprobs[i]:.3f}"}">'
+                       f'{esc(piece)}</span>' for i, piece in zip(positions, pieces))
+    head, left_out, tail = _ends(min(len(ids), len(mask), len(logprobs)))
+    gap = f'<span class="note">[{left_out} tokens left out]</span>' if left_out else ""
     prompt = sample.get("prompt_token_ids") or []
+    first, skipped, last = _ends(len(prompt))
+    shown = decoder.text([prompt[i] for i in first]) + (f"\n[{skipped} tokens left out]\n" if skipped else "") + \
+        decoder.text([prompt[i] for i in last])
     return (f'<details><summary>prompt: {len(prompt)} tokens (not trained on)</summary>'
-            f'<div class="tokens pr">{esc(decoder.text(prompt))}</div></details><div class="tokens">{spans}</div>')
+            f'<div class="tokens pr">{esc(shown)}</div></details><div class="tokens">{spans(head)}{gap}{spans(tail)}</div>')
 
 
 def training_html(samples: list[dict], records: dict[int, dict], calls: dict[int, dict], decoder: Decoder) -> str:
@@ -155,8 +217,12 @@ def kept_files(result: dict, key: str) -> list[tuple[str, str]]:
             return []
         if info["type"] == "file":
             return [(base, _read_tail(fs, path))]
-        entries = [e for e in fs.ls(path, detail=True) if e["type"] == "file" and not e.get("islink")]
-        return [(e["name"].rsplit("/", 1)[-1], _read_tail(fs, e["name"])) for e in sorted(entries, key=lambda e: e["name"])[:MAX_VERIFIER_FILES]]
+        entries = sorted((e for e in fs.ls(path, detail=True) if e["type"] == "file" and not e.get("islink")),
+                         key=lambda e: e["name"])
+        shown = [(e["name"].rsplit("/", 1)[-1], _read_tail(fs, e["name"])) for e in entries[:MAX_VERIFIER_FILES]]
+        more = len(entries) - MAX_VERIFIER_FILES
+        names = ", ".join(e["name"].rsplit("/", 1)[-1] for e in entries[MAX_VERIFIER_FILES:])
+        return shown + ([(f"[{more} more files not shown]", clip(names, MAX_TURN_CHARS))] if more > 0 else [])
     except (FileNotFoundError, OSError):
         return []
 

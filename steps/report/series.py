@@ -1,13 +1,15 @@
 """The report's numbers per iteration, as pure functions of table rows (docs/report.md defines each).
 
-pass@k and pass^k come from `steps.metrics` with k = the smallest number of tries of a task in the
-iteration (as the local runner's summary line); infra errors are no tries and are counted apart.
+pass@k and pass^k come from `steps.metrics.iteration_metrics`, as the local runner's summary line: k = the
+fewest real tries of a task that has one; infra errors are no tries and are counted apart.
 """
 
 from collections import defaultdict
 from dataclasses import asdict
 
-from steps.metrics import dataset_metrics
+from steps.metrics import iteration_metrics
+from steps.trajectories.collect import HarnessStats
+from steps.trajectories.samples import RolloutSamples
 
 DURATIONS = ["setup_s", "agent_s", "verifier_s", "total_s"]
 
@@ -28,37 +30,31 @@ def reward_metrics(rollouts: list[dict]) -> dict:
     by_task: dict[str, list] = defaultdict(list)
     for row in rollouts:
         by_task[str(row.get("task"))].append(None if row.get("status") == "infra_error" else row.get("reward"))
-    tries = [len([r for r in v if r is not None]) for v in by_task.values()]
-    k = max(1, min(tries)) if tries else 1
-    _, overall = dataset_metrics(by_task, k) if by_task else (None, None)
-    metrics = asdict(overall) if overall else {"tries": 0, "passes": 0, "mean_reward": None, "pass_at_k": None,
-                                               "pass_hat_k": None}
-    return {"k": k, **metrics, "infra_errors": sum(r.get("status") == "infra_error" for r in rollouts)}
+    k, overall = iteration_metrics(by_task)
+    return {"k": k, **asdict(overall), "infra_errors": sum(r.get("status") == "infra_error" for r in rollouts)}
 
 
 def continuity_by_harness(calls: list[dict]) -> dict[str, float | None]:
-    """Per harness: the share of calls that extended an existing sample token-exactly (`continued`), over the
-    calls that could have (every call that went into a sample, but each rollout's first).
+    """Per harness: the trajectories step's `continuity_rate` (`HarnessStats`, its one owner), from the calls
+    table: calls that extended an existing sample token-exactly (`continued`) over the calls that could have
+    (every call that went into a sample, but each rollout's first).
 
-    >>> continuity_by_harness([{"harness": "codex", "rollout_id": "r", "sample_index": 0, "continued": False},
-    ...                        {"harness": "codex", "rollout_id": "r", "sample_index": 0, "continued": True},
-    ...                        {"harness": "codex", "rollout_id": "r", "sample_index": 1, "continued": False},
-    ...                        {"harness": "codex", "rollout_id": "r", "sample_index": None, "continued": None}])
+    >>> calls = [{"call_index": n, "harness": "codex", "rollout_id": "r", "sample_index": s, "continued": c}
+    ...          for n, (s, c) in enumerate([(0, False), (0, True), (1, False), (None, None)])]
+    >>> continuity_by_harness(calls)
     {'codex': 0.5}
     """
-    used: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    continued: dict[str, int] = defaultdict(int)
+    used: dict[tuple, list[dict]] = defaultdict(list)
     for call in calls:
-        if call.get("sample_index") is None:
-            continue
-        harness = str(call.get("harness"))
-        used[harness][call["rollout_id"]] += 1
-        continued[harness] += bool(call.get("continued"))
-    out = {}
-    for harness, per_rollout in sorted(used.items()):
-        continuable = sum(max(n - 1, 0) for n in per_rollout.values())
-        out[harness] = continued[harness] / continuable if continuable else None
-    return out
+        if call.get("sample_index") is not None:
+            used[str(call.get("harness")), call["rollout_id"]].append(call)
+    stats: dict[str, HarnessStats] = defaultdict(HarnessStats)
+    for (harness, _), members in used.items():
+        built = RolloutSamples(samples=[], sample_of_call={}, used_calls=len(members),
+                               continued_calls={c["call_index"] for c in members if c.get("continued")})
+        stats[harness].continuable_calls += built.continuable_calls
+        stats[harness].continued_calls += len(built.continued_calls)
+    return {harness: s.summary()["continuity_rate"] for harness, s in sorted(stats.items())}
 
 
 def rollout_means(rollouts: list[dict]) -> dict:
@@ -83,26 +79,6 @@ def update_metrics(update: dict | None) -> dict:
     return {name: update.get(name) for name in ("logprob_gap", "loss", "entropy", "tokens_trained")} \
         | {"update_train_s": update.get("train_s"), "update_total_s": update.get("total_s"),
            "update_skipped": update.get("skipped")}
-
-
-def group_means(rows: list[dict], by: list[str]) -> list[dict]:
-    """Per group of `by`'s values: the number of rows and the mean of every numeric column (booleans as 0/1).
-
-    >>> group_means([{"h": "a", "x": 1, "ok": True}, {"h": "a", "x": 3, "ok": False}, {"h": "b", "x": 5, "ok": True}], ["h"])
-    [{'h': 'a', 'rollouts': 2, 'x': 2.0, 'ok': 0.5}, {'h': 'b', 'rollouts': 1, 'x': 5.0, 'ok': 1.0}]
-    """
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for row in rows:
-        groups[tuple(row.get(k) for k in by)].append(row)
-    numeric = [c for c in dict.fromkeys(c for row in rows for c in row)
-               if c not in by and c not in ("sample", "iteration")
-               and any(isinstance(row.get(c), (int, float)) for row in rows)]
-    out = []
-    for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
-        members = groups[key]
-        means = {c: _mean(float(r[c]) if isinstance(r.get(c), (int, float)) else None for r in members) for c in numeric}
-        out.append({**dict(zip(by, key)), "rollouts": len(members), **means})
-    return out
 
 
 def iteration_summary(rollouts: list[dict], calls: list[dict], update: dict | None) -> dict:
