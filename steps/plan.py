@@ -58,6 +58,15 @@ def attempt_id(rollout_id: str, attempt: int) -> str:
     return rollout_id if attempt == 1 else f"{rollout_id}-a{attempt}"
 
 
+def planned_id(task_name: str, sample: int, iteration: int, evaluation: bool = False) -> str:
+    """The id of a planned rollout: `it<N>-<task>-s<i>`, or `ev<N>-<task>-s<i>` in an evaluation.
+
+    >>> planned_id("hello-file", 1, 0), planned_id("hello-file", 0, 2, evaluation=True)
+    ('it0-hello-file-s1', 'ev2-hello-file-s0')
+    """
+    return f"{'ev' if evaluation else 'it'}{iteration}-{task_name}-s{sample}"
+
+
 def attempt_of(rollout_id: str) -> tuple[str, int]:
     """The planned id and attempt number K of an id `attempt_id` made (`ID-aK`; K 1 for the plan's own id).
 
@@ -93,7 +102,6 @@ def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_pe
     root = (root or Path.cwd()).resolve()
     planned = []
     chosen = sorted(tasks, key=lambda t: t.name) if evaluation else pick_tasks(tasks, iteration, tasks_per_iteration, seed)
-    id_prefix = f"ev{iteration}" if evaluation else f"it{iteration}"
     for task in chosen:
         path = task.path.resolve()
         folder = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
@@ -101,9 +109,9 @@ def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_pe
         deadline = int(task.config.agent_timeout_s + task.config.verifier_timeout_s + SETUP_MARGIN_S)
         resources = task.config.resources
         for sample in range(samples_per_task):
-            planned.append(PlannedRollout(task=folder, sample=sample, rollout_id=f"{id_prefix}-{task.name}-s{sample}",
-                                          image=image, deadline_s=deadline, cpus=resources.cpus,
-                                          memory_mb=resources.memory_mb))
+            planned.append(PlannedRollout(task=folder, sample=sample,
+                                          rollout_id=planned_id(task.name, sample, iteration, evaluation), image=image,
+                                          deadline_s=deadline, cpus=resources.cpus, memory_mb=resources.memory_mb))
     return planned
 
 

@@ -46,24 +46,57 @@ def result(task: str, sample: int, reward: float | None, attempt: int = 1, statu
 
 # ---- the summary ----
 
-def test_infra_errors_are_counted_and_left_out_of_every_metric() -> None:
-    """A rollout whose first attempt was an infra error and its retry passed, and one whose every attempt was:
-    both infra errors are counted, neither is a try, and every number equals that of the results without
-    them (control: the same failures scored as a reward of 0 would change the tries and the rates)."""
+def test_an_infra_error_retried_to_a_finish_is_counted_and_changes_no_number() -> None:
+    """A rollout whose first attempt was an infra error and whose retry passed: the infra error is counted, and
+    every other number equals that of the results without it (control: without the retry's result, the try
+    is missing, a failure)."""
     clean = [result("a", 0, 1.0, attempt=2), result("a", 1, 0.0), result("a", 2, 1.0)]
-    failures = [result("a", 0, None, status="infra_error", seconds=99.0),
-                result("a", 3, None, status="infra_error"), result("a", 3, None, attempt=2, status="infra_error")]
-    with_infra, without = evaluate.summarize(clean + failures, k=2), evaluate.summarize(clean, k=2)
-    assert with_infra["tasks"]["a"]["infra_errors"] == with_infra["overall"]["infra_errors"] == 3
-    assert without["overall"]["infra_errors"] == 0 and without["overall"]["tries"] == 3
+    failure = [result("a", 0, None, status="infra_error", seconds=99.0)]
+    with_infra, without = evaluate.summarize(clean + failure, k=2), evaluate.summarize(clean, k=2)
+    assert with_infra["overall"]["infra_errors"] == 1 and without["overall"]["infra_errors"] == 0
     assert {key: value for key, value in with_infra["overall"].items() if key != "infra_errors"} == \
         {key: value for key, value in without["overall"].items() if key != "infra_errors"}
-    scored = evaluate.summarize(clean + [{**r, "status": "ok", "reward": 0.0} for r in failures], k=2)["overall"]
-    assert scored["tries"] == 4 and scored["pass_at_1"] < without["overall"]["pass_at_1"]
+    unretried = evaluate.summarize(clean[1:] + failure, k=2)["overall"]
+    assert unretried["missing"] == 1 and unretried["pass_at_1"] < without["overall"]["pass_at_1"]
+
+
+@pytest.mark.parametrize("b_results", [
+    [result("b", 0, None, status="infra_error"), result("b", 1, None, status="infra_error"), result("b", 2, 0.0)],
+    [result("b", s, None, status="infra_error") for s in range(3)]], ids=["two-infra-errors", "only-infra-errors"])
+def test_a_try_without_a_finished_attempt_is_missing_and_fails(b_results: list[dict]) -> None:
+    """a passes 3 of 3; b's tries end as infra errors (one or all of them): each such try is `missing` and
+    counts as a failure, so b has its k tries, pass^k never exceeds pass@1, and infra errors cannot raise the
+    score (before, b's infra errors were left out: overall pass@3 = pass^3 = 1.0, or b dropped out)."""
+    summary = evaluate.summarize([result("a", s, 1.0) for s in range(3)] + b_results, k=3)
+    b, overall = summary["tasks"]["b"], summary["overall"]
+    assert (b["tries"], b["passes"], b["pass_at_k"], b["pass_hat_k"]) == (3, 0, 0.0, 0.0)
+    assert b["missing"] == sum(r["status"] == "infra_error" for r in b_results)
+    assert (overall["pass_at_1"], overall["pass_at_k"], overall["pass_hat_k"]) == (0.5, 0.5, 0.5)
+    assert summary["missing"] == [f"ev0-b-s{s}" for s in range(3) if b_results[s]["status"] == "infra_error"]
+    assert "each counts as a failed try" in evaluate.format_table(summary)
+
+
+def test_a_rollout_killed_before_writing_its_result_is_missing(tmp_path: Path, capsys) -> None:
+    """Only one builtin task's tries wrote a result (the others' pods were killed): with the dataset, every
+    planned try is counted, and the others are missing failures (control: without --dataset the vanished
+    tasks are unknown, and the overall pass@1 reads 1.0)."""
+    tasks, _ = load_dataset(BUILTIN)
+    names = sorted(task.name for task in tasks)
+    for r in [result(names[0], s, 1.0) for s in range(2)]:
+        (tmp_path / "results" / r["rollout_id"]).mkdir(parents=True)
+        (tmp_path / "results" / r["rollout_id"] / "result.json").write_text(json.dumps(r))
+    argv = ["--results", str(tmp_path / "results"), "--k", "2", "--out", str(tmp_path / "s.json")]
+    assert evaluate.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["overall"]["pass_at_1"] == 1.0  # the control
+    assert evaluate.main([*argv, "--dataset", str(BUILTIN)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert sorted(summary["tasks"]) == names and summary["overall"]["missing"] == 2 * (len(names) - 1)
+    assert summary["overall"]["pass_at_1"] == pytest.approx(1 / len(names)) and summary["skipped_tasks"] == {}
 
 
 def test_pass_at_k_and_pass_hat_k_per_task_and_overall() -> None:
-    """Hand-computed values: a passes 3 of 3, b 1 of 3, c 0 of 3, d has only infra errors, at k=2."""
+    """Hand-computed values: a passes 3 of 3, b 1 of 3, c 0 of 3, d has only infra errors (2 missing tries,
+    each a failure), at k=2."""
     results = [result("a", s, 1.0) for s in range(3)] + [result("b", 0, 1.0), result("b", 1, 0.0), result("b", 2, 0.5)]
     results += [result("c", s, 0.0, calls=4, tokens=40, seconds=10.0) for s in range(3)]
     results += [result("d", 0, None, status="infra_error"), result("d", 0, None, attempt=2, status="infra_error")]
@@ -74,12 +107,13 @@ def test_pass_at_k_and_pass_hat_k_per_task_and_overall() -> None:
     assert b["pass_at_k"] == pytest.approx(1 - 1 / 3)  # 1 - C(2,2)/C(3,2)
     assert b["pass_hat_k"] == 0.0 and b["mean_reward"] == pytest.approx(0.5)  # C(1,2) = 0: never 2 passes
     assert (c["pass_at_k"], c["pass_hat_k"], c["mean_calls"], c["mean_tokens"]) == (0.0, 0.0, 4.0, 40.0)
-    assert (d["tries"], d["infra_errors"], d["pass_at_1"], d["pass_at_k"], d["mean_calls"]) == (0, 2, None, None, None)
-    overall = summary["overall"]  # macro averages over the tasks that have the number; costs per try
-    assert (overall["tries"], overall["passes"], overall["infra_errors"]) == (9, 4, 2)
-    assert overall["pass_at_1"] == pytest.approx((1 + 1 / 3 + 0) / 3)
-    assert overall["pass_at_k"] == pytest.approx((1 + 2 / 3 + 0) / 3)
-    assert overall["pass_hat_k"] == pytest.approx(1 / 3)
+    assert (d["tries"], d["missing"], d["infra_errors"], d["pass_at_1"], d["pass_at_k"], d["mean_calls"]) == \
+        (2, 2, 2, 0.0, 0.0, None)
+    overall = summary["overall"]  # macro averages over the tasks; costs per finished try
+    assert (overall["tries"], overall["passes"], overall["missing"], overall["infra_errors"]) == (11, 4, 2, 2)
+    assert overall["pass_at_1"] == pytest.approx((1 + 1 / 3 + 0 + 0) / 4)
+    assert overall["pass_at_k"] == pytest.approx((1 + 2 / 3 + 0 + 0) / 4)
+    assert overall["pass_hat_k"] == pytest.approx(1 / 4)
     assert overall["mean_calls"] == pytest.approx((6 * 2 + 3 * 4) / 9)
     assert overall["mean_duration_s"] == pytest.approx((6 * 4.0 + 3 * 10.0) / 9)
 
@@ -95,8 +129,9 @@ def test_the_table_is_aligned_and_a_task_name_cannot_break_it() -> None:
     """One row per task and the overall row, columns aligned; a control character is shown escaped."""
     summary = evaluate.summarize([result("hello-file", 0, 1.0), result("evil\x1b[2J\nname", 0, 0.0)], k=3)
     lines = evaluate.format_table(summary).splitlines()
-    assert lines[0].split() == ["task", "tries", "pass@1", "pass@3", "pass^3", "reward", "infra", "calls", "tokens",
-                                "seconds"]
+    assert lines[0].split() == ["task", "tries", "pass@1", "pass@3", "pass^3", "reward", "missing", "infra", "calls",
+                                "tokens", "seconds"]
+    lines = lines[:-1]  # the warning: each task has 2 missing tries of its 3
     assert len(lines) == 6 and len({len(line) for line in lines}) == 1  # header, rule, 2 tasks, rule, overall
     assert "\x1b" not in "".join(lines) and "evil\\x1b[2J\\nname" in lines[2] and lines[-1].startswith("overall")
 
@@ -115,11 +150,14 @@ def test_the_cli_writes_summary_json_prints_the_table_and_one_json_line(tmp_path
     (line,) = done.stdout.splitlines()
     summary = json.loads(line)
     assert summary == json.loads(out.read_text())
-    assert set(summary) == {"k", "harness", "dataset", "checkpoint", "model", "iteration", "tasks", "overall"}
+    assert set(summary) == {"k", "harness", "dataset", "checkpoint", "model", "iteration", "tasks", "overall",
+                            "missing", "skipped_tasks"}
     assert set(summary["overall"]) == {"tries", "passes", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward",
-                                       "infra_errors", "mean_calls", "mean_tokens", "mean_duration_s"}
-    assert (summary["overall"]["tries"], summary["overall"]["infra_errors"], summary["overall"]["pass_at_k"]) == (2, 1, 1.0)
-    assert "pass@2" in done.stderr and done.stderr.splitlines()[-1].split()[:2] == ["overall", "2"]
+                                       "missing", "infra_errors", "mean_calls", "mean_tokens", "mean_duration_s"}
+    a = summary["tasks"]["a"]  # not a builtin task: counted beside the plan's, each of which has no result
+    assert (a["tries"], a["missing"], a["infra_errors"], a["pass_at_k"]) == (2, 0, 1, 1.0)
+    assert summary["overall"]["missing"] == 2 * len(load_dataset(BUILTIN)[0])
+    assert "pass@2" in done.stderr and "overall" in done.stderr
 
 
 @pytest.mark.parametrize("k, expected", [("0", "--k must be a whole number of at least 1 (tries per task), got '0'"),
@@ -418,7 +456,7 @@ def test_the_oracles_pass_every_task_and_an_infra_error_is_retried_and_not_count
     overall = summary["overall"]
     assert (overall["pass_at_1"], overall["pass_at_k"], overall["pass_hat_k"]) == (1.0, 1.0, 1.0)
     assert overall["infra_errors"] == tasks["hello-file-mirror"]["infra_errors"] == 1 and mirror.requests >= 2
-    assert overall["tries"] == 2 * len(tasks)
+    assert overall["tries"] == 2 * len(tasks) and overall["missing"] == 0
     results = [json.loads(p.read_text()) for p in (store / "oracle" / "evals" / "iteration-0" / "results").glob("*/result.json")]
     (failed,) = [r for r in results if r["status"] == "infra_error"]
     assert failed["task"] == "hello-file-mirror" and "RUN failed" in failed["error"]
@@ -455,7 +493,7 @@ def test_an_eval_of_the_builtin_dataset_with_direct_on_the_embedded_default(tiny
     summary = printed(done, store, "tiny")
     tasks = load_dataset(BUILTIN)[0]
     assert sorted(summary["tasks"]) == sorted(t.name for t in tasks)
-    assert summary["overall"]["tries"] + summary["overall"]["infra_errors"] >= 2 * len(tasks)
+    assert {t["tries"] for t in summary["tasks"].values()} == {2} and summary["overall"]["missing"] == 0
     assert summary["checkpoint"] == str(tiny_model) and summary["k"] == 2
     called = {path.name for path in (store / "tiny" / "calls" / "rollouts").iterdir()}
     assert called and all(name.startswith("ev0-") for name in called)

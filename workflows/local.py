@@ -182,7 +182,8 @@ def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict,
     succeeded.attempt = entry.attempt
     manifest.record_eval(config.run_url, succeeded)
     overall = summary["overall"]
-    say(f"eval {iteration}: {overall['tries']} tries, {overall['infra_errors']} infra errors, pass@1 "
+    say(f"eval {iteration}: {overall['tries']} tries, {overall['missing']} missing, {overall['infra_errors']} infra "
+        f"errors, pass@1 "
         f"{cell(overall['pass_at_1'])}, pass@{config.eval_k} {cell(overall['pass_at_k'])}, pass^{config.eval_k} "
         f"{cell(overall['pass_hat_k'])}; {summary_url}")
     return summary
