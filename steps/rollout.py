@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollout-id", required=True, help="the plan's id; attempt K runs as ID-aK")
     p.add_argument("--sample", type=int, help="the plan's sample number: which of its task's rollouts this is")
     p.add_argument("--attempt", type=int, default=1, help="which attempt of the rollout this is (1, 2, ...)")
+    p.add_argument("--retry", type=int, help="instead of --attempt: Argo's retry number ({{retries}}, 0 on the "
+                   "first try), attempt N+1")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--model-name", default="tiny", help="the served model's name, which the harness asks for "
                    "(the proxy serves its own whatever the name)")
@@ -324,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     admin_key = os.environ.get("OPENFORGE_ADMIN_KEY")
     if not admin_key:
         p.error("set OPENFORGE_ADMIN_KEY to the proxy's admin key")
+    if args.retry is not None:
+        args.attempt = args.retry + 1
     if args.attempt < 1 or (args.sample is not None and args.sample < 0):
-        p.error("--attempt must be 1 or more and --sample 0 or more")
+        p.error("--attempt must be 1 or more (--retry 0 or more) and --sample 0 or more")
     if args.isolation == "pod" and not sys.flags.safe_path:
         p.error("run pod mode with python -P (or PYTHONSAFEPATH=1): the working folder is the agent's workspace "
                 "and must not be on the runner's import path")

@@ -280,6 +280,26 @@ def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folder
     assert "--eval" in commands.plan(config, 0, evaluation=True) and semantic_problems({"spec": spec}) == []
 
 
+def test_each_argo_attempt_of_a_rollout_uploads_its_own_result_under_its_own_id(tmp_path: Path) -> None:
+    """Argo retries a rollout step with the same parameters: each retry (`{{retries}}` 0, 1, ...) runs as its own
+    attempt id and uploads to its own key, so that a retry that passed never overwrites the infra error before
+    it (control: the planned id alone gives both attempts one key), in training and evaluation alike."""
+    config = load_config(CLUSTER, ["run=r", "harness=direct", "eval_every=1"])
+    templates = [t for t in iteration_workflow(config, 0).to_dict()["spec"]["templates"]
+                 if t["name"] in ("rollout", "eval-rollout")]
+    assert len(templates) == 2
+    for template in templates:
+        (key,) = [a["s3"]["key"] for a in template["outputs"]["artifacts"]]
+        assert len({key.replace("{{retries}}", retry) for retry in "01"}) == 2
+        command = template["container"]["command"] + template["container"].get("args", [])
+        assert command[command.index("--retry") + 1] == "{{retries}}"
+    argv = [sys.executable, "-m", "steps.rollout", "--task", str(tmp_path / "no-task"), "--harness", "direct",
+            "--proxy-url", "http://127.0.0.1:9", "--rollout-id", "ev0-a-s0", "--retry", "1", "--out", str(tmp_path / "o")]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OPENFORGE_ADMIN_KEY": "k"})
+    assert done.returncode == 3 and json.loads((tmp_path / "o" / "result.json").read_text())["rollout_id"] == "ev0-a-s0-a2"
+
+
 def test_an_iteration_with_eval_every_evaluates_its_checkpoint_on_the_same_serve() -> None:
     """eval_every=2 of 3 iterations: iterations 0 and 2 carry an evaluation in their collect DAG (its rollouts
     behind the same policies and serve pod), iteration 1 does not; the final checkpoint's is its own Workflow."""

@@ -90,14 +90,15 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
 
 
 def rollout(config: RunConfig, task: str, rollout_id: str, sample: int | str, proxy_url: str, out: str,
-            python: str = "python", isolation: str = "bwrap", attempt: int = 1) -> list[str]:
-    """Attempt `attempt` of the planned rollout `rollout_id`, sample `sample` of `task`, through the proxy;
-    exit code 3 means infra_error (`steps.rollout`).
+            python: str = "python", isolation: str = "bwrap", attempt: int = 1, retry: str | None = None) -> list[str]:
+    """Attempt `attempt` of the planned rollout `rollout_id` (or, with `retry`, Argo's `{{retries}}`, attempt
+    retry + 1), sample `sample` of `task`, through the proxy; exit code 3 means infra_error (`steps.rollout`).
 
     `isolation`: "bwrap" (a local bubblewrap sandbox) or "pod" (the Kubernetes rollout pod is the sandbox).
     """
     return [python, "-m", "steps.rollout", "--task", task, "--harness", config.harness, "--proxy-url", proxy_url,
             "--rollout-id", rollout_id, "--sample", str(sample), *(["--attempt", str(attempt)] if attempt != 1 else []),
+            *(["--retry", retry] if retry is not None else []),
             "--out", out, "--model-name", config.model_name,
             *(["--isolation", isolation] if isolation != "bwrap" else [])]
 

@@ -165,8 +165,10 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
     An evaluation's rollout writes its result into the evaluation's folder.
     """
     out = "/tmp/rollout"
+    # Each attempt of the step (`{{retries}}`: 0, 1, ...) runs as its own attempt id and uploads into its own
+    # folder, so that a retry never overwrites the infra error before it: every attempt is counted.
     result_url = (layout.eval_result_url if evaluation else layout.result_url)(
-        config.run_url, iteration, "{{inputs.parameters.rollout_id}}")
+        config.run_url, iteration, "{{inputs.parameters.rollout_id}}-r{{retries}}")
     quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
     return Container(
         name=name, image="{{inputs.parameters.image}}", labels={ROLE: "rollout"},
@@ -177,7 +179,7 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
         command=commands.rollout(config, f"{PRIVATE}/app/{{{{inputs.parameters.task}}}}",
                                  "{{inputs.parameters.rollout_id}}", "{{inputs.parameters.sample}}",
                                  "{{inputs.parameters.proxy_url}}", out,
-                                 python=f"{SHARED}/python/bin/python3", isolation="pod"),
+                                 python=f"{SHARED}/python/bin/python3", isolation="pod", retry="{{retries}}"),
         env=admin_env(config) + [Env(name="PYTHONPATH", value=f"{SHARED}/app"),
                                  Env(name="PYTHONSAFEPATH", value="1"),
                                  Env(name="LD_LIBRARY_PATH", value=f"{SHARED}/python/lib"),
