@@ -35,9 +35,8 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from steps import sampling
+from steps import net, sampling
 from steps.checkpoint import TRAINING_ONLY, fetch
 from steps.net import HOST, free_port
 from steps.proxy.__main__ import command_line as proxy_command_line
@@ -84,9 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if (args.model is None) == (args.upstream is None):
         p.error("give either --model (a checkpoint to serve with vLLM) or --upstream (a server already running), "
                 "not both or neither")
-    if args.upstream is not None and not _is_http_url(args.upstream):
-        p.error(f"--upstream must be an http:// or https:// URL with a host and no user or query (e.g. "
-                f"http://10.0.0.5:8000), got {args.upstream!r}")
+    if args.upstream is not None and not net.is_upstream_url(args.upstream):
+        p.error(f"--upstream must be {net.UPSTREAM_URL}")
     try:
         check_vllm_args(args.vllm_arg, where="--vllm-arg")
     except ValueError as exc:
@@ -94,18 +92,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # Checked now, not once vLLM has loaded; and never a plain recorder: the harness does not choose sampling.
     args.sampling = sampling.as_flags(forced_sampling(p, args.sampling) or sampling.NEUTRAL)[1::2]
     return args
-
-
-def _is_http_url(url: str) -> bool:
-    """Whether `url` is http(s)://HOST[:PORT][/PATH]: a port that is a number, no user, query or fragment (a key
-    goes in OPENFORGE_UPSTREAM_API_KEY)."""
-    parts = urlsplit(url)
-    try:
-        parts.port
-    except ValueError:
-        return False
-    return (parts.scheme in ("http", "https") and bool(parts.hostname) and parts.username is None
-            and not parts.query and not parts.fragment)
 
 
 def serving_options(args: argparse.Namespace) -> ServingOptions:

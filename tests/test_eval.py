@@ -526,7 +526,7 @@ def test_an_eval_of_the_builtin_dataset_with_direct_on_the_embedded_default(tiny
     assert again.returncode == 0 and json.loads(again.stdout.splitlines()[-1]) == summary
 
 
-@pytest.mark.parametrize("module", ["steps.evaluate", "steps.plan", "workflows.layout", "workflows.config",
+@pytest.mark.parametrize("module", ["steps.evaluate", "steps.plan", "steps.net", "workflows.layout", "workflows.config",
                                     "workflows.submit"])
 def test_doctests(module: str) -> None:
     """The examples in the docstrings of the evaluation's pure functions hold."""

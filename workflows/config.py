@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from steps import sampling, settings
+from steps import net, sampling, settings
 from steps.harnesses import HARNESSES
 from steps.settings import ConfigError
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
@@ -170,9 +170,9 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if config.report_url_base and not config.report_url_base.startswith(("http://", "https://")):
         raise ConfigError(f"config key 'report_url_base' must be an http:// or https:// URL at which a browser opens "
                           f"the store's root (e.g. https://reports.example.com/runs), got {config.report_url_base!r}")
-    if config.upstream and not config.upstream.startswith(("http://", "https://")):
-        raise ConfigError(f"config key 'upstream' must be an http:// or https:// URL of an OpenAI-compatible server "
-                          f"(its base, e.g. http://10.0.0.5:8000), got {config.upstream!r}")
+    if config.upstream and not net.is_upstream_url(config.upstream):
+        # Not echoed: a URL refused here may hold a password or a key.
+        raise ConfigError(f"config key 'upstream' must be {net.UPSTREAM_URL}: the base of an OpenAI-compatible server")
     if check_dataset and config.eval_dataset and not dataset_path(config, config.eval_dataset).exists():
         raise ConfigError(f"eval_dataset {config.eval_dataset!r} does not exist (looked in "
                           f"{dataset_path(config, config.eval_dataset)}); give a task folder, a folder of task "
@@ -228,8 +228,9 @@ def dataset_path(config: RunConfig, dataset: str | None = None) -> Path:
 
 
 def validate_for_argo(config: RunConfig) -> None:
-    """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3."""
-    for key in ("store", "model"):
+    """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3 (and so
+    must the model, unless an `upstream` serves the evaluation and nothing is loaded)."""
+    for key in ("store", *(() if config.upstream else ("model",))):
         if not getattr(config, key).startswith("s3://"):
             raise ConfigError(f"config key {key!r} must be an s3:// URL for an Argo run (pods share no folder), "
                               f"got {getattr(config, key)!r}")
