@@ -124,7 +124,9 @@ def test_an_endpoint_that_refuses_return_token_ids_is_sent_the_call_again_withou
     calls = served.calls("strict")
     assert [call["untrainable"] for call in calls] == [NO_TOKEN_IDS] * 2
     assert all(call["status"] == "ok" and call["response_logprobs"] for call in calls)
-    assert [("return_token_ids" in exchange["request"]) for exchange in double.exchanges] == [False, False]
+    probe, *asked = double.exchanges  # the proxy's own call at its start, answered once sent without the field
+    assert probe["request"]["max_tokens"] == 1 and "return_token_ids" not in probe["request"]
+    assert [("return_token_ids" in exchange["request"]) for exchange in asked[-2:]] == [False, False]
     # Refused once, then never sent again.
     assert served.log_tail(200).count("upstream refused a vLLM field") == 1
 
@@ -218,15 +220,17 @@ def test_serve_upstream_runs_a_rollout_that_passes_on_the_oracle(with_token_ids,
         try:
             result, calls = rollout_through(served, tmp_path)
             assert (result.status, result.reward) == ("ok", 1.0), result
-            assert result.num_calls == len(calls) == len(double.exchanges) == 2  # the oracle, then "done"
+            probe, *asked = double.exchanges  # the proxy's own one-token call at its start, then the harness's
+            assert probe["request"]["max_tokens"] == 1
+            assert result.num_calls == len(calls) == len(asked) == 2  # the oracle, then "done"
             assert all(call["status"] == "ok" for call in calls)
             if with_token_ids:
                 assert [call["response_token_ids"] for call in calls] == [
-                    exchange["response"]["choices"][0]["token_ids"] for exchange in double.exchanges]
+                    exchange["response"]["choices"][0]["token_ids"] for exchange in asked]
                 assert not any("untrainable" in call for call in calls)
             else:
                 assert all(call["untrainable"] == NO_TOKEN_IDS and call["response_token_ids"] is None for call in calls)
-            assert result.response_tokens == sum(e["response"]["usage"]["completion_tokens"] for e in double.exchanges)
+            assert result.response_tokens == sum(e["response"]["usage"]["completion_tokens"] for e in asked)
             double.set_commands(WRONG_COMMANDS)  # the control: a wrong script fails the same task
             double.app.state.oracle = None
             wrong, _ = rollout_through(served, tmp_path)
@@ -307,6 +311,43 @@ def test_only_a_400_naming_the_field_itself_drops_it():
     assert external._refused_extra(ProxyError(400, "top_logprobs must be at most 20"), sent) is None
     assert external._refused_extra(ProxyError(502, "return_token_ids"), sent) is None
     assert Upstream("http://u")._refused_extra(ProxyError(400, "return_token_ids"), sent) is None  # the run's own vLLM
+
+
+def test_a_harness_call_whose_400_echoes_a_field_name_turns_off_nothing(monkeypatch):
+    """A harness's bad field whose 400 echoes 'return_token_ids logprobs' (as pydantic echoes input values) is
+    that harness's error: later calls of every rollout still carry both fields. Only the proxy's own probe
+    call learns refusals (control: the probe refused by name drops the field). `send` is replaced because
+    the point is which 400 text is trusted, not the HTTP exchange (the strict endpoint test covers that)."""
+    import asyncio
+
+    from steps.proxy.errors import ProxyError
+    from steps.proxy.upstream import Upstream
+
+    sent = []
+
+    async def fake_send(self, method, path, body=None, **kw):
+        sent.append(dict(body))
+        if body.get("user") == "evil":
+            raise ProxyError(400, "1 validation error: user: value 'return_token_ids logprobs' not allowed")
+        if self.model == "strict" and "return_token_ids" in body:
+            raise ProxyError(400, "Unrecognized request argument supplied: return_token_ids")
+        return json.dumps({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop", "token_ids": [1]}],
+                           "prompt_token_ids": [1, 2], "usage": {"prompt_tokens": 2}}).encode()
+
+    monkeypatch.setattr(Upstream, "send", fake_send)
+
+    async def calls(model: str) -> list[dict]:
+        upstream = Upstream("http://x", external=True, model=model)
+        await upstream.probe()
+        with pytest.raises(ProxyError) as refused:
+            await upstream.complete({"messages": [], "user": "evil"})
+        assert refused.value.status == 400
+        await upstream.complete({"messages": []})  # another rollout's call
+        return sent[-1]
+
+    later = asyncio.run(calls("m"))
+    assert later["return_token_ids"] is True and later["logprobs"] is True
+    assert "return_token_ids" not in asyncio.run(calls("strict")) and sent[-1]["logprobs"] is True  # the control
 
 
 @pytest.mark.parametrize("url", ["http://h:abc", "http://", "ftp://h", "http://user:key@h:8000", "http://h/?key=1"])
