@@ -14,7 +14,7 @@ plan skipped are listed in `skipped_tasks`. Per task and overall: tries, passes,
 estimators, `steps.metrics`), mean reward, infra errors, mean model calls, response tokens and seconds per
 try (over the finished tries). The overall pass rates and mean reward are macro averages (each task weighs the same); calls, tokens
 and seconds are per try over all tasks. The table goes to stderr, the summary as one JSON line to stdout
-and to `--out`. Exit code 2 for a bad `--k` or when there are no results to read.
+and to `--out`. Exit code 2 for a bad `--k` (1 to `steps.plan.MAX_EVAL_K`, 100) or when there are no results to read.
 """
 
 import argparse
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from steps import metrics
 from steps.manifest import write_json
-from steps.plan import attempt_of, planned_id
+from steps.plan import MAX_EVAL_K, attempt_of, planned_id
 from steps.tasks import DatasetError, load_dataset
 from steps.trajectories.collect import CollectError, load_results
 
@@ -194,8 +194,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Reads the results, writes summary.json, prints the table (stderr) and the summary (stdout)."""
     args = parse_args(argv)
-    if not args.k.isdigit() or int(args.k) < 1:
-        print(f"error: --k must be a whole number of at least 1 (tries per task), got {args.k!r}", file=sys.stderr)
+    if not args.k.isdigit() or not 1 <= int(args.k) <= MAX_EVAL_K:
+        print(f"error: --k must be a whole number from 1 to {MAX_EVAL_K} (tries per task), got {args.k[:40]!r}",
+              file=sys.stderr)
         return 2
     try:
         results = load_results(args.results)

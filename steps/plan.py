@@ -31,6 +31,8 @@ from steps.tasks import DatasetError, Task, load_dataset
 
 # Seconds a rollout gets beyond its task's agent and verifier timeouts: registering, sandbox, copying tests.
 SETUP_MARGIN_S = 120
+# The most tries per task an evaluation plans (its k): beyond it pass@k says no more, and the plan never ends.
+MAX_EVAL_K = 100
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.tasks_per_iteration is None and not args.eval:
         p.error("--tasks-per-iteration is required (or plan an evaluation with --eval)")
+    if args.eval and not 1 <= args.samples_per_task <= MAX_EVAL_K:
+        p.error(f"--samples-per-task of an evaluation (its k) must be 1 to {MAX_EVAL_K}, got {args.samples_per_task}")
     try:
         tasks, errors = load_dataset(args.dataset)
     except DatasetError as exc:

@@ -160,8 +160,8 @@ def test_the_cli_writes_summary_json_prints_the_table_and_one_json_line(tmp_path
     assert "pass@2" in done.stderr and "overall" in done.stderr
 
 
-@pytest.mark.parametrize("k, expected", [("0", "--k must be a whole number of at least 1 (tries per task), got '0'"),
-                                         ("two", "got 'two'")])
+@pytest.mark.parametrize("k, expected", [("0", "--k must be a whole number from 1 to 100 (tries per task), got '0'"),
+                                         ("two", "got 'two'"), ("101", "got '101'")])
 def test_the_cli_refuses_a_bad_k_and_missing_results_in_one_sentence(k: str, expected: str, tmp_path: Path, capsys) -> None:
     assert evaluate.main(["--results", str(tmp_path), "--k", k, "--out", str(tmp_path / "s.json")]) == 2
     err = capsys.readouterr().err.strip()
@@ -213,8 +213,11 @@ def training_run(store: Path, name: str = "trained", iterations_written: int = 1
     (["--checkpoint", "ghost:1"], "--checkpoint ghost:1: no run named 'ghost' in the store"),
     (["--checkpoint", "trained:2"], "--checkpoint trained:2: run 'trained' has no checkpoint for iteration 2"),
     (["--checkpoint", "trained"], "--checkpoint must be RUN:ITERATION"),
-    (["--k", "0"], "--k must be a whole number of at least 1 (tries per task), got '0'"),
-    (["--k", "three"], "--k must be a whole number of at least 1 (tries per task), got 'three'"),
+    (["--k", "0"], "--k must be a whole number from 1 to 100 (tries per task), got '0'"),
+    (["--k", "three"], "--k must be a whole number from 1 to 100 (tries per task), got 'three'"),
+    (["--k", "100000000000000000000"], "--k must be a whole number from 1 to 100 (tries per task), got '1000"),
+    (["eval_k=101"], "config key 'eval_k' must be at most 100 (tries per task), got 101"),
+    (["--upstream-model", "m"], "config key 'upstream_model' names the model an upstream serves; give the upstream"),
     (["--dataset", "no/such/tasks"], "dataset 'no/such/tasks' does not exist"),
     (["--upstream", "ftp://x"], "config key 'upstream' must be an http:// or https:// URL"),
     (["--upstream", "http://x:8000", "--model", "m"], "--upstream evaluates the model that server serves"),
@@ -274,7 +277,7 @@ def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folder
     assert templates["record"]["container"]["command"] == commands.record_eval(config, 0, "{{workflow.name}}",
                                                                                "{{workflow.status}}")
     key = templates["rollout"]["outputs"]["artifacts"][0]["s3"]["key"]
-    assert key == "runs/ev/evals/iteration-0/results/{{inputs.parameters.rollout_id}}/result.json"
+    assert key == "runs/ev/evals/iteration-0/results/{{inputs.parameters.rollout_id}}-r{{retries}}/result.json"
     trajectories = templates["trajectories"]["container"]["command"]
     assert trajectories[trajectories.index("--out") + 1] == layout.eval_trajectories_url(config.run_url, 0)
     assert "--eval" in commands.plan(config, 0, evaluation=True) and semantic_problems({"spec": spec}) == []

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from steps import net, sampling, settings
 from steps.harnesses import HARNESSES
+from steps.plan import MAX_EVAL_K
 from steps.settings import ConfigError
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
 from steps.vllm_server import check_vllm_args
@@ -145,6 +146,11 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
                 "epochs", "eval_k"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
+    if config.eval_k > MAX_EVAL_K:
+        raise ConfigError(f"config key 'eval_k' must be at most {MAX_EVAL_K} (tries per task), got {config.eval_k}")
+    if config.upstream_model and not config.upstream:
+        raise ConfigError("config key 'upstream_model' names the model an upstream serves; give the upstream too "
+                          "(--upstream URL, the key 'upstream'), or leave it out")
     for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed", "eval_every"):
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")

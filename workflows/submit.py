@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as `python workflows/submit.py`: make the r
 from steps import manifest, sampling  # noqa: E402
 from steps.evaluate import cell, format_table  # noqa: E402
 from steps.manifest import EvalRecord, IterationRecord  # noqa: E402
+from steps.plan import MAX_EVAL_K  # noqa: E402
 from workflows import commands, layout  # noqa: E402
 from workflows.argo import ArgoClient, ArgoError, Progress  # noqa: E402
 from workflows.config import ConfigError, RunConfig, from_dict, load_config, validate_for_argo  # noqa: E402
@@ -99,8 +100,8 @@ def check_eval_flags(args: argparse.Namespace) -> None:
     if args.upstream is not None and (args.model is not None or args.checkpoint is not None):
         raise ConfigError("--upstream evaluates the model that server serves (--upstream-model); leave out "
                           "--model and --checkpoint")
-    if args.k is not None and not (args.k.isdigit() and int(args.k) >= 1):
-        raise ConfigError(f"--k must be a whole number of at least 1 (tries per task), got {args.k!r}")
+    if args.k is not None and not (args.k.isdigit() and 1 <= int(args.k) <= MAX_EVAL_K):
+        raise ConfigError(f"--k must be a whole number from 1 to {MAX_EVAL_K} (tries per task), got {args.k[:40]!r}")
 
 
 def parse_checkpoint(value: str) -> tuple[str, int]:
