@@ -117,12 +117,19 @@ def upstream_base(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect (a 3xx is then an HTTPError): the key goes to the upstream named, nowhere else."""
+
+    def redirect_request(self, *args, **kwargs) -> None:
+        return None
+
+
 def upstream_problem(url: str, model: str, api_key: str | None = None, timeout_s: float = 10.0) -> str | None:
     """Why the upstream at `url` cannot be served (one sentence naming the URL: it does not answer its
-    `/v1/models`, or does not list `model`), or None when it lists `model`."""
+    `/v1/models`, or does not list `model`, or redirects), or None when it lists `model`."""
     request = urllib.request.Request(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        with urllib.request.build_opener(_NoRedirect).open(request, timeout=timeout_s) as answer:
             listed = [entry.get("id") for entry in json.loads(answer.read())["data"]]
     except urllib.error.HTTPError as exc:
         return f"the upstream {url} answered {exc.code} to GET /v1/models; is it an OpenAI-compatible server (and its key set)?"

@@ -258,6 +258,49 @@ def test_a_dead_or_wrong_upstream_stops_serve_in_one_sentence(tmp_path):
     assert f"does not list the model 'other' in its /v1/models (it lists '{REMOTE}')" in run.stderr
 
 
+def test_the_start_up_check_follows_no_redirect_with_the_key():
+    """An upstream whose /v1/models redirects elsewhere: the check stops in one sentence and the other server
+    never sees the key (control: urllib's own opener follows the redirect and sends the key there)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from steps import serve
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.server.server_address[1], self.headers.get("authorization")))
+            if self.server is upstream:
+                self.send_response(302)
+                self.send_header("location", f"http://127.0.0.1:{elsewhere.server_address[1]}/v1/models")
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
+            body = json.dumps({"data": [{"id": "m"}]}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    upstream, elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Handler), ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    for server in (upstream, elsewhere):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{upstream.server_address[1]}"
+        problem = serve.upstream_problem(url, "m", api_key="secret-key")
+        assert problem is not None and "answered 302 to GET /v1/models" in problem and "secret-key" not in problem
+        assert [port for port, _ in seen] == [upstream.server_address[1]]
+        request = urllib.request.Request(f"{url}/v1/models", headers={"Authorization": "Bearer secret-key"})
+        urllib.request.urlopen(request, timeout=10).read()  # the control
+        assert seen[-1] == (elsewhere.server_address[1], "Bearer secret-key")
+    finally:
+        upstream.shutdown(), elsewhere.shutdown()
+
+
 def test_a_real_vllm_as_upstream_has_its_own_token_ids_recorded(vllm_server, tmp_path):
     served = start_serve(vllm_server, tmp_path, model="tiny")
     try:
