@@ -261,6 +261,34 @@ def test_options_of_eval_are_refused_elsewhere_and_upstream_for_training(monkeyp
     assert submit.main(["--harness", "direct"]) == 0
 
 
+def test_locally_only_serve_gets_the_upstreams_key(tmp_path: Path, monkeypatch) -> None:
+    """OPENFORGE_UPSTREAM_API_KEY reaches the serve step and no other (a rollout's harness and agent never see
+    it); control: the driver's own environment has it. Popen is replaced to catch the environment serve is
+    started with, without starting it."""
+    from workflows import local
+
+    monkeypatch.setenv("OPENFORGE_UPSTREAM_API_KEY", "upstream-secret")
+    env = local.step_env("admin")
+    assert os.environ["OPENFORGE_UPSTREAM_API_KEY"] == "upstream-secret"  # the control
+    assert "OPENFORGE_UPSTREAM_API_KEY" not in env and env["OPENFORGE_ADMIN_KEY"] == "admin"
+    started = []
+
+    class Exited:
+        returncode = 1
+
+        def __init__(self, argv, env, **kwargs) -> None:
+            started.append(env)
+
+        def poll(self) -> int:
+            return 1
+
+    monkeypatch.setattr(local.subprocess, "Popen", Exited)
+    config = load_config(None, [f"store={tmp_path}", "run=r", "upstream=http://127.0.0.1:9", "upstream_model=m"])
+    with pytest.raises(local.StepFailed):
+        local.start_serve(config, "unused", 0, env, tmp_path)
+    assert started[0]["OPENFORGE_UPSTREAM_API_KEY"] == "upstream-secret"
+
+
 # ---- the Workflows ----
 
 def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folders() -> None:

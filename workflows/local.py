@@ -35,6 +35,7 @@ from steps.report import write_report
 from workflows import commands, layout
 from workflows.config import REPO_ROOT, RunConfig
 
+UPSTREAM_KEY = "OPENFORGE_UPSTREAM_API_KEY"  # serve's alone (step_env)
 SERVE_START_TIMEOUT_S = 900
 PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: a forked child of a threaded driver must not load it
@@ -71,13 +72,20 @@ def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
     return done.stdout
 
 
+def step_env(admin_key: str) -> dict:
+    """The steps' environment: this one with the admin key, less the upstream's key, which only serve gets
+    (`start_serve`): a rollout's harness or agent never sees it."""
+    return {**{k: v for k, v in os.environ.items() if k != UPSTREAM_KEY}, "OPENFORGE_ADMIN_KEY": admin_key}
+
+
 def start_serve(config: RunConfig, model_dir: str, version: int, env: dict, logs: Path) -> tuple[subprocess.Popen, str]:
     """Starts `steps.serve` (vLLM + proxy) and waits until the proxy answers /health."""
     port = free_port()
     argv = commands.serve(config, model_dir, layout.calls_url(config.run_url), version, port=port, python=sys.executable)
     argv += ["--log", str(logs / "vllm.log")]
     # SIGTERM to serve (which then stops vLLM) if this driver dies, even by SIGKILL: nothing outlives a run.
-    process = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+    key = {UPSTREAM_KEY: os.environ[UPSTREAM_KEY]} if UPSTREAM_KEY in os.environ else {}
+    process = subprocess.Popen(argv, env={**env, **key}, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                                stdout=open(logs / "serve.log", "ab"), stderr=subprocess.STDOUT,
                                preexec_fn=_die_with_driver)
     url = f"http://127.0.0.1:{port}"
@@ -292,7 +300,7 @@ def run_local(config: RunConfig) -> int:
         say(f"run {config.run}: all {config.iterations} iterations are done")
         return 0
     admin_key = secrets.token_urlsafe(24)
-    env = {**os.environ, "OPENFORGE_ADMIN_KEY": admin_key}
+    env = step_env(admin_key)
     model = base_model(config) if first == 0 else config.checkpoint_url(first)
     say(f"run {config.run}: starting vLLM on CPU and the proxy (iteration {first}, {model})")
     serve, proxy_url = start_serve(config, model, first, env, logs)
@@ -350,7 +358,7 @@ def run_local_eval(config: RunConfig, evaluates: dict) -> int:
     if recorded and recorded.status == "Succeeded":
         summary = manifest.read_json(layout.eval_summary_url(config.run_url, 0))
     else:
-        env = {**os.environ, "OPENFORGE_ADMIN_KEY": secrets.token_urlsafe(24)}
+        env = step_env(secrets.token_urlsafe(24))
         model = config.model if config.upstream else base_model(config)
         say(f"eval {config.run}: starting the proxy in front of {config.upstream or f'vLLM on CPU ({model})'}")
         serve, proxy_url = start_serve(config, model, 0, env, logs)
