@@ -5,6 +5,7 @@ driver, and evaluations end to end on this machine.
     .venv/bin/python -m pytest -q tests/test_eval.py                              # + real vLLM on CPU, minutes
 """
 
+import dataclasses
 import doctest
 import importlib
 import json
@@ -421,6 +422,27 @@ def test_a_training_run_with_eval_every_records_each_evaluation(fake_argo: FakeA
     assert {i: (e.workflow, e.status) for i, e in evaluations.items()} == {
         0: ("openforge-ev-train-it0", "Succeeded"), 1: ("openforge-ev-train-eval1", "Succeeded")}
     assert evaluations[1].overall == {"k": 2, **final["overall"]}
+
+
+def test_resume_records_the_evaluation_of_an_iteration_that_ended_while_no_driver_ran(
+        fake_argo: FakeArgoServer, s3_store: str) -> None:
+    """The driver died after an eval_every iteration's Workflow ended: its exit handler recorded the iteration
+    (without its evaluation), and eval-0.json was never written. `resume` records it from its summary and
+    runs nothing again (control: before resume the manifest has no evaluation 0)."""
+    import fsspec
+
+    run_url = f"{s3_store}/ev-died"
+    fake_summary(run_url, 0), fake_summary(run_url, 1)
+    assert drive(fake_argo, s3_store, "--harness", "codex", "run=ev-died", "iterations=1", "eval_every=1") == 0
+    record = manifest.read_iterations(run_url)[0]
+    manifest.record(run_url, dataclasses.replace(record, eval=None))  # as the exit handler writes it
+    fs, path = fsspec.core.url_to_fs(layout.eval_record_url(run_url, 0))
+    fs.rm(path)
+    assert 0 not in manifest.read_evals(run_url)  # the control
+    created = len(fake_argo.calls("POST"))
+    assert drive(fake_argo, s3_store, "resume", "--run", "ev-died") == 0
+    assert len(fake_argo.calls("POST")) == created
+    assert manifest.read_evals(run_url)[0].status == "Succeeded" and manifest.read_iterations(run_url)[0].eval
 
 
 # ---- evaluations end to end on this machine (the embedded default) ----

@@ -303,10 +303,12 @@ def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, pol
 def drive(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
     """Runs the iterations the manifest has not seen succeed, one Workflow each, in order; then, with
     `eval_every`, the final checkpoint's evaluation."""
-    records = manifest.read_iterations(config.run_url)
+    records, evaluations = manifest.read_iterations(config.run_url), manifest.read_evals(config.run_url)
     for iteration in range(config.iterations):
         entry = records.get(iteration)
         if entry and entry.status == "Succeeded":
+            if config.evaluates_at(iteration) and not (iteration in evaluations and evaluations[iteration].done):
+                mark(config, iteration, entry.workflow, entry.status)  # the driver died before recording it
             continue
         if entry and entry.done:
             return stopped(config, iteration, entry.workflow, entry.status)
