@@ -174,6 +174,9 @@ def format_table(summary: dict) -> str:
     if summary.get("missing"):
         table.append(f"warning: {len(summary['missing'])} planned tries have no finished attempt (every attempt an "
                      "infra error, or none wrote a result); each counts as a failed try")
+    if summary.get("skipped_tasks"):
+        names = ", ".join(printable(name) for name in summary["skipped_tasks"])
+        table.append(f"warning: {len(summary['skipped_tasks'])} broken tasks were skipped (not evaluated): {names}")
     return "\n".join(table)
 
 

@@ -126,6 +126,24 @@ def test_a_planned_rollout_is_one_try_however_many_attempts_finished() -> None:
     assert (task["tries"], task["passes"], task["pass_hat_k"]) == (2, 2, 1.0)
 
 
+def test_a_broken_task_the_plan_skipped_is_named_in_the_summary(tmp_path: Path, capsys) -> None:
+    """A dataset with one broken task: the plan skips it with a warning, and summary.json says which and why,
+    so that an evaluation over fewer tasks is never silent (control: the good task is counted as usual)."""
+    dataset = tmp_path / "tasks"
+    shutil.copytree(BUILTIN / "hello-file", dataset / "hello-file")
+    (dataset / "broken").mkdir()
+    (dataset / "broken" / "task.toml").write_text("this is [ not toml")
+    r = result("hello-file", 0, 1.0)
+    (tmp_path / "results" / r["rollout_id"]).mkdir(parents=True)
+    (tmp_path / "results" / r["rollout_id"] / "result.json").write_text(json.dumps(r))
+    assert evaluate.main(["--results", str(tmp_path / "results"), "--k", "1", "--out", str(tmp_path / "s.json"),
+                          "--dataset", str(dataset)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert list(summary["skipped_tasks"]) == ["broken"] and summary["skipped_tasks"]["broken"]
+    assert list(summary["tasks"]) == ["hello-file"] and summary["overall"]["pass_at_1"] == 1.0
+    assert evaluate.format_table(summary).endswith("warning: 1 broken tasks were skipped (not evaluated): broken")
+
+
 def test_the_table_is_aligned_and_a_task_name_cannot_break_it() -> None:
     """One row per task and the overall row, columns aligned; a control character is shown escaped."""
     summary = evaluate.summarize([result("hello-file", 0, 1.0), result("evil\x1b[2J\nname", 0, 0.0)], k=3)
