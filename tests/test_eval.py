@@ -308,6 +308,23 @@ def test_locally_only_serve_gets_the_upstreams_key(tmp_path: Path, monkeypatch) 
     assert started[0]["OPENFORGE_UPSTREAM_API_KEY"] == "upstream-secret"
 
 
+def test_locally_a_failed_eval_every_evaluation_is_said_and_the_training_goes_on(monkeypatch, capsys) -> None:
+    """Within a training iteration, an evaluation that fails (its step exits non-zero) is a warning and no
+    summary, not the iteration's failure (control: the evaluation itself still raises). run_evaluation is
+    replaced: the point is what the iteration does with its failure, not how it fails."""
+    from workflows import local
+
+    def failing(*args) -> dict:
+        raise local.StepFailed("step evaluate exited with code 2")
+
+    monkeypatch.setattr(local, "run_evaluation", failing)
+    config = load_config(None, ["run=r", "eval_every=1"])
+    assert local.evaluate_served(config, 0, "http://proxy", {}, Path("logs")) is None
+    assert "warning: eval 0 failed; the training goes on: step evaluate exited with code 2" in capsys.readouterr().err
+    with pytest.raises(local.StepFailed):  # the control
+        local.run_evaluation(config, 0, "http://proxy", {}, Path("logs"))
+
+
 # ---- the Workflows ----
 
 def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folders() -> None:
@@ -364,6 +381,8 @@ def test_an_iteration_with_eval_every_evaluates_its_checkpoint_on_the_same_serve
             rollout = next(t for t in spec["templates"] if t["name"] == "eval-rollout")
             assert rollout["metadata"]["labels"] == {"openforge.dev/role": "rollout"}  # the same NetworkPolicy
             assert f"evals/iteration-{iteration}/results" in json.dumps(rollout)
+            evaluate_task = next(t for t in collect["dag"]["tasks"] if t["name"] == "evaluate")
+            assert evaluate_task["continueOn"] == {"failed": True, "error": True}  # a failed eval stops no update
     assert submit.build_workflows(config)[-1][1].name == "openforge-t-eval3"
     assert [w.name for _, w in submit.build_workflows(load_config(CLUSTER, ["run=t", "iterations=2"]))] == ["openforge-t-it0",
                                                                                             "openforge-t-it1"]

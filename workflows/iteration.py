@@ -329,7 +329,9 @@ def collect_dag(config: RunConfig, evaluation: bool = False) -> DAG:
     evaluation of the served checkpoint beside them, on the same serve daemon: eval-plan -> eval-rollout x M ->
     eval-trajectories, and evaluate once every eval rollout has ended. The daemon stops when this DAG ends."""
     isolate = list(isolation_policies(config))
-    evaluate = [Task(name="evaluate", template="evaluate", depends="eval-rollout.Succeeded || eval-rollout.Failed")]
+    # A failed evaluation is recorded as failed (the driver's `mark`) and does not stop the iteration's update.
+    evaluate = [Task(name="evaluate", template="evaluate", depends="eval-rollout.Succeeded || eval-rollout.Failed",
+                     continue_on=ContinueOn(failed=True, error=True))]
     return DAG(
         name="collect", parallelism=config.parallel_rollouts + 1,  # + 1: the serve daemon holds a slot
         tasks=[*(Task(name=name, template=name) for name in isolate), Task(name="serve", template="serve"),

@@ -197,6 +197,16 @@ def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict,
     return summary
 
 
+def evaluate_served(config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path) -> dict | None:
+    """An `eval_every` evaluation within a training iteration: its summary, or None when it failed, which is
+    recorded (`eval-N.json` Failed), said, and does not stop the training."""
+    try:
+        return run_evaluation(config, iteration, proxy_url, env, logs)
+    except (StepFailed, OSError) as exc:
+        print(f"warning: eval {iteration} failed; the training goes on: {exc}", file=sys.stderr)
+        return None
+
+
 def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
                   attempt: int = 0) -> dict:
     """plan, rollouts, trajectories, update, weight swap; returns the iteration's summary."""
@@ -313,7 +323,7 @@ def run_local(config: RunConfig) -> int:
             manifest.record(config.run_url, entry)
             try:
                 if config.evaluates_at(iteration):  # the checkpoint this iteration serves, before its rollouts
-                    run_evaluation(config, iteration, proxy_url, env, logs)
+                    evaluate_served(config, iteration, proxy_url, env, logs)
                 summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs, entry.attempt)
             except (StepFailed, OSError) as exc:
                 entry.status = "Failed"
