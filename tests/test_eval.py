@@ -223,6 +223,7 @@ def training_run(store: Path, name: str = "trained", iterations_written: int = 1
     manifest.write_run_config(config.run_url, config.to_dict())
     for iteration in range(1, iterations_written + 1):
         Path(config.checkpoint_url(iteration)).mkdir(parents=True)
+        manifest.record(config.run_url, manifest.IterationRecord(iteration - 1, "local", status="Succeeded"))
     return Path(config.run_url)
 
 
@@ -231,6 +232,9 @@ def training_run(store: Path, name: str = "trained", iterations_written: int = 1
                                                     "--checkpoint RUN:ITERATION, not both"),
     (["--checkpoint", "ghost:1"], "--checkpoint ghost:1: no run named 'ghost' in the store"),
     (["--checkpoint", "trained:2"], "--checkpoint trained:2: run 'trained' has no checkpoint for iteration 2"),
+    (["--checkpoint", "half:1"], "--checkpoint half:1: run 'half' has no checkpoint for iteration 1 (its iteration 0 "
+                                 "has not succeeded"),
+    (["--checkpoint", "evaluated:0"], "--checkpoint evaluated:0: run 'evaluated' is an eval run"),
     (["--checkpoint", "trained"], "--checkpoint must be RUN:ITERATION"),
     (["--k", "0"], "--k must be a whole number from 1 to 100 (tries per task), got '0'"),
     (["--k", "three"], "--k must be a whole number from 1 to 100 (tries per task), got 'three'"),
@@ -245,6 +249,10 @@ def test_eval_errors_are_one_sentence(argv: list[str], expected: str, tmp_path: 
     """Each bad eval command stops with exit code 2 and one line on stderr, before any run is recorded."""
     monkeypatch.delenv("ARGO_SERVER", raising=False)
     training_run(tmp_path)
+    half = training_run(tmp_path, "half")  # its update wrote a folder, then failed
+    manifest.record(str(half), manifest.IterationRecord(0, "local", status="Failed"))
+    evaluated = load_config(None, [f"store={tmp_path}", "run=evaluated"])
+    manifest.write_run_config(evaluated.run_url, evaluated.to_dict(), evaluates={"checkpoint": "m"})
     monkeypatch.setattr("workflows.local.run_local_eval", lambda *a: pytest.fail("a bad eval must not start"))
     code = submit.main(["eval", "--harness", "direct", *argv, f"store={tmp_path}", "run=ev"])
     err = capsys.readouterr().err.strip()
@@ -412,6 +420,7 @@ def test_an_eval_run_on_argo_is_one_workflow_followed_and_recorded(fake_argo: Fa
     config = load_config(CLUSTER, ["run=trained", f"store={s3_store}"])
     manifest.write_run_config(trained, config.to_dict())
     manifest.write_json(layout.metrics_url(config.checkpoint_url(1)), {"loss": 0.1})  # what its update wrote
+    manifest.record(trained, manifest.IterationRecord(0, "openforge-trained-it0", status="Succeeded"))
     summary = fake_summary(f"{s3_store}/ev", 0)
     assert drive(fake_argo, s3_store, "eval", "--harness", "codex", "--checkpoint", "trained:1", "--k", "2", "run=ev") == 0
     out = capsys.readouterr().out.splitlines()

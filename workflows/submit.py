@@ -127,11 +127,16 @@ def resolve_checkpoint(store: str, value: str) -> dict:
     if stored is None:
         raise ConfigError(f"--checkpoint {value}: no run named {run!r} in the store {store!r} "
                           f"(no {layout.run_config_url(run_url)})")
+    if manifest.read_evaluates(run_url) is not None:
+        raise ConfigError(f"--checkpoint {value}: run {run!r} is an eval run, which writes no checkpoint; name a "
+                          f"training run")
     checkpoint = layout.checkpoint_url(run_url, iteration, stored["model"])
     fs, path = fsspec.core.url_to_fs(checkpoint)
-    if iteration > 0 and not fs.exists(path):
+    writer = manifest.read_iterations(run_url).get(iteration - 1)
+    # The update that writes it must have succeeded: a folder alone may be half a checkpoint.
+    if iteration > 0 and not (fs.exists(path) and writer and writer.status == "Succeeded"):
         raise ConfigError(f"--checkpoint {value}: run {run!r} has no checkpoint for iteration {iteration} "
-                          f"(nothing at {checkpoint}; its iteration {iteration - 1} has not written it)")
+                          f"(its iteration {iteration - 1} has not succeeded in writing {checkpoint})")
     return {"checkpoint": checkpoint, "run": run, "iteration": iteration}
 
 
