@@ -7,14 +7,15 @@
 `--results` holds one `<rollout_id>/result.json` per rollout attempt (`steps.rollout`'s OUT). The planned
 tries are rebuilt from `--dataset` as `steps.plan --eval` plans them: `ev<N>-<task>-s<i>`, k per task, its
 attempts `...-aK`. A planned try is one try when an attempt of it finished (`ok` or `agent_timeout`: its last
-finished attempt counts); one with no finished attempt (every attempt an infra error, or a killed rollout
-that wrote nothing) is `missing` and counts as a failed try (reward 0), so that no try that ends badly or
-vanishes can raise a number; every `infra_error` attempt is counted as an infra error. Broken tasks the
-plan skipped are listed in `skipped_tasks`. Per task and overall: tries, passes, pass@1, pass@k, pass^k (unbiased
-estimators, `steps.metrics`), mean reward, infra errors, mean model calls, response tokens and seconds per
-try (over the finished tries). The overall pass rates and mean reward are macro averages (each task weighs the same); calls, tokens
-and seconds are per try over all tasks. The table goes to stderr, the summary as one JSON line to stdout
-and to `--out`. Exit code 2 for a bad `--k` (1 to `steps.plan.MAX_EVAL_K`, 100) or when there are no results to read.
+finished attempt counts); one with no finished attempt (every attempt an infra error, or a killed rollout that
+wrote nothing) is `missing` and counts as a failed try (reward 0), so that no try that ends badly or vanishes
+can raise a number; every `infra_error` attempt is counted as an infra error. Broken tasks the plan skipped
+are listed in `skipped_tasks`. Per task and overall: tries, passes, pass@1, pass@k, pass^k (unbiased
+estimators, `steps.metrics`), mean reward, infra errors, mean model calls, response tokens and seconds per try
+(over the finished tries). The overall pass rates and mean reward are macro averages (each task weighs the
+same); calls, tokens and seconds are per try over all tasks. The table goes to stderr, the summary as one JSON
+line to stdout and to `--out`. Exit code 2 for a bad `--k` (1 to `steps.plan.MAX_EVAL_K`, 100) or when there
+are no results to read.
 """
 
 import argparse

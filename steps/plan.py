@@ -4,19 +4,19 @@
         --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--image-tag 0.1.0]
     python -m steps.plan --eval --dataset steps/tasks/builtin --iteration 0 --samples-per-task 3   # an evaluation
 
-Each item is `{"task", "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb"}`: the task
-folder (relative to the working folder), the sample number, a rollout id unique within the run, the
-container image the rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`),
-the rollout's deadline in seconds (agent + verifier timeouts + setup margin), and the CPUs and memory
-the task's `[environment]` asks for (the rollout pod's requests and limits). The Argo DAG fans out over
-this list (`withParam`); the local runner reads the same list. Each item's `sample` goes to the rollout
-step (`--sample`), which writes it into its result, where the trajectory tables take it from. A retried
-rollout runs under `attempt_id(rollout_id, K)`: `ID-a2`, `ID-a3`, ..., with the same sample. Tasks rotate through a seeded shuffle
-of the dataset, so consecutive iterations see different tasks and a rerun plans the same rollouts.
-`--eval` plans an evaluation of the checkpoint iteration N serves instead: every task of the dataset, in
-name order, `--samples-per-task` tries each (its k), with ids `ev<N>-<task>-s<i>`, which never collide with
-a training rollout's `it<N>-...` in the proxy's store the two share.
-Broken tasks are skipped with a warning on stderr; exit code 2 when no task can be loaded.
+Each item is `{"task", "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb"}`: the task folder
+(relative to the working folder), the sample number, a rollout id unique within the run, the container image
+the rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`), the rollout's
+deadline in seconds (agent + verifier timeouts + setup margin), and the CPUs and memory the task's
+`[environment]` asks for (the rollout pod's requests and limits). The Argo DAG fans out over this list
+(`withParam`); the local runner reads the same list. Each item's `sample` goes to the rollout step
+(`--sample`), which writes it into its result, where the trajectory tables take it from. A retried rollout
+runs under `attempt_id(rollout_id, K)`: `ID-a2`, `ID-a3`, ..., with the same sample. Tasks rotate through a
+seeded shuffle of the dataset, so consecutive iterations see different tasks and a rerun plans the same
+rollouts. `--eval` plans an evaluation of the checkpoint iteration N serves instead: every task of the
+dataset, in name order, `--samples-per-task` tries each (its k), with ids `ev<N>-<task>-s<i>`, which never
+collide with a training rollout's `it<N>-...` in the proxy's store the two share. Broken tasks are skipped
+with a warning on stderr; exit code 2 when no task can be loaded.
 """
 
 import argparse

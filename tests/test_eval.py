@@ -204,6 +204,17 @@ def test_the_eval_plan_is_every_task_times_k_under_ids_no_training_rollout_has()
     assert {(p.task, p.sample) for p in training} == {(p.task, p.sample) for p in planned}  # the same work
 
 
+def test_the_eval_plan_refuses_a_k_beyond_the_cap(capsys) -> None:
+    """An evaluation's k is at most MAX_EVAL_K (control: the cap itself is planned)."""
+    with pytest.raises(SystemExit) as refused:
+        plan.main(["--eval", "--dataset", str(BUILTIN / "hello-file"), "--iteration", "0",
+                   "--samples-per-task", str(plan.MAX_EVAL_K + 1)])
+    assert refused.value.code == 2 and f"must be 1 to {plan.MAX_EVAL_K}" in capsys.readouterr().err
+    assert plan.main(["--eval", "--dataset", str(BUILTIN / "hello-file"), "--iteration", "0",
+                      "--samples-per-task", str(plan.MAX_EVAL_K)]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == plan.MAX_EVAL_K
+
+
 def test_the_eval_plan_command_is_the_one_the_step_parses() -> None:
     config = load_config(None, ["run=e", "eval_k=2", "dataset=steps/tasks/toy", "eval_dataset=steps/tasks/builtin"])
     argv = commands.plan(config, 0, python=sys.executable, evaluation=True)

@@ -4,23 +4,22 @@
     from workflows.iteration import iteration_workflow
     print(iteration_workflow(load_config("configs/cluster-example.yaml", ["run=demo"]), 0).to_yaml())
 
-The outer DAG `iteration` runs `collect` then `update`. `collect` is a DAG of its own so that the
-`serve` daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajectories are
-done, before `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's
-/health answers; reached at `{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list),
-`rollout` (one pod per item of that list, given its task, sample and rollout id, in the task's image,
-with the harness and OpenForge copied in by init containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the
-harness as an unprivileged uid; the task's CPUs and memory; no service account token; retried only on
-exit code 3, infra_error), `trajectories` (Parquet to S3). Before the rollouts, `isolate-rollouts` and
-`isolate-serve` apply two NetworkPolicies owned by the Workflow (deleted with it): a rollout pod reaches
-only this Workflow's serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with `rollout_dns`,
-for Argo's executor) and accepts no connection; the serve pod's proxy accepts only this Workflow's
-rollout and trajectories pods.
-`update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs
-no output from this workflow to chain the next one. The exit handler `exit` writes the
-iteration's outcome to the run manifest (`record`), then the run's report to the store (`report`, which may
-fail without changing the outcome); the Workflow's description links to that report in the Argo UI. Every container command comes from `workflows.commands`;
-credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
+The outer DAG `iteration` runs `collect` then `update`. `collect` is a DAG of its own so that the `serve`
+daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajectories are done, before
+`update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's /health answers; reached at
+`{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list), `rollout` (one pod per item of that list,
+given its task, sample and rollout id, in the task's image, with the harness and OpenForge copied in by init
+containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an
+unprivileged uid; the task's CPUs and memory; no service account token; retried only on exit code 3,
+infra_error), `trajectories` (Parquet to S3). Before the rollouts, `isolate-rollouts` and `isolate-serve`
+apply two NetworkPolicies owned by the Workflow (deleted with it): a rollout pod reaches only this Workflow's
+serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with `rollout_dns`, for Argo's executor) and
+accepts no connection; the serve pod's proxy accepts only this Workflow's rollout and trajectories pods.
+`update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs no
+output from this workflow to chain the next one. The exit handler `exit` writes the iteration's outcome to the
+run manifest (`record`), then the run's report to the store (`report`, which may fail without changing the
+outcome); the Workflow's description links to that report in the Argo UI. Every container command comes from
+`workflows.commands`; credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
 """
 
 import re
