@@ -26,19 +26,6 @@ def update_overrides(config: RunConfig) -> list[str]:
             *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else [])]
 
 
-def eval_dataset(config: RunConfig) -> str:
-    """The dataset evaluations run on: `eval_dataset`, else the run's `dataset` (an eval run's `--dataset`)."""
-    return config.eval_dataset or config.dataset
-
-
-def evaluated(config: RunConfig, iteration: int | str) -> tuple[str, str]:
-    """(what an evaluation of iteration `iteration`'s checkpoint serves, the model name it is served as): the
-    checkpoint, or with `upstream` that server and its model."""
-    if config.upstream:
-        return config.upstream, config.upstream_model or config.model_name
-    return config.checkpoint_url(int(iteration)), config.model_name
-
-
 # ---- the commands ----
 
 def serve(config: RunConfig, model: str, store: str, weight_version: str | int, host: str = "127.0.0.1",
@@ -80,7 +67,7 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
     """Prints the iteration's rollouts as a JSON list (`steps.plan`); with `evaluation`, those of the
     evaluation of its checkpoint: every task of `eval_dataset`, `eval_k` tries each."""
     if evaluation:
-        chosen = ["--eval", "--dataset", eval_dataset(config), "--iteration", str(iteration),
+        chosen = ["--eval", "--dataset", config.evaluation_dataset, "--iteration", str(iteration),
                   "--samples-per-task", str(config.eval_k)]
     else:
         chosen = ["--dataset", config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
@@ -114,10 +101,10 @@ def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int
 def evaluate(config: RunConfig, iteration: int | str, python: str = "python") -> list[str]:
     """The evaluation of iteration `iteration`'s checkpoint from its results: the table, summary.json
     (`steps.evaluate`)."""
-    served, model = evaluated(config, iteration)
+    served, model = config.evaluated(iteration)
     return [python, "-m", "steps.evaluate", "--results", layout.eval_results_url(config.run_url, iteration),
             "--k", str(config.eval_k), "--out", layout.eval_summary_url(config.run_url, iteration),
-            "--harness", config.harness, "--dataset", eval_dataset(config), "--checkpoint", served,
+            "--harness", config.harness, "--dataset", config.evaluation_dataset, "--checkpoint", served,
             "--model", model, "--iteration", str(iteration)]
 
 
@@ -138,7 +125,7 @@ def record(config: RunConfig, iteration: int | str, workflow: str, status: str, 
 def record_eval(config: RunConfig, iteration: int | str, workflow: str, status: str, python: str = "python") -> list[str]:
     """Writes one evaluation's outcome and overall numbers into the run manifest (`steps.manifest record-eval`)."""
     return [python, "-m", "steps.manifest", "record-eval", "--run-url", config.run_url, "--iteration", str(iteration),
-            "--workflow", workflow, "--status", status, "--checkpoint", evaluated(config, iteration)[0],
+            "--workflow", workflow, "--status", status, "--checkpoint", config.evaluated(iteration)[0],
             "--summary", layout.eval_summary_url(config.run_url, iteration)]
 
 

@@ -116,6 +116,22 @@ class RunConfig:
         """
         return self.eval_every > 0 and (iteration % self.eval_every == 0 or iteration == self.iterations)
 
+    def evaluated(self, iteration: int | str) -> tuple[str, str]:
+        """(what an evaluation of iteration `iteration`'s checkpoint serves, the model name it is served as): the
+        checkpoint, or with `upstream` that server and its model.
+
+        >>> RunConfig(upstream="http://10.0.0.5:8000", upstream_model="m").evaluated(0)
+        ('http://10.0.0.5:8000', 'm')
+        """
+        if self.upstream:
+            return self.upstream, self.upstream_model or self.model_name
+        return self.checkpoint_url(int(iteration)), self.model_name
+
+    @property
+    def evaluation_dataset(self) -> str:
+        """The dataset evaluations run on: `eval_dataset`, else the run's `dataset` (an eval run's `--dataset`)."""
+        return self.eval_dataset or self.dataset
+
     def to_dict(self) -> dict:
         """The config as a flat dict (what the run manifest stores)."""
         return dataclasses.asdict(self)

@@ -168,7 +168,7 @@ def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict,
     summary_url = layout.eval_summary_url(config.run_url, iteration)
     if earlier and earlier.status == "Succeeded":
         return manifest.read_json(summary_url)
-    entry = manifest.EvalRecord(iteration, "local", commands.evaluated(config, iteration)[0], "Running",
+    entry = manifest.EvalRecord(iteration, "local", config.evaluated(iteration)[0], "Running",
                                 summary=summary_url, attempt=0 if earlier is None else earlier.attempt + 1)
     manifest.record_eval(config.run_url, entry)
     try:

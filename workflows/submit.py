@@ -153,7 +153,7 @@ def build_eval_config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
         config = dataclasses.replace(config, model=evaluates["checkpoint"])
     if not config.run:
         config = dataclasses.replace(config, run=f"eval-{config.with_run_name().run}")
-    served, model_name = commands.evaluated(config, 0)
+    served, model_name = config.evaluated(0)
     return config, {**evaluates, "checkpoint": served, "model_name": model_name}
 
 
@@ -284,7 +284,7 @@ def mark(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
 def mark_eval(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
     """Records an evaluation's workflow and phase in the run manifest, with its overall numbers once it succeeded."""
     manifest.record_eval(config.run_url, manifest.eval_record(
-        iteration, workflow, commands.evaluated(config, iteration)[0], status,
+        iteration, workflow, config.evaluated(iteration)[0], status,
         layout.eval_summary_url(config.run_url, iteration)))
 
 
