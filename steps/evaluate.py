@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from steps import metrics
 from steps.manifest import write_json
 from steps.plan import MAX_EVAL_K, attempt_of, planned_id
+from steps.rollout import INFRA_ERROR
 from steps.tasks import DatasetError, load_dataset
 from steps.trajectories.collect import CollectError, load_results
 
-INFRA_ERROR = "infra_error"
 COLUMNS = ("tries", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "missing", "infra_errors",
            "mean_calls", "mean_tokens", "mean_duration_s")
 

@@ -31,6 +31,7 @@ from steps.metrics import dataset_metrics
 from steps.net import free_port
 from steps.plan import attempt_id
 from steps.proxy.client import ProxyClient, ProxyClientError
+from steps.rollout import INFRA_ERROR
 from steps.report import write_report
 from workflows import commands, layout
 from workflows.config import REPO_ROOT, RunConfig
@@ -131,13 +132,13 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
                                   preexec_fn=_die_with_driver)
             result_file = out / layout.RESULT_FILE
             result = json.loads(result_file.read_text()) if result_file.exists() else \
-                {"rollout_id": rollout_id, "task": item["task"], "sample": item["sample"], "status": "infra_error",
+                {"rollout_id": rollout_id, "task": item["task"], "sample": item["sample"], "status": INFRA_ERROR,
                  "error": done.stderr[-500:]}
             if done.returncode != 3:
                 break
         counts["done"] += 1
-        counts["failed"] += result["status"] == "infra_error"
-        if result["status"] != "infra_error":
+        counts["failed"] += result["status"] == INFRA_ERROR
+        if result["status"] != INFRA_ERROR:
             counts["rewards"].append(result["reward"])
         mean = sum(counts["rewards"]) / len(counts["rewards"]) if counts["rewards"] else float("nan")
         say(f"{label}: rollouts {counts['done']}/{len(planned)} done, {counts['failed']} infra errors, "
