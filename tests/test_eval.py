@@ -446,7 +446,8 @@ def test_an_eval_run_on_argo_is_one_workflow_followed_and_recorded(fake_argo: Fa
     record = manifest.read_evals(f"{s3_store}/ev")[0]
     assert (record.workflow, record.status, record.overall["pass_hat_k"]) == ("openforge-ev-eval0", "Succeeded", 1.0)
     assert drive(fake_argo, s3_store, "status", "--run", "ev") == 0
-    assert "eval 0: Succeeded  openforge-ev-eval0" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "eval 0: Succeeded  openforge-ev-eval0" in shown and "0 missing, 0 infra errors" in shown
 
 
 def test_a_failed_eval_workflow_is_retried_like_an_iteration(fake_argo: FakeArgoServer, s3_store: str, capsys) -> None:

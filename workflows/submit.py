@@ -407,7 +407,8 @@ def show_status(config: RunConfig, evaluates: dict | None) -> int:
         link = f"  {client.ui_link(entry.workflow)}" if client and entry.workflow else ""
         numbers = entry.overall or {}
         scores = (f"  pass@1 {cell(numbers.get('pass_at_1'))}, pass@{numbers.get('k')} {cell(numbers.get('pass_at_k'))}, "
-                  f"pass^{numbers.get('k')} {cell(numbers.get('pass_hat_k'))}, {numbers.get('infra_errors')} infra errors"
+                  f"pass^{numbers.get('k')} {cell(numbers.get('pass_hat_k'))}, {numbers.get('missing', 0)} missing, "
+                  f"{numbers.get('infra_errors')} infra errors"
                   if numbers else "")
         print(f"eval {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}{scores}")
     return 0
