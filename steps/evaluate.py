@@ -4,29 +4,35 @@
         --out runs/demo/evals/iteration-0/summary.json [--harness direct --dataset steps/tasks/builtin \
         --checkpoint runs/tiny-model --model tiny --iteration 0]
 
-`--results` holds one `<rollout_id>/result.json` per rollout attempt (`steps.rollout`'s OUT). Each planned
-rollout (`ev<N>-<task>-s<i>`, its attempts `...-aK`) is one try when an attempt of it finished (`ok` or
-`agent_timeout`: its last finished attempt counts); every `infra_error` attempt is an infra error, counted
-and left out of every metric. Per task and overall: tries, passes, pass@1, pass@k, pass^k (unbiased
-estimators, `steps.metrics`), mean reward, infra errors, mean model calls, response tokens and seconds per
-try. The overall pass rates and mean reward are macro averages (each task weighs the same); calls, tokens
-and seconds are per try over all tasks. The table goes to stderr, the summary as one JSON line to stdout
-and to `--out`. Exit code 2 for a bad `--k` or when there are no results to read.
+`--results` holds one `<rollout_id>/result.json` per rollout attempt (`steps.rollout`'s OUT). The planned
+tries are rebuilt from `--dataset` as `steps.plan --eval` plans them: `ev<N>-<task>-s<i>`, k per task, its
+attempts `...-aK`. A planned try is one try when an attempt of it finished (`ok` or `agent_timeout`: its last
+finished attempt counts); one with no finished attempt (every attempt an infra error, or a killed rollout that
+wrote nothing) is `missing` and counts as a failed try (reward 0), so that no try that ends badly or vanishes
+can raise a number; every `infra_error` attempt is counted as an infra error. Broken tasks the plan skipped
+are listed in `skipped_tasks`. Per task and overall: tries, passes, pass@1, pass@k, pass^k (unbiased
+estimators, `steps.metrics`), mean reward, infra errors, mean model calls, response tokens and seconds per try
+(over the finished tries). The overall pass rates and mean reward are macro averages (each task weighs the
+same); calls, tokens and seconds are per try over all tasks. The table goes to stderr, the summary as one JSON
+line to stdout and to `--out`. Exit code 2 for a bad `--k` (1 to `steps.plan.MAX_EVAL_K`, 100) or when there
+are no results to read.
 """
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 
 from steps import metrics
 from steps.manifest import write_json
-from steps.plan import attempt_of
+from steps.plan import MAX_EVAL_K, attempt_of, planned_id
+from steps.rollout import INFRA_ERROR
+from steps.tasks import DatasetError, load_dataset
 from steps.trajectories.collect import CollectError, load_results
 
-INFRA_ERROR = "infra_error"
-COLUMNS = ("tries", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "infra_errors", "mean_calls",
-           "mean_tokens", "mean_duration_s")
+COLUMNS = ("tries", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "missing", "infra_errors",
+           "mean_calls", "mean_tokens", "mean_duration_s")
 
 
 def mean(values: Sequence[float | None]) -> float | None:
@@ -71,36 +77,65 @@ def costs(tries: list[dict]) -> dict:
             "mean_duration_s": mean([(r.get("durations") or {}).get("total_s") for r in tries])}
 
 
-def summarize(results: list[dict], k: int) -> dict:
-    """The numbers of summary.json (`k`, `tasks`, `overall`) from rollout results (result.json dicts).
+def planned_tries(results: list[dict], k: int, planned: dict[str, str] | None) -> dict[str, str]:
+    """Every planned try's id and task: `planned` (the plan rebuilt from the dataset) with any try the results
+    name beside it; without a plan, the tries the results name, and `k` tries of each of their tasks.
+
+    >>> planned_tries([{"rollout_id": "ev0-b-s0-a2", "task": "b"}], k=2, planned=None)
+    {'ev0-b-s0': 'b', 'ev0-b-s1': 'b'}
+    """
+    tries = dict(planned or {})
+    for result in results:
+        try_id, _ = attempt_of(result["rollout_id"])
+        tries.setdefault(try_id, result["task"])
+        sample = re.search(r"-s\d+$", try_id)
+        if planned is None and sample:  # a try that wrote nothing is then known only as one of its task's k
+            for other in range(k):
+                tries.setdefault(f"{try_id[:sample.start()]}-s{other}", result["task"])
+    return tries
+
+
+def summarize(results: list[dict], k: int, planned: dict[str, str] | None = None) -> dict:
+    """The numbers of summary.json (`k`, `tasks`, `overall`, `missing`) from rollout results (result.json
+    dicts) and the plan (`planned`: planned rollout id -> task; see `planned_tries` without one). A planned
+    try with no finished attempt (every attempt an infra error, or none wrote a result) is `missing` and
+    scores as a failed try (reward 0): a try that ends as an infra error or vanishes never raises a number.
 
     >>> ok = lambda task, s, reward: {"rollout_id": f"ev0-{task}-s{s}", "task": task, "status": "ok", "reward": reward,
     ...                               "num_calls": 1, "response_tokens": 5, "durations": {"total_s": 2.0}}
     >>> results = [ok("a", 0, 1.0), ok("a", 1, 1.0), ok("b", 0, 0.0), ok("b", 1, 1.0),
     ...            {"rollout_id": "ev0-b-s2", "task": "b", "status": "infra_error", "reward": None}]
-    >>> summary = summarize(results, k=2)
-    >>> summary["tasks"]["b"]["tries"], summary["tasks"]["b"]["infra_errors"], summary["tasks"]["b"]["pass_at_k"]
-    (2, 1, 1.0)
-    >>> {key: summary["overall"][key] for key in ("tries", "passes", "pass_at_1", "pass_hat_k", "infra_errors")}
-    {'tries': 4, 'passes': 3, 'pass_at_1': 0.75, 'pass_hat_k': 0.5, 'infra_errors': 1}
+    >>> summary = summarize(results, k=2, planned={f"ev0-{t}-s{s}": t for t in "ab" for s in range(3)})
+    >>> summary["tasks"]["b"]["tries"], summary["tasks"]["b"]["missing"], summary["tasks"]["b"]["pass_at_k"]
+    (3, 1, 0.6666666666666666)
+    >>> {key: summary["overall"][key] for key in ("tries", "passes", "missing", "infra_errors")}
+    {'tries': 6, 'passes': 3, 'missing': 2, 'infra_errors': 1}
+    >>> summary["missing"]
+    ['ev0-a-s2', 'ev0-b-s2']
     """
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    tries, infra = counted_tries(results)
-    tasks = sorted({r["task"] for r in results})
-    by_task = {task: [r["reward"] for r in tries if r["task"] == task] for task in tasks}
+    finished, infra = counted_tries(results)
+    planned = planned_tries(results, k, planned)
+    done = {attempt_of(r["rollout_id"])[0] for r in finished}
+    missing = sorted(try_id for try_id in planned if try_id not in done)
+    tasks = sorted(set(planned.values()) | {r["task"] for r in finished})
+    by_task = {task: [r["reward"] for r in finished if r["task"] == task] +
+               [0.0 for try_id in missing if planned[try_id] == task] for task in tasks}
     per_task, overall = metrics.dataset_metrics(by_task, k)
     per_task_1, overall_1 = metrics.dataset_metrics(by_task, 1)
 
-    def row(m: metrics.TaskMetrics, at_1: metrics.TaskMetrics, rows: list[dict], infra_rows: list[dict]) -> dict:
+    def row(m: metrics.TaskMetrics, at_1: metrics.TaskMetrics, rows: list[dict], infra_rows: list[dict],
+            missed: list[str]) -> dict:
         return {"tries": m.tries, "passes": m.passes, "pass_at_1": at_1.pass_at_k, "pass_at_k": m.pass_at_k,
-                "pass_hat_k": m.pass_hat_k, "mean_reward": m.mean_reward, "infra_errors": len(infra_rows),
-                **costs(rows)}
+                "pass_hat_k": m.pass_hat_k, "mean_reward": m.mean_reward, "missing": len(missed),
+                "infra_errors": len(infra_rows), **costs(rows)}
 
     return {"k": k,
-            "tasks": {task: row(per_task[task], per_task_1[task], [r for r in tries if r["task"] == task],
-                                [r for r in infra if r["task"] == task]) for task in tasks},
-            "overall": row(overall, overall_1, tries, infra)}
+            "tasks": {task: row(per_task[task], per_task_1[task], [r for r in finished if r["task"] == task],
+                                [r for r in infra if r["task"] == task], [m for m in missing if planned[m] == task])
+                      for task in tasks},
+            "overall": row(overall, overall_1, finished, infra, missing), "missing": missing}
 
 
 def printable(text: str) -> str:
@@ -126,7 +161,8 @@ def cell(value: object) -> str:
 def format_table(summary: dict) -> str:
     """The summary as an aligned text table: one row per task, then the overall row."""
     k = summary["k"]
-    header = ["task", "tries", "pass@1", f"pass@{k}", f"pass^{k}", "reward", "infra", "calls", "tokens", "seconds"]
+    header = ["task", "tries", "pass@1", f"pass@{k}", f"pass^{k}", "reward", "missing", "infra", "calls", "tokens",
+              "seconds"]
     rows = [[printable(task), *(cell(numbers[c]) for c in COLUMNS)] for task, numbers in summary["tasks"].items()]
     rows.append(["overall", *(cell(summary["overall"][c]) for c in COLUMNS)])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -135,7 +171,14 @@ def format_table(summary: dict) -> str:
         return "  ".join([cells[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(cells[1:], widths[1:]))])
 
     rule = "-" * len(line(header))
-    return "\n".join([line(header), rule, *map(line, rows[:-1]), rule, line(rows[-1])])
+    table = [line(header), rule, *map(line, rows[:-1]), rule, line(rows[-1])]
+    if summary.get("missing"):
+        table.append(f"warning: {len(summary['missing'])} planned tries have no finished attempt (every attempt an "
+                     "infra error, or none wrote a result); each counts as a failed try")
+    if summary.get("skipped_tasks"):
+        names = ", ".join(printable(name) for name in summary["skipped_tasks"])
+        table.append(f"warning: {len(summary['skipped_tasks'])} broken tasks were skipped (not evaluated): {names}")
+    return "\n".join(table)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -155,16 +198,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Reads the results, writes summary.json, prints the table (stderr) and the summary (stdout)."""
     args = parse_args(argv)
-    if not args.k.isdigit() or int(args.k) < 1:
-        print(f"error: --k must be a whole number of at least 1 (tries per task), got {args.k!r}", file=sys.stderr)
+    if not args.k.isdigit() or not 1 <= int(args.k) <= MAX_EVAL_K:
+        print(f"error: --k must be a whole number from 1 to {MAX_EVAL_K} (tries per task), got {args.k[:40]!r}",
+              file=sys.stderr)
         return 2
     try:
         results = load_results(args.results)
-    except CollectError as exc:
+        tasks, broken = load_dataset(args.dataset) if args.dataset else ([], [])
+    except (CollectError, DatasetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # The plan the rollouts ran (steps.plan --eval): a try that wrote no result is still counted.
+    planned = {planned_id(task.name, sample, args.iteration, evaluation=True): task.name
+               for task in tasks for sample in range(int(args.k))} if args.dataset else None
     summary = {"k": int(args.k), "harness": args.harness, "dataset": args.dataset, "checkpoint": args.checkpoint,
-               "model": args.model, "iteration": args.iteration, **summarize(results, int(args.k))}
+               "model": args.model, "iteration": args.iteration, **summarize(results, int(args.k), planned),
+               "skipped_tasks": {error.task: error.message for error in broken}}
     write_json(args.out, summary)
     print(format_table(summary), file=sys.stderr)
     print(json.dumps(summary))

@@ -4,19 +4,19 @@
         --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--image-tag 0.1.0]
     python -m steps.plan --eval --dataset steps/tasks/builtin --iteration 0 --samples-per-task 3   # an evaluation
 
-Each item is `{"task", "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb"}`: the task
-folder (relative to the working folder), the sample number, a rollout id unique within the run, the
-container image the rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`),
-the rollout's deadline in seconds (agent + verifier timeouts + setup margin), and the CPUs and memory
-the task's `[environment]` asks for (the rollout pod's requests and limits). The Argo DAG fans out over
-this list (`withParam`); the local runner reads the same list. Each item's `sample` goes to the rollout
-step (`--sample`), which writes it into its result, where the trajectory tables take it from. A retried
-rollout runs under `attempt_id(rollout_id, K)`: `ID-a2`, `ID-a3`, ..., with the same sample. Tasks rotate through a seeded shuffle
-of the dataset, so consecutive iterations see different tasks and a rerun plans the same rollouts.
-`--eval` plans an evaluation of the checkpoint iteration N serves instead: every task of the dataset, in
-name order, `--samples-per-task` tries each (its k), with ids `ev<N>-<task>-s<i>`, which never collide with
-a training rollout's `it<N>-...` in the proxy's store the two share.
-Broken tasks are skipped with a warning on stderr; exit code 2 when no task can be loaded.
+Each item is `{"task", "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb"}`: the task folder
+(relative to the working folder), the sample number, a rollout id unique within the run, the container image
+the rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`), the rollout's
+deadline in seconds (agent + verifier timeouts + setup margin), and the CPUs and memory the task's
+`[environment]` asks for (the rollout pod's requests and limits). The Argo DAG fans out over this list
+(`withParam`); the local runner reads the same list. Each item's `sample` goes to the rollout step
+(`--sample`), which writes it into its result, where the trajectory tables take it from. A retried rollout
+runs under `attempt_id(rollout_id, K)`: `ID-a2`, `ID-a3`, ..., with the same sample. Tasks rotate through a
+seeded shuffle of the dataset, so consecutive iterations see different tasks and a rerun plans the same
+rollouts. `--eval` plans an evaluation of the checkpoint iteration N serves instead: every task of the
+dataset, in name order, `--samples-per-task` tries each (its k), with ids `ev<N>-<task>-s<i>`, which never
+collide with a training rollout's `it<N>-...` in the proxy's store the two share. Broken tasks are skipped
+with a warning on stderr; exit code 2 when no task can be loaded.
 """
 
 import argparse
@@ -31,6 +31,8 @@ from steps.tasks import DatasetError, Task, load_dataset
 
 # Seconds a rollout gets beyond its task's agent and verifier timeouts: registering, sandbox, copying tests.
 SETUP_MARGIN_S = 120
+# The most tries per task an evaluation plans (its k): beyond it pass@k says no more, and the plan never ends.
+MAX_EVAL_K = 100
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,15 @@ def attempt_id(rollout_id: str, attempt: int) -> str:
     if attempt < 1:
         raise ValueError(f"attempt must be 1 or more, got {attempt}")
     return rollout_id if attempt == 1 else f"{rollout_id}-a{attempt}"
+
+
+def planned_id(task_name: str, sample: int, iteration: int, evaluation: bool = False) -> str:
+    """The id of a planned rollout: `it<N>-<task>-s<i>`, or `ev<N>-<task>-s<i>` in an evaluation.
+
+    >>> planned_id("hello-file", 1, 0), planned_id("hello-file", 0, 2, evaluation=True)
+    ('it0-hello-file-s1', 'ev2-hello-file-s0')
+    """
+    return f"{'ev' if evaluation else 'it'}{iteration}-{task_name}-s{sample}"
 
 
 def attempt_of(rollout_id: str) -> tuple[str, int]:
@@ -93,7 +104,6 @@ def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_pe
     root = (root or Path.cwd()).resolve()
     planned = []
     chosen = sorted(tasks, key=lambda t: t.name) if evaluation else pick_tasks(tasks, iteration, tasks_per_iteration, seed)
-    id_prefix = f"ev{iteration}" if evaluation else f"it{iteration}"
     for task in chosen:
         path = task.path.resolve()
         folder = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
@@ -101,9 +111,9 @@ def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_pe
         deadline = int(task.config.agent_timeout_s + task.config.verifier_timeout_s + SETUP_MARGIN_S)
         resources = task.config.resources
         for sample in range(samples_per_task):
-            planned.append(PlannedRollout(task=folder, sample=sample, rollout_id=f"{id_prefix}-{task.name}-s{sample}",
-                                          image=image, deadline_s=deadline, cpus=resources.cpus,
-                                          memory_mb=resources.memory_mb))
+            planned.append(PlannedRollout(task=folder, sample=sample,
+                                          rollout_id=planned_id(task.name, sample, iteration, evaluation), image=image,
+                                          deadline_s=deadline, cpus=resources.cpus, memory_mb=resources.memory_mb))
     return planned
 
 
@@ -122,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.tasks_per_iteration is None and not args.eval:
         p.error("--tasks-per-iteration is required (or plan an evaluation with --eval)")
+    if args.eval and not 1 <= args.samples_per_task <= MAX_EVAL_K:
+        p.error(f"--samples-per-task of an evaluation (its k) must be 1 to {MAX_EVAL_K}, got {args.samples_per_task}")
     try:
         tasks, errors = load_dataset(args.dataset)
     except DatasetError as exc:

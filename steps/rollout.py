@@ -44,6 +44,7 @@ from steps.tasks.verify import run_verifier
 from workflows.layout import RESULT_FILE, REWARD_FILE, STATUS_FILE  # in OUT: the step's output
 
 INFRA_EXIT_CODE = 3
+INFRA_ERROR = "infra_error"  # the status of an attempt that failed for a reason other than the agent
 ISOLATIONS = ("bwrap", "pod")  # a bubblewrap sandbox built from the Dockerfile, or the Kubernetes pod itself
 MAX_ATTEMPTS = 20  # ids a rollout tries when earlier attempts of its step registered theirs
 NO_REWARD = "none"  # OUT/reward of a rollout without one (infra_error), and Argo's default when none was written
@@ -220,7 +221,7 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
     `result.json` is left in `OUT` (`write_result`)."""
     started = time.monotonic()
     result = RolloutResult(rollout_id=attempt_id(spec.rollout_id, spec.attempt), task=spec.task.name,
-                           harness=spec.harness, status="infra_error", reward=None, sample=spec.sample,
+                           harness=spec.harness, status=INFRA_ERROR, reward=None, sample=spec.sample,
                            metadata=spec.metadata)
     try:
         spec.out.mkdir(parents=True, exist_ok=True)
@@ -243,17 +244,17 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
         finally:
             box.close()  # unmounted; ROOT/upper keeps what the agent changed
     except (InfraError, SandboxError, TaskError) as exc:
-        result.status, result.reward, result.error = "infra_error", None, str(exc)
+        result.status, result.reward, result.error = INFRA_ERROR, None, str(exc)
     except OSError as exc:  # e.g. a pod whose runner may not write /logs: the setup's fault, never the agent's
-        result.status, result.reward, result.error = "infra_error", None, f"{type(exc).__name__}: {exc}"
+        result.status, result.reward, result.error = INFRA_ERROR, None, f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - a bug in the runner: retried like any infrastructure failure
-        result.status, result.reward = "infra_error", None
+        result.status, result.reward = INFRA_ERROR, None
         result.error = f"the rollout runner crashed ({type(exc).__name__}: {exc})"
     result.durations["total_s"] = round(time.monotonic() - started, 3)
     unwritten = write_result(spec.out, result)
     if unwritten:
         earlier = f"; before that: {result.error}" if result.error else ""
-        result.status, result.reward = "infra_error", None
+        result.status, result.reward = INFRA_ERROR, None
         result.error = f"{spec.out / RESULT_FILE} could not be written ({unwritten}){earlier}"
     write_outputs(spec.out, result)
     return result
@@ -312,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollout-id", required=True, help="the plan's id; attempt K runs as ID-aK")
     p.add_argument("--sample", type=int, help="the plan's sample number: which of its task's rollouts this is")
     p.add_argument("--attempt", type=int, default=1, help="which attempt of the rollout this is (1, 2, ...)")
+    p.add_argument("--retry", type=int, help="instead of --attempt: Argo's retry number ({{retries}}, 0 on the "
+                   "first try), attempt N+1")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--model-name", default="tiny", help="the served model's name, which the harness asks for "
                    "(the proxy serves its own whatever the name)")
@@ -324,8 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     admin_key = os.environ.get("OPENFORGE_ADMIN_KEY")
     if not admin_key:
         p.error("set OPENFORGE_ADMIN_KEY to the proxy's admin key")
+    if args.retry is not None:
+        args.attempt = args.retry + 1
     if args.attempt < 1 or (args.sample is not None and args.sample < 0):
-        p.error("--attempt must be 1 or more and --sample 0 or more")
+        p.error("--attempt must be 1 or more (--retry 0 or more) and --sample 0 or more")
     if args.isolation == "pod" and not sys.flags.safe_path:
         p.error("run pod mode with python -P (or PYTHONSAFEPATH=1): the working folder is the agent's workspace "
                 "and must not be on the runner's import path")
@@ -337,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_rollout(spec)
     except Exception as exc:  # noqa: BLE001 - run_rollout catches its own; this is a bug outside its guard
         result = RolloutResult(rollout_id=attempt_id(spec.rollout_id, spec.attempt), task=spec.task.name,
-                               harness=spec.harness, status="infra_error", reward=None, sample=spec.sample,
+                               harness=spec.harness, status=INFRA_ERROR, reward=None, sample=spec.sample,
                                metadata=spec.metadata,
                                error=f"the rollout runner crashed ({type(exc).__name__}: {exc})")
         unwritten = write_result(spec.out, result)
@@ -348,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steps.rollout: infra_error: {' '.join(str(result.error).split())}", file=sys.stderr)  # one line
     print(json.dumps({k: getattr(result, k) for k in ("rollout_id", "task", "sample", "harness", "status", "reward",
                                                       "num_calls", "error")}))
-    return INFRA_EXIT_CODE if result.status == "infra_error" else 0
+    return INFRA_EXIT_CODE if result.status == INFRA_ERROR else 0
 
 
 if __name__ == "__main__":

@@ -35,9 +35,8 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from steps import sampling
+from steps import net, sampling
 from steps.checkpoint import TRAINING_ONLY, fetch
 from steps.net import HOST, free_port
 from steps.proxy.__main__ import command_line as proxy_command_line
@@ -84,9 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if (args.model is None) == (args.upstream is None):
         p.error("give either --model (a checkpoint to serve with vLLM) or --upstream (a server already running), "
                 "not both or neither")
-    if args.upstream is not None and not _is_http_url(args.upstream):
-        p.error(f"--upstream must be an http:// or https:// URL with a host and no user or query (e.g. "
-                f"http://10.0.0.5:8000), got {args.upstream!r}")
+    if args.upstream is not None and not net.is_upstream_url(args.upstream):
+        p.error(f"--upstream must be {net.UPSTREAM_URL}")
     try:
         check_vllm_args(args.vllm_arg, where="--vllm-arg")
     except ValueError as exc:
@@ -94,18 +92,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # Checked now, not once vLLM has loaded; and never a plain recorder: the harness does not choose sampling.
     args.sampling = sampling.as_flags(forced_sampling(p, args.sampling) or sampling.NEUTRAL)[1::2]
     return args
-
-
-def _is_http_url(url: str) -> bool:
-    """Whether `url` is http(s)://HOST[:PORT][/PATH]: a port that is a number, no user, query or fragment (a key
-    goes in OPENFORGE_UPSTREAM_API_KEY)."""
-    parts = urlsplit(url)
-    try:
-        parts.port
-    except ValueError:
-        return False
-    return (parts.scheme in ("http", "https") and bool(parts.hostname) and parts.username is None
-            and not parts.query and not parts.fragment)
 
 
 def serving_options(args: argparse.Namespace) -> ServingOptions:
@@ -131,12 +117,19 @@ def upstream_base(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect (a 3xx is then an HTTPError): the key goes to the upstream named, nowhere else."""
+
+    def redirect_request(self, *args, **kwargs) -> None:
+        return None
+
+
 def upstream_problem(url: str, model: str, api_key: str | None = None, timeout_s: float = 10.0) -> str | None:
     """Why the upstream at `url` cannot be served (one sentence naming the URL: it does not answer its
-    `/v1/models`, or does not list `model`), or None when it lists `model`."""
+    `/v1/models`, or does not list `model`, or redirects), or None when it lists `model`."""
     request = urllib.request.Request(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        with urllib.request.build_opener(_NoRedirect).open(request, timeout=timeout_s) as answer:
             listed = [entry.get("id") for entry in json.loads(answer.read())["data"]]
     except urllib.error.HTTPError as exc:
         return f"the upstream {url} answered {exc.code} to GET /v1/models; is it an OpenAI-compatible server (and its key set)?"

@@ -124,7 +124,9 @@ def test_an_endpoint_that_refuses_return_token_ids_is_sent_the_call_again_withou
     calls = served.calls("strict")
     assert [call["untrainable"] for call in calls] == [NO_TOKEN_IDS] * 2
     assert all(call["status"] == "ok" and call["response_logprobs"] for call in calls)
-    assert [("return_token_ids" in exchange["request"]) for exchange in double.exchanges] == [False, False]
+    probe, *asked = double.exchanges  # the proxy's own call at its start, answered once sent without the field
+    assert probe["request"]["max_tokens"] == 1 and "return_token_ids" not in probe["request"]
+    assert [("return_token_ids" in exchange["request"]) for exchange in asked[-2:]] == [False, False]
     # Refused once, then never sent again.
     assert served.log_tail(200).count("upstream refused a vLLM field") == 1
 
@@ -218,15 +220,17 @@ def test_serve_upstream_runs_a_rollout_that_passes_on_the_oracle(with_token_ids,
         try:
             result, calls = rollout_through(served, tmp_path)
             assert (result.status, result.reward) == ("ok", 1.0), result
-            assert result.num_calls == len(calls) == len(double.exchanges) == 2  # the oracle, then "done"
+            probe, *asked = double.exchanges  # the proxy's own one-token call at its start, then the harness's
+            assert probe["request"]["max_tokens"] == 1
+            assert result.num_calls == len(calls) == len(asked) == 2  # the oracle, then "done"
             assert all(call["status"] == "ok" for call in calls)
             if with_token_ids:
                 assert [call["response_token_ids"] for call in calls] == [
-                    exchange["response"]["choices"][0]["token_ids"] for exchange in double.exchanges]
+                    exchange["response"]["choices"][0]["token_ids"] for exchange in asked]
                 assert not any("untrainable" in call for call in calls)
             else:
                 assert all(call["untrainable"] == NO_TOKEN_IDS and call["response_token_ids"] is None for call in calls)
-            assert result.response_tokens == sum(e["response"]["usage"]["completion_tokens"] for e in double.exchanges)
+            assert result.response_tokens == sum(e["response"]["usage"]["completion_tokens"] for e in asked)
             double.set_commands(WRONG_COMMANDS)  # the control: a wrong script fails the same task
             double.app.state.oracle = None
             wrong, _ = rollout_through(served, tmp_path)
@@ -252,6 +256,49 @@ def test_a_dead_or_wrong_upstream_stops_serve_in_one_sentence(tmp_path):
                              capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
     assert f"does not list the model 'other' in its /v1/models (it lists '{REMOTE}')" in run.stderr
+
+
+def test_the_start_up_check_follows_no_redirect_with_the_key():
+    """An upstream whose /v1/models redirects elsewhere: the check stops in one sentence and the other server
+    never sees the key (control: urllib's own opener follows the redirect and sends the key there)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from steps import serve
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.server.server_address[1], self.headers.get("authorization")))
+            if self.server is upstream:
+                self.send_response(302)
+                self.send_header("location", f"http://127.0.0.1:{elsewhere.server_address[1]}/v1/models")
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
+            body = json.dumps({"data": [{"id": "m"}]}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    upstream, elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Handler), ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    for server in (upstream, elsewhere):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{upstream.server_address[1]}"
+        problem = serve.upstream_problem(url, "m", api_key="secret-key")
+        assert problem is not None and "answered 302 to GET /v1/models" in problem and "secret-key" not in problem
+        assert [port for port, _ in seen] == [upstream.server_address[1]]
+        request = urllib.request.Request(f"{url}/v1/models", headers={"Authorization": "Bearer secret-key"})
+        urllib.request.urlopen(request, timeout=10).read()  # the control
+        assert seen[-1] == (elsewhere.server_address[1], "Bearer secret-key")
+    finally:
+        upstream.shutdown(), elsewhere.shutdown()
 
 
 def test_a_real_vllm_as_upstream_has_its_own_token_ids_recorded(vllm_server, tmp_path):
@@ -309,6 +356,43 @@ def test_only_a_400_naming_the_field_itself_drops_it():
     assert Upstream("http://u")._refused_extra(ProxyError(400, "return_token_ids"), sent) is None  # the run's own vLLM
 
 
+def test_a_harness_call_whose_400_echoes_a_field_name_turns_off_nothing(monkeypatch):
+    """A harness's bad field whose 400 echoes 'return_token_ids logprobs' (as pydantic echoes input values) is
+    that harness's error: later calls of every rollout still carry both fields. Only the proxy's own probe
+    call learns refusals (control: the probe refused by name drops the field). `send` is replaced because
+    the point is which 400 text is trusted, not the HTTP exchange (the strict endpoint test covers that)."""
+    import asyncio
+
+    from steps.proxy.errors import ProxyError
+    from steps.proxy.upstream import Upstream
+
+    sent = []
+
+    async def fake_send(self, method, path, body=None, **kw):
+        sent.append(dict(body))
+        if body.get("user") == "evil":
+            raise ProxyError(400, "1 validation error: user: value 'return_token_ids logprobs' not allowed")
+        if self.model == "strict" and "return_token_ids" in body:
+            raise ProxyError(400, "Unrecognized request argument supplied: return_token_ids")
+        return json.dumps({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop", "token_ids": [1]}],
+                           "prompt_token_ids": [1, 2], "usage": {"prompt_tokens": 2}}).encode()
+
+    monkeypatch.setattr(Upstream, "send", fake_send)
+
+    async def calls(model: str) -> list[dict]:
+        upstream = Upstream("http://x", external=True, model=model)
+        await upstream.probe()
+        with pytest.raises(ProxyError) as refused:
+            await upstream.complete({"messages": [], "user": "evil"})
+        assert refused.value.status == 400
+        await upstream.complete({"messages": []})  # another rollout's call
+        return sent[-1]
+
+    later = asyncio.run(calls("m"))
+    assert later["return_token_ids"] is True and later["logprobs"] is True
+    assert "return_token_ids" not in asyncio.run(calls("strict")) and sent[-1]["logprobs"] is True  # the control
+
+
 @pytest.mark.parametrize("url", ["http://h:abc", "http://", "ftp://h", "http://user:key@h:8000", "http://h/?key=1"])
 def test_an_upstream_that_is_no_url_is_refused_in_one_sentence(url, capsys):
     from steps import serve
@@ -316,5 +400,6 @@ def test_an_upstream_that_is_no_url_is_refused_in_one_sentence(url, capsys):
     with pytest.raises(SystemExit) as stopped:
         serve.parse_args(["--upstream", url, "--model-name", ASKED, "--port", "1", "--store", "s"])
     error = capsys.readouterr().err.splitlines()[-1]
-    assert stopped.value.code == 2 and "--upstream must be an http:// or https:// URL" in error and repr(url) in error
+    assert stopped.value.code == 2 and "--upstream must be an http:// or https:// URL" in error
+    assert "user:key" not in error and "key=1" not in error  # not repeated: it may hold a password or a key
     assert serve.parse_args(["--upstream", "https://h/v1", "--model-name", ASKED, "--port", "1", "--store", "s"])  # control

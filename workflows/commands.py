@@ -26,19 +26,6 @@ def update_overrides(config: RunConfig) -> list[str]:
             *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else [])]
 
 
-def eval_dataset(config: RunConfig) -> str:
-    """The dataset evaluations run on: `eval_dataset`, else the run's `dataset` (an eval run's `--dataset`)."""
-    return config.eval_dataset or config.dataset
-
-
-def evaluated(config: RunConfig, iteration: int | str) -> tuple[str, str]:
-    """(what an evaluation of iteration `iteration`'s checkpoint serves, the model name it is served as): the
-    checkpoint, or with `upstream` that server and its model."""
-    if config.upstream:
-        return config.upstream, config.upstream_model or config.model_name
-    return config.checkpoint_url(int(iteration)), config.model_name
-
-
 # ---- the commands ----
 
 def serve(config: RunConfig, model: str, store: str, weight_version: str | int, host: str = "127.0.0.1",
@@ -80,7 +67,7 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
     """Prints the iteration's rollouts as a JSON list (`steps.plan`); with `evaluation`, those of the
     evaluation of its checkpoint: every task of `eval_dataset`, `eval_k` tries each."""
     if evaluation:
-        chosen = ["--eval", "--dataset", eval_dataset(config), "--iteration", str(iteration),
+        chosen = ["--eval", "--dataset", config.evaluation_dataset, "--iteration", str(iteration),
                   "--samples-per-task", str(config.eval_k)]
     else:
         chosen = ["--dataset", config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
@@ -90,14 +77,15 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
 
 
 def rollout(config: RunConfig, task: str, rollout_id: str, sample: int | str, proxy_url: str, out: str,
-            python: str = "python", isolation: str = "bwrap", attempt: int = 1) -> list[str]:
-    """Attempt `attempt` of the planned rollout `rollout_id`, sample `sample` of `task`, through the proxy;
-    exit code 3 means infra_error (`steps.rollout`).
+            python: str = "python", isolation: str = "bwrap", attempt: int = 1, retry: str | None = None) -> list[str]:
+    """Attempt `attempt` of the planned rollout `rollout_id` (or, with `retry`, Argo's `{{retries}}`, attempt
+    retry + 1), sample `sample` of `task`, through the proxy; exit code 3 means infra_error (`steps.rollout`).
 
     `isolation`: "bwrap" (a local bubblewrap sandbox) or "pod" (the Kubernetes rollout pod is the sandbox).
     """
     return [python, "-m", "steps.rollout", "--task", task, "--harness", config.harness, "--proxy-url", proxy_url,
             "--rollout-id", rollout_id, "--sample", str(sample), *(["--attempt", str(attempt)] if attempt != 1 else []),
+            *(["--retry", retry] if retry is not None else []),
             "--out", out, "--model-name", config.model_name,
             *(["--isolation", isolation] if isolation != "bwrap" else [])]
 
@@ -113,10 +101,10 @@ def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int
 def evaluate(config: RunConfig, iteration: int | str, python: str = "python") -> list[str]:
     """The evaluation of iteration `iteration`'s checkpoint from its results: the table, summary.json
     (`steps.evaluate`)."""
-    served, model = evaluated(config, iteration)
+    served, model = config.evaluated(iteration)
     return [python, "-m", "steps.evaluate", "--results", layout.eval_results_url(config.run_url, iteration),
             "--k", str(config.eval_k), "--out", layout.eval_summary_url(config.run_url, iteration),
-            "--harness", config.harness, "--dataset", eval_dataset(config), "--checkpoint", served,
+            "--harness", config.harness, "--dataset", config.evaluation_dataset, "--checkpoint", served,
             "--model", model, "--iteration", str(iteration)]
 
 
@@ -137,7 +125,7 @@ def record(config: RunConfig, iteration: int | str, workflow: str, status: str, 
 def record_eval(config: RunConfig, iteration: int | str, workflow: str, status: str, python: str = "python") -> list[str]:
     """Writes one evaluation's outcome and overall numbers into the run manifest (`steps.manifest record-eval`)."""
     return [python, "-m", "steps.manifest", "record-eval", "--run-url", config.run_url, "--iteration", str(iteration),
-            "--workflow", workflow, "--status", status, "--checkpoint", evaluated(config, iteration)[0],
+            "--workflow", workflow, "--status", status, "--checkpoint", config.evaluated(iteration)[0],
             "--summary", layout.eval_summary_url(config.run_url, iteration)]
 
 

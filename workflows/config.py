@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from steps import sampling, settings
+from steps import net, sampling, settings
 from steps.harnesses import HARNESSES
+from steps.plan import MAX_EVAL_K
 from steps.settings import ConfigError
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
 from steps.vllm_server import check_vllm_args
@@ -115,6 +116,22 @@ class RunConfig:
         """
         return self.eval_every > 0 and (iteration % self.eval_every == 0 or iteration == self.iterations)
 
+    def evaluated(self, iteration: int | str) -> tuple[str, str]:
+        """(what an evaluation of iteration `iteration`'s checkpoint serves, the model name it is served as): the
+        checkpoint, or with `upstream` that server and its model.
+
+        >>> RunConfig(upstream="http://10.0.0.5:8000", upstream_model="m").evaluated(0)
+        ('http://10.0.0.5:8000', 'm')
+        """
+        if self.upstream:
+            return self.upstream, self.upstream_model or self.model_name
+        return self.checkpoint_url(int(iteration)), self.model_name
+
+    @property
+    def evaluation_dataset(self) -> str:
+        """The dataset evaluations run on: `eval_dataset`, else the run's `dataset` (an eval run's `--dataset`)."""
+        return self.eval_dataset or self.dataset
+
     def to_dict(self) -> dict:
         """The config as a flat dict (what the run manifest stores)."""
         return dataclasses.asdict(self)
@@ -145,6 +162,11 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
                 "epochs", "eval_k"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
+    if config.eval_k > MAX_EVAL_K:
+        raise ConfigError(f"config key 'eval_k' must be at most {MAX_EVAL_K} (tries per task), got {config.eval_k}")
+    if config.upstream_model and not config.upstream:
+        raise ConfigError("config key 'upstream_model' names the model an upstream serves; give the upstream too "
+                          "(--upstream URL, the key 'upstream'), or leave it out")
     for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed", "eval_every"):
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
@@ -170,9 +192,9 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if config.report_url_base and not config.report_url_base.startswith(("http://", "https://")):
         raise ConfigError(f"config key 'report_url_base' must be an http:// or https:// URL at which a browser opens "
                           f"the store's root (e.g. https://reports.example.com/runs), got {config.report_url_base!r}")
-    if config.upstream and not config.upstream.startswith(("http://", "https://")):
-        raise ConfigError(f"config key 'upstream' must be an http:// or https:// URL of an OpenAI-compatible server "
-                          f"(its base, e.g. http://10.0.0.5:8000), got {config.upstream!r}")
+    if config.upstream and not net.is_upstream_url(config.upstream):
+        # Not echoed: a URL refused here may hold a password or a key.
+        raise ConfigError(f"config key 'upstream' must be {net.UPSTREAM_URL}: the base of an OpenAI-compatible server")
     if check_dataset and config.eval_dataset and not dataset_path(config, config.eval_dataset).exists():
         raise ConfigError(f"eval_dataset {config.eval_dataset!r} does not exist (looked in "
                           f"{dataset_path(config, config.eval_dataset)}); give a task folder, a folder of task "
@@ -228,8 +250,9 @@ def dataset_path(config: RunConfig, dataset: str | None = None) -> Path:
 
 
 def validate_for_argo(config: RunConfig) -> None:
-    """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3."""
-    for key in ("store", "model"):
+    """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3 (and so
+    must the model, unless an `upstream` serves the evaluation and nothing is loaded)."""
+    for key in ("store", *(() if config.upstream else ("model",))):
         if not getattr(config, key).startswith("s3://"):
             raise ConfigError(f"config key {key!r} must be an s3:// URL for an Argo run (pods share no folder), "
                               f"got {getattr(config, key)!r}")

@@ -9,10 +9,11 @@ It evaluates the checkpoint iteration `iteration` of the run serves: an eval run
 config's `model`, which `submit.py eval --checkpoint RUN:ITERATION` set to that run's checkpoint), or a
 training run's final checkpoint (`iterations`), which no iteration serves. The outer DAG `evaluation` runs
 `collect` (the iteration's: network policies, the serve daemon, `plan --eval` -> `rollout` x (tasks x k) ->
-`trajectories`, into the evaluation's folder) and then `evaluate` (summary.json), whether or not every
-rollout succeeded, so that infra errors are counted. The exit handler (the iteration's `exit`: `record`, then
-`report`) writes the evaluation's record (`manifest/eval-<N>.json`) and then the run's report. The templates are `workflows.iteration`'s, given the evaluation's
-folders; the rollout template keeps its name, so the driver's progress and `retry` work as for iterations.
+`trajectories`, into the evaluation's folder) and then `evaluate` (summary.json), whether or not every rollout
+succeeded, so that infra errors are counted. The exit handler (the iteration's `exit`: `record`, then
+`report`) writes the evaluation's record (`manifest/eval-<N>.json`) and then the run's report. The templates
+are `workflows.iteration`'s, given the evaluation's folders; the rollout template keeps its name, so the
+driver's progress and `retry` work as for iterations.
 """
 
 from hera.workflows import DAG, Container, Resources, Task, Workflow

@@ -4,23 +4,22 @@
     from workflows.iteration import iteration_workflow
     print(iteration_workflow(load_config("configs/cluster-example.yaml", ["run=demo"]), 0).to_yaml())
 
-The outer DAG `iteration` runs `collect` then `update`. `collect` is a DAG of its own so that the
-`serve` daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajectories are
-done, before `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's
-/health answers; reached at `{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list),
-`rollout` (one pod per item of that list, given its task, sample and rollout id, in the task's image,
-with the harness and OpenForge copied in by init containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the
-harness as an unprivileged uid; the task's CPUs and memory; no service account token; retried only on
-exit code 3, infra_error), `trajectories` (Parquet to S3). Before the rollouts, `isolate-rollouts` and
-`isolate-serve` apply two NetworkPolicies owned by the Workflow (deleted with it): a rollout pod reaches
-only this Workflow's serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with `rollout_dns`,
-for Argo's executor) and accepts no connection; the serve pod's proxy accepts only this Workflow's
-rollout and trajectories pods.
-`update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs
-no output from this workflow to chain the next one. The exit handler `exit` writes the
-iteration's outcome to the run manifest (`record`), then the run's report to the store (`report`, which may
-fail without changing the outcome); the Workflow's description links to that report in the Argo UI. Every container command comes from `workflows.commands`;
-credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
+The outer DAG `iteration` runs `collect` then `update`. `collect` is a DAG of its own so that the `serve`
+daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajectories are done, before
+`update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's /health answers; reached at
+`{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list), `rollout` (one pod per item of that list,
+given its task, sample and rollout id, in the task's image, with the harness and OpenForge copied in by init
+containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an
+unprivileged uid; the task's CPUs and memory; no service account token; retried only on exit code 3,
+infra_error), `trajectories` (Parquet to S3). Before the rollouts, `isolate-rollouts` and `isolate-serve`
+apply two NetworkPolicies owned by the Workflow (deleted with it): a rollout pod reaches only this Workflow's
+serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with `rollout_dns`, for Argo's executor) and
+accepts no connection; the serve pod's proxy accepts only this Workflow's rollout and trajectories pods.
+`update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs no
+output from this workflow to chain the next one. The exit handler `exit` writes the iteration's outcome to the
+run manifest (`record`), then the run's report to the store (`report`, which may fail without changing the
+outcome); the Workflow's description links to that report in the Argo UI. Every container command comes from
+`workflows.commands`; credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
 """
 
 import re
@@ -165,8 +164,10 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
     An evaluation's rollout writes its result into the evaluation's folder.
     """
     out = "/tmp/rollout"
+    # Each attempt of the step (`{{retries}}`: 0, 1, ...) runs as its own attempt id and uploads into its own
+    # folder, so that a retry never overwrites the infra error before it: every attempt is counted.
     result_url = (layout.eval_result_url if evaluation else layout.result_url)(
-        config.run_url, iteration, "{{inputs.parameters.rollout_id}}")
+        config.run_url, iteration, "{{inputs.parameters.rollout_id}}-r{{retries}}")
     quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
     return Container(
         name=name, image="{{inputs.parameters.image}}", labels={ROLE: "rollout"},
@@ -177,7 +178,7 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
         command=commands.rollout(config, f"{PRIVATE}/app/{{{{inputs.parameters.task}}}}",
                                  "{{inputs.parameters.rollout_id}}", "{{inputs.parameters.sample}}",
                                  "{{inputs.parameters.proxy_url}}", out,
-                                 python=f"{SHARED}/python/bin/python3", isolation="pod"),
+                                 python=f"{SHARED}/python/bin/python3", isolation="pod", retry="{{retries}}"),
         env=admin_env(config) + [Env(name="PYTHONPATH", value=f"{SHARED}/app"),
                                  Env(name="PYTHONSAFEPATH", value="1"),
                                  Env(name="LD_LIBRARY_PATH", value=f"{SHARED}/python/lib"),
@@ -327,7 +328,9 @@ def collect_dag(config: RunConfig, evaluation: bool = False) -> DAG:
     evaluation of the served checkpoint beside them, on the same serve daemon: eval-plan -> eval-rollout x M ->
     eval-trajectories, and evaluate once every eval rollout has ended. The daemon stops when this DAG ends."""
     isolate = list(isolation_policies(config))
-    evaluate = [Task(name="evaluate", template="evaluate", depends="eval-rollout.Succeeded || eval-rollout.Failed")]
+    # A failed evaluation is recorded as failed (the driver's `mark`) and does not stop the iteration's update.
+    evaluate = [Task(name="evaluate", template="evaluate", depends="eval-rollout.Succeeded || eval-rollout.Failed",
+                     continue_on=ContinueOn(failed=True, error=True))]
     return DAG(
         name="collect", parallelism=config.parallel_rollouts + 1,  # + 1: the serve daemon holds a slot
         tasks=[*(Task(name=name, template=name) for name in isolate), Task(name="serve", template="serve"),

@@ -31,10 +31,12 @@ from steps.metrics import iteration_metrics
 from steps.net import free_port
 from steps.plan import attempt_id
 from steps.proxy.client import ProxyClient, ProxyClientError
+from steps.rollout import INFRA_ERROR
 from steps.report import write_report
 from workflows import commands, layout
 from workflows.config import REPO_ROOT, RunConfig
 
+UPSTREAM_KEY = "OPENFORGE_UPSTREAM_API_KEY"  # serve's alone (step_env)
 SERVE_START_TIMEOUT_S = 900
 PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: a forked child of a threaded driver must not load it
@@ -71,13 +73,20 @@ def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
     return done.stdout
 
 
+def step_env(admin_key: str) -> dict:
+    """The steps' environment: this one with the admin key, less the upstream's key, which only serve gets
+    (`start_serve`): a rollout's harness or agent never sees it."""
+    return {**{k: v for k, v in os.environ.items() if k != UPSTREAM_KEY}, "OPENFORGE_ADMIN_KEY": admin_key}
+
+
 def start_serve(config: RunConfig, model_dir: str, version: int, env: dict, logs: Path) -> tuple[subprocess.Popen, str]:
     """Starts `steps.serve` (vLLM + proxy) and waits until the proxy answers /health."""
     port = free_port()
     argv = commands.serve(config, model_dir, layout.calls_url(config.run_url), version, port=port, python=sys.executable)
     argv += ["--log", str(logs / "vllm.log")]
     # SIGTERM to serve (which then stops vLLM) if this driver dies, even by SIGKILL: nothing outlives a run.
-    process = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+    key = {UPSTREAM_KEY: os.environ[UPSTREAM_KEY]} if UPSTREAM_KEY in os.environ else {}
+    process = subprocess.Popen(argv, env={**env, **key}, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                                stdout=open(logs / "serve.log", "ab"), stderr=subprocess.STDOUT,
                                preexec_fn=_die_with_driver)
     url = f"http://127.0.0.1:{port}"
@@ -123,13 +132,13 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
                                   preexec_fn=_die_with_driver)
             result_file = out / layout.RESULT_FILE
             result = json.loads(result_file.read_text()) if result_file.exists() else \
-                {"rollout_id": rollout_id, "task": item["task"], "sample": item["sample"], "status": "infra_error",
+                {"rollout_id": rollout_id, "task": item["task"], "sample": item["sample"], "status": INFRA_ERROR,
                  "error": done.stderr[-500:]}
             if done.returncode != 3:
                 break
         counts["done"] += 1
-        counts["failed"] += result["status"] == "infra_error"
-        if result["status"] != "infra_error":
+        counts["failed"] += result["status"] == INFRA_ERROR
+        if result["status"] != INFRA_ERROR:
             counts["rewards"].append(result["reward"])
         mean = sum(counts["rewards"]) / len(counts["rewards"]) if counts["rewards"] else float("nan")
         say(f"{label}: rollouts {counts['done']}/{len(planned)} done, {counts['failed']} infra errors, "
@@ -160,7 +169,7 @@ def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict,
     summary_url = layout.eval_summary_url(config.run_url, iteration)
     if earlier and earlier.status == "Succeeded":
         return manifest.read_json(summary_url)
-    entry = manifest.EvalRecord(iteration, "local", commands.evaluated(config, iteration)[0], "Running",
+    entry = manifest.EvalRecord(iteration, "local", config.evaluated(iteration)[0], "Running",
                                 summary=summary_url, attempt=0 if earlier is None else earlier.attempt + 1)
     manifest.record_eval(config.run_url, entry)
     try:
@@ -182,10 +191,21 @@ def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict,
     succeeded.attempt = entry.attempt
     manifest.record_eval(config.run_url, succeeded)
     overall = summary["overall"]
-    say(f"eval {iteration}: {overall['tries']} tries, {overall['infra_errors']} infra errors, pass@1 "
+    say(f"eval {iteration}: {overall['tries']} tries, {overall['missing']} missing, {overall['infra_errors']} infra "
+        f"errors, pass@1 "
         f"{cell(overall['pass_at_1'])}, pass@{config.eval_k} {cell(overall['pass_at_k'])}, pass^{config.eval_k} "
         f"{cell(overall['pass_hat_k'])}; {summary_url}")
     return summary
+
+
+def evaluate_served(config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path) -> dict | None:
+    """An `eval_every` evaluation within a training iteration: its summary, or None when it failed, which is
+    recorded (`eval-N.json` Failed), said, and does not stop the training."""
+    try:
+        return run_evaluation(config, iteration, proxy_url, env, logs)
+    except (StepFailed, OSError) as exc:
+        print(f"warning: eval {iteration} failed; the training goes on: {exc}", file=sys.stderr)
+        return None
 
 
 def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
@@ -290,7 +310,7 @@ def run_local(config: RunConfig) -> int:
         say(f"run {config.run}: all {config.iterations} iterations are done")
         return 0
     admin_key = secrets.token_urlsafe(24)
-    env = {**os.environ, "OPENFORGE_ADMIN_KEY": admin_key}
+    env = step_env(admin_key)
     model = base_model(config) if first == 0 else config.checkpoint_url(first)
     say(f"run {config.run}: starting vLLM on CPU and the proxy (iteration {first}, {model})")
     serve, proxy_url = start_serve(config, model, first, env, logs)
@@ -303,7 +323,7 @@ def run_local(config: RunConfig) -> int:
             manifest.record(config.run_url, entry)
             try:
                 if config.evaluates_at(iteration):  # the checkpoint this iteration serves, before its rollouts
-                    run_evaluation(config, iteration, proxy_url, env, logs)
+                    evaluate_served(config, iteration, proxy_url, env, logs)
                     refresh_report(config.run_url)
                 summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs, entry.attempt)
             except (StepFailed, OSError) as exc:
@@ -351,7 +371,7 @@ def run_local_eval(config: RunConfig, evaluates: dict) -> int:
     if recorded and recorded.status == "Succeeded":
         summary = manifest.read_json(layout.eval_summary_url(config.run_url, 0))
     else:
-        env = {**os.environ, "OPENFORGE_ADMIN_KEY": secrets.token_urlsafe(24)}
+        env = step_env(secrets.token_urlsafe(24))
         model = config.model if config.upstream else base_model(config)
         say(f"eval {config.run}: starting the proxy in front of {config.upstream or f'vLLM on CPU ({model})'}")
         serve, proxy_url = start_serve(config, model, 0, env, logs)

@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as `python workflows/submit.py`: make the r
 from steps import manifest, sampling  # noqa: E402
 from steps.evaluate import cell, format_table  # noqa: E402
 from steps.manifest import EvalRecord, IterationRecord  # noqa: E402
+from steps.plan import MAX_EVAL_K  # noqa: E402
 from workflows import commands, layout  # noqa: E402
 from workflows.argo import ArgoClient, ArgoError, Progress  # noqa: E402
 from workflows.config import ConfigError, RunConfig, from_dict, load_config, validate_for_argo  # noqa: E402
@@ -99,8 +100,8 @@ def check_eval_flags(args: argparse.Namespace) -> None:
     if args.upstream is not None and (args.model is not None or args.checkpoint is not None):
         raise ConfigError("--upstream evaluates the model that server serves (--upstream-model); leave out "
                           "--model and --checkpoint")
-    if args.k is not None and not (args.k.isdigit() and int(args.k) >= 1):
-        raise ConfigError(f"--k must be a whole number of at least 1 (tries per task), got {args.k!r}")
+    if args.k is not None and not (args.k.isdigit() and 1 <= int(args.k) <= MAX_EVAL_K):
+        raise ConfigError(f"--k must be a whole number from 1 to {MAX_EVAL_K} (tries per task), got {args.k[:40]!r}")
 
 
 def parse_checkpoint(value: str) -> tuple[str, int]:
@@ -126,11 +127,16 @@ def resolve_checkpoint(store: str, value: str) -> dict:
     if stored is None:
         raise ConfigError(f"--checkpoint {value}: no run named {run!r} in the store {store!r} "
                           f"(no {layout.run_config_url(run_url)})")
+    if manifest.read_evaluates(run_url) is not None:
+        raise ConfigError(f"--checkpoint {value}: run {run!r} is an eval run, which writes no checkpoint; name a "
+                          f"training run")
     checkpoint = layout.checkpoint_url(run_url, iteration, stored["model"])
     fs, path = fsspec.core.url_to_fs(checkpoint)
-    if iteration > 0 and not fs.exists(path):
+    writer = manifest.read_iterations(run_url).get(iteration - 1)
+    # The update that writes it must have succeeded: a folder alone may be half a checkpoint.
+    if iteration > 0 and not (fs.exists(path) and writer and writer.status == "Succeeded"):
         raise ConfigError(f"--checkpoint {value}: run {run!r} has no checkpoint for iteration {iteration} "
-                          f"(nothing at {checkpoint}; its iteration {iteration - 1} has not written it)")
+                          f"(its iteration {iteration - 1} has not succeeded in writing {checkpoint})")
     return {"checkpoint": checkpoint, "run": run, "iteration": iteration}
 
 
@@ -147,7 +153,7 @@ def build_eval_config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
         config = dataclasses.replace(config, model=evaluates["checkpoint"])
     if not config.run:
         config = dataclasses.replace(config, run=f"eval-{config.with_run_name().run}")
-    served, model_name = commands.evaluated(config, 0)
+    served, model_name = config.evaluated(0)
     return config, {**evaluates, "checkpoint": served, "model_name": model_name}
 
 
@@ -278,7 +284,7 @@ def mark(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
 def mark_eval(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
     """Records an evaluation's workflow and phase in the run manifest, with its overall numbers once it succeeded."""
     manifest.record_eval(config.run_url, manifest.eval_record(
-        iteration, workflow, commands.evaluated(config, iteration)[0], status,
+        iteration, workflow, config.evaluated(iteration)[0], status,
         layout.eval_summary_url(config.run_url, iteration)))
 
 
@@ -302,10 +308,12 @@ def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, pol
 def drive(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
     """Runs the iterations the manifest has not seen succeed, one Workflow each, in order; then, with
     `eval_every`, the final checkpoint's evaluation."""
-    records = manifest.read_iterations(config.run_url)
+    records, evaluations = manifest.read_iterations(config.run_url), manifest.read_evals(config.run_url)
     for iteration in range(config.iterations):
         entry = records.get(iteration)
         if entry and entry.status == "Succeeded":
+            if config.evaluates_at(iteration) and not (iteration in evaluations and evaluations[iteration].done):
+                mark(config, iteration, entry.workflow, entry.status)  # the driver died before recording it
             continue
         if entry and entry.done:
             return stopped(config, iteration, entry.workflow, entry.status)
@@ -399,7 +407,8 @@ def show_status(config: RunConfig, evaluates: dict | None) -> int:
         link = f"  {client.ui_link(entry.workflow)}" if client and entry.workflow else ""
         numbers = entry.overall or {}
         scores = (f"  pass@1 {cell(numbers.get('pass_at_1'))}, pass@{numbers.get('k')} {cell(numbers.get('pass_at_k'))}, "
-                  f"pass^{numbers.get('k')} {cell(numbers.get('pass_hat_k'))}, {numbers.get('infra_errors')} infra errors"
+                  f"pass^{numbers.get('k')} {cell(numbers.get('pass_hat_k'))}, {numbers.get('missing', 0)} missing, "
+                  f"{numbers.get('infra_errors')} infra errors"
                   if numbers else "")
         print(f"eval {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}{scores}")
     return 0

@@ -242,6 +242,7 @@ def create_app(config: ProxyConfig) -> ModelCalls:
                                       model=config.upstream_model or config.model, external=config.external_upstream,
                                       api_key=config.upstream_api_key)
         await app.state.upstream.start()
+        await app.state.upstream.probe()  # an external upstream's refusals, before any harness's call
         app.state.gate = WeightGate(await initial_version(app.state.upstream, config.weight_version))
         yield
         await app.state.upstream.close()

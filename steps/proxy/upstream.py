@@ -7,8 +7,9 @@ through a tool parser). Dialects stream the finished result to the harness thems
 
 An external upstream (a server the serve step did not start: a vLLM elsewhere, or any OpenAI-compatible
 endpoint) may answer without token ids: the call is answered and recorded all the same, marked untrainable
-(`Completion.untrainable`). One that refuses `return_token_ids` or `logprobs` by name (400) is sent the call
-again without it, and never again.
+(`Completion.untrainable`). What it refuses is learnt once, before the proxy listens (`probe`: one call of
+the proxy's own, one token long): a field its 400 names (`return_token_ids`, `logprobs`) is never sent. A
+harness's call never teaches it: its 400 may echo the harness's own values, which could name any field.
 """
 
 import asyncio
@@ -241,23 +242,34 @@ class Upstream:
 
     async def complete(self, chat_body: dict) -> Completion:
         """Runs one non-streaming chat completion with token ids and logprobs (to an external upstream, without
-        those it refused)."""
+        those `probe` found it refuses)."""
         chat_body = {**chat_body, "model": await self.served_model(), "stream": False, **self._extras}
+        for name in self._refused:
+            chat_body.pop(name, None)
+        return parse_completion(await self.send("POST", "/v1/chat/completions", chat_body),
+                                require_token_ids=not self.external)
+
+    async def probe(self) -> None:
+        """An external upstream's refusals, learnt from one call of the proxy's own (nothing in it comes from a
+        harness): each vLLM field its 400 names is left out of every later call. Any other failure is logged
+        and changes nothing: the harnesses' calls then meet it themselves."""
+        if not self.external:
+            return
+        body = {"messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
         while True:
-            for name in self._refused:
-                chat_body.pop(name, None)
             try:
-                return parse_completion(await self.send("POST", "/v1/chat/completions", chat_body),
-                                        require_token_ids=not self.external)
+                await self.complete(body)
+                return
             except ProxyError as err:
-                refused = self._refused_extra(err, chat_body)
+                refused = self._refused_extra(err, self._extras)
                 if refused is None:
-                    raise
-                if refused in self._extras:  # calls in flight may all be refused: the first one tells
-                    log.warning("upstream refused a vLLM field; sending calls without it",
-                                extra={"field": refused, "error": err.message})
-                    del self._extras[refused]
-                    self._refused += (refused, *_VLLM_EXTRAS[refused])
+                    log.warning("upstream probe call failed; sending calls with every vLLM field",
+                                extra={"status": err.status, "error": err.message[:500]})
+                    return
+                log.warning("upstream refused a vLLM field; sending calls without it",
+                            extra={"field": refused, "error": err.message[:500]})
+                del self._extras[refused]
+                self._refused += (refused, *_VLLM_EXTRAS[refused])
 
     def _refused_extra(self, err: ProxyError, sent: dict) -> str | None:
         """The vLLM field of `sent` that an external upstream's 400 names (the call goes again without it), else None."""
