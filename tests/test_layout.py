@@ -117,10 +117,11 @@ def test_local_runner_and_argo_put_every_file_at_the_same_url(local_commands: di
     assert flag(command["update"], "--trajectories") == layout.run_partition_url(run.run_url, "t", 1)
     assert flag(command["update"], "--out") == layout.checkpoint_url(run.run_url, 2, run.model)
     assert flag(command["serve"], "--store") == layout.calls_url(run.run_url)
-    # A rollout's result: the local runner's --out folder and the Argo artifact's key, for the same rollout.
+    # A rollout's result: the local runner's --out folder (its attempt id) and the Argo artifact's key (one
+    # folder per retry), both under the iteration's results folder that the trajectories step reads.
     assert flag(local_commands["rollout"], "--out") == layout.rollout_url(run.run_url, 1, "it1-hello-file-s1")
     assert "/" + argo["rollout"]["outputs"]["artifacts"][0]["s3"]["key"] == \
-        layout.result_url(run.run_url, 1, "{{inputs.parameters.rollout_id}}")
+        layout.result_url(run.run_url, 1, layout.retry_folder("{{inputs.parameters.rollout_id}}", "{{retries}}"))
     # The plan's sample number reaches the rollout step on both.
     assert flag(local_commands["rollout"], "--sample") == "1"
     assert flag(command["rollout"], "--sample") == "{{inputs.parameters.sample}}"

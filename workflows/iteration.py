@@ -167,7 +167,7 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
     # Each attempt of the step (`{{retries}}`: 0, 1, ...) runs as its own attempt id and uploads into its own
     # folder, so that a retry never overwrites the infra error before it: every attempt is counted.
     result_url = (layout.eval_result_url if evaluation else layout.result_url)(
-        config.run_url, iteration, "{{inputs.parameters.rollout_id}}-r{{retries}}")
+        config.run_url, iteration, layout.retry_folder("{{inputs.parameters.rollout_id}}", "{{retries}}"))
     quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
     return Container(
         name=name, image="{{inputs.parameters.image}}", labels={ROLE: "rollout"},
