@@ -8,7 +8,7 @@ from steps.report.assets import NO_STATUS
 from steps.report.data import Run
 from steps.report.html import esc, json_script, page, table
 
-EVAL_KEYS = ["tries", "passes", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "infra_errors", "mean_calls",
+EVAL_KEYS = ["tries", "passes", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "infra_errors", "missing", "mean_calls",
              "mean_tokens", "mean_duration_s"]
 ITERATION_COLUMNS = [("status", "status"), ("rollouts", "rollouts"), ("infra_errors", "infra errors"),
                      ("mean_reward", "mean reward"), ("k", "k"), ("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k"),
