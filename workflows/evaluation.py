@@ -17,12 +17,11 @@ driver's progress and `retry` work as for iterations.
 """
 
 from hera.workflows import DAG, Container, Resources, Task, Workflow
-from hera.workflows.models import PodGC, TTLStrategy
 
 from workflows import commands
 from workflows.config import RunConfig
-from workflows.iteration import (collect_dag, evaluation_templates, exit_dag, image, isolation_policies,
-                                 policy_template, report_link, report_template, run_label, s3_env, serve_template)
+from workflows.iteration import (collect_dag, evaluation_templates, exit_dag, image, report_template, run_label,
+                                 run_workflow, s3_env, serve_template)
 
 
 def workflow_name(config: RunConfig, iteration: int) -> str:
@@ -47,12 +46,5 @@ def evaluation_workflow(config: RunConfig, iteration: int) -> Workflow:
     templates = [evaluation_dag, collect_dag(config), serve_template(config, iteration),
                  *evaluation_templates(config, iteration, ""), exit_dag(), record_template(config, iteration),
                  report_template(config)]
-    templates += [policy_template(name, policy) for name, policy in isolation_policies(config).items()]
-    labels = {"openforge.dev/run": run_label(config), "openforge.dev/evaluation": str(iteration)}
-    return Workflow(
-        name=workflow_name(config, iteration), namespace=config.namespace, labels=labels,
-        annotations={"workflows.argoproj.io/description": report_link(config)},
-        entrypoint="evaluation", on_exit="exit", templates=templates,
-        service_account_name=config.service_account,
-        pod_gc=PodGC(strategy="OnWorkflowSuccess"), ttl_strategy=TTLStrategy(seconds_after_success=7 * 24 * 3600),
-    )
+    return run_workflow(config, workflow_name(config, iteration), templates,
+                        {"openforge.dev/evaluation": str(iteration)})

@@ -358,12 +358,18 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
                  trajectories_template(config, iteration), update_template(config, iteration), exit_dag(),
                  record_template(config, iteration), report_template(config),
                  *(evaluation_templates(config, iteration, "eval-") if evaluation else [])]
-    templates += [policy_template(name, policy) for name, policy in isolation_policies(config).items()]
-    labels = {"openforge.dev/run": run_label(config), "openforge.dev/iteration": str(iteration)}
+    return run_workflow(config, workflow_name(config, iteration), templates,
+                        {"openforge.dev/iteration": str(iteration)})
+
+
+def run_workflow(config: RunConfig, name: str, templates: list, labels: dict[str, str]) -> Workflow:
+    """A Workflow of the run: its first template the entrypoint, the NetworkPolicies' templates added, the run's
+    label, the report link, the exit handler `exit`; pods collected on success, the Workflow kept a week."""
+    templates = [*templates, *(policy_template(n, policy) for n, policy in isolation_policies(config).items())]
     return Workflow(
-        name=workflow_name(config, iteration), namespace=config.namespace, labels=labels,
+        name=name, namespace=config.namespace, labels={"openforge.dev/run": run_label(config), **labels},
         annotations={"workflows.argoproj.io/description": report_link(config)},
-        entrypoint="iteration", on_exit="exit", templates=templates,
+        entrypoint=templates[0].name, on_exit="exit", templates=templates,
         service_account_name=config.service_account,
         pod_gc=PodGC(strategy="OnWorkflowSuccess"), ttl_strategy=TTLStrategy(seconds_after_success=7 * 24 * 3600),
     )

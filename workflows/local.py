@@ -289,18 +289,26 @@ def local_store_problem(config: RunConfig) -> str | None:
     return None
 
 
-def run_local(config: RunConfig) -> int:
-    """Runs (or resumes) the whole run on this machine; prints one JSON summary line per iteration (and one for
-    the final checkpoint's evaluation with `eval_every`)."""
-    config = config.with_run_name()
+def open_run(config: RunConfig, evaluates: dict | None = None) -> tuple[RunConfig, Path] | None:
+    """The config with absolute paths and the run's logs folder, its config recorded when new (an eval run's
+    with what it evaluates); None, said in one line, when it cannot run here."""
     if problem := local_store_problem(config):
         print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return None
     config = absolute(config)
     logs = Path(layout.logs_url(config.run_url))
     logs.mkdir(parents=True, exist_ok=True)
     if manifest.read_run_config(config.run_url) is None:
-        manifest.write_run_config(config.run_url, config.to_dict())
+        manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
+    return config, logs
+
+
+def run_local(config: RunConfig) -> int:
+    """Runs (or resumes) the whole run on this machine; prints one JSON summary line per iteration (and one for
+    the final checkpoint's evaluation with `eval_every`)."""
+    if (opened := open_run(config.with_run_name())) is None:
+        return 2
+    config, logs = opened
     recorded = manifest.read_iterations(config.run_url)
     done = {i for i, entry in recorded.items() if entry.status == "Succeeded"}
     first = min(set(range(config.iterations)) - done, default=config.iterations)
@@ -359,14 +367,9 @@ def run_local(config: RunConfig) -> int:
 def run_local_eval(config: RunConfig, evaluates: dict) -> int:
     """Runs (or resumes) an eval run on this machine: serve once, its one evaluation (`run_evaluation`);
     prints the table and the summary as one JSON line on stdout."""
-    if problem := local_store_problem(config):
-        print(f"error: {problem}", file=sys.stderr)
+    if (opened := open_run(config, evaluates)) is None:
         return 2
-    config = absolute(config)
-    logs = Path(layout.logs_url(config.run_url))
-    logs.mkdir(parents=True, exist_ok=True)
-    if manifest.read_run_config(config.run_url) is None:
-        manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
+    config, logs = opened
     recorded = manifest.read_evals(config.run_url).get(0)
     if recorded and recorded.status == "Succeeded":
         summary = manifest.read_json(layout.eval_summary_url(config.run_url, 0))
