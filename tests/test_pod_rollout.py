@@ -83,14 +83,15 @@ def copy_repository(target: Path) -> None:
 
 
 def rollout_pod(config, values: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The rollout template's command and plain environment, with Argo's input parameters filled in."""
+    """The rollout template's command and plain environment, with Argo's input parameters filled in, as on the
+    first try (`{{retries}}` 0)."""
     template = next(t for t in iteration_workflow(config, 0).to_dict()["spec"]["templates"] if t["name"] == "rollout")
     argv = []
     for arg in template["container"]["command"]:
         for name, value in values.items():
             arg = arg.replace(f"{{{{inputs.parameters.{name}}}}}", value)
-        argv.append(arg)
-    assert not any("{{inputs." in arg for arg in argv), f"an input parameter was not filled in: {argv}"
+        argv.append(arg.replace("{{retries}}", "0"))
+    assert not any("{{" in arg for arg in argv), f"an Argo variable was not filled in: {argv}"
     return argv, {e["name"]: e["value"] for e in template["container"]["env"] if "value" in e}
 
 
