@@ -317,7 +317,9 @@ def test_stalled_server_times_out_and_sees_the_disconnect(run) -> None:
             start = time.monotonic()
             with pytest.raises(UpstreamTimeout, match="within 0.2 s"):
                 await pool.request("GET", "/", timeout_s=0.2)
-            assert 0.2 <= time.monotonic() - start < 1.0
+            # The timeout ended the wait, not the server: well before the 10 bytes could come (they never do).
+            # uvloop's timers tick in whole milliseconds and may fire up to one early; a loaded machine fires late.
+            assert 0.19 <= time.monotonic() - start < 5.0
             await eventually(lambda: server.disconnects == 1)
             assert not pool._idle and not pool._live
             await pool.close()
