@@ -276,11 +276,16 @@ class Sandbox:
             os.close(info_write)
             os.close(errors_write)
         init_pid, namespace = _read_info(info_read)
+        held = _hold_namespace(init_pid)
 
         def stop() -> None:
-            if init_pid is not None:
-                _stop(process, init_pid, namespace)
-            process.wait()
+            try:
+                if init_pid is not None:
+                    _stop(process, init_pid, namespace if held is not None else None)
+                process.wait()
+            finally:
+                if held is not None:
+                    os.close(held)
             for target in reversed(mounted):
                 unmount(target)
 
@@ -489,6 +494,20 @@ def _read_info(fd: int) -> tuple[int | None, str | None]:
         return None, None
 
 
+def _hold_namespace(init_pid: int | None) -> int | None:
+    """An open handle on the sandbox's PID namespace, or None when its init is already gone.
+
+    The kernel gives a freed namespace's number to the next one made, often another rollout's sandbox
+    starting at that moment; while this handle is open the number stays this sandbox's, so that `_stop`
+    never takes a stranger's processes for survivors of this one."""
+    if init_pid is None:
+        return None
+    try:
+        return os.open(f"/proc/{init_pid}/ns/pid", os.O_RDONLY)
+    except OSError:
+        return None
+
+
 def _namespace_members(namespace: str) -> list[int]:
     """Live (non-zombie) host pids in a PID namespace."""
     members = []
@@ -507,7 +526,7 @@ def _namespace_members(namespace: str) -> list[int]:
     return members
 
 
-def _stop(process: subprocess.Popen, init_pid: int, namespace: str) -> None:
+def _stop(process: subprocess.Popen, init_pid: int, namespace: str | None) -> None:
     """Kill the sandbox's processes and bwrap itself; return once none of them is left.
 
     Killing the namespace's init makes the kernel kill every process in the namespace, and lets
@@ -520,6 +539,8 @@ def _stop(process: subprocess.Popen, init_pid: int, namespace: str) -> None:
         except subprocess.TimeoutExpired:
             kill(-process.pid)
             process.wait()
+    if namespace is None:  # not held: its number may be another sandbox's by now; its init's end killed the rest
+        return
     deadline = time.monotonic() + KILL_GRACE_S
     while time.monotonic() < deadline:
         survivors = _namespace_members(namespace)
