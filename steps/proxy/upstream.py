@@ -122,8 +122,8 @@ _ANSWER = msgspec.json.Decoder(_Answer)
 _LOGPROBS = msgspec.json.Decoder(list[_Logprob] | None)
 _PROMPT_IDS = b'"prompt_token_ids":['
 NO_TOKEN_IDS = "the upstream returned no token ids, so this call cannot be trained on"
-# Fields only vLLM knows that the proxy adds to every upstream call; an external upstream that refuses one by
-# name is sent the call again without it (and without what depends on it).
+# Fields only vLLM knows that the proxy adds to every upstream call; one an external upstream refuses by name
+# when `probe` calls it is left out of every later call, with what depends on it.
 _VLLM_EXTRAS = {"return_token_ids": (), "logprobs": ("top_logprobs",)}  # each, and what depends on it
 
 
