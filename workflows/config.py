@@ -59,6 +59,9 @@ class RunConfig:
     allow_unmatched_sampling: bool = False  # true: train on samples drawn with settings the trainer cannot reproduce
     parallel_rollouts: int = 4
     seed: int = 0
+    # scale (docs/serving.md, docs/workflows.md)
+    serve_replicas: int = 1  # vLLM servers behind the one proxy; each rollout stays on the replica it was given
+    max_staleness: int = 0  # 0: synchronous; S >= 1: the next rollouts overlap the update, trained up to S versions behind
     # evaluation (docs/eval.md): `submit.py eval` runs, and a training run's held-out evaluations
     eval_every: int = 0  # training runs: evaluate the served checkpoint every N iterations; 0: never
     eval_dataset: str = ""  # empty: `dataset`
@@ -82,8 +85,9 @@ class RunConfig:
     admin_secret: str = "openforge-admin"  # key admin-key
     image_registry: str = "ghcr.io/openforge"
     image_tag: str = "0.1.0"
-    serve_gpus: int = 1
-    update_gpus: int = 1
+    serve_gpus: int = 1  # per replica: vLLM's tensor parallelism
+    update_gpus: int = 1  # per update node: torchrun's processes there (FSDP2 shards the model over all of them)
+    update_nodes: int = 1  # more than 1: the update runs as a JobSet across that many pods (docs/update.md)
     rollout_retries: int = 3
     memo_max_age: str = "72h"
     # network isolation of the rollout pods (docs/workflows.md, "Network isolation")
@@ -159,7 +163,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         hint = f"did you mean {close[0]}? " if close else ""
         raise ConfigError(f"unknown harness {config.harness!r}; {hint}choose one of {', '.join(HARNESSES)}")
     for key in ("iterations", "tasks_per_iteration", "samples_per_task", "max_tokens_cap", "parallel_rollouts",
-                "epochs", "eval_k"):
+                "epochs", "eval_k", "update_nodes", "serve_replicas"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
     if config.eval_k > MAX_EVAL_K:
@@ -167,7 +171,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if config.upstream_model and not config.upstream:
         raise ConfigError("config key 'upstream_model' names the model an upstream serves; give the upstream too "
                           "(--upstream URL, the key 'upstream'), or leave it out")
-    for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed", "eval_every"):
+    for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed", "eval_every", "max_staleness"):
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
     check_serving(config)
