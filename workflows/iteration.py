@@ -243,14 +243,13 @@ def update_template(config: RunConfig, iteration: int) -> Container | Resource:
 
 def update_nodes_template(config: RunConfig, iteration: int) -> Resource:
     """Creates the update's JobSet, owned by the Workflow (deleted with it), and waits for its terminal state;
-    its name, one per run of this step, is the step's output `jobset`. The pods get the update pod's S3 env."""
-    # Argo fills in the expression: the Workflow's name cut so that the pods' names fit (jobset.NAME_PREFIX_CHARS).
-    prefix = f"{{{{=sprig.trunc({jobset.NAME_PREFIX_CHARS}, workflow.name)}}}}"
+    its name (the Workflow's, cut to fit the pods' names, plus 5 random characters: one JobSet per run of this
+    step) is the step's output `jobset`. The pods get the update pod's S3 env and resources."""
     labels = {ROLE: "update", "openforge.dev/run": run_label(config), "openforge.dev/iteration": str(iteration),
               UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"}
     env = [e.build().model_dump(by_alias=True, exclude_none=True) for e in s3_env(config)]
     resources = update_resources(config).build().model_dump(by_alias=True, exclude_none=True)
-    manifest = jobset.update_jobset(config, iteration, image(config, "train"), env, resources, labels, prefix)
+    manifest = jobset.update_jobset(config, iteration, image(config, "train"), env, resources, labels)
     return Resource(name="update", action="create", set_owner_reference=True,
                     success_condition=jobset.SUCCESS_CONDITION, failure_condition=jobset.FAILURE_CONDITION,
                     manifest=yaml.safe_dump(manifest, sort_keys=False),

@@ -27,6 +27,7 @@ FAILURE_CONDITION = "status.terminalState == Failed"
 # Kubernetes caps a pod's name at 63 characters, and JobSet refuses a JobSet whose pods' names would be longer:
 # `<prefix>-<5 random>-node-0-<rank>-<5 random>` fits with a prefix of 40 for up to 10,000 nodes.
 NAME_PREFIX_CHARS = 40
+NAME_PREFIX = f"{{{{=sprig.trunc({NAME_PREFIX_CHARS}, workflow.name)}}}}"  # Argo fills in this expression
 # The label JobSet puts on its pods (the JobSet's name) and the annotation Kubernetes puts on an Indexed Job's pods.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -57,10 +58,10 @@ def update_command(config: RunConfig, iteration: int) -> list[str]:
 
 
 def update_jobset(config: RunConfig, iteration: int, image: str, env: list[dict], resources: dict,
-                  labels: dict[str, str], name_prefix: str) -> dict:
+                  labels: dict[str, str]) -> dict:
     """The JobSet of iteration `iteration`'s update: `update_nodes` pods in `image`, each with `env` (plus its rank's)
-    and `resources`, labelled `labels`; named `<name_prefix>-<5 random>` by the API server (`generateName`), so that
-    each run of the step (a retry, a resubmitted Workflow) creates its own."""
+    and `resources`, labelled `labels`; named `<NAME_PREFIX>-<5 random>` by the API server (`generateName`), so
+    that each run of the step (a retry, a resubmitted Workflow) creates its own."""
     nodes = config.update_nodes
     pod = {
         "metadata": {"labels": dict(labels)},  # a copy: YAML would write the shared dict as an alias
@@ -80,7 +81,7 @@ def update_jobset(config: RunConfig, iteration: int, image: str, env: list[dict]
     job = {"parallelism": nodes, "completions": nodes, "completionMode": "Indexed", "backoffLimit": 0, "template": pod}
     return {
         "apiVersion": API_VERSION, "kind": "JobSet",
-        "metadata": {"generateName": f"{name_prefix}-", "labels": labels},
+        "metadata": {"generateName": f"{NAME_PREFIX}-", "labels": labels},
         "spec": {
             # A pod's failure fails its Job (backoffLimit 0) and the JobSet (no restart): the ranks left would
             # wait on a rendezvous that cannot complete.
