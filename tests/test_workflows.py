@@ -943,7 +943,8 @@ def test_multi_node_workflow_is_accepted_by_the_argo_server(fake_argo: FakeArgoS
 class FakeJobSetApi:
     """A test double for the one CustomObjectsApi call the JobSet preflight makes (no API server runs here): a
     dry-run create answered as the API server would with the JobSet CRD missing (404), its controller down
-    (500 from the webhook call), or both there (the object back)."""
+    (500 from the webhook call), the JobSet refused by its webhook (422, or 403 "denied the request"), the
+    caller not allowed (403), or everything there (the object back)."""
 
     def __init__(self, status: int | None, body: str = "") -> None:
         self.status, self.body, self.calls = status, body, []
@@ -983,7 +984,11 @@ def test_preflight_names_a_missing_jobset_or_its_controller() -> None:
     refused = FakeJobSetApi(422, '{"message": "JobSet.jobset.x-k8s.io \\"x\\" is invalid:\\n spec: bad"}')
     assert check_jobset(refused, config)[1] == ["update_nodes is 2, but JobSet refuses the update's JobSet: "
                                                 "JobSet.jobset.x-k8s.io \"x\" is invalid: spec: bad"]
-    assert check_jobset(FakeJobSetApi(403), config)[0][0].startswith("could not check JobSet for update_nodes (HTTP 403")
+    denied = FakeJobSetApi(403, '{"message": "admission webhook \\"vjobset.kb.io\\" denied the request: name too long"}')
+    assert check_jobset(denied, config)[1] == ["update_nodes is 2, but JobSet refuses the update's JobSet: admission "
+                                               "webhook \"vjobset.kb.io\" denied the request: name too long"]
+    forbidden = check_jobset(FakeJobSetApi(403, '{"message": "jobsets.jobset.x-k8s.io is forbidden"}'), config)
+    assert forbidden[1] == [] and forbidden[0][0].startswith("could not check JobSet for update_nodes (HTTP 403")
     assert check_jobset(FakeJobSetApi(None), config) == ([], [])
 
 

@@ -108,10 +108,12 @@ def check_jobset(custom, config: RunConfig) -> tuple[list[str], list[str]]:
         if exc.status and exc.status >= 500 and "webhook" in str(exc.body or ""):
             return [], [f"{nodes}, but JobSet's controller did not answer (its admission webhook failed); install "
                         f"or restart JobSet ({jobset.INSTALL}; kubectl -n jobset-system get pods)"]
-        if exc.status in (400, 422):
+        # JobSet's webhook refuses with 422 (field errors) or, as "denied the request", 403.
+        if exc.status in (400, 422) or "denied the request" in str(exc.body or ""):
             return [], [f"{nodes}, but JobSet refuses the update's JobSet: {_message(exc)}"]
-        return [f"could not check JobSet for update_nodes (HTTP {exc.status}: creating jobsets in namespace "
-                f"{config.namespace!r}; the workflow's service account needs it, docs/workflows.md)"], []
+        return [f"could not check JobSet for update_nodes (HTTP {exc.status} on a dry-run create of a jobset in "
+                f"namespace {config.namespace!r}); the workflow's service account needs create and get on "
+                f"jobsets (docs/workflows.md, \"The update across nodes\")"], []
     except Exception:  # noqa: BLE001 - connection refused, DNS, timeout
         return ["the cluster's API server did not answer the JobSet check for update_nodes"], []
     return [], []
