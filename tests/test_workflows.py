@@ -831,6 +831,20 @@ def test_multi_node_update_is_a_jobset_owned_by_the_workflow() -> None:
     assert "resource" not in one and one["container"]["command"][:3] == ["python", "-m", "steps.update"]
 
 
+def test_torchrun_reads_each_pods_rank_and_rank_0s_address() -> None:
+    """The JobSet pod's command, with Kubernetes' expansion of its env done for pod 1 of a JobSet `js`, is read by
+    torchrun's own parser as node 1 of 2 joining rank 0 at `js-node-0-0.js`:29500, then the update step."""
+    from torch.distributed.run import get_args_parser
+
+    container = update_manifest(iteration_workflow(cluster_config(*MULTI_NODE), 0).to_dict()["spec"])[
+        "spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    expanded = {"OPENFORGE_NODE_RANK": "1", "OPENFORGE_MASTER_ADDR": "js-node-0-0.js"}
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: expanded[m.group(1)], word) for word in container["command"]]
+    args = get_args_parser().parse_args(argv[3:])
+    assert (args.nnodes, args.node_rank, args.master_addr, args.master_port) == ("2", 1, "js-node-0-0.js", 29500)
+    assert (args.nproc_per_node, args.module, args.training_script) == ("8", True, "steps.update")
+
+
 def test_undefined_env_references_are_caught() -> None:
     """The `$(VAR)` check bites: a reference to a variable the container does not define, or defines only below
     its use, is reported."""
