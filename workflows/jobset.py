@@ -25,7 +25,7 @@ NODE = "node"  # the replicated Job's name: part of every pod's hostname
 SUCCESS_CONDITION = "status.terminalState == Completed"
 FAILURE_CONDITION = "status.terminalState == Failed"
 # Kubernetes caps a pod's name at 63 characters, and JobSet refuses a JobSet whose pods' names would be longer:
-# `<prefix>-<5 random>-node-0-<rank>-<5 random>` fits with a prefix of 40 for up to 10,000 nodes.
+# `<prefix>-<5 random>-node-0-<rank>-<5 random>` fits with a prefix of 40 for up to 1,000 nodes.
 NAME_PREFIX_CHARS = 40
 NAME_PREFIX = f"{{{{=sprig.trunc({NAME_PREFIX_CHARS}, workflow.name)}}}}"  # Argo fills in this expression
 # The label JobSet puts on its pods (the JobSet's name) and the annotation Kubernetes puts on an Indexed Job's pods.
