@@ -50,6 +50,7 @@ GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, i
     "iteration-codex-eval-it0.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 0),
     "evaluation-direct.yaml": (["run=golden-eval", "harness=direct", "eval_k=3"], 0),
     "evaluation-codex-final.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 2),
+    "iteration-codex-2nodes-it0.yaml": (["run=golden", "iterations=2", "update_nodes=2", "update_gpus=8"], 0),
 }
 
 
@@ -765,3 +766,285 @@ def test_the_workflow_links_the_run_report_where_the_argo_ui_shows_it() -> None:
     assert "`s3://openforge/runs/t/reports/index.html`" in plain and "](" not in plain
     with pytest.raises(ConfigError, match="report_url_base"):
         cluster_config("report_url_base=s3://openforge/runs")
+
+
+# ---- the update across nodes (update_nodes > 1: a JobSet) ----
+
+MULTI_NODE = ("run=t", "update_nodes=2", "update_gpus=8")
+
+
+def update_manifest(spec: dict) -> dict:
+    """The JobSet the `update` resource template creates, as a dict."""
+    return yaml.safe_load(template(spec, "update")["resource"]["manifest"])
+
+
+def undefined_references(container: dict) -> list[str]:
+    """The `$(VAR)` references in a container's command and env values that Kubernetes would leave as they are:
+    it expands only variables of the container's own env (in env values, only those defined above)."""
+    defined, missing = set(), []
+    for env in container.get("env", []):
+        missing += [v for v in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", env.get("value", "")) if v not in defined]
+        defined.add(env["name"])
+    command = " ".join(container.get("command", []) + container.get("args", []))
+    return missing + [v for v in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", command) if v not in defined]
+
+
+def test_multi_node_update_is_a_jobset_owned_by_the_workflow() -> None:
+    """update_nodes=2: the update step creates (never applies) one JobSet owned by the Workflow and waits on its
+    terminal state; 2 pods of one Indexed Job, 8 GPUs each, the train image, the S3 env by secretKeyRef, a
+    memory-backed /dev/shm, torchrun's line from `commands.update` with this pod's rank and rank 0's address
+    from its own env. update_nodes=1 keeps the one-pod Container (the control)."""
+    from workflows import jobset
+
+    config = cluster_config(*MULTI_NODE)
+    spec = iteration_workflow(config, 0).to_dict()["spec"]
+    update = template(spec, "update")
+    assert "container" not in update and update["resource"]["action"] == "create"
+    assert update["resource"]["setOwnerReference"] is True
+    assert update["outputs"]["parameters"] == [{"name": "jobset", "valueFrom": {"jsonPath": "{.metadata.name}"}}]
+    manifest = update_manifest(spec)
+    assert manifest["metadata"]["generateName"] == "{{=sprig.trunc(40, workflow.name)}}-"
+    assert manifest["metadata"]["labels"]["openforge.dev/workflow"] == "{{workflow.name}}"
+    assert WORKFLOW_POD_LABEL not in manifest["metadata"]["labels"]  # Argo's label would make them Argo's pods
+    (replicated,) = manifest["spec"]["replicatedJobs"]
+    job = replicated["template"]["spec"]
+    assert (replicated["replicas"], job["parallelism"], job["completions"]) == (1, 2, 2)
+    assert (job["completionMode"], job["backoffLimit"], job["template"]["spec"]["restartPolicy"]) == ("Indexed", 0, "Never")
+    (container,) = job["template"]["spec"]["containers"]
+    assert container["image"] == "ghcr.io/openforge/train:0.1.0" and container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert container["command"] == commands.update(
+        config, layout.run_partition_url(config.run_url, "t", 0), config.checkpoint_url(0), config.checkpoint_url(1),
+        node_rank="$(OPENFORGE_NODE_RANK)", master_addr="$(OPENFORGE_MASTER_ADDR)")
+    argv = container["command"]
+    assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--nproc-per-node") + 1] == "8"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"] == {"name": "AWS_SECRET_ACCESS_KEY",
+                                            "valueFrom": {"secretKeyRef": {"key": "secret-key", "name": "openforge-s3"}}}
+    assert env["OPENFORGE_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert env["OPENFORGE_MASTER_ADDR"]["value"] == "$(OPENFORGE_JOBSET)-node-0-0.$(OPENFORGE_JOBSET)"
+    assert undefined_references(container) == []
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in job["template"]["spec"]["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert jobset.INSTALL.endswith(f"/{jobset.VERSION}/manifests.yaml")
+    one = template(iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"], "update")
+    assert "resource" not in one and one["container"]["command"][:3] == ["python", "-m", "steps.update"]
+
+
+def test_torchrun_reads_each_pods_rank_and_rank_0s_address() -> None:
+    """The JobSet pod's command, with Kubernetes' expansion of its env done for pod 1 of a JobSet `js`, is read by
+    torchrun's own parser as node 1 of 2 joining rank 0 at `js-node-0-0.js`:29500, then the update step."""
+    from torch.distributed.run import get_args_parser
+
+    container = update_manifest(iteration_workflow(cluster_config(*MULTI_NODE), 0).to_dict()["spec"])[
+        "spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    expanded = {"OPENFORGE_NODE_RANK": "1", "OPENFORGE_MASTER_ADDR": "js-node-0-0.js"}
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: expanded[m.group(1)], word) for word in container["command"]]
+    args = get_args_parser().parse_args(argv[3:])
+    assert (args.nnodes, args.node_rank, args.master_addr, args.master_port) == ("2", 1, "js-node-0-0.js", 29500)
+    assert (args.nproc_per_node, args.module, args.training_script) == ("8", True, "steps.update")
+
+
+def test_undefined_env_references_are_caught() -> None:
+    """The `$(VAR)` check bites: a reference to a variable the container does not define, or defines only below
+    its use, is reported."""
+    container = update_manifest(iteration_workflow(cluster_config(*MULTI_NODE), 0).to_dict()["spec"])[
+        "spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    broken = copy.deepcopy(container)
+    broken["env"] = [e for e in broken["env"] if e["name"] != "OPENFORGE_NODE_RANK"]
+    assert undefined_references(broken) == ["OPENFORGE_NODE_RANK"]
+    reordered = copy.deepcopy(container)
+    reordered["env"].reverse()  # OPENFORGE_MASTER_ADDR now above OPENFORGE_JOBSET
+    assert undefined_references(reordered) == ["OPENFORGE_JOBSET", "OPENFORGE_JOBSET"]
+
+
+@pytest.fixture(scope="module")
+def jobset_validator() -> Validator:
+    """The JobSet fields OpenForge writes, unknown keys forbidden (tests/jobset_schema.py)."""
+    from tests.jobset_schema import JOBSET
+
+    return jsonschema.validators.validator_for(JOBSET)(JOBSET)
+
+
+def test_the_jobset_manifest_is_valid_strictly(jobset_validator: Validator) -> None:
+    """The created JobSet validates against JobSet's API types with no unknown key; a misspelt field, a wrong
+    type and an unknown completion mode are each reported (the control)."""
+    manifest = update_manifest(yaml.safe_load((GOLDEN / "iteration-codex-2nodes-it0.yaml").read_text())["spec"])
+    assert schema_errors(jobset_validator, manifest) == []
+    broken = copy.deepcopy(manifest)
+    job = broken["spec"]["replicatedJobs"][0]["template"]["spec"]
+    job["backoffLimt"] = job.pop("backoffLimit")
+    job["completionMode"] = "Indexd"
+    broken["spec"]["network"]["enableDNSHostnames"] = "yes"
+    errors = "\n".join(schema_errors(jobset_validator, broken))
+    assert "backoffLimt" in errors and "'Indexd'" in errors and "enableDNSHostnames" in errors
+
+
+LABEL_VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
+REQUIREMENT = re.compile(rf"^\s*([A-Za-z0-9](?:[-A-Za-z0-9_./]*[A-Za-z0-9])?)\s*(==|=|!=)\s*({LABEL_VALUE})\s*$")
+
+
+def parse_condition(condition: str) -> list[tuple[str, str, str]]:
+    """A resource template's success/failure condition as Argo reads it: Kubernetes label-selector requirements
+    (`labels.Parse`), comma-separated, here only `key == value`, `key = value` and `key != value`. A test double:
+    Argo's Go parser cannot run here. Raises ValueError on what that parser would refuse of these forms."""
+    requirements = []
+    for part in condition.split(","):
+        match = REQUIREMENT.match(part)
+        if not match:
+            raise ValueError(f"not a label-selector requirement: {part!r}")
+        requirements.append(match.groups())
+    return requirements
+
+
+def condition_holds(condition: str, resource: dict) -> bool:
+    """Whether every requirement holds on the resource's JSON, keys read as paths (Argo's gjson lookup)."""
+    def lookup(path: str) -> str | None:
+        node = resource
+        for key in path.split("."):
+            if not isinstance(node, dict) or key not in node:
+                return None
+            node = node[key]
+        return str(node)
+
+    return all((lookup(key) == value) == (op != "!=") for key, op, value in parse_condition(condition))
+
+
+def test_the_update_waits_for_the_jobsets_terminal_state(jobset_validator: Validator) -> None:
+    """The conditions parse as Argo's label-selector syntax and read a field of JobSet's status: a Completed JobSet
+    succeeds the step, a Failed one fails it, a running one (no terminal state yet) keeps it waiting. The parser
+    refuses a quoted value, which Argo's would (the control)."""
+    update = template(iteration_workflow(cluster_config(*MULTI_NODE), 0).to_dict()["spec"], "update")["resource"]
+    success, failure = update["successCondition"], update["failureCondition"]
+    base = update_manifest({"templates": [{"name": "update", "resource": update}]})
+    for status, succeeded, failed in (({"terminalState": "Completed"}, True, False),
+                                      ({"terminalState": "Failed"}, False, True),
+                                      ({"restarts": 0, "replicatedJobsStatus": [{"name": "node"}]}, False, False)):
+        resource = {**base, "status": status}
+        assert schema_errors(jobset_validator, resource) == []  # the status is one JobSet can have
+        assert (condition_holds(success, resource), condition_holds(failure, resource)) == (succeeded, failed)
+    with pytest.raises(ValueError):
+        parse_condition('status.terminalState == "Completed"')
+
+
+def test_jobset_pod_names_fit_for_any_run_name() -> None:
+    """Kubernetes caps pod names and hostnames at 63 characters and JobSet refuses a JobSet whose pods would pass
+    that: with the Workflow's name cut to 40 (as Argo's `sprig.trunc` does) the longest run name, iteration 99,
+    resubmitted and 100 nodes still fit; uncut, they would not (the control)."""
+    from workflows import jobset
+
+    config = cluster_config("run=" + "r" * 80, "update_nodes=100")
+    workflow = f"{workflow_name(config, 99)}-abcde"  # Argo's resubmit names a copy `<name>-<5 random>`
+    assert len(workflow) <= 63  # Argo's own cap on a Workflow's name
+
+    def longest_pod_name(prefix: str) -> str:
+        return f"{prefix}-xxxxx-{jobset.NODE}-0-{config.update_nodes - 1}-yyyyy"  # JobSet's and Kubernetes' suffixes
+
+    assert len(longest_pod_name(workflow[:jobset.NAME_PREFIX_CHARS])) <= 63
+    assert len(longest_pod_name(workflow)) > 63
+
+
+def test_multi_node_workflow_is_accepted_by_the_argo_server(fake_argo: FakeArgoServer, s3_store: str) -> None:
+    """submit with update_nodes=2: linted and created as built, its update step the JobSet's resource template."""
+    assert drive(fake_argo, s3_store, "--harness", "codex", "run=mn", "iterations=1", "update_nodes=2") == 0
+    created = fake_argo.workflows["openforge-mn-it0"]
+    update = next(t for t in created["spec"]["templates"] if t["name"] == "update")
+    assert "JobSet" in update["resource"]["manifest"] and "container" not in update
+    assert [path for _, path, _, _ in fake_argo.calls("POST")] == ["/api/v1/workflows/openforge/lint",
+                                                                   "/api/v1/workflows/openforge"]
+
+
+class FakeJobSetApi:
+    """A test double for the one CustomObjectsApi call the JobSet preflight makes (no API server runs here): a
+    dry-run create answered as the API server would with the JobSet CRD missing (404), its controller down
+    (500 from the webhook call), the JobSet refused by its webhook (422, or 403 "denied the request"), the
+    caller not allowed (403), or everything there (the object back)."""
+
+    def __init__(self, status: int | None, body: str = "") -> None:
+        self.status, self.body, self.calls = status, body, []
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, **kwargs):
+        from kubernetes.client.exceptions import ApiException
+
+        self.calls.append(((group, version, namespace, plural), body, kwargs))
+        if self.status:
+            exc = ApiException(status=self.status, reason="error")
+            exc.body = self.body
+            raise exc
+        return body
+
+
+def test_preflight_names_a_missing_jobset_or_its_controller() -> None:
+    """update_nodes=2: a missing JobSet CRD and a JobSet controller that does not answer are each one sentence with
+    the install command; both there, no problem. The check is a dry run of the very JobSet iteration 0 creates,
+    its Argo placeholders filled in. update_nodes=1 asks nothing (the control)."""
+    from workflows import jobset
+    from workflows.preflight import check_jobset
+
+    config = cluster_config(*MULTI_NODE)
+    missing = FakeJobSetApi(404)
+    assert check_jobset(missing, config) == ([], [
+        f"update_nodes is 2, but the cluster has no JobSet API (CRD jobsets.jobset.x-k8s.io); install JobSet "
+        f"({jobset.INSTALL})"])
+    (where, body, kwargs), = missing.calls
+    assert where == ("jobset.x-k8s.io", "v1alpha2", "openforge", "jobsets") and kwargs["dry_run"] == "All"
+    assert "{{" not in json.dumps(body) and body["metadata"]["generateName"] == "openforge-t-it0-"
+    built = json.dumps(update_manifest(iteration_workflow(config, 0).to_dict()["spec"]))
+    assert body == json.loads(built.replace(jobset.NAME_PREFIX, "openforge-t-it0").replace("{{workflow.name}}",
+                                                                                         "openforge-t-it0"))
+    down = FakeJobSetApi(500, '{"message": "Internal error occurred: failed calling webhook \\"mjobset.kb.io\\""}')
+    _, problems = check_jobset(down, config)
+    assert problems[0].startswith("update_nodes is 2, but JobSet's controller did not answer") and jobset.INSTALL in problems[0]
+    refused = FakeJobSetApi(422, '{"message": "JobSet.jobset.x-k8s.io \\"x\\" is invalid:\\n spec: bad"}')
+    assert check_jobset(refused, config)[1] == ["update_nodes is 2, but JobSet refuses the update's JobSet: "
+                                                "JobSet.jobset.x-k8s.io \"x\" is invalid: spec: bad"]
+    denied = FakeJobSetApi(403, '{"message": "admission webhook \\"vjobset.kb.io\\" denied the request: name too long"}')
+    assert check_jobset(denied, config)[1] == ["update_nodes is 2, but JobSet refuses the update's JobSet: admission "
+                                               "webhook \"vjobset.kb.io\" denied the request: name too long"]
+    forbidden = check_jobset(FakeJobSetApi(403, '{"message": "jobsets.jobset.x-k8s.io is forbidden"}'), config)
+    assert forbidden[1] == [] and forbidden[0][0].startswith("could not check JobSet for update_nodes (HTTP 403")
+    assert check_jobset(FakeJobSetApi(None), config) == ([], [])
+
+
+def test_preflight_counts_the_gpu_nodes_a_multi_node_update_needs() -> None:
+    """Through check_cluster: one node with 8 GPUs cannot hold update_nodes=2 of update_gpus=8 (one sentence), two
+    can; the JobSet check runs there only with update_nodes > 1."""
+    from types import SimpleNamespace
+
+    from workflows.preflight import check_cluster
+
+    class FakeCoreApi:  # the CoreV1Api calls preflight makes, everything present
+        def __init__(self, nodes: int) -> None:
+            self.nodes = nodes
+
+        def read_namespace(self, name, **_):
+            return {}
+
+        def read_namespaced_secret(self, name, namespace, **_):
+            return {}
+
+        def list_node(self, **_):
+            gpus = SimpleNamespace(status=SimpleNamespace(allocatable={"nvidia.com/gpu": "8"}))
+            return SimpleNamespace(items=[gpus] * self.nodes)
+
+        def read_namespaced_endpoints(self, name, namespace, **_):
+            return SimpleNamespace(subsets=[])
+
+    config = cluster_config(*MULTI_NODE, "rollout_egress_cidrs=10.0.0.5/32")
+    jobsets = FakeJobSetApi(None)
+    assert check_cluster(FakeCoreApi(1), config, jobsets)[1] == [
+        "update_nodes is 2, but only 1 node(s) offer update_gpus=8 nvidia.com/gpu; lower update_nodes or add GPU nodes"]
+    assert check_cluster(FakeCoreApi(2), config, jobsets)[1] == [] and len(jobsets.calls) == 2
+    assert check_cluster(FakeCoreApi(1), cluster_config("run=t", "update_gpus=8"), None)[1] == []
+
+
+def test_the_local_runner_refuses_a_multi_node_update(tmp_path: Path, capsys) -> None:
+    """The embedded default runs on one machine: update_nodes=2 stops it before anything starts or is written,
+    in one sentence naming the key and what to do."""
+    from workflows.local import run_local
+
+    assert run_local(load_config(None, ["run=mn", "update_nodes=2", f"store={tmp_path}"])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: config key 'update_nodes' is 2, but the local runner runs the update on this one machine: "
+                   "set update_nodes: 1 (update_gpus processes run here), or run on Argo")
+    assert list(tmp_path.iterdir()) == []

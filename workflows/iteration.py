@@ -16,7 +16,8 @@ apply two NetworkPolicies owned by the Workflow (deleted with it): a rollout pod
 serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with `rollout_dns`, for Argo's executor) and
 accepts no connection; the serve pod's proxy accepts only this Workflow's rollout and trajectories pods.
 `update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs no
-output from this workflow to chain the next one. The exit handler `exit` writes the iteration's outcome to the
+output from this workflow to chain the next one; with `update_nodes` > 1 it creates a JobSet of that many pods
+(`workflows.jobset`, owned by the Workflow) and waits for it. The exit handler `exit` writes the iteration's outcome to the
 run manifest (`record`), then the run's report to the store (`report`, which may fail without changing the
 outcome); the Workflow's description links to that report in the Argo UI. Every container command comes from
 `workflows.commands`; credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
@@ -34,7 +35,7 @@ from hera.workflows.models import (Backoff, ContainerPort, ContinueOn, ExecutorC
 from steps.harnesses import HARNESSES
 from steps.harnesses.base import NODE_VERSION
 from steps.rollout import NO_REWARD
-from workflows import commands, layout
+from workflows import commands, jobset, layout
 from workflows.config import RunConfig, egress_cidrs
 
 SHARED = "/openforge"  # the emptyDir the init containers fill in a rollout pod
@@ -45,6 +46,9 @@ MODEL_DIR = f"{MODELS_VOLUME}/current"
 RETRY_ON_INFRA_ERROR = "lastRetry.exitCode == '3'"
 ROLE = "openforge.dev/role"  # the pod label the NetworkPolicies select on: serve, rollout, trajectories
 WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"  # Argo's own label on every pod: the Workflow's name
+# The update JobSet's pods carry the Workflow's name under our own key: Argo's own label would make its controller
+# take them for pods of the Workflow.
+UPDATE_WORKFLOW_LABEL = "openforge.dev/workflow"
 NO_STATUS = "no_result"  # a rollout node's status when its runner wrote none (the pod died, or hit its deadline)
 
 
@@ -217,14 +221,39 @@ def evaluate_template(config: RunConfig, iteration: int) -> Container:
                      resources=Resources(cpu_request=0.5, memory_request="1Gi"))
 
 
-def update_template(config: RunConfig, iteration: int) -> Container:
-    """veRL on one iteration's trajectories: reads this checkpoint, writes the next (GPU)."""
+def update_resources(config: RunConfig) -> Resources:
+    """One update pod's resources: `update_gpus` GPUs (per node, with `update_nodes`)."""
+    return Resources(gpus=config.update_gpus, cpu_request=8, memory_request="64Gi")
+
+
+def update_template(config: RunConfig, iteration: int) -> Container | Resource:
+    """veRL on one iteration's trajectories: reads this checkpoint, writes the next (GPU). One pod; with
+    `update_nodes` > 1, a JobSet of that many pods (`workflows.jobset`), created and watched by this step."""
+    if config.update_nodes > 1:
+        return update_nodes_template(config, iteration)
+    # More than one process: NCCL passes tensors between them through /dev/shm (64 MiB in a pod by default).
+    shm = [EmptyDirVolume(name="dshm", mount_path="/dev/shm", medium="Memory")] if config.update_gpus > 1 else []
     return Container(
         name="update", image=image(config, "train"), working_dir="/opt/openforge/app",
         command=commands.update(config, layout.run_partition_url(config.run_url, config.run, iteration),
                                 config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)),
-        env=s3_env(config), resources=Resources(gpus=config.update_gpus, cpu_request=8, memory_request="64Gi"),
+        env=s3_env(config), resources=update_resources(config), volumes=shm,
     )
+
+
+def update_nodes_template(config: RunConfig, iteration: int) -> Resource:
+    """Creates the update's JobSet, owned by the Workflow (deleted with it), and waits for its terminal state;
+    its name (the Workflow's, cut to fit the pods' names, plus 5 random characters: one JobSet per run of this
+    step) is the step's output `jobset`. The pods get the update pod's S3 env and resources."""
+    labels = {ROLE: "update", "openforge.dev/run": run_label(config), "openforge.dev/iteration": str(iteration),
+              UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"}
+    env = [e.build().model_dump(by_alias=True, exclude_none=True) for e in s3_env(config)]
+    resources = update_resources(config).build().model_dump(by_alias=True, exclude_none=True)
+    manifest = jobset.update_jobset(config, iteration, image(config, "train"), env, resources, labels)
+    return Resource(name="update", action="create", set_owner_reference=True,
+                    success_condition=jobset.SUCCESS_CONDITION, failure_condition=jobset.FAILURE_CONDITION,
+                    manifest=yaml.safe_dump(manifest, sort_keys=False),
+                    outputs=[Parameter(name="jobset", value_from=ValueFrom(json_path="{.metadata.name}"))])
 
 
 def this_workflows(role: str) -> dict:

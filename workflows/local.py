@@ -282,10 +282,13 @@ def absolute(config: RunConfig) -> RunConfig:
 
 
 def local_store_problem(config: RunConfig) -> str | None:
-    """Why this config cannot run here (an s3:// store), or None."""
+    """Why this config cannot run here (an s3:// store, an update across nodes), or None."""
     if "://" in config.store:
         return ("the local runner keeps results and checkpoints on this machine: use a local `store` folder "
                 "(the cluster workflows take s3:// stores)")
+    if config.update_nodes > 1:
+        return (f"config key 'update_nodes' is {config.update_nodes}, but the local runner runs the update on this "
+                f"one machine: set update_nodes: 1 (update_gpus processes run here), or run on Argo")
     return None
 
 

@@ -1,4 +1,5 @@
-"""Before submitting: does the cluster have the namespace, the Secrets and GPU nodes the run needs?
+"""Before submitting: does the cluster have the namespace, the Secrets and GPU nodes the run needs (and, with
+`update_nodes` > 1, JobSet)?
 
 Runs only when a cluster is reachable (a kubeconfig or an in-cluster service account and an API
 server that answers); otherwise it says it skipped. Each missing thing is one sentence with the
@@ -6,15 +7,20 @@ command that fixes it. It also notes what the rollout pods' NetworkPolicies need
 (a CNI that enforces them; the API server's addresses for Argo's executor), which it cannot check.
 """
 
+import json
 from collections.abc import Callable
 
+import yaml
+
+from workflows import jobset
 from workflows.config import RunConfig, egress_cidrs
 
 SECRET_KEYS = {"s3_secret": ("access-key", "secret-key"), "admin_secret": ("admin-key",)}
 
 
 def load_core_api() -> tuple[object | None, str]:
-    """A kubernetes CoreV1Api, or None with the reason there is none (no kubeconfig, no in-cluster account)."""
+    """A kubernetes CoreV1Api, or None with the reason there is none (no kubeconfig, no in-cluster account);
+    `api.api_client` serves the other APIs."""
     from kubernetes import client, config as kube_config
 
     try:
@@ -40,8 +46,9 @@ def _status(call: Callable[[], object]) -> int | None:
         return 0
 
 
-def check_cluster(api, config: RunConfig) -> tuple[list[str], list[str]]:
-    """(notes, problems) for the run's namespace, Secrets and GPU nodes, read through `api` (CoreV1Api)."""
+def check_cluster(api, config: RunConfig, custom=None) -> tuple[list[str], list[str]]:
+    """(notes, problems) for the run's namespace, Secrets and GPU nodes, read through `api` (CoreV1Api); with
+    `update_nodes` > 1, JobSet too, through `custom` (CustomObjectsApi)."""
     ns = config.namespace
     status = _status(lambda: api.read_namespace(ns, _request_timeout=10))
     if status == 0:
@@ -62,13 +69,62 @@ def check_cluster(api, config: RunConfig) -> tuple[list[str], list[str]]:
     if needed:
         try:
             nodes = api.list_node(_request_timeout=10).items
-            most = max((int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) for n in nodes), default=0)
+            gpus = [int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) for n in nodes]
+            most, fit = max(gpus, default=0), sum(g >= config.update_gpus for g in gpus)
             if most < needed:
                 problems.append(f"no node offers {needed} nvidia.com/gpu (the most any node has is {most}); "
                                 f"lower serve_gpus/update_gpus or add GPU nodes with the NVIDIA device plugin")
+            elif fit < config.update_nodes:
+                problems.append(f"update_nodes is {config.update_nodes}, but only {fit} node(s) offer update_gpus="
+                                f"{config.update_gpus} nvidia.com/gpu; lower update_nodes or add GPU nodes")
         except Exception as exc:  # noqa: BLE001 - listing nodes is often forbidden to users: not fatal
             notes.append(f"could not list nodes to check GPUs ({type(exc).__name__})")
+    if config.update_nodes > 1:
+        more_notes, more_problems = check_jobset(custom, config)
+        notes, problems = notes + more_notes, problems + more_problems
     return notes + network_notes(api, config), problems
+
+
+def check_jobset(custom, config: RunConfig) -> tuple[list[str], list[str]]:
+    """(notes, problems) for the multi-node update: a server-side dry run of creating iteration 0's JobSet, which
+    needs the JobSet API (its CRD) and is admitted only by JobSet's controller (it serves JobSet's webhook)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from workflows.iteration import update_nodes_template, workflow_name
+
+    name = workflow_name(config, 0)  # what Argo fills in for the Workflow's name
+    manifest = (update_nodes_template(config, 0).manifest
+                .replace(jobset.NAME_PREFIX, name[:jobset.NAME_PREFIX_CHARS])
+                .replace("{{workflow.name}}", name))
+    group, version = jobset.API_VERSION.split("/")
+    nodes = f"update_nodes is {config.update_nodes}"
+    try:
+        custom.create_namespaced_custom_object(group, version, config.namespace, "jobsets", yaml.safe_load(manifest),
+                                               dry_run="All", _request_timeout=10)
+    except ApiException as exc:
+        if exc.status == 404:
+            return [], [f"{nodes}, but the cluster has no JobSet API (CRD {jobset.CRD}); install JobSet "
+                        f"({jobset.INSTALL})"]
+        if exc.status and exc.status >= 500 and "webhook" in str(exc.body or ""):
+            return [], [f"{nodes}, but JobSet's controller did not answer (its admission webhook failed); install "
+                        f"or restart JobSet ({jobset.INSTALL}; kubectl -n jobset-system get pods)"]
+        # JobSet's webhook refuses with 422 (field errors) or, as "denied the request", 403.
+        if exc.status in (400, 422) or "denied the request" in str(exc.body or ""):
+            return [], [f"{nodes}, but JobSet refuses the update's JobSet: {_message(exc)}"]
+        return [f"could not check JobSet for update_nodes (HTTP {exc.status} on a dry-run create of a jobset in "
+                f"namespace {config.namespace!r}); the workflow's service account needs create and get on "
+                f"jobsets (docs/workflows.md, \"The update across nodes\")"], []
+    except Exception:  # noqa: BLE001 - connection refused, DNS, timeout
+        return ["the cluster's API server did not answer the JobSet check for update_nodes"], []
+    return [], []
+
+
+def _message(exc) -> str:
+    """The API server's own one-line message from an ApiException's JSON body (a Status), else its reason."""
+    try:
+        return " ".join(str(json.loads(exc.body).get("message") or exc.reason).split())
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.reason)
 
 
 def api_server_addresses(api) -> list[str]:
@@ -100,4 +156,6 @@ def preflight(config: RunConfig) -> tuple[list[str], list[str]]:
     api, why = load_core_api()
     if api is None:
         return [f"{why}; skipped the cluster preflight"], []
-    return check_cluster(api, config)
+    from kubernetes import client
+
+    return check_cluster(api, config, client.CustomObjectsApi(api.api_client))
