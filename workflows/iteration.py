@@ -17,9 +17,11 @@ serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with `rollout_
 accepts no connection; the serve pod's proxy accepts only this Workflow's rollout and trajectories pods.
 `update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs no
 output from this workflow to chain the next one; with `update_nodes` > 1 it creates a JobSet of that many pods
-(`workflows.jobset`, owned by the Workflow) and waits for it. The exit handler `exit` writes the iteration's outcome to the
-run manifest (`record`), then the run's report to the store (`report`, which may fail without changing the
-outcome); the Workflow's description links to that report in the Argo UI. Every container command comes from
+(`workflows.jobset`, owned by the Workflow) and waits for it, after `clean-update` deleted any earlier JobSet of the
+iteration. The exit handler `exit` writes the iteration's outcome to the run manifest (`record`), then the run's
+report to the store (`report`, which may fail without changing the outcome), and, across nodes, deletes the
+JobSet of a Workflow that did not succeed (`delete-update`); the Workflow's description links to that report in
+the Argo UI. Every container command comes from
 `workflows.commands`; credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
 """
 
