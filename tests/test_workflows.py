@@ -791,9 +791,10 @@ def undefined_references(container: dict) -> list[str]:
 
 def test_multi_node_update_is_a_jobset_owned_by_the_workflow() -> None:
     """update_nodes=2: the update step creates (never applies) one JobSet owned by the Workflow and waits on its
-    terminal state; 2 pods of one Indexed Job, 8 GPUs each, the train image, the S3 env by secretKeyRef, a
-    memory-backed /dev/shm, torchrun's line from `commands.update` with this pod's rank and rank 0's address
-    from its own env. update_nodes=1 keeps the one-pod Container (the control)."""
+    terminal state; 2 pods of one Indexed Job, failed after update_timeout_s (the config's, the default 6 h), 8 GPUs
+    each, the train image, the S3 env by secretKeyRef, a memory-backed /dev/shm, torchrun's line from
+    `commands.update` with this pod's rank and rank 0's address from its own env. update_nodes=1 keeps the one-pod
+    Container (the control)."""
     from workflows import jobset
 
     config = cluster_config(*MULTI_NODE)
@@ -871,7 +872,8 @@ def test_torchrun_reads_each_pods_rank_and_rank_0s_address() -> None:
     assert (args.nnodes, args.node_rank, args.master_addr, args.master_port) == ("2", 1, rank_0, 29500)
     assert (args.nproc_per_node, args.module, args.training_script) == ("8", True, "steps.update")
     wrong = copy.deepcopy(container)
-    next(e for e in wrong["env"] if e["name"] == "OPENFORGE_MASTER_ADDR")["value"] = "$(OPENFORGE_JOBSET)-node-0.$(OPENFORGE_JOBSET)"
+    address = next(e for e in wrong["env"] if e["name"] == "OPENFORGE_MASTER_ADDR")
+    address["value"] = "$(OPENFORGE_JOBSET)-node-0.$(OPENFORGE_JOBSET)"  # the pod index left out
     assert get_args_parser().parse_args(kubelet_expand(wrong, pod)[3:]).master_addr != rank_0
 
 
@@ -1027,7 +1029,8 @@ def test_no_two_update_jobsets_write_one_checkpoint() -> None:
     for name in ("clean-update", "delete-update"):
         resource = template(spec, name)["resource"]
         kind, flag, selector, *rest = resource["flags"]
-        assert (resource["action"], kind, flag, rest) == ("delete", jobset.CRD, "-l", ["--cascade=foreground", "--wait"])
+        assert (resource["action"], kind, flag) == ("delete", jobset.CRD, "-l")
+        assert rest == ["--cascade=foreground", "--wait"]  # returns once the pods are gone
         selectors[name] = dict(pair.split("=") for pair in selector.split(","))
         assert selectors[name].items() <= labels.items()
     assert selectors == {"clean-update": {"openforge.dev/run": "t", "openforge.dev/iteration": "3"},

@@ -26,7 +26,9 @@ from workflows import layout
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
-MAX_UPDATE_NODES = 1000  # the update JobSet's longest pod name fits JobSet's 63 characters up to here (workflows.jobset)
+# More update nodes than any cluster this targets, refused at load rather than at run time; the JobSet's pod names
+# are checked against JobSet's 63 characters up to here (workflows.jobset, tests/test_workflows.py).
+MAX_UPDATE_NODES = 1000
 
 
 @dataclass(frozen=True)

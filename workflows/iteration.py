@@ -332,17 +332,17 @@ def report_template(config: RunConfig) -> Container:
                      command=commands.report(config), resources=Resources(cpu_request=1, memory_request="2Gi"))
 
 
-def exit_dag(update_nodes: bool = False) -> DAG:
+def exit_dag(delete_update: bool = False) -> DAG:
     """The exit handler: `record`, then `report`. The outcome is recorded first; a report that fails is shown
-    on its node and changes neither the record nor the Workflow's phase (`continueOn`). With `update_nodes`, a
-    Workflow that did not succeed (stopped, failed) also deletes its update JobSet (`delete-update`), so that none
+    on its node and changes neither the record nor the Workflow's phase (`continueOn`). With `delete_update` (the
+    update across nodes), a Workflow that did not succeed (stopped, failed) also deletes its update JobSet (`delete-update`), so that none
     runs on once it has ended, nor beside the one a retry creates."""
     delete = [Task(name="delete-update", template="delete-update", when="{{workflow.status}} != Succeeded")]
     return DAG(name="exit", tasks=[
         Task(name="record", template="record"),
         Task(name="report", template="report", depends="record.Succeeded || record.Failed || record.Errored",
              continue_on=ContinueOn(failed=True, error=True)),
-        *(delete if update_nodes else []),
+        *(delete if delete_update else []),
     ])
 
 
