@@ -1054,7 +1054,7 @@ class FakeJobSetApi:
     """A test double for the one CustomObjectsApi call the JobSet preflight makes (no API server runs here): a
     dry-run create answered as the API server would with the JobSet CRD missing (404), its controller down
     (500 from the webhook call), the JobSet refused by its webhook (422, or 403 "denied the request"), the
-    caller not allowed (403), or everything there (the object back)."""
+    caller not allowed (403), iteration 0's JobSet already there (409), or everything there (the object back)."""
 
     def __init__(self, status: int | None, body: str = "") -> None:
         self.status, self.body, self.calls = status, body, []
@@ -1100,6 +1100,9 @@ def test_preflight_names_a_missing_jobset_or_its_controller() -> None:
     forbidden = check_jobset(FakeJobSetApi(403, '{"message": "jobsets.jobset.x-k8s.io is forbidden"}'), config)
     assert forbidden[1] == [] and forbidden[0][0].startswith("could not check JobSet for update_nodes (HTTP 403")
     assert check_jobset(FakeJobSetApi(None), config) == ([], [])
+    # The name is fixed per Workflow: a resumed run's iteration 0 JobSet answers AlreadyExists, past the webhook.
+    exists = FakeJobSetApi(409, '{"message": "jobsets.jobset.x-k8s.io \\"x\\" already exists"}')
+    assert check_jobset(exists, config) == ([], [])
 
 
 def test_preflight_counts_the_gpu_nodes_a_multi_node_update_needs() -> None:

@@ -104,6 +104,8 @@ def check_jobset(custom, config: RunConfig) -> tuple[list[str], list[str]]:
         custom.create_namespaced_custom_object(group, version, config.namespace, "jobsets", yaml.safe_load(manifest),
                                                dry_run="All", _request_timeout=10)
     except ApiException as exc:
+        if exc.status == 409:  # iteration 0's JobSet exists (a resumed run): the API and its webhook admitted it
+            return [], []
         if exc.status == 404:
             return [], [f"{nodes}, but the cluster has no JobSet API (CRD {jobset.CRD}); install JobSet "
                         f"({jobset.INSTALL})"]
