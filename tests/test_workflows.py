@@ -1105,6 +1105,28 @@ def test_preflight_names_a_missing_jobset_or_its_controller() -> None:
     assert check_jobset(exists, config) == ([], [])
 
 
+def test_preflight_reports_only_an_unreachable_server_as_one() -> None:
+    """The JobSet check names a connection failure (urllib3's, as the kubernetes client raises it) as the API server
+    not answering; any other exception (a bug in building the manifest) is raised, not hidden behind that note."""
+    import urllib3
+
+    from workflows.preflight import check_jobset
+
+    class Raising:  # a test double for CustomObjectsApi: no API server runs here
+        def __init__(self, exc: Exception) -> None:
+            self.exc = exc
+
+        def create_namespaced_custom_object(self, *args, **kwargs):
+            raise self.exc
+
+    config = cluster_config(*MULTI_NODE)
+    unreachable = Raising(urllib3.exceptions.MaxRetryError(None, "/apis", "connection refused"))
+    assert check_jobset(unreachable, config) == (["the cluster's API server did not answer the JobSet check for "
+                                                   "update_nodes"], [])
+    with pytest.raises(KeyError):
+        check_jobset(Raising(KeyError("spec")), config)
+
+
 def test_preflight_counts_the_gpu_nodes_a_multi_node_update_needs() -> None:
     """Through check_cluster: one node with 8 GPUs cannot hold update_nodes=2 of update_gpus=8 (one sentence), two
     can, and so can that one node for update_nodes=2 of update_gpus=4 (the scheduler puts both pods there: GPU slots
