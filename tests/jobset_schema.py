@@ -5,7 +5,14 @@ ReplicatedJob, Network, FailurePolicy, JobSetStatus) and the Kubernetes types th
 core/v1 PodSpec, Container, EnvVar, Volume), with the values Kubernetes' validation accepts for the enums.
 Only what OpenForge uses, plus the neighbours a misspelling would most likely hit, is listed, and every object
 forbids unknown keys: a field JobSet or Kubernetes does not have (or one OpenForge does not mean to set) fails
-the check, where the API server would drop it with a warning at most (kubectl's default field validation).
+the check here, before a cluster would refuse it. (Argo's executor runs kubectl, whose default field validation is
+strict: the API server refuses an unknown field of JobSet's structural CRD, and the step fails.)
+
+Why not JobSet's own CRD (`config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml`): it embeds the whole
+Job and Pod specs, thousands of lines to commit and keep in step with each release, and it leaves out what
+JobSet's webhook checks (the pods' name length). A hand-written schema agrees with its author by construction, so
+its fields were checked one by one against v0.12.0's Go types; the preflight's server-side dry run checks the
+real manifest against the real CRD and webhook on a cluster.
 """
 
 QUANTITY = {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|m)?$"}]}

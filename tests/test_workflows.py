@@ -791,9 +791,10 @@ def undefined_references(container: dict) -> list[str]:
 
 def test_multi_node_update_is_a_jobset_owned_by_the_workflow() -> None:
     """update_nodes=2: the update step creates (never applies) one JobSet owned by the Workflow and waits on its
-    terminal state; 2 pods of one Indexed Job, 8 GPUs each, the train image, the S3 env by secretKeyRef, a
-    memory-backed /dev/shm, torchrun's line from `commands.update` with this pod's rank and rank 0's address
-    from its own env. update_nodes=1 keeps the one-pod Container (the control)."""
+    terminal state; 2 pods of one Indexed Job, failed after update_timeout_s (the config's, the default 6 h), 8 GPUs
+    each, the train image, the S3 env by secretKeyRef, a memory-backed /dev/shm, torchrun's line from
+    `commands.update` with this pod's rank and rank 0's address from its own env. update_nodes=1 keeps the one-pod
+    Container (the control)."""
     from workflows import jobset
 
     config = cluster_config(*MULTI_NODE)
@@ -803,13 +804,15 @@ def test_multi_node_update_is_a_jobset_owned_by_the_workflow() -> None:
     assert update["resource"]["setOwnerReference"] is True
     assert update["outputs"]["parameters"] == [{"name": "jobset", "valueFrom": {"jsonPath": "{.metadata.name}"}}]
     manifest = update_manifest(spec)
-    assert manifest["metadata"]["generateName"] == "{{=sprig.trunc(40, workflow.name)}}-"
+    assert manifest["metadata"]["name"] == jobset.NAME and "generateName" not in manifest["metadata"]
     assert manifest["metadata"]["labels"]["openforge.dev/workflow"] == "{{workflow.name}}"
     assert WORKFLOW_POD_LABEL not in manifest["metadata"]["labels"]  # Argo's label would make them Argo's pods
     (replicated,) = manifest["spec"]["replicatedJobs"]
     job = replicated["template"]["spec"]
     assert (replicated["replicas"], job["parallelism"], job["completions"]) == (1, 2, 2)
     assert (job["completionMode"], job["backoffLimit"], job["template"]["spec"]["restartPolicy"]) == ("Indexed", 0, "Never")
+    assert job["activeDeadlineSeconds"] == config.update_timeout_s == 6 * 3600
+    assert cluster_config(*MULTI_NODE, "update_timeout_s=600").update_timeout_s == 600
     (container,) = job["template"]["spec"]["containers"]
     assert container["image"] == "ghcr.io/openforge/train:0.1.0" and container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert container["command"] == commands.update(
@@ -831,18 +834,47 @@ def test_multi_node_update_is_a_jobset_owned_by_the_workflow() -> None:
     assert "resource" not in one and one["container"]["command"][:3] == ["python", "-m", "steps.update"]
 
 
+def kubelet_expand(container: dict, pod: dict) -> list[str]:
+    """The container's command as the kubelet runs it in `pod` (its metadata): each env var's `fieldRef` read from
+    the pod's labels and annotations, each value's `$(VAR)` expanded from the vars above it, then the command's.
+    A test double: no kubelet runs here."""
+    env: dict[str, str] = {}
+
+    def expand(text: str) -> str:
+        return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), text)
+
+    for var in container["env"]:
+        if "fieldRef" in var.get("valueFrom", {}):
+            kind, key = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]",
+                                     var["valueFrom"]["fieldRef"]["fieldPath"]).groups()
+            env[var["name"]] = pod[kind][key]
+        elif "value" in var:
+            env[var["name"]] = expand(var["value"])
+    return [expand(word) for word in container["command"]]
+
+
 def test_torchrun_reads_each_pods_rank_and_rank_0s_address() -> None:
-    """The JobSet pod's command, with Kubernetes' expansion of its env done for pod 1 of a JobSet `js`, is read by
-    torchrun's own parser as node 1 of 2 joining rank 0 at `js-node-0-0.js`:29500, then the update step."""
+    """Pod 1 of a JobSet `js` (the label JobSet puts on its pods, the completion index Kubernetes annotates), its
+    env and command expanded as the kubelet does, is read by torchrun's own parser as node 1 of 2 joining rank 0 at
+    JobSet's hostname for pod 0 of Job 0 of the replicated Job, `<job>-<index>` under the subdomain `js`
+    (`<js>-<replicated job>-<job index>-<pod index>.<js>`), port 29500, then the update step. Rank 0's address
+    built with the wrong Job index is caught (the control)."""
     from torch.distributed.run import get_args_parser
+
+    from workflows import jobset
 
     container = update_manifest(iteration_workflow(cluster_config(*MULTI_NODE), 0).to_dict()["spec"])[
         "spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
-    expanded = {"OPENFORGE_NODE_RANK": "1", "OPENFORGE_MASTER_ADDR": "js-node-0-0.js"}
-    argv = [re.sub(r"\$\((\w+)\)", lambda m: expanded[m.group(1)], word) for word in container["command"]]
-    args = get_args_parser().parse_args(argv[3:])
-    assert (args.nnodes, args.node_rank, args.master_addr, args.master_port) == ("2", 1, "js-node-0-0.js", 29500)
+    pod = {"labels": {"jobset.sigs.k8s.io/jobset-name": "js"},
+           "annotations": {"batch.kubernetes.io/job-completion-index": "1"}}
+    args = get_args_parser().parse_args(kubelet_expand(container, pod)[3:])
+    rank_0 = f"js-{jobset.NODE}-0-0.js"  # JobSet's naming rule, not the manifest's
+    assert (args.nnodes, args.node_rank, args.master_addr, args.master_port) == ("2", 1, rank_0, 29500)
     assert (args.nproc_per_node, args.module, args.training_script) == ("8", True, "steps.update")
+    wrong = copy.deepcopy(container)
+    address = next(e for e in wrong["env"] if e["name"] == "OPENFORGE_MASTER_ADDR")
+    address["value"] = "$(OPENFORGE_JOBSET)-node-0.$(OPENFORGE_JOBSET)"  # the pod index left out
+    assert get_args_parser().parse_args(kubelet_expand(wrong, pod)[3:]).master_addr != rank_0
 
 
 def test_undefined_env_references_are_caught() -> None:
@@ -927,21 +959,85 @@ def test_the_update_waits_for_the_jobsets_terminal_state(jobset_validator: Valid
         parse_condition('status.terminalState == "Completed"')
 
 
-def test_jobset_pod_names_fit_for_any_run_name() -> None:
-    """Kubernetes caps pod names and hostnames at 63 characters and JobSet refuses a JobSet whose pods would pass
-    that: with the Workflow's name cut to 40 (as Argo's `sprig.trunc` does) the longest run name, iteration 99,
-    resubmitted and 100 nodes still fit; uncut, they would not (the control)."""
-    from workflows import jobset
+def argo_expression_tags(text: str, workflow: str) -> str:
+    """`text` with each `{{=...}}` tag of the forms `jobset.NAME` uses evaluated as Argo would for the Workflow
+    `workflow`: `workflow.name`, `sprig.sha1sum(x)`, `sprig.trunc(n, x)`. A test double: Argo's expression engine
+    cannot run here."""
+    import hashlib
 
-    config = cluster_config("run=" + "r" * 80, "update_nodes=100")
+    def evaluate(expr: str) -> str:
+        expr = expr.strip()
+        if expr == "workflow.name":
+            return workflow
+        if match := re.fullmatch(r"sprig\.sha1sum\((.+)\)", expr):
+            return hashlib.sha1(evaluate(match.group(1)).encode()).hexdigest()
+        if match := re.fullmatch(r"sprig\.trunc\((\d+),\s*(.+)\)", expr):
+            return evaluate(match.group(2))[:int(match.group(1))]
+        raise ValueError(f"not an expression this double knows: {expr!r}")
+
+    return re.sub(r"\{\{=(.+?)\}\}(?!\})", lambda m: evaluate(m.group(1)), text)
+
+
+def test_jobset_pod_names_fit_for_any_run_name() -> None:
+    """JobSet refuses a JobSet whose longest pod name (`<jobset>-node-0-<rank>-<5 random>`) passes 63 characters
+    (its webhook's DNS-1035 label check): with the longest run name, iteration 99, resubmitted and the most nodes the
+    config accepts, it fits. The name is what Argo makes of `jobset.NAME` (`jobset_name`, used by the preflight),
+    the same for one Workflow every time (a repeated create is refused, not doubled) and different for the
+    iterations of a long-named run; the Workflow's name uncut would not fit (the control)."""
+    from workflows import jobset
+    from workflows.config import MAX_UPDATE_NODES
+
+    config = cluster_config("run=" + "r" * 80, f"update_nodes={MAX_UPDATE_NODES}")
+    with pytest.raises(ConfigError, match=f"config key 'update_nodes' must be at most {MAX_UPDATE_NODES}, got 1001"):
+        cluster_config("run=t", f"update_nodes={MAX_UPDATE_NODES + 1}")
     workflow = f"{workflow_name(config, 99)}-abcde"  # Argo's resubmit names a copy `<name>-<5 random>`
     assert len(workflow) <= 63  # Argo's own cap on a Workflow's name
+    name = argo_expression_tags(jobset.NAME, workflow)
+    assert name == jobset.jobset_name(workflow) and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
 
-    def longest_pod_name(prefix: str) -> str:
-        return f"{prefix}-xxxxx-{jobset.NODE}-0-{config.update_nodes - 1}-yyyyy"  # JobSet's and Kubernetes' suffixes
+    def longest_pod_name(jobset_name: str) -> str:
+        return f"{jobset_name}-{jobset.NODE}-0-{config.update_nodes - 1}-yyyyy"  # JobSet's and Kubernetes' suffixes
 
-    assert len(longest_pod_name(workflow[:jobset.NAME_PREFIX_CHARS])) <= 63
+    assert len(longest_pod_name(name)) <= 63
     assert len(longest_pod_name(workflow)) > 63
+    assert jobset.jobset_name(workflow_name(config, 1)) != jobset.jobset_name(workflow_name(config, 2))
+
+
+def test_the_jobset_pods_run_as_the_workflows_service_account() -> None:
+    """The JobSet's pods name the Workflow's service account (its imagePullSecrets; Argo sets it only on its own
+    pods), with no API token mounted; another service_account is followed (the control)."""
+    for account in ("openforge", "trainer"):
+        spec = iteration_workflow(cluster_config(*MULTI_NODE, f"service_account={account}"), 0).to_dict()["spec"]
+        pod = update_manifest(spec)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        assert spec["serviceAccountName"] == pod["serviceAccountName"] == account
+        assert pod["automountServiceAccountToken"] is False
+
+
+def test_no_two_update_jobsets_write_one_checkpoint() -> None:
+    """Across nodes, `clean-update` deletes every JobSet of this run's iteration (by its labels) and waits for its
+    pods to go before `update` creates its own; a Workflow that did not succeed deletes its own JobSet in its exit
+    handler. Both selectors select the JobSet the update creates. update_nodes=1 has neither (the control)."""
+    from workflows import jobset
+
+    spec = iteration_workflow(cluster_config(*MULTI_NODE), 3).to_dict()["spec"]
+    labels = update_manifest(spec)["metadata"]["labels"]
+    tasks = {t["name"]: t for t in template(spec, "iteration")["dag"]["tasks"]}
+    assert (tasks["clean-update"]["depends"], tasks["update"]["depends"]) == ("collect", "clean-update")
+    exit_tasks = {t["name"]: t for t in template(spec, "exit")["dag"]["tasks"]}
+    assert exit_tasks["delete-update"]["when"] == "{{workflow.status}} != Succeeded"
+    selectors = {}
+    for name in ("clean-update", "delete-update"):
+        resource = template(spec, name)["resource"]
+        kind, flag, selector, *rest = resource["flags"]
+        assert (resource["action"], kind, flag) == ("delete", jobset.CRD, "-l")
+        assert rest == ["--cascade=foreground", "--wait"]  # returns once the pods are gone
+        selectors[name] = dict(pair.split("=") for pair in selector.split(","))
+        assert selectors[name].items() <= labels.items()
+    assert selectors == {"clean-update": {"openforge.dev/run": "t", "openforge.dev/iteration": "3"},
+                         "delete-update": {"openforge.dev/workflow": "{{workflow.name}}"}}
+    one = iteration_workflow(cluster_config("run=t"), 3).to_dict()["spec"]
+    assert {t["name"] for t in one["templates"]}.isdisjoint({"clean-update", "delete-update"})
+    assert [t["name"] for t in template(one, "exit")["dag"]["tasks"]] == ["record", "report"]
 
 
 def test_multi_node_workflow_is_accepted_by_the_argo_server(fake_argo: FakeArgoServer, s3_store: str) -> None:
@@ -958,7 +1054,7 @@ class FakeJobSetApi:
     """A test double for the one CustomObjectsApi call the JobSet preflight makes (no API server runs here): a
     dry-run create answered as the API server would with the JobSet CRD missing (404), its controller down
     (500 from the webhook call), the JobSet refused by its webhook (422, or 403 "denied the request"), the
-    caller not allowed (403), or everything there (the object back)."""
+    caller not allowed (403), iteration 0's JobSet already there (409), or everything there (the object back)."""
 
     def __init__(self, status: int | None, body: str = "") -> None:
         self.status, self.body, self.calls = status, body, []
@@ -988,10 +1084,10 @@ def test_preflight_names_a_missing_jobset_or_its_controller() -> None:
         f"({jobset.INSTALL})"])
     (where, body, kwargs), = missing.calls
     assert where == ("jobset.x-k8s.io", "v1alpha2", "openforge", "jobsets") and kwargs["dry_run"] == "All"
-    assert "{{" not in json.dumps(body) and body["metadata"]["generateName"] == "openforge-t-it0-"
+    assert "{{" not in json.dumps(body) and body["metadata"]["name"] == jobset.jobset_name("openforge-t-it0")
     built = json.dumps(update_manifest(iteration_workflow(config, 0).to_dict()["spec"]))
-    assert body == json.loads(built.replace(jobset.NAME_PREFIX, "openforge-t-it0").replace("{{workflow.name}}",
-                                                                                         "openforge-t-it0"))
+    assert body == json.loads(argo_expression_tags(built, "openforge-t-it0").replace("{{workflow.name}}",
+                                                                                   "openforge-t-it0"))
     down = FakeJobSetApi(500, '{"message": "Internal error occurred: failed calling webhook \\"mjobset.kb.io\\""}')
     _, problems = check_jobset(down, config)
     assert problems[0].startswith("update_nodes is 2, but JobSet's controller did not answer") and jobset.INSTALL in problems[0]
@@ -1004,11 +1100,37 @@ def test_preflight_names_a_missing_jobset_or_its_controller() -> None:
     forbidden = check_jobset(FakeJobSetApi(403, '{"message": "jobsets.jobset.x-k8s.io is forbidden"}'), config)
     assert forbidden[1] == [] and forbidden[0][0].startswith("could not check JobSet for update_nodes (HTTP 403")
     assert check_jobset(FakeJobSetApi(None), config) == ([], [])
+    # The name is fixed per Workflow: a resumed run's iteration 0 JobSet answers AlreadyExists, past the webhook.
+    exists = FakeJobSetApi(409, '{"message": "jobsets.jobset.x-k8s.io \\"x\\" already exists"}')
+    assert check_jobset(exists, config) == ([], [])
+
+
+def test_preflight_reports_only_an_unreachable_server_as_one() -> None:
+    """The JobSet check names a connection failure (urllib3's, as the kubernetes client raises it) as the API server
+    not answering; any other exception (a bug in building the manifest) is raised, not hidden behind that note."""
+    import urllib3
+
+    from workflows.preflight import check_jobset
+
+    class Raising:  # a test double for CustomObjectsApi: no API server runs here
+        def __init__(self, exc: Exception) -> None:
+            self.exc = exc
+
+        def create_namespaced_custom_object(self, *args, **kwargs):
+            raise self.exc
+
+    config = cluster_config(*MULTI_NODE)
+    unreachable = Raising(urllib3.exceptions.MaxRetryError(None, "/apis", "connection refused"))
+    assert check_jobset(unreachable, config) == (["the cluster's API server did not answer the JobSet check for "
+                                                   "update_nodes"], [])
+    with pytest.raises(KeyError):
+        check_jobset(Raising(KeyError("spec")), config)
 
 
 def test_preflight_counts_the_gpu_nodes_a_multi_node_update_needs() -> None:
     """Through check_cluster: one node with 8 GPUs cannot hold update_nodes=2 of update_gpus=8 (one sentence), two
-    can; the JobSet check runs there only with update_nodes > 1."""
+    can, and so can that one node for update_nodes=2 of update_gpus=4 (the scheduler puts both pods there: GPU slots
+    are counted, not nodes); the JobSet check runs there only with update_nodes > 1."""
     from types import SimpleNamespace
 
     from workflows.preflight import check_cluster
@@ -1033,8 +1155,14 @@ def test_preflight_counts_the_gpu_nodes_a_multi_node_update_needs() -> None:
     config = cluster_config(*MULTI_NODE, "rollout_egress_cidrs=10.0.0.5/32")
     jobsets = FakeJobSetApi(None)
     assert check_cluster(FakeCoreApi(1), config, jobsets)[1] == [
-        "update_nodes is 2, but only 1 node(s) offer update_gpus=8 nvidia.com/gpu; lower update_nodes or add GPU nodes"]
+        "update_nodes is 2, but the nodes offer only 1 slot(s) of update_gpus=8 nvidia.com/gpu; lower update_nodes or "
+        "add GPU nodes"]
     assert check_cluster(FakeCoreApi(2), config, jobsets)[1] == [] and len(jobsets.calls) == 2
+    halves = cluster_config("run=t", "update_nodes=2", "update_gpus=4", "rollout_egress_cidrs=10.0.0.5/32")
+    assert check_cluster(FakeCoreApi(1), halves, jobsets)[1] == []
+    assert check_cluster(FakeCoreApi(1), cluster_config("run=t", "update_nodes=3", "update_gpus=4"), jobsets)[1] == [
+        "update_nodes is 3, but the nodes offer only 2 slot(s) of update_gpus=4 nvidia.com/gpu; lower update_nodes or "
+        "add GPU nodes"]
     assert check_cluster(FakeCoreApi(1), cluster_config("run=t", "update_gpus=8"), None)[1] == []
 
 

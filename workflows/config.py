@@ -26,6 +26,9 @@ from workflows import layout
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
+# More update nodes than any cluster this targets, refused at load rather than at run time; the JobSet's pod names
+# are checked against JobSet's 63 characters up to here (workflows.jobset, tests/test_workflows.py).
+MAX_UPDATE_NODES = 1000
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,8 @@ class RunConfig:
     image_tag: str = "0.1.0"
     serve_gpus: int = 1  # per replica: vLLM's tensor parallelism
     update_gpus: int = 1  # per update node: torchrun's processes there (FSDP2 shards the model over all of them)
-    update_nodes: int = 1  # more than 1: the update runs as a JobSet across that many pods (docs/update.md)
+    update_nodes: int = 1  # more than 1: the update runs as a JobSet across that many pods (docs/workflows.md)
+    update_timeout_s: int = 6 * 3600  # update_nodes > 1: the JobSet fails this long after it started, Pending included
     rollout_retries: int = 3
     memo_max_age: str = "72h"
     # network isolation of the rollout pods (docs/workflows.md, "Network isolation")
@@ -163,9 +167,11 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         hint = f"did you mean {close[0]}? " if close else ""
         raise ConfigError(f"unknown harness {config.harness!r}; {hint}choose one of {', '.join(HARNESSES)}")
     for key in ("iterations", "tasks_per_iteration", "samples_per_task", "max_tokens_cap", "parallel_rollouts",
-                "epochs", "eval_k", "update_nodes", "serve_replicas"):
+                "epochs", "eval_k", "update_nodes", "serve_replicas", "update_timeout_s"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
+    if config.update_nodes > MAX_UPDATE_NODES:
+        raise ConfigError(f"config key 'update_nodes' must be at most {MAX_UPDATE_NODES}, got {config.update_nodes}")
     if config.eval_k > MAX_EVAL_K:
         raise ConfigError(f"config key 'eval_k' must be at most {MAX_EVAL_K} (tries per task), got {config.eval_k}")
     if config.upstream_model and not config.upstream:

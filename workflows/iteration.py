@@ -17,9 +17,11 @@ serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with `rollout_
 accepts no connection; the serve pod's proxy accepts only this Workflow's rollout and trajectories pods.
 `update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs no
 output from this workflow to chain the next one; with `update_nodes` > 1 it creates a JobSet of that many pods
-(`workflows.jobset`, owned by the Workflow) and waits for it. The exit handler `exit` writes the iteration's outcome to the
-run manifest (`record`), then the run's report to the store (`report`, which may fail without changing the
-outcome); the Workflow's description links to that report in the Argo UI. Every container command comes from
+(`workflows.jobset`, owned by the Workflow) and waits for it, after `clean-update` deleted any earlier JobSet of the
+iteration. The exit handler `exit` writes the iteration's outcome to the run manifest (`record`), then the run's
+report to the store (`report`, which may fail without changing the outcome), and, across nodes, deletes the
+JobSet of a Workflow that did not succeed (`delete-update`); the Workflow's description links to that report in
+the Argo UI. Every container command comes from
 `workflows.commands`; credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
 """
 
@@ -49,6 +51,7 @@ WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"  # Argo's own label on eve
 # The update JobSet's pods carry the Workflow's name under our own key: Argo's own label would make its controller
 # take them for pods of the Workflow.
 UPDATE_WORKFLOW_LABEL = "openforge.dev/workflow"
+RUN_LABEL, ITERATION_LABEL = "openforge.dev/run", "openforge.dev/iteration"  # on the Workflow and the update JobSet
 NO_STATUS = "no_result"  # a rollout node's status when its runner wrote none (the pod died, or hit its deadline)
 
 
@@ -231,8 +234,8 @@ def update_template(config: RunConfig, iteration: int) -> Container | Resource:
     `update_nodes` > 1, a JobSet of that many pods (`workflows.jobset`), created and watched by this step."""
     if config.update_nodes > 1:
         return update_nodes_template(config, iteration)
-    # More than one process: NCCL passes tensors between them through /dev/shm (64 MiB in a pod by default).
-    shm = [EmptyDirVolume(name="dshm", mount_path="/dev/shm", medium="Memory")] if config.update_gpus > 1 else []
+    shm = ([EmptyDirVolume(name=jobset.SHM_VOLUME, mount_path=jobset.SHM_PATH, medium=jobset.SHM_MEDIUM)]
+           if config.update_gpus > 1 else [])  # more than one process (workflows.jobset.SHM_VOLUME)
     return Container(
         name="update", image=image(config, "train"), working_dir="/opt/openforge/app",
         command=commands.update(config, layout.run_partition_url(config.run_url, config.run, iteration),
@@ -243,17 +246,29 @@ def update_template(config: RunConfig, iteration: int) -> Container | Resource:
 
 def update_nodes_template(config: RunConfig, iteration: int) -> Resource:
     """Creates the update's JobSet, owned by the Workflow (deleted with it), and waits for its terminal state;
-    its name (the Workflow's, cut to fit the pods' names, plus 5 random characters: one JobSet per run of this
-    step) is the step's output `jobset`. The pods get the update pod's S3 env and resources."""
-    labels = {ROLE: "update", "openforge.dev/run": run_label(config), "openforge.dev/iteration": str(iteration),
-              UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"}
+    its name (`jobset.NAME`, one per Workflow) is the step's output `jobset`. The pods get the update pod's S3
+    env and resources, and the Workflow's service account."""
+    labels = {ROLE: "update", **update_labels(config, iteration), UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"}
     env = [e.build().model_dump(by_alias=True, exclude_none=True) for e in s3_env(config)]
     resources = update_resources(config).build().model_dump(by_alias=True, exclude_none=True)
-    manifest = jobset.update_jobset(config, iteration, image(config, "train"), env, resources, labels)
+    manifest = jobset.update_jobset(config, iteration, image(config, "train"), env, resources, labels,
+                                    config.service_account)
     return Resource(name="update", action="create", set_owner_reference=True,
                     success_condition=jobset.SUCCESS_CONDITION, failure_condition=jobset.FAILURE_CONDITION,
                     manifest=yaml.safe_dump(manifest, sort_keys=False),
                     outputs=[Parameter(name="jobset", value_from=ValueFrom(json_path="{.metadata.name}"))])
+
+
+def update_labels(config: RunConfig, iteration: int) -> dict[str, str]:
+    """The labels of an iteration's update JobSet that name the checkpoint it writes: the run's and the iteration's."""
+    return {RUN_LABEL: run_label(config), ITERATION_LABEL: str(iteration)}
+
+
+def delete_update_template(name: str, labels: dict[str, str]) -> Resource:
+    """Deletes the update JobSets labelled `labels` (none: nothing to do) and waits until they and their pods are
+    gone (foreground cascade), so that no earlier update still writes the checkpoint the next one writes."""
+    selector = ",".join(f"{key}={value}" for key, value in labels.items())
+    return Resource(name=name, action="delete", flags=[jobset.CRD, "-l", selector, "--cascade=foreground", "--wait"])
 
 
 def this_workflows(role: str) -> dict:
@@ -317,13 +332,17 @@ def report_template(config: RunConfig) -> Container:
                      command=commands.report(config), resources=Resources(cpu_request=1, memory_request="2Gi"))
 
 
-def exit_dag() -> DAG:
+def exit_dag(delete_update: bool = False) -> DAG:
     """The exit handler: `record`, then `report`. The outcome is recorded first; a report that fails is shown
-    on its node and changes neither the record nor the Workflow's phase (`continueOn`)."""
+    on its node and changes neither the record nor the Workflow's phase (`continueOn`). With `delete_update` (the
+    update across nodes), a Workflow that did not succeed (stopped, failed) also deletes its update JobSet (`delete-update`), so that none
+    runs on once it has ended, nor beside the one a retry creates."""
+    delete = [Task(name="delete-update", template="delete-update", when="{{workflow.status}} != Succeeded")]
     return DAG(name="exit", tasks=[
         Task(name="record", template="record"),
         Task(name="report", template="report", depends="record.Succeeded || record.Failed || record.Errored",
              continue_on=ContinueOn(failed=True, error=True)),
+        *(delete if delete_update else []),
     ])
 
 
@@ -379,16 +398,21 @@ def evaluation_templates(config: RunConfig, iteration: int, prefix: str) -> list
 def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
     """Iteration `iteration` of the run as one Workflow (one per iteration keeps each object small); with
     `eval_every`, it evaluates the checkpoint it serves where that is due (`RunConfig.evaluates_at`)."""
-    evaluation = config.evaluates_at(iteration)
-    iteration_dag = DAG(name="iteration", tasks=[Task(name="collect", template="collect"),
-                                                 Task(name="update", template="update", depends="collect")])
+    evaluation, nodes = config.evaluates_at(iteration), config.update_nodes > 1
+    # Across nodes, any earlier JobSet of this iteration (a resubmitted copy's, one whose Workflow is being
+    # deleted) is deleted before the update creates its own: one JobSet at a time writes the checkpoint.
+    update = [Task(name="clean-update", template="clean-update", depends="collect"),
+              Task(name="update", template="update", depends="clean-update")] if nodes else [
+              Task(name="update", template="update", depends="collect")]
+    iteration_dag = DAG(name="iteration", tasks=[Task(name="collect", template="collect"), *update])
+    delete = [delete_update_template("clean-update", update_labels(config, iteration)),
+              delete_update_template("delete-update", {UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"})] if nodes else []
     templates = [iteration_dag, collect_dag(config, evaluation), serve_template(config, iteration),
                  plan_template(config, iteration), rollout_template(config, iteration),
-                 trajectories_template(config, iteration), update_template(config, iteration), exit_dag(),
-                 record_template(config, iteration), report_template(config),
+                 trajectories_template(config, iteration), update_template(config, iteration), *delete,
+                 exit_dag(nodes), record_template(config, iteration), report_template(config),
                  *(evaluation_templates(config, iteration, "eval-") if evaluation else [])]
-    return run_workflow(config, workflow_name(config, iteration), templates,
-                        {"openforge.dev/iteration": str(iteration)})
+    return run_workflow(config, workflow_name(config, iteration), templates, {ITERATION_LABEL: str(iteration)})
 
 
 def run_workflow(config: RunConfig, name: str, templates: list, labels: dict[str, str]) -> Workflow:
@@ -396,7 +420,7 @@ def run_workflow(config: RunConfig, name: str, templates: list, labels: dict[str
     label, the report link, the exit handler `exit`; pods collected on success, the Workflow kept a week."""
     templates = [*templates, *(policy_template(n, policy) for n, policy in isolation_policies(config).items())]
     return Workflow(
-        name=name, namespace=config.namespace, labels={"openforge.dev/run": run_label(config), **labels},
+        name=name, namespace=config.namespace, labels={RUN_LABEL: run_label(config), **labels},
         annotations={"workflows.argoproj.io/description": report_link(config)},
         entrypoint=templates[0].name, on_exit="exit", templates=templates,
         service_account_name=config.service_account,

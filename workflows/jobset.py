@@ -11,6 +11,8 @@ that fails fails its Job (no backoff), so the JobSet and with it the Workflow's 
 "The update across nodes"). Why JobSet and not a PyTorchJob, TrainJob or LeaderWorkerSet: that section too.
 """
 
+import hashlib
+
 from workflows import commands, layout
 from workflows.config import RunConfig
 
@@ -24,15 +26,31 @@ NODE = "node"  # the replicated Job's name: part of every pod's hostname
 # conditions are label-selector requirements on the object's JSON (docs/workflows.md).
 SUCCESS_CONDITION = "status.terminalState == Completed"
 FAILURE_CONDITION = "status.terminalState == Failed"
-# Kubernetes caps a pod's name at 63 characters, and JobSet refuses a JobSet whose pods' names would be longer:
-# `<prefix>-<5 random>-node-0-<rank>-<5 random>` fits with a prefix of 40 for up to 1,000 nodes.
-NAME_PREFIX_CHARS = 40
-NAME_PREFIX = f"{{{{=sprig.trunc({NAME_PREFIX_CHARS}, workflow.name)}}}}"  # Argo fills in this expression
+# The JobSet's name: fixed per Workflow, so that a `kubectl create` Argo's executor repeats after a lost answer
+# gets AlreadyExists instead of creating a second JobSet writing the same checkpoint. The Workflow's name cut to 30
+# plus 8 hex characters of its SHA-1 (Argo fills in these expressions), so that two Workflows whose names share
+# their first 30 characters (iterations of one long-named run) get two names. JobSet refuses a JobSet whose
+# longest pod name, `<name>-node-0-<rank>-<5 random>`, would pass 63 characters: 56 at MAX_UPDATE_NODES.
+NAME_PREFIX_CHARS, NAME_HASH_CHARS = 30, 8
+NAME = (f"{{{{=sprig.trunc({NAME_PREFIX_CHARS}, workflow.name)}}}}-"
+        f"{{{{=sprig.trunc({NAME_HASH_CHARS}, sprig.sha1sum(workflow.name))}}}}")
+# NCCL passes tensors between a node's processes through /dev/shm (64 MiB in a pod by default): a memory-backed
+# emptyDir there, for every update with more than one process (workflows/iteration.py's one pod, and these).
+SHM_VOLUME, SHM_PATH, SHM_MEDIUM = "dshm", "/dev/shm", "Memory"
 # The label JobSet puts on its pods (the JobSet's name) and the annotation Kubernetes puts on an Indexed Job's pods.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 # Kubernetes expands $(VAR) in a container's command only for variables of its own env: these three are defined there.
 NODE_RANK_ENV, JOBSET_ENV, MASTER_ADDR_ENV = "OPENFORGE_NODE_RANK", "OPENFORGE_JOBSET", "OPENFORGE_MASTER_ADDR"
+
+
+def jobset_name(workflow: str) -> str:
+    """The name Argo gives the JobSet (`NAME`) in the Workflow named `workflow` (the preflight's dry run uses it).
+
+    >>> jobset_name("openforge-a-run-whose-name-is-long-it12")
+    'openforge-a-run-whose-name-is--734e95d3'
+    """
+    return f"{workflow[:NAME_PREFIX_CHARS]}-{hashlib.sha1(workflow.encode()).hexdigest()[:NAME_HASH_CHARS]}"
 
 
 def rank_env() -> list[dict]:
@@ -58,30 +76,34 @@ def update_command(config: RunConfig, iteration: int) -> list[str]:
 
 
 def update_jobset(config: RunConfig, iteration: int, image: str, env: list[dict], resources: dict,
-                  labels: dict[str, str]) -> dict:
+                  labels: dict[str, str], service_account: str) -> dict:
     """The JobSet of iteration `iteration`'s update: `update_nodes` pods in `image`, each with `env` (plus its rank's)
-    and `resources`, labelled `labels`; named `<NAME_PREFIX>-<5 random>` by the API server (`generateName`), so
-    that each run of the step (a retry, a resubmitted Workflow) creates its own."""
+    and `resources`, labelled `labels`, running as `service_account` (the Workflow's: its imagePullSecrets), failed
+    `update_timeout_s` after its Job started; named `NAME`, one per Workflow."""
     nodes = config.update_nodes
     pod = {
         "metadata": {"labels": dict(labels)},  # a copy: YAML would write the shared dict as an alias
         "spec": {
             "restartPolicy": "Never",  # a failed torchrun fails the update; Argo decides about retries
+            "serviceAccountName": service_account,
             "automountServiceAccountToken": False,  # the update has no business with the Kubernetes API
             "containers": [{
                 "name": "update", "image": image, "workingDir": "/opt/openforge/app",
                 "command": update_command(config, iteration), "env": [*env, *rank_env()], "resources": resources,
                 "ports": [{"name": "rendezvous", "containerPort": commands.UPDATE_MASTER_PORT}],
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                "volumeMounts": [{"name": SHM_VOLUME, "mountPath": SHM_PATH}],
             }],
-            # NCCL passes tensors between a node's processes through /dev/shm (64 MiB in a pod by default).
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+            "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": SHM_MEDIUM}}],
         },
     }
-    job = {"parallelism": nodes, "completions": nodes, "completionMode": "Indexed", "backoffLimit": 0, "template": pod}
+    # The deadline counts from the Job's start, Pending pods included: pods that never schedule (no free GPUs, a
+    # quota, an image that does not pull) fail the Job (DeadlineExceeded) and so the JobSet, instead of keeping the
+    # step waiting for ever. The template's own activeDeadlineSeconds would stop only Argo's pod, not the JobSet.
+    job = {"parallelism": nodes, "completions": nodes, "completionMode": "Indexed", "backoffLimit": 0,
+           "activeDeadlineSeconds": config.update_timeout_s, "template": pod}
     return {
         "apiVersion": API_VERSION, "kind": "JobSet",
-        "metadata": {"generateName": f"{NAME_PREFIX}-", "labels": labels},
+        "metadata": {"name": NAME, "labels": labels},
         "spec": {
             # A pod's failure fails its Job (backoffLimit 0) and the JobSet (no restart): the ranks left would
             # wait on a rendezvous that cannot complete.

@@ -10,6 +10,7 @@ command that fixes it. It also notes what the rollout pods' NetworkPolicies need
 import json
 from collections.abc import Callable
 
+import urllib3
 import yaml
 
 from workflows import jobset
@@ -70,13 +71,15 @@ def check_cluster(api, config: RunConfig, custom=None) -> tuple[list[str], list[
         try:
             nodes = api.list_node(_request_timeout=10).items
             gpus = [int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) for n in nodes]
-            most, fit = max(gpus, default=0), sum(g >= config.update_gpus for g in gpus)
+            most = max(gpus, default=0)
+            # The scheduler may put several update pods on one node: count the pods the nodes can hold.
+            slots = sum(g // config.update_gpus for g in gpus) if config.update_gpus else len(gpus)
             if most < needed:
                 problems.append(f"no node offers {needed} nvidia.com/gpu (the most any node has is {most}); "
                                 f"lower serve_gpus/update_gpus or add GPU nodes with the NVIDIA device plugin")
-            elif fit < config.update_nodes:
-                problems.append(f"update_nodes is {config.update_nodes}, but only {fit} node(s) offer update_gpus="
-                                f"{config.update_gpus} nvidia.com/gpu; lower update_nodes or add GPU nodes")
+            elif slots < config.update_nodes:
+                problems.append(f"update_nodes is {config.update_nodes}, but the nodes offer only {slots} slot(s) of "
+                                f"update_gpus={config.update_gpus} nvidia.com/gpu; lower update_nodes or add GPU nodes")
         except Exception as exc:  # noqa: BLE001 - listing nodes is often forbidden to users: not fatal
             notes.append(f"could not list nodes to check GPUs ({type(exc).__name__})")
     if config.update_nodes > 1:
@@ -94,14 +97,15 @@ def check_jobset(custom, config: RunConfig) -> tuple[list[str], list[str]]:
 
     name = workflow_name(config, 0)  # what Argo fills in for the Workflow's name
     manifest = (update_nodes_template(config, 0).manifest
-                .replace(jobset.NAME_PREFIX, name[:jobset.NAME_PREFIX_CHARS])
-                .replace("{{workflow.name}}", name))
+                .replace(jobset.NAME, jobset.jobset_name(name)).replace("{{workflow.name}}", name))
     group, version = jobset.API_VERSION.split("/")
     nodes = f"update_nodes is {config.update_nodes}"
     try:
         custom.create_namespaced_custom_object(group, version, config.namespace, "jobsets", yaml.safe_load(manifest),
                                                dry_run="All", _request_timeout=10)
     except ApiException as exc:
+        if exc.status == 409:  # iteration 0's JobSet exists (a resumed run): the API and its webhook admitted it
+            return [], []
         if exc.status == 404:
             return [], [f"{nodes}, but the cluster has no JobSet API (CRD {jobset.CRD}); install JobSet "
                         f"({jobset.INSTALL})"]
@@ -112,9 +116,9 @@ def check_jobset(custom, config: RunConfig) -> tuple[list[str], list[str]]:
         if exc.status in (400, 422) or "denied the request" in str(exc.body or ""):
             return [], [f"{nodes}, but JobSet refuses the update's JobSet: {_message(exc)}"]
         return [f"could not check JobSet for update_nodes (HTTP {exc.status} on a dry-run create of a jobset in "
-                f"namespace {config.namespace!r}); the workflow's service account needs create and get on "
-                f"jobsets (docs/workflows.md, \"The update across nodes\")"], []
-    except Exception:  # noqa: BLE001 - connection refused, DNS, timeout
+                f"namespace {config.namespace!r}); the workflow's service account needs create, get, list, watch and "
+                f"delete on jobsets (docs/workflows.md, \"The update across nodes\")"], []
+    except (OSError, urllib3.exceptions.HTTPError):  # connection refused, DNS, timeout; a bug here still raises
         return ["the cluster's API server did not answer the JobSet check for update_nodes"], []
     return [], []
 
