@@ -2,54 +2,96 @@
 
     .venv/bin/python -m pytest -q tests/test_replicas.py      # ~3 min on 2 cores: two vLLM starts, side by side
 
-One module fixture starts both vLLMs at once (each on its own core: `steps.vllm_server.replica_env`) and
-every test here shares them; the proxies in front of them are cheap and started per test. The test that
-kills a replica runs last.
+One module fixture runs the serve step itself, `python -m steps.serve --replicas 2` (both vLLMs started at
+once, each on its own core), and every test here shares its two vLLM servers: through the serve step's own
+proxy, or through further proxies in front of the same servers, which are cheap to start. The test that kills
+a replica runs last. The offline tests (command lines, the Argo template) need no vLLM.
 """
 
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from conftest import ADMIN_KEY, MODEL_NAME
+from proxy_process import ProxyProcess, stop_proxy
+from steps import serve
 from steps.net import free_port
+from steps.proxy.__main__ import parse_args as proxy_args
+from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.tiny_model import build_tiny_model
-from steps.vllm_server import VllmServer, replica_env, spawn, stop_vllm, vllm_command, wait_healthy
-from vllm_process import warm_up_call
+from workflows import commands
+from workflows.config import RunConfig
+from workflows.iteration import serve_template
 
-pytestmark = pytest.mark.vllm
-REPLICAS = 2
+vllm = pytest.mark.vllm
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Served:
+    """The serve step running: its proxy (a `ProxyProcess` whose process is the serve step) and its replicas' URLs."""
+
+    proxy: ProxyProcess
+    replica_urls: list[str]
 
 
 @pytest.fixture(scope="module")
-def replicas(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VllmServer]]:
-    """Two vLLM servers on `tiny_model`, started side by side as `steps.serve --replicas 2` starts them."""
+def replicas(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`python -m steps.serve --replicas 2` on `tiny_model`, greedy (`top_k=1`), weight version 0."""
     folder = tmp_path_factory.mktemp("replicas")
-    servers: list[VllmServer] = []
+    port, log = free_port(), folder / "serve.log"
+    argv = [sys.executable, "-m", "steps.serve", "--model", str(tiny_model), "--model-name", MODEL_NAME,
+            "--port", str(port), "--store", str(folder / "calls"), "--replicas", "2", "--weight-version", "0",
+            "--log", str(folder / "vllm.log"), "--sampling", "top_k=1"]
+    with open(log, "ab") as out:
+        process = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY},
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    running = ProxyProcess(process, port, ADMIN_KEY, log, store=str(folder / "calls"))
     try:
-        for index in range(REPLICAS):
-            port = free_port()
-            servers.append(spawn(vllm_command(tiny_model, MODEL_NAME, port), tiny_model, MODEL_NAME, port,
-                                 folder / f"vllm-{index}.log", env=replica_env(index, REPLICAS, "cpu")))
-        for server in servers:
-            wait_healthy(server, 600)
-            warm_up_call(server)
-        yield servers
+        deadline = time.monotonic() + 900
+        while not _answers(running):
+            assert process.poll() is None and time.monotonic() < deadline, f"serve did not start:\n{running.log_tail()}"
+            time.sleep(1)
+        urls = re.search(r"serve: vLLM ready on (\S+), (\S+); proxy", log.read_text())
+        assert (folder / "vllm.log").exists() and (folder / "vllm-1.log").exists()  # one log per replica
+        yield Served(running, [urls[1], urls[2]])
     finally:
-        for server in servers:
-            stop_vllm(server)
+        stop_proxy(running, grace_s=60)  # SIGTERM: the serve step stops both vLLMs
 
 
-def served(proxy, replicas: list[VllmServer], policy: str = "affinity"):
-    """A proxy in front of every replica (no --sampling: the tests' temperature 0 reaches vLLM)."""
-    extra = [word for server in replicas[1:] for word in ("--upstream", server.base_url)]
-    return proxy(replicas[0].base_url, extra=[*extra, "--replica-policy", policy])
+def _answers(proxy: ProxyProcess) -> bool:
+    try:
+        ProxyClient(proxy.url, ADMIN_KEY, timeout_s=2, retries=0).health()
+        return True
+    except ProxyClientError:
+        return False
+
+
+def served(proxy, replicas: Served, policy: str = "affinity") -> ProxyProcess:
+    """A further proxy in front of both replicas (no --sampling: the tests' temperature 0 reaches vLLM)."""
+    first, *others = replicas.replica_urls
+    return proxy(first, extra=[*(w for url in others for w in ("--upstream", url)), "--replica-policy", policy])
+
+
+def kill_replica(replicas: Served, index: int) -> None:
+    """SIGKILLs replica `index`'s vLLM (its API server's process group: the engine core too)."""
+    port = replicas.replica_urls[index].rsplit(":", 1)[1]
+    for child in psutil.Process(replicas.proxy.process.pid).children():
+        if "vllm.entrypoints.openai.api_server" in child.cmdline() and port in child.cmdline():
+            os.killpg(child.pid, signal.SIGKILL)
+            return
+    raise AssertionError(f"no vLLM on port {port} under the serve step")
 
 
 def chat(rollout: dict, messages: list[dict], max_tokens: int = 8, headers: dict | None = None, **fields) -> httpx.Response:
@@ -75,8 +117,9 @@ def replicas_of(proxy, rollout_ids: list[str]) -> dict[str, list[int]]:
     return {rollout_id: [call["replica"] for call in proxy.calls(rollout_id)] for rollout_id in rollout_ids}
 
 
+@vllm
 def test_each_rollouts_calls_stay_on_one_replica_and_rollouts_spread_over_both(replicas, proxy):
-    front = served(proxy, replicas)
+    front = replicas.proxy  # the serve step's own
     ids = [f"affine-{i}" for i in range(4)]
     for rollout_id in ids:
         multi_turn(front.register(rollout_id), 3, rollout_id)
@@ -97,22 +140,25 @@ def test_each_rollouts_calls_stay_on_one_replica_and_rollouts_spread_over_both(r
     assert any(len(set(used)) > 1 for used in replicas_of(scattered, ids).values())
 
 
+@vllm
 def test_nothing_in_a_request_chooses_or_names_the_replica(replicas, proxy):
     front = served(proxy, replicas)
     first, second = front.register("pinned-0"), front.register("pinned-1")  # replicas 0 and 1
     messages = [{"role": "user", "content": "which replica?"}]
     for rollout, other in ((first, 1), (second, 0)):
-        asked = {"x-openforge-replica": str(other), "x-replica": str(other), "x-upstream": replicas[other].base_url}
-        answer = chat(rollout, messages, headers=asked, replica=other, upstream=replicas[other].base_url)
+        url = replicas.replica_urls[other]
+        asked = {"x-openforge-replica": str(other), "x-replica": str(other), "x-upstream": url}
+        answer = chat(rollout, messages, headers=asked, replica=other, upstream=url)
         assert answer.status_code == 200, answer.text
-        assert "replica" not in answer.json() and replicas[other].base_url not in answer.text
+        assert "replica" not in answer.json() and url not in answer.text
     # Control: the two rollouts are on different replicas, so a request that could choose would have moved one.
     assert replicas_of(front, ["pinned-0", "pinned-1"]) == {"pinned-0": [0], "pinned-1": [1]}
 
 
-def test_a_weight_swap_reaches_both_replicas_before_any_call_resumes(replicas, proxy, tmp_path):
+@vllm
+def test_a_weight_swap_reaches_both_replicas_before_any_call_resumes(replicas, tmp_path):
     other = build_tiny_model(tmp_path / "tiny-seed-1", seed=1)
-    front = served(proxy, replicas)
+    front = replicas.proxy  # the serve step's own: greedy through its forced top_k=1
     on = [front.register(f"swap-{i}") for i in range(2)]  # one on each replica
     prompt = [{"role": "user", "content": "name a colour"}]
     before = [chat(rollout, prompt).json()["choices"][0]["message"]["content"] for rollout in on]
@@ -122,10 +168,13 @@ def test_a_weight_swap_reaches_both_replicas_before_any_call_resumes(replicas, p
     assert after[0] == after[1] and after[0] != before[0], (before, after)
     calls = [front.calls(f"swap-{i}") for i in range(2)]
     assert [[(c["replica"], c["weight_version"]) for c in rollout] for rollout in calls] == \
-        [[(0, "default"), (0, "1")], [(1, "default"), (1, "1")]]
+        [[(0, "0"), (0, "1")], [(1, "0"), (1, "1")]]
     assert [r["weight_version"] for r in front.client.request("GET", "/replicas")["replicas"]] == ["1", "1"]
+    for rollout in on:
+        front.client.close(rollout["rollout_id"])
 
 
+@vllm
 def test_a_replica_killed_mid_run_moves_its_rollouts_and_every_call_is_recorded(replicas, proxy):
     """Runs last: it kills replica 1."""
     front = served(proxy, replicas)
@@ -137,7 +186,7 @@ def test_a_replica_killed_mid_run_moves_its_rollouts_and_every_call_is_recorded(
         rollouts[1], [{"role": "user", "content": "go on"}], max_tokens=3000, ignore_eos=True)))
     long_call.start()
     time.sleep(3)  # generating: 3000 tokens take the tiny model many seconds on one core
-    os.killpg(replicas[1].process.pid, signal.SIGKILL)
+    kill_replica(replicas, 1)
     long_call.join(120)
     in_flight = outcome["answer"]
     assert in_flight.status_code == 502 and in_flight.json()["error"]["type"] == "server_error"
@@ -150,3 +199,37 @@ def test_a_replica_killed_mid_run_moves_its_rollouts_and_every_call_is_recorded(
     assert recorded == [(0, "ok"), (1, "error"), (2, "ok"), (3, "ok")]  # the failed call too: nothing is lost
     state = {r["replica"]: r["state"] for r in front.client.request("GET", "/replicas")["replicas"]}
     assert state == {0: "live", 1: "dead"} and front.client.health()["replicas_live"] == 1
+
+
+def test_the_run_config_serves_r_replicas_in_one_pod_with_their_gpus():
+    config = RunConfig(serve_replicas=2, serve_gpus=2)
+    argv = commands.serve(config, "s3://b/ckpt", "s3://b/calls", 0)
+    args = serve.parse_args(argv[3:])
+    assert (args.replicas, args.gpus) == (2, 2)
+    proxy = proxy_args([*serve.proxy_argv(args, [8001, 8002]), "--admin-key", "k"])
+    assert proxy.upstreams == ("http://127.0.0.1:8001", "http://127.0.0.1:8002") and proxy.replica_policy == "affinity"
+    assert "--replicas" not in commands.serve(RunConfig(), "m", "c", 0)  # one replica: the command as before
+    resources = serve_template(config, 0).resources
+    assert resources.gpus == 4 and resources.cpu_request == 8  # 2 replicas x 2 GPUs, all in the one serve pod
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--replicas", "0"], "--replicas takes a number >= 1"),
+    (["--replicas", "2", "--upstream", "http://10.0.0.5:8000"], "--replicas takes a number >= 1"),
+])
+def test_a_bad_replica_count_is_one_sentence(argv, said, capsys):
+    base = ["--model-name", "m", "--port", "1", "--store", "s"]
+    with pytest.raises(SystemExit) as exited:
+        serve.parse_args([*base, *(["--model", "m"] if "--upstream" not in argv else []), *argv])
+    assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--upstream", "http://127.0.0.1:1"], "each --upstream must be a different server"),
+    (["--upstream", "http://127.0.0.1:2", "--external-upstream"], "--external-upstream takes one --upstream"),
+    (["--replica-policy", "random"], "--replica-policy"),
+])
+def test_the_proxy_refuses_replicas_it_could_not_serve_in_one_sentence(extra, said, capsys):
+    with pytest.raises(SystemExit):
+        proxy_args(["--upstream", "http://127.0.0.1:1", "--port", "1", "--store", "s", "--admin-key", "k", *extra])
+    assert said in capsys.readouterr().err

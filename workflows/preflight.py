@@ -58,14 +58,14 @@ def check_cluster(api, config: RunConfig) -> tuple[list[str], list[str]]:
                             f"(kubectl -n {ns} create secret generic {name} {literals})")
         elif status:
             notes.append(f"could not check secret {name!r} (HTTP {status})")
-    needed = max(config.serve_gpus, config.update_gpus)
+    needed = max(config.serve_gpus * config.serve_replicas, config.update_gpus)  # the replicas share one serve pod
     if needed:
         try:
             nodes = api.list_node(_request_timeout=10).items
             most = max((int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) for n in nodes), default=0)
             if most < needed:
                 problems.append(f"no node offers {needed} nvidia.com/gpu (the most any node has is {most}); "
-                                f"lower serve_gpus/update_gpus or add GPU nodes with the NVIDIA device plugin")
+                                f"lower serve_gpus/serve_replicas/update_gpus or add GPU nodes with the NVIDIA device plugin")
         except Exception as exc:  # noqa: BLE001 - listing nodes is often forbidden to users: not fatal
             notes.append(f"could not list nodes to check GPUs ({type(exc).__name__})")
     return notes + network_notes(api, config), problems
