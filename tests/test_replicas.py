@@ -190,6 +190,7 @@ def test_a_replica_killed_mid_run_moves_its_rollouts_and_every_call_is_recorded(
     long_call.join(120)
     in_flight = outcome["answer"]
     assert in_flight.status_code == 502 and in_flight.json()["error"]["type"] == "server_error"
+    assert "replica 1" in in_flight.text and replicas.replica_urls[1] not in in_flight.text  # never where vLLM is
     # The run goes on: every rollout's next calls are answered, those of replica 1's rollouts by replica 0.
     for index, rollout in enumerate(rollouts):
         multi_turn(rollout, 2, f"survive-{index}")

@@ -19,7 +19,7 @@ again, as with one server.
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from steps.proxy.errors import ProxyError
 from steps.proxy.sessions import Rollout
@@ -107,7 +107,7 @@ class Replicas:
                 return await replica.upstream.complete(body)
             except ProxyError as err:
                 if err.status < 500 or not await self.leave_out_if_dead(replica) or not isinstance(err, Unreachable):
-                    raise
+                    raise unnamed(err, replica) from None
             finally:
                 replica.in_flight -= 1
 
@@ -132,6 +132,17 @@ class Replicas:
     def info(self) -> list[dict]:
         """Each replica's state and load."""
         return [replica.info() for replica in self.all]
+
+
+def unnamed(err: ProxyError, replica: Replica) -> ProxyError:
+    """`err` with the replica's address replaced by its number: the harness reads the message, and where vLLM
+    listens is none of its business.
+
+    >>> from steps.proxy.upstream import Upstream
+    >>> unnamed(ProxyError(502, "upstream http://127.0.0.1:8001 failed: reset"), Replica(1, Upstream("http://127.0.0.1:8001"), "0"))
+    ProxyError(status=502, message='upstream replica 1 failed: reset', param=None, code=None)
+    """
+    return replace(err, message=err.message.replace(replica.upstream.url, f"replica {replica.index}"))
 
 
 async def healthy(upstream: Upstream) -> bool:
