@@ -8,6 +8,7 @@ proxy, or through further proxies in front of the same servers, which are cheap 
 a replica runs last. The offline tests (command lines, the Argo template) need no vLLM.
 """
 
+import asyncio
 import os
 import re
 import signal
@@ -35,6 +36,7 @@ from workflows.config import RunConfig
 from workflows.iteration import serve_template
 
 vllm = pytest.mark.vllm
+LONG = 8000  # tokens of a call that is still generating seconds later (the tiny model makes ~600 a second)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -82,6 +84,14 @@ def served(proxy, replicas: Served, policy: str = "affinity") -> ProxyProcess:
     """A further proxy in front of both replicas (no --sampling: the tests' temperature 0 reaches vLLM)."""
     first, *others = replicas.replica_urls
     return proxy(first, extra=[*(w for url in others for w in ("--upstream", url)), "--replica-policy", policy])
+
+
+def until(proxy: ProxyProcess, seen, timeout_s: float = 60.0) -> None:
+    """Waits until the proxy's /health satisfies `seen`."""
+    deadline = time.monotonic() + timeout_s
+    while not seen(proxy.client.health()):
+        assert time.monotonic() < deadline, proxy.client.health()
+        time.sleep(0.05)
 
 
 def kill_replica(replicas: Served, index: int) -> None:
@@ -175,6 +185,28 @@ def test_a_weight_swap_reaches_both_replicas_before_any_call_resumes(replicas, t
 
 
 @vllm
+def test_a_call_held_by_a_swap_is_served_only_once_every_replica_has_the_new_weights(replicas, proxy, tiny_model):
+    front = served(proxy, replicas)  # started after the swap above: vLLM's own version, "1", is its first
+    held_on, long_on = front.register("held-0"), front.register("held-1")  # replicas 0 and 1
+    outcome: dict = {}
+    long_call = threading.Thread(target=lambda: outcome.update(long=chat(
+        long_on, [{"role": "user", "content": "go on"}], max_tokens=LONG, ignore_eos=True)))
+    long_call.start()
+    until(front, lambda health: health["in_flight"] == 1)  # generating on replica 1
+    swap = threading.Thread(target=lambda: outcome.update(swap=front.client.update_weights(str(tiny_model), "2")))
+    swap.start()
+    until(front, lambda health: health["paused"])  # replica 1 still answers the long call, replica 0 is idle
+    held = chat(held_on, [{"role": "user", "content": "name a colour"}])
+    swap.join(300)
+    long_call.join(300)
+    assert held.status_code == outcome["long"].status_code == 200 and outcome["swap"]["weight_version"] == "2"
+    (long,), (waited,) = front.calls("held-1"), front.calls("held-0")
+    assert (long["replica"], long["weight_version"], waited["replica"], waited["weight_version"]) == (1, "1", 0, "2")
+    # The held call reached replica 0 only after the call in flight on replica 1 ended and both had reloaded.
+    assert waited["timings"]["received_at"] < long["timings"]["upstream_ended_at"] <= waited["timings"]["upstream_started_at"]
+
+
+@vllm
 def test_a_replica_killed_mid_run_moves_its_rollouts_and_every_call_is_recorded(replicas, proxy):
     """Runs last: it kills replica 1."""
     front = served(proxy, replicas)
@@ -183,14 +215,15 @@ def test_a_replica_killed_mid_run_moves_its_rollouts_and_every_call_is_recorded(
         multi_turn(rollout, 1, f"survive-{index}")
     outcome = {}
     long_call = threading.Thread(target=lambda: outcome.update(answer=chat(
-        rollouts[1], [{"role": "user", "content": "go on"}], max_tokens=3000, ignore_eos=True)))
+        rollouts[1], [{"role": "user", "content": "go on"}], max_tokens=LONG, ignore_eos=True)))
     long_call.start()
-    time.sleep(3)  # generating: 3000 tokens take the tiny model many seconds on one core
+    until(front, lambda health: health["in_flight"] == 1)
+    time.sleep(0.5)  # generating on replica 1
     kill_replica(replicas, 1)
     long_call.join(120)
     in_flight = outcome["answer"]
     assert in_flight.status_code == 502 and in_flight.json()["error"]["type"] == "server_error"
-    assert "replica 1" in in_flight.text and replicas.replica_urls[1] not in in_flight.text  # never where vLLM is
+    assert replicas.replica_urls[1] not in in_flight.text  # never where vLLM listens (`replicas.unnamed`)
     # The run goes on: every rollout's next calls are answered, those of replica 1's rollouts by replica 0.
     for index, rollout in enumerate(rollouts):
         multi_turn(rollout, 2, f"survive-{index}")
@@ -234,3 +267,31 @@ def test_the_proxy_refuses_replicas_it_could_not_serve_in_one_sentence(extra, sa
     with pytest.raises(SystemExit):
         proxy_args(["--upstream", "http://127.0.0.1:1", "--port", "1", "--store", "s", "--admin-key", "k", *extra])
     assert said in capsys.readouterr().err
+
+
+def test_the_least_loaded_replica_is_given_and_a_dead_ones_rollouts_move_but_the_last_live_one_stays():
+    """Two replicas on ports where nothing listens: what `/health` finds of a dead vLLM."""
+    from steps.proxy.replicas import ROUND_ROBIN, Replicas
+    from steps.proxy.sessions import Rollout
+    from steps.proxy.upstream import Upstream
+
+    async def check() -> None:
+        upstreams = [Upstream(f"http://127.0.0.1:{free_port()}") for _ in range(2)]
+        for upstream in upstreams:
+            await upstream.start()
+        chosen = Replicas(upstreams, "0")
+        rollouts = [Rollout(f"r-{i}", "digest", {}, created_at=0.0) for i in range(3)]
+        assert [chosen.assign(rollout).index for rollout in rollouts] == [0, 1, 0]
+        chosen.release(rollouts[0])
+        chosen.release(rollouts[0])  # again: nothing more
+        assert [r.rollouts for r in chosen.all] == [1, 1] and chosen.pick(rollouts[1]).index == 1
+        assert await chosen.leave_out_if_dead(chosen.all[1])  # no /health answer, and replica 0 is live
+        assert chosen.pick(rollouts[1]).index == 0 and [r.rollouts for r in chosen.all] == [2, 0]  # moved
+        assert not await chosen.leave_out_if_dead(chosen.all[0])  # the last live one is never left out
+        assert [r.state for r in chosen.all] == ["live", "dead"]
+        turns = Replicas(upstreams, "0", policy=ROUND_ROBIN)
+        assert [turns.pick(rollouts[2]).index for _ in range(4)] == [0, 1, 0, 1]  # the control: no affinity
+        for upstream in upstreams:
+            await upstream.close()
+
+    asyncio.run(check())

@@ -113,13 +113,17 @@ class Replicas:
 
     async def leave_out_if_dead(self, replica: Replica) -> bool:
         """Leaves `replica` out if its /health does not answer and another replica is live; True if it was."""
-        if replica.state != "live" or await healthy(replica.upstream):
-            return replica.state != "live"
-        if not any(other.state == "live" for other in self.all if other is not replica):
-            return False
+        if replica.state != "live":
+            return True
+        # One replica (or the last live one) is never left out: no /health asked, its error goes back at once.
+        if not self._others_live(replica) or await healthy(replica.upstream) or not self._others_live(replica):
+            return False  # asked again after the wait: another check may have left the others out meanwhile
         replica.state, replica.reason = "dead", "its /health did not answer"
         log.warning("replica left out", extra={"replica": replica.index, "reason": replica.reason})
         return True
+
+    def _others_live(self, replica: Replica) -> bool:
+        return any(other.state == "live" for other in self.all if other is not replica)
 
     async def watch(self) -> None:
         """Asks every live replica's /health every WATCH_S, so that a dead one's rollouts move before their next call
