@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ports = [free_port() for _ in range(args.replicas)]
     try:
-        commands = [vllm_command(model, args.model_name, port, serving_options(args), device=args.device) for port in ports]
+        commands = [vllm_command(model, args.model_name, port, serving_options(args), device=args.device)
+                    for port in ports]
     except UnknownFamily as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

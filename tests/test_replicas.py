@@ -9,6 +9,8 @@ a replica runs last. The offline tests (command lines, the Argo template) need n
 """
 
 import asyncio
+import doctest
+import importlib
 import os
 import re
 import signal
@@ -104,7 +106,8 @@ def kill_replica(replicas: Served, index: int) -> None:
     raise AssertionError(f"no vLLM on port {port} under the serve step")
 
 
-def chat(rollout: dict, messages: list[dict], max_tokens: int = 8, headers: dict | None = None, **fields) -> httpx.Response:
+def chat(rollout: dict, messages: list[dict], max_tokens: int = 8, headers: dict | None = None,
+         **fields) -> httpx.Response:
     """One greedy chat call of `rollout` through the proxy."""
     body = {"model": MODEL_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **fields}
     return httpx.post(f"{rollout['openai_base_url']}/chat/completions", json=body, timeout=300,
@@ -203,7 +206,8 @@ def test_a_call_held_by_a_swap_is_served_only_once_every_replica_has_the_new_wei
     (long,), (waited,) = front.calls("held-1"), front.calls("held-0")
     assert (long["replica"], long["weight_version"], waited["replica"], waited["weight_version"]) == (1, "1", 0, "2")
     # The held call reached replica 0 only after the call in flight on replica 1 ended and both had reloaded.
-    assert waited["timings"]["received_at"] < long["timings"]["upstream_ended_at"] <= waited["timings"]["upstream_started_at"]
+    held_at, ended_at = waited["timings"], long["timings"]["upstream_ended_at"]
+    assert held_at["received_at"] < ended_at <= held_at["upstream_started_at"]
 
 
 @vllm
@@ -295,3 +299,9 @@ def test_the_least_loaded_replica_is_given_and_a_dead_ones_rollouts_move_but_the
             await upstream.close()
 
     asyncio.run(check())
+
+
+@pytest.mark.parametrize("module", ["steps.proxy.replicas", "steps.serve"])
+def test_doctests(module):
+    failures, tried = doctest.testmod(importlib.import_module(module))
+    assert tried > 0 and failures == 0

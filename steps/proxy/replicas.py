@@ -143,7 +143,8 @@ def unnamed(err: ProxyError, replica: Replica) -> ProxyError:
     listens is none of its business.
 
     >>> from steps.proxy.upstream import Upstream
-    >>> unnamed(ProxyError(502, "upstream http://127.0.0.1:8001 failed: reset"), Replica(1, Upstream("http://127.0.0.1:8001"), "0"))
+    >>> second = Replica(1, Upstream("http://127.0.0.1:8001"), "0")
+    >>> unnamed(ProxyError(502, "upstream http://127.0.0.1:8001 failed: reset"), second)
     ProxyError(status=502, message='upstream replica 1 failed: reset', param=None, code=None)
     """
     return replace(err, message=err.message.replace(replica.upstream.url, f"replica {replica.index}"))
