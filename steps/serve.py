@@ -2,7 +2,7 @@
 
     OPENFORGE_ADMIN_KEY=... python -m steps.serve --model s3://openforge/runs/demo/checkpoints/iteration-1 \
         --model-dir /models/current --model-name qwen3-4b --port 8100 --store s3://openforge/runs/demo/calls \
-        [--device gpu --gpus 1] [--max-tokens-cap 4096] [--weight-version 0] \
+        [--device gpu --gpus 1] [--replicas 1] [--max-tokens-cap 4096] [--weight-version 0] \
         [--tool-call-parser hermes] [--reasoning-parser qwen3] [--max-model-len 32768] \
         [--gpu-memory-utilization 0.9] [--vllm-arg=--enable-prefix-caching ...] \
         [--sampling temperature=1.0 ...]
@@ -15,6 +15,11 @@ without one is one line and exit code 1), waits until it answers `/health`, then
 `--host` (0.0.0.0 in a pod) until stopped. The proxy only listens once vLLM is ready, so a readiness
 probe on the proxy's `/health` means the whole server is ready; that is what the Argo daemon step waits
 for before any rollout starts. vLLM is stopped when the proxy exits.
+
+`--replicas R` starts R vLLM servers on loopback (each `--gpus` GPUs of the pod, or on CPU its share of the
+cores: `steps.vllm_server.replica_env`; logs `vllm.log`, `vllm-1.log`, ...) and one proxy in front of them all,
+which keeps each rollout on one replica (steps/proxy/replicas.py). A replica that dies is left out by the proxy
+and not restarted: its rollouts go on on the others.
 
     OPENFORGE_ADMIN_KEY=... [OPENFORGE_UPSTREAM_API_KEY=...] python -m steps.serve \
         --upstream http://10.0.0.5:8000 --upstream-model Qwen/Qwen3-8B --model-name qwen3-8b --port 8100 \
@@ -43,7 +48,15 @@ from steps.proxy.__main__ import command_line as proxy_command_line
 from steps.proxy.__main__ import forced_sampling
 from steps.proxy.__main__ import main as proxy_main
 from steps.vllm_parsers import UnknownFamily
-from steps.vllm_server import ServingOptions, check_vllm_args, spawn, stop_vllm, vllm_command, wait_healthy
+from steps.vllm_server import (
+    ServingOptions,
+    check_vllm_args,
+    replica_env,
+    spawn,
+    stop_vllm,
+    vllm_command,
+    wait_healthy,
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,7 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--store", required=True, help="local folder or s3:// URL for recorded calls")
     p.add_argument("--host", default="127.0.0.1", help="the proxy's interface (0.0.0.0 in a pod)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--gpus", type=int, default=1, help="GPUs of each replica (vLLM's tensor parallelism)")
+    p.add_argument("--replicas", type=int, default=1, help="vLLM servers behind the one proxy")
     p.add_argument("--max-tokens-cap", type=int)
     p.add_argument("--weight-version")
     vllm = p.add_argument_group("vLLM", "serving options (docs/serving.md)")
@@ -80,6 +94,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log", type=Path, default=Path("vllm.log"), help="vLLM's log file")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds vLLM may take to start")
     args = p.parse_args(argv)
+    if args.replicas < 1 or (args.upstream is not None and args.replicas != 1):
+        p.error("--replicas takes a number >= 1 of vLLM servers to start (with --upstream: 1, none is started)")
     if (args.model is None) == (args.upstream is None):
         p.error("give either --model (a checkpoint to serve with vLLM) or --upstream (a server already running), "
                 "not both or neither")
@@ -101,9 +117,10 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
                           gpus=args.gpus, vllm_args=tuple(args.vllm_arg))
 
 
-def proxy_argv(args: argparse.Namespace, vllm_port: int) -> list[str]:
-    """The proxy's flags: upstream is the vLLM this step started."""
-    return proxy_command_line(f"http://{HOST}:{vllm_port}", args.store, args.port, host=args.host,
+def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int]) -> list[str]:
+    """The proxy's flags: its upstreams are the vLLM servers this step started (one port, or each replica's)."""
+    ports = [vllm_ports] if isinstance(vllm_ports, int) else vllm_ports
+    return proxy_command_line([f"http://{HOST}:{port}" for port in ports], args.store, args.port, host=args.host,
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
                               weight_version=args.weight_version, sampling=args.sampling)
 
@@ -184,26 +201,43 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # FileNotFoundError included: no checkpoint at the URL
         print(f"error: cannot fetch the checkpoint {args.model}: {exc}", file=sys.stderr)
         return 1
-    port = free_port()
+    ports = [free_port() for _ in range(args.replicas)]
     try:
-        command = vllm_command(model, args.model_name, port, serving_options(args), device=args.device)
+        commands = [vllm_command(model, args.model_name, port, serving_options(args), device=args.device)
+                    for port in ports]
     except UnknownFamily as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    server = spawn(command, Path(model), args.model_name, port, args.log)
     # uvicorn re-raises the SIGTERM it caught once the proxy has shut down; with the default handler the
     # process would die right there and leave vLLM (its own session) running, so turn it into SystemExit.
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    servers = []
     try:
-        wait_healthy(server, args.start_timeout)
-        print(f"serve: vLLM ready on {server.base_url}; proxy on {args.host}:{args.port}", file=sys.stderr, flush=True)
-        proxy_main(proxy_argv(args, port))
+        # All at once: R replicas start in the time of one (each on its own GPUs or cores).
+        for index, (command, port) in enumerate(zip(commands, ports)):
+            servers.append(spawn(command, Path(model), args.model_name, port, replica_log(args.log, index),
+                                 env=replica_env(index, args.replicas, args.device, args.gpus)))
+        for server in servers:
+            wait_healthy(server, args.start_timeout)
+        urls = ", ".join(server.base_url for server in servers)
+        print(f"serve: vLLM ready on {urls}; proxy on {args.host}:{args.port}", file=sys.stderr, flush=True)
+        proxy_main(proxy_argv(args, ports))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        stop_vllm(server)
+        for server in servers:
+            stop_vllm(server)
     return 0
+
+
+def replica_log(log: Path, index: int) -> Path:
+    """Replica `index`'s vLLM log: `log` itself for the first, `vllm-1.log`, ... beside it for the others.
+
+    >>> replica_log(Path("logs/vllm.log"), 0), replica_log(Path("logs/vllm.log"), 2)
+    (PosixPath('logs/vllm.log'), PosixPath('logs/vllm-2.log'))
+    """
+    return log if index == 0 else log.with_name(f"{log.stem}-{index}{log.suffix}")
 
 
 if __name__ == "__main__":

@@ -130,12 +130,14 @@ class VllmServer:
 
 
 def spawn(command: list[str], model_dir: Path, name: str, port: int, log_path: Path,
-          kv_cache_gib: int = 1) -> VllmServer:
-    """Starts `command` (from `vllm_command`) with `vllm_env`, its output appended to `log_path`; returns at once."""
+          kv_cache_gib: int = 1, env: dict[str, str] | None = None) -> VllmServer:
+    """Starts `command` (from `vllm_command`) with `vllm_env` and `env` (a replica's share: `replica_env`), its
+    output appended to `log_path`; returns at once."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         # Its own session, so that stopping it also ends the engine-core child process.
-        process = subprocess.Popen(command, env=vllm_env(kv_cache_gib), stdin=subprocess.DEVNULL, stdout=log,
+        process = subprocess.Popen(command, env={**vllm_env(kv_cache_gib), **(env or {})}, stdin=subprocess.DEVNULL,
+                                   stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     return VllmServer(process, Path(model_dir), name, port, log_path)
 
@@ -152,6 +154,30 @@ def vllm_env(kv_cache_gib: int = 1) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+
+
+def replica_env(index: int, replicas: int, device: str, gpus: int = 1, devices: list[str] | None = None,
+                cpus: list[int] | None = None) -> dict[str, str]:
+    """What gives replica `index` of `replicas` its own share of the machine: on GPU its `gpus` devices of
+    `devices` (default: the visible ones, 0, 1, ...), on CPU its contiguous share of `cpus` (default: this
+    process's) for vLLM's OpenMP threads, which would otherwise all bind to the same cores. One replica: nothing.
+
+    >>> replica_env(1, 2, "gpu", gpus=2)
+    {'CUDA_VISIBLE_DEVICES': '2,3'}
+    >>> replica_env(1, 2, "cpu", cpus=[0, 1, 2, 3]), replica_env(2, 3, "cpu", cpus=[0, 1])
+    ({'VLLM_CPU_OMP_THREADS_BIND': '2,3'}, {'VLLM_CPU_OMP_THREADS_BIND': '1'})
+    >>> replica_env(0, 1, "cpu")
+    {}
+    """
+    if replicas <= 1:
+        return {}
+    if device == "gpu":
+        visible = devices or os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        visible = [d for d in visible if d] or [str(i) for i in range(replicas * gpus)]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(visible[index * gpus:(index + 1) * gpus])}
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    share = cpus[index * len(cpus) // replicas:(index + 1) * len(cpus) // replicas] or [cpus[index % len(cpus)]]
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(cpu) for cpu in share)}
 
 
 def wait_healthy(server: VllmServer, timeout_s: float) -> None:

@@ -258,6 +258,24 @@ def test_stale_connection_closed_as_we_send_is_retried_once(run) -> None:
     run(go())
 
 
+def test_a_server_gone_while_a_reused_connection_carried_the_request_is_failed_not_unsent(run) -> None:
+    """A vLLM killed mid-generation: the request was sent, so it is no `NotSent` (which would let it go elsewhere)."""
+    async def serve(server: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server.read_request(reader)
+        writer.write(OK)
+        await server.read_request(reader)
+        server.server.close()  # the server goes away with the second request unanswered: no new connection
+
+    async def go() -> None:
+        async with RawServer(serve) as server:
+            pool = HttpPool(server.url)
+            assert await pool.request("GET", "/", timeout_s=5) == (200, b"ok")
+            with pytest.raises(UpstreamFailed, match="without answering, and cannot connect"):
+                await pool.request("GET", "/", timeout_s=5)
+            await pool.close()
+    run(go())
+
+
 def test_new_connection_closed_without_answer_fails(run) -> None:
     async def go() -> None:
         async with RawServer(server_hangs_up) as server:

@@ -31,8 +31,9 @@ def update_overrides(config: RunConfig) -> list[str]:
 def serve(config: RunConfig, model: str, store: str, weight_version: str | int, host: str = "127.0.0.1",
           device: str = "cpu", port: int = PROXY_PORT, python: str = "python", model_dir: str | None = None) -> list[str]:
     """vLLM on `model` (a folder, or a URL fetched to `model_dir`) plus the recording proxy on
-    `host:port` (`steps.serve`); with `config.upstream`, only the proxy, in front of that server (no `model`,
-    no vLLM options: `upstream_model`, empty for `model_name`, is what it is sent).
+    `host:port` (`steps.serve`), `serve_replicas` vLLM servers behind it when more than one; with
+    `config.upstream`, only the proxy, in front of that server (no `model`, no vLLM options: `upstream_model`,
+    empty for `model_name`, is what it is sent).
 
     >>> serve(RunConfig(upstream="http://10.0.0.5:8000", model_name="m"), "unused", "calls", 0)[:7]
     ['python', '-m', 'steps.serve', '--upstream', 'http://10.0.0.5:8000', '--upstream-model', 'm']
@@ -44,7 +45,9 @@ def serve(config: RunConfig, model: str, store: str, weight_version: str | int, 
                 "--max-tokens-cap", str(config.max_tokens_cap), "--weight-version", str(weight_version),
                 *sampling.as_flags(sampling.settings(config))]
     return [python, "-m", "steps.serve", "--model", model, *(["--model-dir", model_dir] if model_dir else []),
-            *proxy, "--device", device, "--gpus", str(config.serve_gpus), "--max-tokens-cap", str(config.max_tokens_cap),
+            *proxy, "--device", device, "--gpus", str(config.serve_gpus),
+            *(["--replicas", str(config.serve_replicas)] if config.serve_replicas > 1 else []),
+            "--max-tokens-cap", str(config.max_tokens_cap),
             "--generation-config", "vllm",
             "--weight-version", str(weight_version), *vllm_flags(config, device),
             *sampling.as_flags(sampling.settings(config))]

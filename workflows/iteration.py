@@ -100,8 +100,10 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     """vLLM on this iteration's checkpoint plus the proxy: a daemon, ready when the proxy's /health answers.
 
     The step fetches the checkpoint itself, without the optimizer state the update keeps beside the
-    weights (twice their size); an Argo input artifact would download the whole folder. With `upstream`
-    the pod runs only the proxy, in front of that server: the steps image (no vLLM), no GPU, no checkpoint."""
+    weights (twice their size); an Argo input artifact would download the whole folder. `serve_replicas`
+    vLLM servers run in this one pod, `serve_gpus` GPUs each, on its loopback behind the proxy
+    (docs/serving.md, "Replicas"). With `upstream` the pod runs only the proxy, in front of that server: the
+    steps image (no vLLM), no GPU, no checkpoint."""
     command = commands.serve(config, config.checkpoint_url(iteration), layout.calls_url(config.run_url), iteration,
                              host="0.0.0.0", device="gpu", model_dir=MODEL_DIR)
     env = admin_env(config) + s3_env(config)
@@ -110,7 +112,8 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
                              secret_key="upstream-api-key", optional=True))
         resources, volumes, name = Resources(cpu_request=2, memory_request="4Gi"), [], "steps"
     else:
-        resources = Resources(gpus=config.serve_gpus, cpu_request=4, memory_request="32Gi")
+        resources = Resources(gpus=config.serve_gpus * config.serve_replicas, cpu_request=4 * config.serve_replicas,
+                              memory_request=f"{32 * config.serve_replicas}Gi")
         volumes, name = [EmptyDirVolume(name="models", mount_path=MODELS_VOLUME)], "serve"
     return Container(
         name="serve", image=image(config, name), daemon=True, labels={ROLE: "serve"}, command=command,

@@ -66,7 +66,7 @@ def check_cluster(api, config: RunConfig, custom=None) -> tuple[list[str], list[
                             f"(kubectl -n {ns} create secret generic {name} {literals})")
         elif status:
             notes.append(f"could not check secret {name!r} (HTTP {status})")
-    needed = max(config.serve_gpus, config.update_gpus)
+    needed = max(config.serve_gpus * config.serve_replicas, config.update_gpus)  # the replicas share one serve pod
     if needed:
         try:
             nodes = api.list_node(_request_timeout=10).items
@@ -76,7 +76,7 @@ def check_cluster(api, config: RunConfig, custom=None) -> tuple[list[str], list[
             slots = sum(g // config.update_gpus for g in gpus) if config.update_gpus else len(gpus)
             if most < needed:
                 problems.append(f"no node offers {needed} nvidia.com/gpu (the most any node has is {most}); "
-                                f"lower serve_gpus/update_gpus or add GPU nodes with the NVIDIA device plugin")
+                                f"lower serve_gpus/serve_replicas/update_gpus or add GPU nodes with the NVIDIA device plugin")
             elif slots < config.update_nodes:
                 problems.append(f"update_nodes is {config.update_nodes}, but the nodes offer only {slots} slot(s) of "
                                 f"update_gpus={config.update_gpus} nvidia.com/gpu; lower update_nodes or add GPU nodes")

@@ -4,7 +4,8 @@
         [--admin-key KEY | env OPENFORGE_ADMIN_KEY] [--model-name tiny] [--sampling temperature=1.0 ...] \
         [--max-tokens-cap 512]
 
-`--upstream` is vLLM's root URL (no /v1); `--store` a local folder or an s3:// URL. With any `--sampling`,
+`--upstream` is vLLM's root URL (no /v1), given once per replica when several vLLM servers serve the run
+(each rollout stays on one: steps/proxy/replicas.py); `--store` a local folder or an s3:// URL. With any `--sampling`,
 every key of `steps.sampling.KEYS` is forced on every call (those not given at their neutral value); without,
 the harness's own settings reach vLLM (a plain recorder: what the serve step never runs).
 `--external-upstream` marks a server the serve step did not start (a vLLM elsewhere or any OpenAI-compatible
@@ -25,20 +26,25 @@ from steps.proxy.app import create_app
 from steps.proxy.config import ProxyConfig
 from steps.proxy.connections import connection_cap, raise_open_file_limit
 from steps.proxy.http_server import protocol_factory
+from steps.proxy.replicas import AFFINITY, POLICIES
 
 
-def command_line(upstream: str, store: str, port: int, host: str | None = None, model_name: str | None = None,
-                 max_tokens_cap: int | None = None, weight_version: str | None = None,
+def command_line(upstream: str | list[str], store: str, port: int, host: str | None = None,
+                 model_name: str | None = None, max_tokens_cap: int | None = None, weight_version: str | None = None,
                  sampling: list[str] | tuple[str, ...] = (), extra: list[str] | tuple[str, ...] = (),
                  upstream_model: str | None = None, external: bool = False) -> list[str]:
     """The proxy's flags, as `parse_args` reads them: what the serve step runs in-process and the tests'
-    launcher runs as `python -m steps.proxy`; `sampling` holds `KEY=VALUE` items (`steps.sampling`). The admin key
-    travels in the environment, never here; so does an external upstream's key (`external`: `--external-upstream`).
+    launcher runs as `python -m steps.proxy`; `upstream` is one URL or each replica's; `sampling` holds `KEY=VALUE`
+    items (`steps.sampling`). The admin key travels in the environment, never here; so does an external upstream's
+    key (`external`: `--external-upstream`).
 
     >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, model_name="tiny")
     ['--upstream', 'http://127.0.0.1:8000', '--port', '8100', '--store', 'runs/calls', '--model-name', 'tiny']
+    >>> command_line(["http://127.0.0.1:8000", "http://127.0.0.1:8001"], "runs/calls", 8100)[:4]
+    ['--upstream', 'http://127.0.0.1:8000', '--upstream', 'http://127.0.0.1:8001']
     """
-    argv = ["--upstream", upstream, "--port", str(port), "--store", store]
+    argv = [word for url in ([upstream] if isinstance(upstream, str) else upstream) for word in ("--upstream", url)]
+    argv += ["--port", str(port), "--store", store]
     for flag, value in (("--host", host), ("--model-name", model_name), ("--max-tokens-cap", max_tokens_cap),
                         ("--weight-version", weight_version), ("--upstream-model", upstream_model)):
         if value is not None:
@@ -51,7 +57,11 @@ def command_line(upstream: str, store: str, port: int, host: str | None = None, 
 def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     """Reads the command line into a ProxyConfig; exits with one sentence on a bad flag."""
     p = argparse.ArgumentParser(prog="python -m steps.proxy", description=__doc__.split("\n\n")[0])
-    p.add_argument("--upstream", required=True, help="vLLM root URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--upstream", required=True, action="append",
+                   help="vLLM root URL, e.g. http://127.0.0.1:8000; once per replica (repeatable)")
+    p.add_argument("--replica-policy", choices=POLICIES, default=AFFINITY,
+                   help="affinity: each rollout stays on the replica it was given (a run's); round-robin: each call "
+                        "to the next replica, only to measure what affinity is worth (benchmarks/replica_affinity.py)")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--store", required=True, help="local folder or s3:// URL for recorded calls")
     p.add_argument("--host", default="127.0.0.1")
@@ -89,13 +99,18 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
                  "max_connections", "max_connections_per_client"):
         if (value := getattr(args, name) or 0) < 0:
             p.error(f"--{name.replace('_', '-')} takes a number >= 0 (0 turns the limit off), got {value}")
+    if args.external_upstream and len(args.upstream) > 1:
+        p.error("--external-upstream takes one --upstream: replicas are vLLM servers the serve step started")
+    if len(set(args.upstream)) < len(args.upstream):
+        p.error("each --upstream must be a different server: a replica named twice would count its load twice")
     if not args.admin_key:
         p.error("an admin key is required: pass --admin-key or set OPENFORGE_ADMIN_KEY")
     upstream_key = os.environ.get("OPENFORGE_UPSTREAM_API_KEY") or None
     if upstream_key is not None and not upstream_key.isprintable():
         p.error("OPENFORGE_UPSTREAM_API_KEY holds a line break or another control character; give the key alone")
     return ProxyConfig(
-        upstream=args.upstream, store=args.store, admin_key=args.admin_key, host=args.host, port=args.port,
+        upstream=args.upstream[0], replicas=tuple(args.upstream[1:]), replica_policy=args.replica_policy,
+        store=args.store, admin_key=args.admin_key, host=args.host, port=args.port,
         public_url=args.public_url, model=args.model, weight_version=args.weight_version,
         upstream_model=args.upstream_model, external_upstream=args.external_upstream,
         upstream_api_key=upstream_key,

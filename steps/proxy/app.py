@@ -1,11 +1,13 @@
 """The recording proxy's HTTP app: admin routes, per-rollout dialect routes, one error handler.
 
 Admin routes (admin key): POST /rollouts, GET /rollouts, GET /rollouts/{id}/calls (and the records skipped),
-POST /rollouts/{id}/close, GET|POST /weights[/pause|/resume|/update].
+POST /rollouts/{id}/close, POST /weights/pause|resume|update, GET /replicas.
 Rollout routes (that rollout's key): /rollouts/{id}/v1/chat/completions, /v1/responses,
 /v1/messages, /v1/models.
 """
 
+import asyncio
+import contextlib
 import hmac
 import logging
 import re
@@ -38,6 +40,7 @@ from steps.proxy.serving import (
     serve_call,
     until_disconnect,
 )
+from steps.proxy.replicas import Replicas
 from steps.proxy.sessions import Sessions, WeightGate
 from steps.proxy.store import CallStore
 from steps.proxy.upstream import Upstream
@@ -79,8 +82,17 @@ rollout_api = APIRouter(prefix="/rollouts/{rollout_id}")
 
 @admin.get("/health")
 async def health(request: Request) -> dict:
-    gate = request.app.state.gate
-    return {"status": "ok", "weight_version": gate.version, "paused": gate.paused, "in_flight": gate.in_flight}
+    gate, replicas = request.app.state.gate, request.app.state.replicas
+    # Keyless, so only counts: which replica is which, and how loaded, is the admin's (`GET /replicas`).
+    return {"status": "ok", "weight_version": gate.version, "paused": gate.paused, "in_flight": gate.in_flight,
+            "replicas": len(replicas.all), "replicas_live": len(replicas.live())}
+
+
+@admin.get("/replicas")
+async def list_replicas(request: Request) -> dict:
+    """Each replica's state, weight version and load."""
+    require_admin(request)
+    return {"policy": request.app.state.replicas.policy, "replicas": request.app.state.replicas.info()}
 
 
 @admin.post("/rollouts")
@@ -88,6 +100,7 @@ async def register(request: Request) -> dict:
     require_admin(request)
     new = await admin_body(request, NewRollout)
     rollout, key = await request.app.state.sessions.register(new.rollout_id, new.metadata)
+    request.app.state.replicas.assign(rollout)
     base = (request.app.state.config.public_url or str(request.base_url)).rstrip("/")
     root = f"{base}/rollouts/{rollout.rollout_id}"
     return {"rollout_id": rollout.rollout_id, "api_key": key, "openai_base_url": f"{root}/v1",
@@ -114,6 +127,7 @@ async def list_calls(request: Request, rollout_id: str) -> dict:
 @admin.post("/rollouts/{rollout_id}/close")
 async def close(request: Request, rollout_id: str) -> dict:
     require_admin(request)
+    request.app.state.replicas.release(await request.app.state.sessions.get(rollout_id))
     rollout = await request.app.state.sessions.close(rollout_id)
     return {"rollout_id": rollout_id, "closed_at": rollout.closed_at, "num_calls": rollout.next_index}
 
@@ -137,14 +151,15 @@ async def resume(request: Request) -> dict:
 async def update(request: Request) -> dict:
     require_admin(request)
     body = await admin_body(request, WeightUpdate)
-    await swap_weights(request.app.state.gate, request.app.state.upstream, body.weights_path, body.weight_version)
+    await swap_weights(request.app.state.gate, request.app.state.replicas, body.weights_path, body.weight_version)
     return await health(request)
 
 
 @rollout_api.get("/v1/models")
 async def models(request: Request, rollout_id: str) -> dict:
     await request.app.state.sessions.authorize(rollout_id, api_key(request))
-    name = request.app.state.config.model or await request.app.state.upstream.served_model()  # the harness's name
+    first = request.app.state.replicas.all[0].upstream
+    name = request.app.state.config.model or await first.served_model()  # the harness's name
     return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "openforge"}]}
 
 
@@ -238,14 +253,23 @@ def create_app(config: ProxyConfig) -> ModelCalls:
         app.state.config = config
         app.state.store = CallStore(config.store, fsync=config.fsync)
         app.state.sessions = Sessions(app.state.store)
-        app.state.upstream = Upstream(config.upstream, timeout_s=config.upstream_timeout_s,
-                                      model=config.upstream_model or config.model, external=config.external_upstream,
-                                      api_key=config.upstream_api_key)
-        await app.state.upstream.start()
-        await app.state.upstream.probe()  # an external upstream's refusals, before any harness's call
-        app.state.gate = WeightGate(await initial_version(app.state.upstream, config.weight_version))
+        upstreams = [Upstream(url, timeout_s=config.upstream_timeout_s, model=config.upstream_model or config.model,
+                              external=config.external_upstream, api_key=config.upstream_api_key)
+                     for url in config.upstreams]
+        for upstream in upstreams:
+            await upstream.start()
+            await upstream.probe()  # an external upstream's refusals, before any harness's call
+        # The replicas start on one checkpoint: replica 0's version is theirs.
+        app.state.gate = WeightGate(await initial_version(upstreams[0], config.weight_version))
+        app.state.replicas = Replicas(upstreams, app.state.gate.version, config.replica_policy)
+        watch = asyncio.create_task(app.state.replicas.watch()) if len(upstreams) > 1 else None
         yield
-        await app.state.upstream.close()
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+        for upstream in upstreams:
+            await upstream.close()
 
     app = FastAPI(title="OpenForge recording proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.include_router(admin)

@@ -12,9 +12,11 @@ from steps.sampling import RESHAPING, unsent_to_external
 class ProxyConfig:
     """Everything the proxy needs to start; flags of `python -m steps.proxy` map 1:1 onto fields."""
 
-    upstream: str
+    upstream: str  # replica 0: the one upstream, unless `replicas` names more
     store: str
     admin_key: str
+    replicas: tuple[str, ...] = ()  # further vLLM servers (replicas 1, 2, ...) beside `upstream`
+    replica_policy: str = "affinity"  # or "round-robin", only to measure affinity (steps/proxy/replicas.py)
     host: str = "127.0.0.1"
     port: int = 8100
     public_url: str | None = None
@@ -41,6 +43,11 @@ class ProxyConfig:
     keep_alive_s: float = 75.0
     max_connections: int | None = None  # None: half the open files the process may have (connections.py)
     max_connections_per_client: int = 1024
+
+    @property
+    def upstreams(self) -> tuple[str, ...]:
+        """Every replica's root URL, replica 0 first."""
+        return (self.upstream, *self.replicas)
 
     def sampling(self, body: dict) -> dict:
         """The upstream chat body with the run's sampling forced on it, whatever the harness sent (neutral values

@@ -170,7 +170,9 @@ class HttpPool:
                       headers: dict[str, str] | None = None, timeout_s: float) -> tuple[int, bytes]:
         """Sends one request and returns (status, whole response body).
 
-        A reused connection that the server closed as we sent is retried once on a new one.
+        A reused connection that the server closed without answering is retried once on a new one. If that new
+        one cannot be made, the failure is `UpstreamFailed`, not `NotSent`: the request may have reached the server
+        before it went away (a vLLM killed mid-generation closes the connection just so).
         """
         head = self._head(method, path, body, headers)
         loop = asyncio.get_running_loop()
@@ -181,7 +183,12 @@ class HttpPool:
                 return await self._exchange(loop, conn, head, body, deadline, timeout_s)
             except _Stale:
                 pass
-        conn = await self._connect(loop, deadline, timeout_s)
+            try:
+                conn = await self._connect(loop, deadline, timeout_s)
+            except NotSent as exc:
+                raise UpstreamFailed(f"{self.url} closed the connection without answering, and {exc}") from None
+        else:
+            conn = await self._connect(loop, deadline, timeout_s)
         try:
             return await self._exchange(loop, conn, head, body, deadline, timeout_s)
         except _Stale:

@@ -177,7 +177,7 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
     line = one_line(data)  # the request as stored
     record = _new_record(rollout, dialect.NAME, req.stream, line, requested, _settings(upstream_body))
     try:
-        completion = await guard(_complete(state, upstream_body, record))
+        completion = await guard(_complete(state, rollout, upstream_body, record))
     except ClientGone:
         await _finish(state, rollout, record, "aborted", error={"status": 499, "message": "client disconnected"})
         return GONE
@@ -250,6 +250,7 @@ def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, reque
         "stream": stream,
         "status": "pending",
         "weight_version": None,
+        "replica": None,  # the proxy's choice (steps.proxy.replicas), never the request's
         "prompt_token_ids": None,
         "prompt_shared": None,
         "response_token_ids": None,
@@ -265,12 +266,12 @@ def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, reque
     }
 
 
-async def _complete(state, upstream_body: dict, record: dict):
+async def _complete(state, rollout: Rollout, upstream_body: dict, record: dict):
     async with state.gate.call() as version:
         record["weight_version"] = version
         record["timings"]["upstream_started_at"] = now()
         try:
-            return await state.upstream.complete(upstream_body)
+            return await state.replicas.complete(rollout, upstream_body, record)
         finally:
             record["timings"]["upstream_ended_at"] = now()
 

@@ -31,9 +31,9 @@ def key_digest(api_key: str) -> str:
 
 @dataclass
 class Rollout:
-    """One registered rollout: its key digest, metadata, the next call index, and the prompt and request
+    """One registered rollout: its key digest, metadata, the next call index, the prompt and request
     of its last stored call, which the next call's stored ones may extend (store.share_prompt and
-    share_request)."""
+    share_request), and its replica."""
 
     rollout_id: str
     key_sha256: str
@@ -43,6 +43,7 @@ class Rollout:
     next_index: int = 0
     prompt_base: PromptBase | None = None
     request_base: RequestBase | None = None
+    replica: int | None = None  # the replica serving its calls (steps.proxy.replicas); not stored: given again after a restart
 
     def take_index(self) -> int:
         """Reserves the next call index (calls are numbered in arrival order)."""

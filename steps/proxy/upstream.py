@@ -201,6 +201,10 @@ def parse_completion(data: bytes, require_token_ids: bool = True) -> Completion:
     )
 
 
+class Unreachable(ProxyError):
+    """The upstream could not be reached: nothing of the call was sent (so another replica may take it)."""
+
+
 class Upstream:
     """A pooled HTTP client for one vLLM server; retries only what was never sent.
 
@@ -300,7 +304,7 @@ class Upstream:
                                                         timeout_s=timeout_s)
             except NotSent as exc:  # nothing reached vLLM: safe to send again
                 if attempt == retries:
-                    raise ProxyError(502, f"upstream {self.url} is unreachable: {exc}") from None
+                    raise Unreachable(502, f"upstream {self.url} is unreachable: {exc}") from None
                 log.warning("upstream unreachable, retrying", extra={"attempt": attempt + 1, "error": str(exc)})
                 await asyncio.sleep(0.2 * 2**attempt)
                 continue

@@ -59,6 +59,7 @@ class _CallFields(msgspec.Struct):
     response_logprobs: list[float] | None = None
     finish_reason: str | None = None
     weight_version: str | int | float | None = None
+    replica: TokenId | None = None
     timings: dict[str, float | None] | None = None
     error: _Error | None = None
 
@@ -181,6 +182,7 @@ def add_calls(rows: Rows, keys: dict, calls: list[dict], built: RolloutSamples |
                   "prompt_token_ids": call.get("prompt_token_ids"), "response_token_ids": call.get("response_token_ids"),
                   "response_logprobs": call.get("response_logprobs"), "finish_reason": call.get("finish_reason"),
                   "weight_version": None if call.get("weight_version") is None else str(call["weight_version"]),
+                  "replica": call.get("replica"),
                   **{name: sampled.get(name) for name in ("temperature", "top_p", "top_k")},
                   **{name: timings.get(name) for name in CALL_TIMINGS},
                   "error": (call.get("error") or {}).get("message"), "sample_index": index,

@@ -1,0 +1,307 @@
+"""Two real vLLM servers on CPU behind one recording proxy: rollout affinity, a weight swap on both, a replica killed.
+
+    .venv/bin/python -m pytest -q tests/test_replicas.py      # ~3 min on 2 cores: two vLLM starts, side by side
+
+One module fixture runs the serve step itself, `python -m steps.serve --replicas 2` (both vLLMs started at
+once, each on its own core), and every test here shares its two vLLM servers: through the serve step's own
+proxy, or through further proxies in front of the same servers, which are cheap to start. The test that kills
+a replica runs last. The offline tests (command lines, the Argo template) need no vLLM.
+"""
+
+import asyncio
+import doctest
+import importlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from conftest import ADMIN_KEY, MODEL_NAME
+from proxy_process import ProxyProcess, stop_proxy
+from steps import serve
+from steps.net import free_port
+from steps.proxy.__main__ import parse_args as proxy_args
+from steps.proxy.client import ProxyClient, ProxyClientError
+from steps.tiny_model import build_tiny_model
+from workflows import commands
+from workflows.config import RunConfig
+from workflows.iteration import serve_template
+
+vllm = pytest.mark.vllm
+LONG = 8000  # tokens of a call that is still generating seconds later (the tiny model makes ~600 a second)
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Served:
+    """The serve step running: its proxy (a `ProxyProcess` whose process is the serve step) and its replicas' URLs."""
+
+    proxy: ProxyProcess
+    replica_urls: list[str]
+
+
+@pytest.fixture(scope="module")
+def replicas(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`python -m steps.serve --replicas 2` on `tiny_model`, greedy (`top_k=1`), weight version 0."""
+    folder = tmp_path_factory.mktemp("replicas")
+    port, log = free_port(), folder / "serve.log"
+    argv = [sys.executable, "-m", "steps.serve", "--model", str(tiny_model), "--model-name", MODEL_NAME,
+            "--port", str(port), "--store", str(folder / "calls"), "--replicas", "2", "--weight-version", "0",
+            "--log", str(folder / "vllm.log"), "--sampling", "top_k=1"]
+    with open(log, "ab") as out:
+        process = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY},
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    running = ProxyProcess(process, port, ADMIN_KEY, log, store=str(folder / "calls"))
+    try:
+        deadline = time.monotonic() + 900
+        while not _answers(running):
+            assert process.poll() is None and time.monotonic() < deadline, f"serve did not start:\n{running.log_tail()}"
+            time.sleep(1)
+        urls = re.search(r"serve: vLLM ready on (\S+), (\S+); proxy", log.read_text())
+        assert (folder / "vllm.log").exists() and (folder / "vllm-1.log").exists()  # one log per replica
+        yield Served(running, [urls[1], urls[2]])
+    finally:
+        stop_proxy(running, grace_s=60)  # SIGTERM: the serve step stops both vLLMs
+
+
+def _answers(proxy: ProxyProcess) -> bool:
+    try:
+        ProxyClient(proxy.url, ADMIN_KEY, timeout_s=2, retries=0).health()
+        return True
+    except ProxyClientError:
+        return False
+
+
+def served(proxy, replicas: Served, policy: str = "affinity") -> ProxyProcess:
+    """A further proxy in front of both replicas (no --sampling: the tests' temperature 0 reaches vLLM)."""
+    first, *others = replicas.replica_urls
+    return proxy(first, extra=[*(w for url in others for w in ("--upstream", url)), "--replica-policy", policy])
+
+
+def until(proxy: ProxyProcess, seen, timeout_s: float = 60.0) -> None:
+    """Waits until the proxy's /health satisfies `seen`."""
+    deadline = time.monotonic() + timeout_s
+    while not seen(proxy.client.health()):
+        assert time.monotonic() < deadline, proxy.client.health()
+        time.sleep(0.05)
+
+
+def kill_replica(replicas: Served, index: int) -> None:
+    """SIGKILLs replica `index`'s vLLM (its API server's process group: the engine core too)."""
+    port = replicas.replica_urls[index].rsplit(":", 1)[1]
+    for child in psutil.Process(replicas.proxy.process.pid).children():
+        if "vllm.entrypoints.openai.api_server" in child.cmdline() and port in child.cmdline():
+            os.killpg(child.pid, signal.SIGKILL)
+            return
+    raise AssertionError(f"no vLLM on port {port} under the serve step")
+
+
+def chat(rollout: dict, messages: list[dict], max_tokens: int = 8, headers: dict | None = None,
+         **fields) -> httpx.Response:
+    """One greedy chat call of `rollout` through the proxy."""
+    body = {"model": MODEL_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **fields}
+    return httpx.post(f"{rollout['openai_base_url']}/chat/completions", json=body, timeout=300,
+                      headers={"authorization": f"Bearer {rollout['api_key']}", **(headers or {})})
+
+
+def multi_turn(rollout: dict, turns: int, task: str) -> list[str]:
+    """A rollout of `turns` calls whose context grows by appending, as an agent's does; its answers."""
+    messages, answers = [{"role": "user", "content": f"{task}: read the file and fix the failing test"}], []
+    for turn in range(turns):
+        answer = chat(rollout, messages)
+        assert answer.status_code == 200, answer.text
+        answers.append(answer.json()["choices"][0]["message"]["content"] or "")
+        messages += [{"role": "assistant", "content": answers[-1]}, {"role": "user", "content": f"go on ({turn})"}]
+    return answers
+
+
+def replicas_of(proxy, rollout_ids: list[str]) -> dict[str, list[int]]:
+    """Each rollout's recorded calls' replicas, in call order."""
+    return {rollout_id: [call["replica"] for call in proxy.calls(rollout_id)] for rollout_id in rollout_ids}
+
+
+@vllm
+def test_each_rollouts_calls_stay_on_one_replica_and_rollouts_spread_over_both(replicas, proxy):
+    front = replicas.proxy  # the serve step's own
+    ids = [f"affine-{i}" for i in range(4)]
+    for rollout_id in ids:
+        multi_turn(front.register(rollout_id), 3, rollout_id)
+    seen = replicas_of(front, ids)
+    assert all(len(set(used)) == 1 and len(used) == 3 for used in seen.values()), seen
+    assert sorted(used[0] for used in seen.values()) == [0, 0, 1, 1], seen  # the least loaded: 2 rollouts each
+    assert [(r["replica"], r["state"], r["rollouts"]) for r in front.client.request("GET", "/replicas")["replicas"]] \
+        == [(0, "live", 2), (1, "live", 2)]
+    health = front.client.health()
+    assert (health["replicas"], health["replicas_live"]) == (2, 2) and "rollouts" not in str(health)
+    for rollout_id in ids:  # a closed rollout counts no more: the next one goes where it left room
+        front.client.close(rollout_id)
+    assert [r["rollouts"] for r in front.client.request("GET", "/replicas")["replicas"]] == [0, 0]
+    # Control: round robin, the benchmark's baseline, scatters each rollout's calls over both replicas.
+    scattered = served(proxy, replicas, policy="round-robin")
+    for rollout_id in ids:
+        multi_turn(scattered.register(rollout_id), 3, rollout_id)
+    assert any(len(set(used)) > 1 for used in replicas_of(scattered, ids).values())
+
+
+@vllm
+def test_nothing_in_a_request_chooses_or_names_the_replica(replicas, proxy):
+    front = served(proxy, replicas)
+    first, second = front.register("pinned-0"), front.register("pinned-1")  # replicas 0 and 1
+    messages = [{"role": "user", "content": "which replica?"}]
+    for rollout, other in ((first, 1), (second, 0)):
+        url = replicas.replica_urls[other]
+        asked = {"x-openforge-replica": str(other), "x-replica": str(other), "x-upstream": url}
+        answer = chat(rollout, messages, headers=asked, replica=other, upstream=url)
+        assert answer.status_code == 200, answer.text
+        assert "replica" not in answer.json() and url not in answer.text
+    # Control: the two rollouts are on different replicas, so a request that could choose would have moved one.
+    assert replicas_of(front, ["pinned-0", "pinned-1"]) == {"pinned-0": [0], "pinned-1": [1]}
+
+
+@vllm
+def test_a_weight_swap_reaches_both_replicas_before_any_call_resumes(replicas, tmp_path):
+    other = build_tiny_model(tmp_path / "tiny-seed-1", seed=1)
+    front = replicas.proxy  # the serve step's own: greedy through its forced top_k=1
+    on = [front.register(f"swap-{i}") for i in range(2)]  # one on each replica
+    prompt = [{"role": "user", "content": "name a colour"}]
+    before = [chat(rollout, prompt).json()["choices"][0]["message"]["content"] for rollout in on]
+    assert before[0] == before[1]  # the same weights on both: the same greedy answer
+    front.client.update_weights(str(other), "1")
+    after = [chat(rollout, prompt).json()["choices"][0]["message"]["content"] for rollout in on]
+    assert after[0] == after[1] and after[0] != before[0], (before, after)
+    calls = [front.calls(f"swap-{i}") for i in range(2)]
+    assert [[(c["replica"], c["weight_version"]) for c in rollout] for rollout in calls] == \
+        [[(0, "0"), (0, "1")], [(1, "0"), (1, "1")]]
+    assert [r["weight_version"] for r in front.client.request("GET", "/replicas")["replicas"]] == ["1", "1"]
+    for rollout in on:
+        front.client.close(rollout["rollout_id"])
+
+
+@vllm
+def test_a_call_held_by_a_swap_is_served_only_once_every_replica_has_the_new_weights(replicas, proxy, tiny_model):
+    front = served(proxy, replicas)  # started after the swap above: vLLM's own version, "1", is its first
+    held_on, long_on = front.register("held-0"), front.register("held-1")  # replicas 0 and 1
+    outcome: dict = {}
+    long_call = threading.Thread(target=lambda: outcome.update(long=chat(
+        long_on, [{"role": "user", "content": "go on"}], max_tokens=LONG, ignore_eos=True)))
+    long_call.start()
+    until(front, lambda health: health["in_flight"] == 1)  # generating on replica 1
+    swap = threading.Thread(target=lambda: outcome.update(swap=front.client.update_weights(str(tiny_model), "2")))
+    swap.start()
+    until(front, lambda health: health["paused"])  # replica 1 still answers the long call, replica 0 is idle
+    held = chat(held_on, [{"role": "user", "content": "name a colour"}])
+    swap.join(300)
+    long_call.join(300)
+    assert held.status_code == outcome["long"].status_code == 200 and outcome["swap"]["weight_version"] == "2"
+    (long,), (waited,) = front.calls("held-1"), front.calls("held-0")
+    assert (long["replica"], long["weight_version"], waited["replica"], waited["weight_version"]) == (1, "1", 0, "2")
+    # The held call reached replica 0 only after the call in flight on replica 1 ended and both had reloaded.
+    held_at, ended_at = waited["timings"], long["timings"]["upstream_ended_at"]
+    assert held_at["received_at"] < ended_at <= held_at["upstream_started_at"]
+
+
+@vllm
+def test_a_replica_killed_mid_run_moves_its_rollouts_and_every_call_is_recorded(replicas, proxy):
+    """Runs last: it kills replica 1."""
+    front = served(proxy, replicas)
+    rollouts = [front.register(f"survive-{i}") for i in range(4)]  # 0 and 2 on replica 0, 1 and 3 on replica 1
+    for index, rollout in enumerate(rollouts):
+        multi_turn(rollout, 1, f"survive-{index}")
+    outcome = {}
+    long_call = threading.Thread(target=lambda: outcome.update(answer=chat(
+        rollouts[1], [{"role": "user", "content": "go on"}], max_tokens=LONG, ignore_eos=True)))
+    long_call.start()
+    until(front, lambda health: health["in_flight"] == 1)
+    time.sleep(0.5)  # generating on replica 1
+    kill_replica(replicas, 1)
+    long_call.join(120)
+    in_flight = outcome["answer"]
+    assert in_flight.status_code == 502 and in_flight.json()["error"]["type"] == "server_error"
+    assert replicas.replica_urls[1] not in in_flight.text  # never where vLLM listens (`replicas.unnamed`)
+    # The run goes on: every rollout's next calls are answered, those of replica 1's rollouts by replica 0.
+    for index, rollout in enumerate(rollouts):
+        multi_turn(rollout, 2, f"survive-{index}")
+    seen = replicas_of(front, [rollout["rollout_id"] for rollout in rollouts])
+    assert seen == {"survive-0": [0, 0, 0], "survive-1": [1, 1, 0, 0], "survive-2": [0, 0, 0], "survive-3": [1, 0, 0]}
+    recorded = [(c["call_index"], c["status"]) for c in front.calls("survive-1")]
+    assert recorded == [(0, "ok"), (1, "error"), (2, "ok"), (3, "ok")]  # the failed call too: nothing is lost
+    state = {r["replica"]: r["state"] for r in front.client.request("GET", "/replicas")["replicas"]}
+    assert state == {0: "live", 1: "dead"} and front.client.health()["replicas_live"] == 1
+
+
+def test_the_run_config_serves_r_replicas_in_one_pod_with_their_gpus():
+    config = RunConfig(serve_replicas=2, serve_gpus=2)
+    argv = commands.serve(config, "s3://b/ckpt", "s3://b/calls", 0)
+    args = serve.parse_args(argv[3:])
+    assert (args.replicas, args.gpus) == (2, 2)
+    proxy = proxy_args([*serve.proxy_argv(args, [8001, 8002]), "--admin-key", "k"])
+    assert proxy.upstreams == ("http://127.0.0.1:8001", "http://127.0.0.1:8002") and proxy.replica_policy == "affinity"
+    assert "--replicas" not in commands.serve(RunConfig(), "m", "c", 0)  # one replica: the command as before
+    resources = serve_template(config, 0).resources
+    assert resources.gpus == 4 and resources.cpu_request == 8  # 2 replicas x 2 GPUs, all in the one serve pod
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--replicas", "0"], "--replicas takes a number >= 1"),
+    (["--replicas", "2", "--upstream", "http://10.0.0.5:8000"], "--replicas takes a number >= 1"),
+])
+def test_a_bad_replica_count_is_one_sentence(argv, said, capsys):
+    base = ["--model-name", "m", "--port", "1", "--store", "s"]
+    with pytest.raises(SystemExit) as exited:
+        serve.parse_args([*base, *(["--model", "m"] if "--upstream" not in argv else []), *argv])
+    assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--upstream", "http://127.0.0.1:1"], "each --upstream must be a different server"),
+    (["--upstream", "http://127.0.0.1:2", "--external-upstream"], "--external-upstream takes one --upstream"),
+    (["--replica-policy", "random"], "--replica-policy"),
+])
+def test_the_proxy_refuses_replicas_it_could_not_serve_in_one_sentence(extra, said, capsys):
+    with pytest.raises(SystemExit):
+        proxy_args(["--upstream", "http://127.0.0.1:1", "--port", "1", "--store", "s", "--admin-key", "k", *extra])
+    assert said in capsys.readouterr().err
+
+
+def test_the_least_loaded_replica_is_given_and_a_dead_ones_rollouts_move_but_the_last_live_one_stays():
+    """Two replicas on ports where nothing listens: what `/health` finds of a dead vLLM."""
+    from steps.proxy.replicas import ROUND_ROBIN, Replicas
+    from steps.proxy.sessions import Rollout
+    from steps.proxy.upstream import Upstream
+
+    async def check() -> None:
+        upstreams = [Upstream(f"http://127.0.0.1:{free_port()}") for _ in range(2)]
+        for upstream in upstreams:
+            await upstream.start()
+        chosen = Replicas(upstreams, "0")
+        rollouts = [Rollout(f"r-{i}", "digest", {}, created_at=0.0) for i in range(3)]
+        assert [chosen.assign(rollout).index for rollout in rollouts] == [0, 1, 0]
+        chosen.release(rollouts[0])
+        chosen.release(rollouts[0])  # again: nothing more
+        assert [r.rollouts for r in chosen.all] == [1, 1] and chosen.pick(rollouts[1]).index == 1
+        assert await chosen.leave_out_if_dead(chosen.all[1])  # no /health answer, and replica 0 is live
+        assert chosen.pick(rollouts[1]).index == 0 and [r.rollouts for r in chosen.all] == [2, 0]  # moved
+        assert not await chosen.leave_out_if_dead(chosen.all[0])  # the last live one is never left out
+        assert [r.state for r in chosen.all] == ["live", "dead"]
+        turns = Replicas(upstreams, "0", policy=ROUND_ROBIN)
+        assert [turns.pick(rollouts[2]).index for _ in range(4)] == [0, 1, 0, 1]  # the control: no affinity
+        for upstream in upstreams:
+            await upstream.close()
+
+    asyncio.run(check())
+
+
+@pytest.mark.parametrize("module", ["steps.proxy.replicas", "steps.serve"])
+def test_doctests(module):
+    failures, tried = doctest.testmod(importlib.import_module(module))
+    assert tried > 0 and failures == 0
