@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from steps.update import batch as update_batch, train as update  # noqa: E402
 from steps.tiny_model import build_tiny_model  # noqa: E402
 from steps.update.config import load_config  # noqa: E402
-from update_reference import craft_samples, load_model, reference_update, response_logprobs  # noqa: E402
+from update_reference import craft_samples, load_model, reference_update, response_logprobs, write_samples  # noqa: E402
 
 # fp32 compute so that the worker and the reference loop agree to float rounding; a large lr so that
 # one step visibly moves the weights.
@@ -327,18 +327,6 @@ def simple_samples() -> list[update_batch.Sample]:
     return [update_batch.Sample(f"t{task}-r{i}", f"task-{task}", [11, 12, 13], [21, 22, 23], [1, 0, 1],
                                 [-0.5, 0.0, -1.25], float(i), 1.0, sample_index=0)
             for task in range(2) for i in range(2)]
-
-
-def write_samples(samples: list[update_batch.Sample], folder: Path) -> Path:
-    """`samples` as a samples.parquet in `folder` (the update's columns plus sample_index)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = [*update_batch.SAMPLE_COLUMNS, "sample_index"]
-    folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist([{name: getattr(s, name) for name in columns} for s in samples]),
-                   folder / "samples.parquet")
-    return folder
 
 
 @pytest.fixture
