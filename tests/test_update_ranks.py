@@ -2,8 +2,9 @@
 
 Every update here is the real command the run builds (`workflows.commands.update`: `steps.update.launch`,
 torchrun's launcher, with `update_gpus: 2`), a subprocess as in a run. On 2 shared cores a 2-rank update
-takes tens of seconds, so the module makes seven runs (plus one refused before a model loads) and every
+takes tens of seconds, so the module makes six runs (plus two refused before a model loads) and every
 test reads them: 9 samples in 3 mini-batches (3 samples each: a filler evens each out over the 2 ranks).
+The second 2-rank update reads and writes its checkpoints in S3 (moto on loopback), as on a cluster.
 The tolerance (`WEIGHTS`, `METRICS`) is the one docs/update.md states.
 """
 
@@ -41,8 +42,12 @@ UPDATE = ["compute_dtype: fp32", "weight_decay: 0.0", "mini_batches: 3"]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def runs(tmp_path_factory: pytest.TempPathFactory, s3_server: dict) -> dict:
     """The tiny model, 9 crafted samples, and the module's update runs, each named by what it did."""
+    import s3fs
+
+    s3 = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": s3_server["endpoint_url"]})
+    bucket = f"s3://{s3_server['bucket']}/ranks"
     root = tmp_path_factory.mktemp("ranks")
     checkpoint = build_tiny_model(root / "base", seed=0)
     samples = craft_samples(checkpoint, seed=0)
@@ -53,19 +58,22 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # what rank 0 of 2 trains on: its share of each mini-batch
     half = write_samples([samples[row] for row in update_ranks.shard_rows(9, 3, 2)[0]], root / "half")
 
-    def update(name: str, gpus: int, trajectories: Path, start: Path, *overrides: str) -> dict:
+    def update(name: str, gpus: int, trajectories: Path, start: Path | str, *overrides: str, out: str = "") -> dict:
         run = RunConfig(update_gpus=gpus, update_config=str(config), learning_rate=1e-3)
-        argv = [*commands.update(run, str(trajectories), str(start), str(root / name), python=sys.executable),
+        argv = [*commands.update(run, str(trajectories), str(start), out or str(root / name), python=sys.executable),
                 *overrides]
-        done = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                              text=True, timeout=900)
+        done = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **s3_server["env"]},
+                              capture_output=True, text=True, timeout=900)
+        if out and done.returncode == 0:
+            s3.get(f"{out}/", str(root / name), recursive=True)
         return {"code": done.returncode, "stderr": done.stderr, "stdout": done.stdout, "out": root / name}
 
     result = {"base": checkpoint}
     result["one"] = update("one", 1, full, checkpoint)
     result["two"] = update("two", 2, full, checkpoint)
     result["half"] = update("half", 1, half, checkpoint)
-    result["two_again"] = update("two-again", 2, full, result["two"]["out"])
+    s3.put(f"{result['two']['out']}/", f"{bucket}/two", recursive=True)
+    result["two_again"] = update("two-again", 2, full, f"{bucket}/two", out=f"{bucket}/two-again")
     result["one_again"] = update("one-again", 1, full, result["one"]["out"])
     result["fresh_again"] = update("fresh-again", 1, full, result["two"]["out"], "carry_optimizer=false")
     result["one_from_two"] = update("one-from-two", 1, full, result["two"]["out"])
@@ -123,9 +131,12 @@ def test_rank_0_writes_the_checkpoint_and_every_rank_its_optimizer_shard(runs: d
 
 
 def test_state_saved_by_two_ranks_continues_under_two_ranks(runs: dict) -> None:
-    """The second 2-rank update loads both shards: it says carried, counts 6 AdamW steps and writes the weights
-    of one rank continuing its own first update. Control: the same second step with a fresh AdamW is far off."""
+    """The second 2-rank update (from S3 to S3) loads both shards: it says carried, counts 6 AdamW steps and
+    writes the weights of one rank continuing its own first update; both ranks' new shards reached S3.
+    Control: the same second step with a fresh AdamW is far off."""
     again = metrics(runs["two_again"])
+    names = {path.name for path in (runs["two_again"]["out"] / "optimizer").iterdir()}
+    assert {f"{kind}_world_size_2_rank_{rank}.pt" for kind in ("optim", "extra_state") for rank in (0, 1)} <= names
     assert again["optimizer_state"] == "carried" and again["optimizer_steps_total"] == 6
     assert json.loads((runs["two_again"]["out"] / "optimizer" / "state.json").read_text())[
         "optimizer_steps_total"] == 6
