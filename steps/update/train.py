@@ -117,6 +117,16 @@ def trainer_logprobs(worker, batch: Batch, temperature: float) -> tuple[torch.Te
     return log_probs, entropy
 
 
+def batch_logprobs(worker, batch: Batch, shards: list[list[int]], rank: int,
+                   temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`trainer_logprobs` of the whole batch on every rank: each rank computes its shard's, then all gather, so
+    every rank corrects the whole batch and its metrics are the same everywhere."""
+    width = batch.responses.shape[1]
+    mine = trainer_logprobs(worker, batch.rows(shards[rank]), temperature)
+    log_probs, entropy = (update_ranks.gather_rows(_widen(t, width), shards, len(batch.prompts)) for t in mine)
+    return log_probs, entropy
+
+
 def train(worker, batch: Batch, config: UpdateConfig, world_size: int = 1, samples: int | None = None) -> dict:
     """One call of veRL's `train_mini_batch`: `epochs` passes of `mini_batches` optimiser steps each.
 
@@ -238,14 +248,10 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
     ranks = update_ranks.current()
     shards = update_ranks.shard_rows(len(samples), config.mini_batches, ranks.world_size)
     batch = update_batch.pad([*samples, update_batch.FILLER], {**advantages, update_batch.FILLER.rollout_id: 0.0})
-    mine = shards[ranks.rank]
-    shard_lp, shard_entropy = trainer_logprobs(worker, batch.rows(mine), config.temperature)
-    # every rank corrects the whole batch with every rank's logprobs, so the metrics are the same everywhere
-    trainer_lp, entropy = (update_ranks.gather_rows(_widen(t, batch.responses.shape[1]), shards, len(batch.prompts))
-                           for t in (shard_lp, shard_entropy))
+    trainer_lp, entropy = batch_logprobs(worker, batch, shards, ranks.rank, config.temperature)
     correction = update_batch.correct(batch, trainer_lp, config)
     train_started = time.perf_counter()
-    train_metrics = train(worker, batch.rows(mine), config, ranks.world_size, len(samples))
+    train_metrics = train(worker, batch.rows(shards[ranks.rank]), config, ranks.world_size, len(samples))
     train_s = time.perf_counter() - train_started
     mask = batch.response_mask.bool()
     tokens = int(mask.sum())
