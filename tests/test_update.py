@@ -593,3 +593,25 @@ def test_samples_drawn_at_another_temperature_than_the_updates_are_refused(check
     calls_at([1.0, 0.7, None], [0, None, 1])  # the 0.7 call trained nothing; a null is an older record
     update_batch.check_sampled_temperature(str(partition), 1.0)
     update_batch.check_sampled_temperature(str(partition / "samples.parquet"), 1.0)
+
+
+def test_the_launcher_keeps_a_refusal_and_names_a_failed_rank(tmp_path: Path) -> None:
+    """`steps.update.launch` (torchrun, 2 ranks of a command that only exits): ranks exiting 2 give exit 2 and no
+    word of torchrun's; ranks failing otherwise give exit 1 and one line naming the rank and its code. Control:
+    torchrun itself gives 1 and its traceback for the same refusal."""
+    import subprocess
+    import sys
+
+    def launch(module: str, code: int) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", module, "--standalone", "--nproc-per-node", "2", "--no-python", "sh", "-c",
+                f"exit {code}"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+    refused, failed = launch("steps.update.launch", 2), launch("steps.update.launch", 3)
+    assert (refused.returncode, refused.stderr.strip()) == (2, "")
+    assert failed.returncode == 1
+    (line,) = failed.stderr.strip().splitlines()
+    assert line.startswith("steps.update: rank ") and line.endswith(" failed with exit code 3 (its log is above)")
+    plain = launch("torch.distributed.run", 2)
+    assert plain.returncode == 1 and "Traceback" in plain.stderr

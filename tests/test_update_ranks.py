@@ -2,12 +2,13 @@
 
 Every update here is the real command the run builds (`workflows.commands.update`: `steps.update.launch`,
 torchrun's launcher, with `update_gpus: 2`), a subprocess as in a run. On 2 shared cores a 2-rank update
-takes tens of seconds, so the module makes six runs (plus two refused before a model loads) and every
+takes tens of seconds, so the module makes six runs (plus three that load no model) and every
 test reads them: 9 samples in 3 mini-batches (3 samples each: a filler evens each out over the 2 ranks).
 The second 2-rank update reads and writes its checkpoints in S3 (moto on loopback), as on a cluster.
 The tolerance (`WEIGHTS`, `METRICS`) is the one docs/update.md states.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -77,6 +78,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, s3_server: dict) -> dict:
     result["one_again"] = update("one-again", 1, full, result["one"]["out"])
     result["fresh_again"] = update("fresh-again", 1, full, result["two"]["out"], "carry_optimizer=false")
     result["one_from_two"] = update("one-from-two", 1, full, result["two"]["out"])
+    flat = write_samples([dataclasses.replace(sample, reward=0.5) for sample in samples], root / "flat")
+    result["skipped"] = update("skipped", 2, flat, result["two"]["out"])
     return result
 
 
@@ -169,3 +172,15 @@ def test_a_bad_input_is_refused_by_both_ranks_in_one_sentence(runs: dict, tmp_pa
     assert done.stderr.strip().splitlines() == [
         "steps.update: config key 'correction' must be one of bypass, tis, got 'nope'"]
     assert metrics(runs["two"])["samples"] == 9
+
+
+def test_a_skipped_update_on_two_ranks_copies_the_checkpoint_once(runs: dict) -> None:
+    """No advantage on 2 ranks: no model loads, rank 0 copies the weights and both ranks' optimizer shards
+    unchanged and says so once (the trained 2-rank runs are the control: they wrote new weights)."""
+    skipped, source = runs["skipped"], runs["two"]["out"]
+    assert metrics(skipped)["skipped"] == "no advantage" and metrics(skipped)["optimizer_state"] == "copied unchanged"
+    for name in ("model.safetensors", *(f"optimizer/{kind}_world_size_2_rank_{rank}.pt"
+                                        for kind in ("optim", "extra_state") for rank in (0, 1))):
+        assert (skipped["out"] / name).read_bytes() == (source / name).read_bytes(), name
+    assert skipped["stderr"].count("steps.update: no advantage: ") == 1
+    assert (runs["two_again"]["out"] / "model.safetensors").read_bytes() != (source / "model.safetensors").read_bytes()
