@@ -615,3 +615,18 @@ def test_the_launcher_keeps_a_refusal_and_names_a_failed_rank(tmp_path: Path) ->
     assert line.startswith("steps.update: rank ") and line.endswith(" failed with exit code 3 (its log is above)")
     plain = launch("torch.distributed.run", 2)
     assert plain.returncode == 1 and "Traceback" in plain.stderr
+
+
+def test_more_ranks_per_node_than_gpus_are_refused_before_a_model_is_loaded(monkeypatch, checkpoint: Path,
+                                                                          tmp_path: Path, capsys, no_model) -> None:
+    """A node with 2 GPUs and `update_gpus: 4`: every rank refuses (exit 2, one sentence naming the key). torch's
+    GPU count is patched: there is no GPU here. Control: 2 ranks per node on 2 GPUs pass the check."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert run_cli(write_samples(simple_samples(), tmp_path / "s"), checkpoint, tmp_path / "out") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("steps.update: update_gpus=4 but this node has 2 GPU(s); set update_gpus to at most that "
+                    "(one update process per GPU)")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    update.check_gpus()

@@ -6,8 +6,8 @@ on a GPU nothing here runs. veRL 0.9.1 knows only cuda/npu/rocm, so on CPU it ne
 1. a CPU platform, registered and selected before veRL caches the device name;
 2. its FSDP language-model engine registered for device "cpu";
 3. FSDP2, as everywhere in `steps.update` (FSDP1 hard-codes `sync_module_states=True`, which fails on CPU);
-4. a gloo process group (torchrun's ranks, or a single process alone), sdpa attention instead of flash-attention-2 (`MODEL_OVERRIDES`) and no
-   torch.compile (`ENGINE_OVERRIDES`).
+4. a gloo process group (torchrun's ranks, or a single process alone), sdpa attention instead of
+   flash-attention-2 (`MODEL_OVERRIDES`) and no torch.compile (`ENGINE_OVERRIDES`).
 
 One more, for speed only: no "remove padding" (packed sequences). Without flash-attention's varlen
 kernels, sdpa on one packed sequence builds a full tokens x tokens mask: 8 samples x 512 tokens took

@@ -50,9 +50,10 @@ OPTIMIZER_CONTENTS = ["optimizer", "extra"]
 
 
 def prepare_runtime() -> None:
-    """Process-wide setup before veRL is imported: a one-process group by default, CPU adjustments if no GPU.
+    """Process-wide setup before veRL is imported: a one-process group by default, CPU adjustments if no GPU,
+    the rank's own GPU if there are GPUs.
 
-    A launcher (torchrun) that sets RANK/WORLD_SIZE/MASTER_* wins over these defaults.
+    A launcher (torchrun) that sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* wins over these defaults.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if update_cpu.needed():
@@ -63,6 +64,9 @@ def prepare_runtime() -> None:
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
+    # veRL's worker is made for Ray's actors, which each see one GPU, and never picks one: under torchrun every
+    # rank sees all of its node's GPUs, so each takes its own.
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 
 
 def build_worker(checkpoint: Path, config: UpdateConfig):
@@ -213,6 +217,15 @@ def check_inputs(samples: list[Sample], checkpoint: Path, config: UpdateConfig) 
                           f"{update_batch.describe(longest)}'s {tokens} tokens; set it to at least {tokens}")
 
 
+def check_gpus() -> None:
+    """Refuses, on a machine with GPUs, more ranks per node than it has GPUs (a `ConfigError`); every rank of the
+    node sees the same numbers, so all refuse together."""
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if torch.cuda.is_available() and per_node > torch.cuda.device_count():
+        raise ConfigError(f"update_gpus={per_node} but this node has {torch.cuda.device_count()} GPU(s); set "
+                          "update_gpus to at most that (one update process per GPU)")
+
+
 def vocab_size(checkpoint: Path) -> int | None:
     """The checkpoint's vocabulary size from its `config.json` (a multimodal one's `text_config`); None if
     it names none, and then token ids are only checked to be >= 0."""
@@ -230,6 +243,7 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
     the worker is None when there was nothing to train (`no_gradient`)."""
     check_inputs(samples, checkpoint, config)
     saved, optimizer_state = saved_optimizer(checkpoint, config)
+    check_gpus()
     prepare_runtime()
     started = time.perf_counter()
     # The same samples on every rank give the same advantages everywhere: no rank needs another's.
@@ -302,7 +316,8 @@ def save_checkpoint(worker, checkpoint: Path, out: Path, write: bool = True) -> 
     from safetensors.torch import save_file
 
     params, _ = worker.engine.get_per_tensor_param()
-    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in params}
+    # each weight is gathered whole on every rank in turn; only the writer keeps a copy in memory
+    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in params if write}
     if not write:
         return out
     out.mkdir(parents=True, exist_ok=True)
