@@ -2,8 +2,10 @@
 
 Every update here is the real command the run builds (`workflows.commands.update`: `steps.update.launch`,
 torchrun's launcher, with `update_gpus: 2`), a subprocess as in a run. On 2 shared cores a 2-rank update
-takes tens of seconds, so the module makes six runs (plus three that load no model) and every
-test reads them: 9 samples in 3 mini-batches (3 samples each: a filler evens each out over the 2 ranks).
+takes tens of seconds, so the module makes eight runs (plus two that load no model) and every test
+reads them: 9 samples in 3 mini-batches (3 samples each: a filler evens each out over the 2 ranks).
+The second updates correct with `tis` (the trainer's logprobs as PPO's old ones): with the sampler's, the
+first update's lr 1e-3 moved every token out of the clip range and their gradient would be 0.
 The second 2-rank update reads and writes its checkpoints in S3 (moto on loopback), as on a cluster.
 The tolerance (`WEIGHTS`, `METRICS`) is the one docs/update.md states.
 """
@@ -74,10 +76,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory, s3_server: dict) -> dict:
     result["two"] = update("two", 2, full, checkpoint)
     result["half"] = update("half", 1, half, checkpoint)
     s3.put(f"{result['two']['out']}/", f"{bucket}/two", recursive=True)
-    result["two_again"] = update("two-again", 2, full, f"{bucket}/two", out=f"{bucket}/two-again")
-    result["one_again"] = update("one-again", 1, full, result["one"]["out"])
-    result["fresh_again"] = update("fresh-again", 1, full, result["two"]["out"], "carry_optimizer=false")
-    result["one_from_two"] = update("one-from-two", 1, full, result["two"]["out"])
+    result["two_again"] = update("two-again", 2, full, f"{bucket}/two", "correction=tis", out=f"{bucket}/two-again")
+    result["one_again"] = update("one-again", 1, full, result["one"]["out"], "correction=tis")
+    result["fresh_again"] = update("fresh-again", 1, full, result["two"]["out"], "correction=tis",
+                                   "carry_optimizer=false")
+    result["one_from_two"] = update("one-from-two", 1, full, result["two"]["out"], "correction=tis")
+    result["two_from_one"] = update("two-from-one", 2, full, result["one"]["out"], "correction=tis")
     flat = write_samples([dataclasses.replace(sample, reward=0.5) for sample in samples], root / "flat")
     result["skipped"] = update("skipped", 2, flat, result["two"]["out"])
     return result
@@ -149,16 +153,19 @@ def test_state_saved_by_two_ranks_continues_under_two_ranks(runs: dict) -> None:
     assert relative_difference(continued, weights(runs["fresh_again"]), start) > 100 * WEIGHTS
 
 
-def test_an_optimizer_state_saved_by_another_number_of_ranks_is_refused_in_one_sentence(runs: dict) -> None:
-    """1 rank on the 2 ranks' checkpoint: exit 2 and one sentence naming the world sizes, the keys and what to
-    do, before a model loads (the fresh-optimizer run from the same checkpoint is the control: it trained)."""
-    refused = runs["one_from_two"]
-    assert refused["code"] == 2 and not (refused["out"] / "metrics.json").exists()
-    (line,) = refused["stderr"].strip().splitlines()
-    assert line == (f"steps.update: {runs['two']['out']}: its optimizer state was saved by 2 update process(es) "
-                    "but this update runs 1 (update_gpus x update_nodes); run it with 2, or set carry_optimizer: "
-                    "false to start AdamW fresh")
-    assert metrics(runs["fresh_again"])["optimizer_steps"] == 3
+def test_an_optimizer_state_saved_by_another_number_of_ranks_is_resharded(runs: dict) -> None:
+    """1 rank on the 2 ranks' checkpoint and 2 ranks on the 1 rank's: each carries the other's AdamW state
+    (6 steps) and writes the weights the same number of ranks continuing would. Control: a fresh AdamW from
+    the same checkpoint is far off."""
+    for resharded, saved_by, kept, start in (("one_from_two", 2, "two_again", "two"),
+                                                    ("two_from_one", 1, "one_again", "one")):
+        said = metrics(runs[resharded])
+        assert said["optimizer_state"] == f"carried, resharded from world size {saved_by}", resharded
+        assert said["optimizer_steps_total"] == 6
+        moved = weights(runs[start])
+        assert relative_difference(weights(runs[kept]), weights(runs[resharded]), moved) < 2 * WEIGHTS
+    fresh = relative_difference(weights(runs["two_again"]), weights(runs["fresh_again"]), weights(runs["two"]))
+    assert fresh > 100 * WEIGHTS
 
 
 def test_a_bad_input_is_refused_by_both_ranks_in_one_sentence(runs: dict, tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from steps import settings
-from steps.update import batch as update_batch, cpu as update_cpu, ranks as update_ranks
+from steps.update import batch as update_batch, cpu as update_cpu, ranks as update_ranks, reshard
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish
 from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
@@ -159,8 +159,8 @@ def no_gradient(advantages: dict[str, float], config: UpdateConfig) -> bool:
 
 
 def optimizer_settings(config: UpdateConfig) -> dict:
-    """What a saved optimiser state must have been saved with to be carried: AdamW's hyperparameters and the
-    world size (veRL's files are one shard per rank).
+    """What a saved optimiser state records: AdamW's hyperparameters, which it must have been saved with to be
+    carried, and the world size (veRL's files are one shard per rank; another is resharded).
 
     >>> optimizer_settings(UpdateConfig())["betas"]
     [0.9, 0.999]
@@ -174,8 +174,8 @@ def saved_optimizer(checkpoint: Path, config: UpdateConfig) -> tuple[dict | None
     "carried" or "fresh: " and why.
 
     A state saved with another learning_rate, betas or weight decay starts fresh: veRL's load would restore
-    the saved values and silently override the config's. A state saved by another number of ranks is a
-    `ConfigError` (veRL's files are one shard per rank and it loads only its own world size's).
+    the saved values and silently override the config's. A state saved by another number of ranks carries,
+    resharded (`steps.update.reshard`).
     """
     if not config.carry_optimizer:
         return None, "fresh: carry_optimizer is off"
@@ -184,16 +184,11 @@ def saved_optimizer(checkpoint: Path, config: UpdateConfig) -> tuple[dict | None
         return None, "fresh: the checkpoint has no optimizer state"
     # a state saved before `lr` was renamed still carries
     saved, wanted = settings.with_new_names(json.loads(path.read_text())), optimizer_settings(config)
-    ranks = saved.get("world_size", 1)
-    if ranks != wanted["world_size"]:
-        raise ConfigError(
-            f"{checkpoint}: its optimizer state was saved by {ranks} update process(es) but this update runs "
-            f"{wanted['world_size']} (update_gpus x update_nodes); run it with {ranks}, or set carry_optimizer: "
-            "false to start AdamW fresh")
-    changed = [name for name, value in wanted.items() if saved.get(name) != value]
+    changed = [name for name, value in wanted.items() if name != "world_size" and saved.get(name) != value]
     if changed:
         return None, f"fresh: saved with another {', '.join(changed)}"
-    return saved, "carried"
+    ranks = saved.get("world_size", 1)
+    return saved, "carried" if ranks == wanted["world_size"] else f"carried, resharded from world size {ranks}"
 
 
 def check_inputs(samples: list[Sample], checkpoint: Path, config: UpdateConfig) -> None:
@@ -257,9 +252,11 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
                       "optimizer_state": "copied unchanged" if saved else optimizer_state,
                       "optimizer_steps_total": steps_before, "total_s": time.perf_counter() - started}
     worker, _ = build_worker(checkpoint, config)
-    if saved:
-        worker.load_checkpoint(str(checkpoint / OPTIMIZER_DIR))
     ranks = update_ranks.current()
+    if saved and saved.get("world_size", 1) == ranks.world_size:
+        worker.load_checkpoint(str(checkpoint / OPTIMIZER_DIR))
+    elif saved:  # veRL loads only the files of its own world size
+        reshard.load(worker.engine.optimizer, checkpoint / OPTIMIZER_DIR, saved.get("world_size", 1))
     shards = update_ranks.shard_rows(len(samples), config.mini_batches, ranks.world_size)
     batch = update_batch.pad([*samples, update_batch.FILLER], {**advantages, update_batch.FILLER.rollout_id: 0.0})
     trainer_lp, entropy = batch_logprobs(worker, batch, shards, ranks.rank, config.temperature)
