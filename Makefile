@@ -46,7 +46,7 @@ harnesses: setup
 test: setup train-setup harnesses
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	# the update's tests need veRL, which lives in the train environment (vLLM runs from the serving one)
-	OPENFORGE_SERVE_PYTHON=$(abspath $(BIN))/python $(TRAIN_VENV)/bin/python -m pytest -q tests/test_update.py
+	OPENFORGE_SERVE_PYTHON=$(abspath $(BIN))/python $(TRAIN_VENV)/bin/python -m pytest -q tests/test_update.py tests/test_update_ranks.py
 
 # Everyday tests, a few minutes on two cores: no vLLM, no harness CLIs, no veRL update run, no task image
 # builds or local run end to end (the markers in pyproject.toml); the update's checks that load no model

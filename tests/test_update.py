@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from steps.update import batch as update_batch, train as update  # noqa: E402
 from steps.tiny_model import build_tiny_model  # noqa: E402
 from steps.update.config import load_config  # noqa: E402
-from update_reference import craft_samples, load_model, reference_update, response_logprobs  # noqa: E402
+from update_reference import craft_samples, load_model, reference_update, response_logprobs, write_samples  # noqa: E402
 
 # fp32 compute so that the worker and the reference loop agree to float rounding; a large lr so that
 # one step visibly moves the weights.
@@ -329,18 +329,6 @@ def simple_samples() -> list[update_batch.Sample]:
             for task in range(2) for i in range(2)]
 
 
-def write_samples(samples: list[update_batch.Sample], folder: Path) -> Path:
-    """`samples` as a samples.parquet in `folder` (the update's columns plus sample_index)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = [*update_batch.SAMPLE_COLUMNS, "sample_index"]
-    folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist([{name: getattr(s, name) for name in columns} for s in samples]),
-                   folder / "samples.parquet")
-    return folder
-
-
 @pytest.fixture
 def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fails the test if the update gets as far as building veRL's worker (loading the model)."""
@@ -605,3 +593,40 @@ def test_samples_drawn_at_another_temperature_than_the_updates_are_refused(check
     calls_at([1.0, 0.7, None], [0, None, 1])  # the 0.7 call trained nothing; a null is an older record
     update_batch.check_sampled_temperature(str(partition), 1.0)
     update_batch.check_sampled_temperature(str(partition / "samples.parquet"), 1.0)
+
+
+def test_the_launcher_keeps_a_refusal_and_names_a_failed_rank(tmp_path: Path) -> None:
+    """`steps.update.launch` (torchrun, 2 ranks of a command that only exits): ranks exiting 2 give exit 2 and no
+    word of torchrun's; ranks failing otherwise give exit 1 and one line naming the rank and its code. Control:
+    torchrun itself gives 1 and its traceback for the same refusal."""
+    import subprocess
+    import sys
+
+    def launch(module: str, code: int) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", module, "--standalone", "--nproc-per-node", "2", "--no-python", "sh", "-c",
+                f"exit {code}"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+    refused, failed = launch("steps.update.launch", 2), launch("steps.update.launch", 3)
+    assert (refused.returncode, refused.stderr.strip()) == (2, "")
+    assert failed.returncode == 1
+    (line,) = failed.stderr.strip().splitlines()
+    assert line.startswith("steps.update: rank ") and line.endswith(" failed with exit code 3 (its log is above)")
+    plain = launch("torch.distributed.run", 2)
+    assert plain.returncode == 1 and "Traceback" in plain.stderr
+
+
+def test_more_ranks_per_node_than_gpus_are_refused_before_a_model_is_loaded(monkeypatch, checkpoint: Path,
+                                                                          tmp_path: Path, capsys, no_model) -> None:
+    """A node with 2 GPUs and `update_gpus: 4`: every rank refuses (exit 2, one sentence naming the key). torch's
+    GPU count is patched: there is no GPU here. Control: 2 ranks per node on 2 GPUs pass the check."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert run_cli(write_samples(simple_samples(), tmp_path / "s"), checkpoint, tmp_path / "out") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("steps.update: update_gpus=4 but this node has 2 GPU(s); set update_gpus to at most that "
+                    "(one update process per GPU)")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    update.check_gpus()

@@ -1,4 +1,5 @@
-"""Test helpers for the update: crafted samples from the tiny model, and a plain reference update loop.
+"""Test helpers for the update: crafted samples from the tiny model, their Parquet file, and a plain reference
+update loop.
 
 The reference loop is what veRL's worker must equal: the same HF model, veRL's own policy loss
 (`core_algos.get_policy_loss_fn`) on the same padded batch, clip by global norm, one AdamW step.
@@ -52,6 +53,20 @@ def craft_samples(checkpoint: Path, seed: int = 0, prompt_len: int = 12, respons
                                       response_token_ids=response, response_mask=mask, response_logprobs=logprobs,
                                       reward=reward, loss_weight=1.0 / parts))
     return samples
+
+
+def write_samples(samples: list[Sample], folder: Path) -> Path:
+    """`samples` as a samples.parquet in `folder` (the update's columns plus sample_index)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from steps.update.batch import SAMPLE_COLUMNS
+
+    columns = [*SAMPLE_COLUMNS, "sample_index"]
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([{name: getattr(s, name) for name in columns} for s in samples]),
+                   folder / "samples.parquet")
+    return folder
 
 
 def actor_config(config: UpdateConfig):

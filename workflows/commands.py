@@ -119,12 +119,13 @@ def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, pyth
            node_rank: str | None = None, master_addr: str | None = None) -> list[str]:
     """The veRL update from `checkpoint` on `trajectories`, writing the next checkpoint to `out` (`steps.update`).
 
-    One process when `update_gpus` <= 1 and `update_nodes` is 1; else under torchrun, `update_gpus` processes
-    per node (FSDP2 shards over all of them). Across `update_nodes` nodes each pod passes its `node_rank` and
-    rank 0's `master_addr` (on Argo: placeholders its JobSet fills in, `workflows/iteration.py`).
+    One process when `update_gpus` <= 1 and `update_nodes` is 1; else under torchrun (`steps.update.launch`,
+    which keeps the update's exit codes), `update_gpus` processes per node (FSDP2 shards over all of them).
+    Across `update_nodes` nodes each pod passes its `node_rank` and rank 0's `master_addr` (on Argo:
+    placeholders its JobSet fills in, `workflows/iteration.py`).
 
     >>> update(RunConfig(update_gpus=2), "t", "c", "o")[:6]
-    ['python', '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2']
+    ['python', '-m', 'steps.update.launch', '--standalone', '--nproc-per-node', '2']
     """
     step = ["-m", "steps.update", "--trajectories", trajectories, "--checkpoint", checkpoint,
             "--out", out, "--config", config.update_config, *update_overrides(config)]
@@ -132,11 +133,11 @@ def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, pyth
     if config.update_nodes > 1:
         if node_rank is None or master_addr is None:
             raise ValueError("a multi-node update needs each pod's node_rank and rank 0's master_addr")
-        return [python, "-m", "torch.distributed.run", "--nnodes", str(config.update_nodes),
+        return [python, "-m", "steps.update.launch", "--nnodes", str(config.update_nodes),
                 "--node-rank", node_rank, "--master-addr", master_addr, "--master-port", str(UPDATE_MASTER_PORT),
                 "--nproc-per-node", per_node, *step]
     if config.update_gpus > 1:
-        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", per_node, *step]
+        return [python, "-m", "steps.update.launch", "--standalone", "--nproc-per-node", per_node, *step]
     return [python, *step]
 
 

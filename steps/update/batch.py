@@ -4,6 +4,7 @@ Reads the `samples` table (`docs/trajectories.md`); the columns used are `SAMPLE
 prompts left-padded, responses right-padded, `response_mask` 1 only on sampled tokens.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,12 @@ class Sample:
     reward: float
     loss_weight: float = 1.0
     sample_index: int | str | None = None  # its position among the rollout's samples ("row N" if unknown)
+
+
+# The empty sample that evens out a mini-batch over the update's ranks (`steps.update.ranks.shard_rows`): one
+# prompt and one response token (veRL needs both), none trained, no advantage, no loss weight.
+FILLER = Sample(rollout_id="", task=None, prompt_token_ids=[0], response_token_ids=[0], response_mask=[0],
+                response_logprobs=[0.0], reward=0.0, loss_weight=0.0)
 
 
 def describe(sample: Sample) -> str:
@@ -162,6 +169,12 @@ class Batch:
     loss_weights: torch.Tensor  # [samples]
     old_log_probs: torch.Tensor | None = None
     rollout_is_weights: torch.Tensor | None = field(default=None)
+
+    def rows(self, indices: list[int]) -> "Batch":
+        """The batch of these rows (in this order, repeats allowed): a rank's shard."""
+        index = torch.tensor(indices, dtype=torch.long)
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)
+                                            if getattr(self, f.name) is not None})
 
     def to_tensordict(self, temperature: float):
         """The no-padding TensorDict veRL's worker takes (`left_right_2_no_padding` of the padded batch)."""

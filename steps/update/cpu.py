@@ -6,8 +6,8 @@ on a GPU nothing here runs. veRL 0.9.1 knows only cuda/npu/rocm, so on CPU it ne
 1. a CPU platform, registered and selected before veRL caches the device name;
 2. its FSDP language-model engine registered for device "cpu";
 3. FSDP2, as everywhere in `steps.update` (FSDP1 hard-codes `sync_module_states=True`, which fails on CPU);
-4. a single-process gloo group, sdpa attention instead of flash-attention-2 (`MODEL_OVERRIDES`) and no
-   torch.compile (`ENGINE_OVERRIDES`).
+4. a gloo process group (torchrun's ranks, or a single process alone), sdpa attention instead of
+   flash-attention-2 (`MODEL_OVERRIDES`) and no torch.compile (`ENGINE_OVERRIDES`).
 
 One more, for speed only: no "remove padding" (packed sequences). Without flash-attention's varlen
 kernels, sdpa on one packed sequence builds a full tokens x tokens mask: 8 samples x 512 tokens took
@@ -135,8 +135,9 @@ def _register_cpu_engine() -> None:
         backends[backend].setdefault("cpu", FSDPEngineWithLMHead)
 
 
-def _single_process_group() -> None:
-    """Adjustment 4: a one-process gloo group on loopback (veRL would ask for "cpu:gloo,cpu:gloo")."""
+def _process_group() -> None:
+    """Adjustment 4: a gloo group of the launcher's ranks (RANK, WORLD_SIZE, MASTER_* from torchrun), or alone
+    a one-process group on loopback (veRL would ask for "cpu:gloo,cpu:gloo")."""
     from steps.net import free_port
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
@@ -144,7 +145,8 @@ def _single_process_group() -> None:
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend="gloo", rank=0, world_size=1)
+        torch.distributed.init_process_group(backend="gloo", rank=int(os.environ["RANK"]),
+                                             world_size=int(os.environ["WORLD_SIZE"]))
 
 
 @functools.cache
@@ -152,4 +154,4 @@ def apply() -> None:
     """Apply adjustments 1, 2 and the process-group env, once per process, before veRL's engine is imported."""
     _register_cpu_platform()
     _register_cpu_engine()
-    _single_process_group()
+    _process_group()

@@ -9,7 +9,9 @@ advantages per rollout with veRL's estimator grouped per task (GRPO by default),
 sampler with the recorded logprobs (bypass or truncated IS), runs veRL's FSDP2 update, and writes
 `{out}/model.safetensors` + the input's config and tokenizer files (a folder vLLM loads or reloads),
 `{out}/optimizer/` (AdamW's state, so the next update continues this one; `carry_optimizer`) and
-`{out}/metrics.json`. When every rollout's advantage is 0 (each task's rollouts earned the same
+`{out}/metrics.json`. Under torchrun (`steps.update.launch`, `update_gpus` > 1) each rank trains its
+share of the batch (`steps.update.ranks`), rank 0 writes the weights and `metrics.json` and every rank its
+optimizer shard. When every rollout's advantage is 0 (each task's rollouts earned the same
 reward) there is no gradient: the worker is not built, the input weights and optimiser state are copied
 to `--out` unchanged and `metrics.json` says `"skipped": "no advantage"`. The same code runs on GPU and
 CPU; the CPU-only adjustments are in `steps.update.cpu` and apply only without a GPU. A bad sample or
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 
 from steps import settings
-from steps.update import batch as update_batch, cpu as update_cpu
+from steps.update import batch as update_batch, cpu as update_cpu, ranks as update_ranks, reshard
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish
 from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
@@ -48,9 +50,10 @@ OPTIMIZER_CONTENTS = ["optimizer", "extra"]
 
 
 def prepare_runtime() -> None:
-    """Process-wide setup before veRL is imported: a one-process group by default, CPU adjustments if no GPU.
+    """Process-wide setup before veRL is imported: a one-process group by default, CPU adjustments if no GPU,
+    the rank's own GPU if there are GPUs.
 
-    A launcher (torchrun) that sets RANK/WORLD_SIZE/MASTER_* wins over these defaults.
+    A launcher (torchrun) that sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* wins over these defaults.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if update_cpu.needed():
@@ -61,6 +64,9 @@ def prepare_runtime() -> None:
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
+    # veRL's worker is made for Ray's actors, which each see one GPU, and never picks one: under torchrun every
+    # rank sees all of its node's GPUs, so each takes its own.
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 
 
 def build_worker(checkpoint: Path, config: UpdateConfig):
@@ -115,13 +121,29 @@ def trainer_logprobs(worker, batch: Batch, temperature: float) -> tuple[torch.Te
     return log_probs, entropy
 
 
-def train(worker, batch: Batch, config: UpdateConfig) -> dict:
-    """One call of veRL's `train_mini_batch`: `epochs` passes of `mini_batches` optimiser steps each."""
+def batch_logprobs(worker, batch: Batch, shards: list[list[int]], rank: int,
+                   temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`trainer_logprobs` of the whole batch on every rank: each rank computes its shard's, then all gather, so
+    every rank corrects the whole batch and its metrics are the same everywhere."""
+    width = batch.responses.shape[1]
+    mine = trainer_logprobs(worker, batch.rows(shards[rank]), temperature)
+    log_probs, entropy = (update_ranks.gather_rows(_widen(t, width), shards, len(batch.prompts)) for t in mine)
+    return log_probs, entropy
+
+
+def train(worker, batch: Batch, config: UpdateConfig, world_size: int = 1, samples: int | None = None) -> dict:
+    """One call of veRL's `train_mini_batch`: `epochs` passes of `mini_batches` optimiser steps each.
+
+    `batch` is this rank's shard (`ranks.shard_rows`) of a batch of `samples` real samples (default: all its
+    rows, one rank); veRL's mini-batch size is the global one, fillers included, while the sequence-mean
+    losses divide by the real samples of a mini-batch.
+    """
     from verl.utils import tensordict_utils as tu
 
-    mini_batch_size = len(batch.loss_weights) // config.mini_batches
+    mini_batch_size = len(batch.loss_weights) * world_size // config.mini_batches
+    real = (samples if samples is not None else len(batch.loss_weights)) // config.mini_batches
     td = batch.to_tensordict(config.temperature)
-    tu.assign_non_tensor(td, calculate_entropy=config.entropy_coeff != 0, global_batch_size=mini_batch_size,
+    tu.assign_non_tensor(td, calculate_entropy=config.entropy_coeff != 0, global_batch_size=real,
                          mini_batch_size=mini_batch_size, epochs=config.epochs, seed=config.seed,
                          dataloader_kwargs={"shuffle": False}, compute_loss=True)
     return tu.get(worker.train_mini_batch(td), "metrics")
@@ -137,8 +159,8 @@ def no_gradient(advantages: dict[str, float], config: UpdateConfig) -> bool:
 
 
 def optimizer_settings(config: UpdateConfig) -> dict:
-    """What a saved optimiser state must have been saved with to be carried: AdamW's hyperparameters and the
-    world size (veRL's files are one shard per rank).
+    """What a saved optimiser state records: AdamW's hyperparameters, which it must have been saved with to be
+    carried, and the world size (veRL's files are one shard per rank; another is resharded).
 
     >>> optimizer_settings(UpdateConfig())["betas"]
     [0.9, 0.999]
@@ -152,7 +174,8 @@ def saved_optimizer(checkpoint: Path, config: UpdateConfig) -> tuple[dict | None
     "carried" or "fresh: " and why.
 
     A state saved with another learning_rate, betas or weight decay starts fresh: veRL's load would restore
-    the saved values and silently override the config's.
+    the saved values and silently override the config's. A state saved by another number of ranks carries,
+    resharded (`steps.update.reshard`).
     """
     if not config.carry_optimizer:
         return None, "fresh: carry_optimizer is off"
@@ -161,10 +184,11 @@ def saved_optimizer(checkpoint: Path, config: UpdateConfig) -> tuple[dict | None
         return None, "fresh: the checkpoint has no optimizer state"
     # a state saved before `lr` was renamed still carries
     saved, wanted = settings.with_new_names(json.loads(path.read_text())), optimizer_settings(config)
-    changed = [name for name, value in wanted.items() if saved.get(name) != value]
+    changed = [name for name, value in wanted.items() if name != "world_size" and saved.get(name) != value]
     if changed:
         return None, f"fresh: saved with another {', '.join(changed)}"
-    return saved, "carried"
+    ranks = saved.get("world_size", 1)
+    return saved, "carried" if ranks == wanted["world_size"] else f"carried, resharded from world size {ranks}"
 
 
 def check_inputs(samples: list[Sample], checkpoint: Path, config: UpdateConfig) -> None:
@@ -188,6 +212,15 @@ def check_inputs(samples: list[Sample], checkpoint: Path, config: UpdateConfig) 
                           f"{update_batch.describe(longest)}'s {tokens} tokens; set it to at least {tokens}")
 
 
+def check_gpus() -> None:
+    """Refuses, on a machine with GPUs, more ranks per node than it has GPUs (a `ConfigError`); every rank of the
+    node sees the same numbers, so all refuse together."""
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if torch.cuda.is_available() and per_node > torch.cuda.device_count():
+        raise ConfigError(f"update_gpus={per_node} but this node has {torch.cuda.device_count()} GPU(s); set "
+                          "update_gpus to at most that (one update process per GPU)")
+
+
 def vocab_size(checkpoint: Path) -> int | None:
     """The checkpoint's vocabulary size from its `config.json` (a multimodal one's `text_config`); None if
     it names none, and then token ids are only checked to be >= 0."""
@@ -204,10 +237,12 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
     """Advantages, correction and veRL's update on `samples`. Returns (worker, metrics) for saving;
     the worker is None when there was nothing to train (`no_gradient`)."""
     check_inputs(samples, checkpoint, config)
+    saved, optimizer_state = saved_optimizer(checkpoint, config)
+    check_gpus()
     prepare_runtime()
     started = time.perf_counter()
+    # The same samples on every rank give the same advantages everywhere: no rank needs another's.
     advantages = update_batch.rollout_advantages(samples, config)
-    saved, optimizer_state = saved_optimizer(checkpoint, config)
     steps_before = saved["optimizer_steps_total"] if saved else 0
     # Logprobs the trainer cannot reproduce: every metrics.json of the run says so.
     unmatched = {"unmatched_sampling": config.unmatched_sampling} if config.unmatched_sampling else {}
@@ -217,13 +252,17 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
                       "optimizer_state": "copied unchanged" if saved else optimizer_state,
                       "optimizer_steps_total": steps_before, "total_s": time.perf_counter() - started}
     worker, _ = build_worker(checkpoint, config)
-    if saved:
+    ranks = update_ranks.current()
+    if saved and saved.get("world_size", 1) == ranks.world_size:
         worker.load_checkpoint(str(checkpoint / OPTIMIZER_DIR))
-    batch = update_batch.pad(samples, advantages)
-    trainer_lp, entropy = trainer_logprobs(worker, batch, config.temperature)
+    elif saved:  # veRL loads only the files of its own world size
+        reshard.load(worker.engine.optimizer, checkpoint / OPTIMIZER_DIR, saved.get("world_size", 1))
+    shards = update_ranks.shard_rows(len(samples), config.mini_batches, ranks.world_size)
+    batch = update_batch.pad([*samples, update_batch.FILLER], {**advantages, update_batch.FILLER.rollout_id: 0.0})
+    trainer_lp, entropy = batch_logprobs(worker, batch, shards, ranks.rank, config.temperature)
     correction = update_batch.correct(batch, trainer_lp, config)
     train_started = time.perf_counter()
-    train_metrics = train(worker, batch, config)
+    train_metrics = train(worker, batch.rows(shards[ranks.rank]), config, ranks.world_size, len(samples))
     train_s = time.perf_counter() - train_started
     mask = batch.response_mask.bool()
     tokens = int(mask.sum())
@@ -240,6 +279,11 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
         "total_s": time.perf_counter() - started, **unmatched,
     }
     return worker, metrics
+
+
+def _widen(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """[rows, width]: a shard's per-token tensor right-padded with 0 to the batch's response width."""
+    return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]))
 
 
 def strict_metrics(metrics: dict) -> dict:
@@ -261,13 +305,19 @@ def _mean(values) -> float:
     return float(sum(float(v) for v in values) / len(values))
 
 
-def save_checkpoint(worker, checkpoint: Path, out: Path) -> Path:
-    """Write the updated weights as `out/model.safetensors` plus the input's config and tokenizer files."""
+def save_checkpoint(worker, checkpoint: Path, out: Path, write: bool = True) -> Path:
+    """Write the updated weights as `out/model.safetensors` plus the input's config and tokenizer files.
+
+    Every rank calls it (each FSDP2 parameter is gathered from all ranks); only the one with `write` writes.
+    """
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
     params, _ = worker.engine.get_per_tensor_param()
-    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in params}
+    # each weight is gathered whole on every rank in turn; only the writer keeps a copy in memory
+    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in params if write}
+    if not write:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
     partial = out / ".model.safetensors.partial"  # renamed when complete: a reader never sees half a file
     save_file(tensors, str(partial), metadata={"format": "pt"})
     os.replace(partial, out / "model.safetensors")
@@ -275,15 +325,26 @@ def save_checkpoint(worker, checkpoint: Path, out: Path) -> Path:
     return out
 
 
-def save_optimizer(worker, out: Path, config: UpdateConfig, steps_total: int) -> Path:
+def save_optimizer(worker, out: Path, config: UpdateConfig, steps_total: int, owner: bool = True) -> Path:
     """Write the optimiser state to `out/optimizer/` with veRL's checkpoint manager, plus `state.json`
-    (`optimizer_settings` and the optimiser steps taken since the base model)."""
-    def fill(folder: Path) -> None:
-        worker.save_checkpoint(str(folder))
-        state = {**optimizer_settings(config), "optimizer_steps_total": steps_total}
-        (folder / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    (`optimizer_settings` and the optimiser steps taken since the base model).
 
-    return _write_folder(out / OPTIMIZER_DIR, fill)
+    Every rank calls it and writes its shard (`optim_world_size_N_rank_R.pt`); the `owner` of `out` (rank 0
+    where the ranks share it, every rank where each has its own) prepares the partial folder and renames it.
+    """
+    target = out / OPTIMIZER_DIR
+    partial = target.with_name(f".{target.name}.partial")
+    if owner:
+        shutil.rmtree(partial, ignore_errors=True)
+    update_ranks.barrier()
+    worker.save_checkpoint(str(partial))  # veRL's: rank 0 makes the folder, then every rank its shard
+    update_ranks.barrier()
+    if owner:
+        state = {**optimizer_settings(config), "optimizer_steps_total": steps_total}
+        (partial / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        _write_folder(target, None)
+    update_ranks.barrier()
+    return target
 
 
 def copy_checkpoint(checkpoint: Path, out: Path, optimizer: bool = True) -> Path:
@@ -316,10 +377,12 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _write_folder(target: Path, fill) -> Path:
-    """`fill` writes a fresh partial folder, which then replaces `target`: a reader never sees half of it."""
+    """`fill` writes a fresh partial folder, which then replaces `target`: a reader never sees half of it
+    (`fill` None: the ranks wrote it already, `save_optimizer`)."""
     partial = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    fill(partial)
+    if fill is not None:
+        shutil.rmtree(partial, ignore_errors=True)
+        fill(partial)
     if target.exists():
         shutil.rmtree(target)
     os.replace(partial, target)
@@ -330,18 +393,37 @@ def _progress(line: str) -> None:
     print(f"steps.update: {line}", file=sys.stderr, flush=True)
 
 
-def write_output(worker, checkpoint: Path, out: Path, metrics: dict, config: UpdateConfig) -> None:
+def write_output(worker, checkpoint: Path, out: Path, metrics: dict, config: UpdateConfig,
+                 ranks: update_ranks.Ranks = update_ranks.Ranks(), owner: bool = True) -> None:
     """The new checkpoint in `out`: the trained weights and optimiser state, or the input's unchanged when
-    nothing was trained (`worker` None); then `metrics.json`, strict JSON, last."""
+    nothing was trained (`worker` None); then `metrics.json`, strict JSON, last. Every rank calls it; rank 0
+    writes all but the other ranks' optimizer shards (`owner`: as `save_optimizer`)."""
     if worker is None:
-        print(f"steps.update: {NO_ADVANTAGE}: every task's rollouts earned the same reward, so there is "
-              "no gradient; the weights and optimizer state are copied unchanged", file=sys.stderr)
-        copy_checkpoint(checkpoint, out, optimizer=config.carry_optimizer)
+        if ranks.first:
+            _progress(f"{NO_ADVANTAGE}: every task's rollouts earned the same reward, so there is no gradient; "
+                      "the weights and optimizer state are copied unchanged")
+            copy_checkpoint(checkpoint, out, optimizer=config.carry_optimizer)
     else:
-        save_checkpoint(worker, checkpoint, out)
+        save_checkpoint(worker, checkpoint, out, write=ranks.first)
         if config.carry_optimizer:
-            save_optimizer(worker, out, config, metrics["optimizer_steps_total"])
-    _write_text(out / METRICS_FILE, json.dumps(metrics, indent=2, allow_nan=False) + "\n")
+            save_optimizer(worker, out, config, metrics["optimizer_steps_total"], owner=owner)
+    if ranks.first:
+        _write_text(out / METRICS_FILE, json.dumps(metrics, indent=2, allow_nan=False) + "\n")
+
+
+def publish_output(local: Path, url: str, ranks: update_ranks.Ranks, trained: bool) -> None:
+    """Uploads the new checkpoint from each rank's own folder: the other ranks their optimizer shards (on
+    other nodes, rank 0 has not got them), then, once every rank is done, rank 0 everything it wrote."""
+    if trained and not ranks.first:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(url)
+        for path in sorted((local / OPTIMIZER_DIR).glob(f"*_rank_{ranks.rank}.pt")):
+            fs.put_file(str(path), f"{root.rstrip('/')}/{OPTIMIZER_DIR}/{path.name}")
+    if trained:
+        update_ranks.barrier()
+    if ranks.first:
+        publish(local, url)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -359,34 +441,41 @@ def main(argv: list[str] | None = None) -> int:
     """Load samples and config, update, write the checkpoint and metrics. Exit code 2 on a bad config or input
     (one sentence on stderr, before any model is loaded), 1 when the output cannot be written."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    ranks = update_ranks.current()
+    # Every rank reads the same inputs and refuses the same ones before any collective, so none waits on
+    # another that stopped; rank 0 alone says why.
+    say = _progress if ranks.first else lambda line: None
     try:
         config = load_config(args.config, args.overrides)
         samples = read_samples(args.trajectories)
         check_sampled_temperature(args.trajectories, config.temperature)
     except (ConfigError, update_batch.SampleError) as error:
-        print(f"steps.update: {error}", file=sys.stderr)
+        say(str(error))
         return 2
     with tempfile.TemporaryDirectory(prefix="openforge-update-") as tmp:
-        checkpoint = fetch(args.checkpoint, Path(tmp) / "in", progress=_progress)
+        checkpoint = fetch(args.checkpoint, Path(tmp) / "in", progress=say)
         try:
             worker, metrics = run_update(samples, checkpoint, config)
         except (ConfigError, update_batch.SampleError) as error:
-            print(f"steps.update: {error}", file=sys.stderr)
+            say(str(error))
             return 2
         metrics = strict_metrics(metrics)
         if "not_finite" in metrics:
-            print(f"steps.update: warning: {', '.join(metrics['not_finite'])} not finite, written as null",
-                  file=sys.stderr)
+            say(f"warning: {', '.join(metrics['not_finite'])} not finite, written as null")
+        # a local --out is one folder all ranks share (one node, or a shared file system); a remote one is
+        # written by each rank into its own temporary folder first
         local_out = Path(tmp) / "out" if is_remote(args.out) else fetch(args.out, Path(tmp))
         try:
-            write_output(worker, checkpoint, local_out, metrics, config)
+            write_output(worker, checkpoint, local_out, metrics, config, ranks,
+                         owner=ranks.first or is_remote(args.out))
             if is_remote(args.out):
-                publish(local_out, args.out)
+                publish_output(local_out, args.out, ranks, trained=worker is not None)
         except OSError as error:  # a full disk, a lost store: the infrastructure's, retried like one
             print(f"steps.update: cannot write the new checkpoint to {args.out} ({type(error).__name__}: {error})",
                   file=sys.stderr)
             return 1
-    print(json.dumps(metrics, allow_nan=False))
+    if ranks.first:
+        print(json.dumps(metrics, allow_nan=False))
     return 0
 
 

@@ -1,0 +1,73 @@
+"""The update's ranks: where this process stands among them and which rows of the batch are its own.
+
+Alone, `python -m steps.update` is rank 0 of 1. Under torchrun (`steps.update.launch`, built by
+`workflows.commands.update` when `update_gpus` or `update_nodes` > 1) the launcher's RANK, WORLD_SIZE and
+LOCAL_RANK say where it stands; veRL's FSDP2 engine shards the model and AdamW over all ranks and treats
+every rank as one data-parallel replica: each trains on its own rows and the gradients are averaged. veRL's
+`train_mini_batch` reads its `mini_batch_size` as the global one and splits it over the ranks, so each rank
+must hold its share of every mini-batch (`shard_rows`) to make the update one rank would make on the whole
+batch (`docs/update.md`, "On many GPUs").
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's rank among `world_size` update processes (torchrun's numbering: a node's ranks are
+    consecutive, `local_rank` counts within the node)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def first(self) -> bool:
+        """Rank 0: the one that writes the checkpoint's shared files and speaks for the update."""
+        return self.rank == 0
+
+
+def current() -> Ranks:
+    """The ranks as the launcher set them in the environment (none set: a single process)."""
+    return Ranks(rank=int(os.environ.get("RANK", "0")), world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                 local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def shard_rows(samples: int, mini_batches: int, world_size: int) -> list[list[int]]:
+    """Each rank's rows of a batch of `samples` rows in `mini_batches` equal mini-batches (in order, as one rank
+    trains them): rank r's k-th mini-batch is its consecutive part of the k-th. Where a mini-batch does not
+    split evenly, its last ranks get row `samples`, the empty filler sample (`batch.FILLER`: no trained token).
+
+    >>> shard_rows(4, 1, 1), shard_rows(5, 1, 2), shard_rows(4, 2, 2)
+    ([[0, 1, 2, 3]], [[0, 1, 2], [3, 4, 5]], [[0, 2], [1, 3]])
+    """
+    size = samples // mini_batches
+    per_rank = -(-size // world_size)
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for first in range(0, samples, size):
+        rows = [*range(first, first + size), *[samples] * (per_rank * world_size - size)]
+        for rank, shard in enumerate(shards):
+            shard.extend(rows[rank * per_rank:(rank + 1) * per_rank])
+    return shards
+
+
+def gather_rows(local: torch.Tensor, shards: list[list[int]], rows: int) -> torch.Tensor:
+    """The [rows, ...] tensor whose rows are every rank's `local` rows put back where `shards` took them from
+    (all ranks call it; `local` has the same shape on every rank)."""
+    parts = [local]
+    if len(shards) > 1:
+        parts = [torch.empty_like(local) for _ in shards]
+        torch.distributed.all_gather(parts, local.contiguous())
+    full = torch.zeros((rows, *local.shape[1:]), dtype=local.dtype)
+    for shard, part in zip(shards, parts, strict=True):
+        full[shard] = part
+    return full
+
+
+def barrier() -> None:
+    """Waits for every rank (nothing to wait for alone)."""
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()
