@@ -34,7 +34,7 @@ from test_rollout import ADMIN_KEY, oracle, tool_outputs
 from workflows.config import load_config
 from workflows.iteration import app_layout, iteration_workflow
 
-pytestmark = pytest.mark.slow  # each test copies a task's image into a simulated pod: 15-50 s apiece
+pytestmark = pytest.mark.slow  # each test builds a simulated pod and runs a rollout in it: 2-7 s apiece
 REPO = Path(__file__).resolve().parents[1]
 SECRET = f"fake-secret-{uuid.uuid4().hex}"  # what the runner holds and the agent must never see
 POD_SCRIPT = r"""
