@@ -462,8 +462,8 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
 
 
 @pytest.mark.vllm
-def test_vllm_killed_mid_call_is_the_dialects_error_a_failed_call_and_the_proxy_serves_a_new_vllm(tiny_model, vllm_server,
-                                                                                                   tmp_path):
+def test_vllm_killed_mid_call_is_the_dialects_error_a_failed_call_and_the_proxy_serves_a_new_vllm(
+        tiny_model, vllm_server, tmp_path):
     port = free_port()
     with serve_vllm(tiny_model, name="tiny", port=port, log_path=tmp_path / "vllm-1.log") as vllm:
         proxy = start_proxy(vllm.base_url, str(tmp_path / "store"), ADMIN, log_path=tmp_path / "proxy.log")
