@@ -1,7 +1,8 @@
 """Session fixtures shared by the test suite: real parts at small scale, all on 127.0.0.1.
 
 - `tiny_model`: the tiny Qwen2-style model + tokenizer, built once (seconds, no download).
-- `vllm_server`: the real vLLM OpenAI server on CPU serving it as "tiny"; yields its root URL.
+- `vllm_server`: the real vLLM OpenAI server on CPU serving it as "tiny"; its root URL. The session starts
+  it at its first test when any selected test uses it (`start_vllm_early`), so that tests before run meanwhile.
 - `s3_server`: a moto S3 server with one bucket; yields its endpoint, bucket and the env for s3fs.
 - `proxy`: a factory that starts the real recording proxy (`python -m steps.proxy`) as a subprocess.
   Each started proxy (`tests/proxy_process.py`) has `.register(rollout_id)`, `.calls(rollout_id)` and
@@ -22,7 +23,8 @@ import pytest
 from proxy_process import ProxyProcess, start_proxy, stop_proxy
 from steps.net import HOST, free_port
 from steps.tiny_model import build_tiny_model
-from vllm_process import serve_vllm
+from steps.vllm_server import VllmServer, stop_vllm
+from vllm_process import spawn_vllm, wait_ready
 
 ADMIN_KEY = "test-admin-key"
 MODEL_NAME = "tiny"
@@ -47,14 +49,32 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The real vLLM server on CPU serving `tiny_model` as "tiny", started once; yields its root URL.
+def vllm_process(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """The session's vLLM process serving `tiny_model` as "tiny", started once and not waited for; stopped
+    when the session ends. Tests use `vllm_server`."""
+    server = spawn_vllm(tiny_model, name=MODEL_NAME, log_path=tmp_path_factory.mktemp("vllm") / "vllm.log")
+    try:
+        yield server
+    finally:
+        stop_vllm(server)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def start_vllm_early(request: pytest.FixtureRequest) -> None:
+    """Starts the session's vLLM at the first test when a selected test will use it: its start (half a
+    minute in CI, minutes under load) then runs beside the tests before that one instead of holding it up."""
+    if any("vllm_server" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("vllm_process")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_process: VllmServer) -> str:
+    """The real vLLM server on CPU serving `tiny_model` as "tiny", ready; its root URL.
 
     vLLM's log is in the session's temporary folder; a failed start quotes its tail.
     """
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with serve_vllm(tiny_model, name=MODEL_NAME, log_path=log_path) as server:
-        yield server.base_url
+    wait_ready(vllm_process)
+    return vllm_process.base_url
 
 
 @pytest.fixture(scope="session")

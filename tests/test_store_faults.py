@@ -4,7 +4,8 @@ records on local disk and S3, a second writer, and vLLM killed mid-call.
 The proxy is the real subprocess; its upstream is `benchmarks/fake_vllm.py`'s app on a loopback thread,
 each completion delayed by a few tenths of a second (like a model generating) so that calls overlap and
 finish out of order; a request whose text holds "slow" takes 60 s, a call that is still in flight when
-the test wants one. Only the last test runs the real vLLM, because its death is the point.
+the test wants one. Only the last test runs the real vLLM, because its death is the point (the vLLM that
+then comes back at the dead one's address is the session's, through a TCP relay on that port).
 """
 
 import asyncio
@@ -13,6 +14,8 @@ import json
 import os
 import random
 import signal
+import socket
+import socketserver
 import subprocess
 import sys
 import threading
@@ -422,8 +425,45 @@ def test_on_s3_a_torn_object_is_skipped_its_index_is_never_reused_and_no_writer_
 
 # --- vLLM killed mid-call -----------------------------------------------------------------------
 
+class Relay(socketserver.ThreadingTCPServer):
+    """Relays every TCP connection to 127.0.0.1:`port` to the server at `url`, byte for byte, both ways."""
+
+    daemon_threads = allow_reuse_address = True
+
+    def __init__(self, port: int, url: str):
+        self.target = (HOST, int(url.rsplit(":", 1)[1]))
+        super().__init__((HOST, port), RelayedConnection)
+
+    def __enter__(self) -> "Relay":
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class RelayedConnection(socketserver.BaseRequestHandler):
+    """One connection, relayed until either side closes it."""
+
+    def handle(self) -> None:
+        with socket.create_connection(self.server.target) as upstream:
+            threading.Thread(target=_pump, args=(upstream, self.request), daemon=True).start()
+            _pump(self.request, upstream)
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:  # the other direction closed both
+        pass
+
+
 @pytest.mark.vllm
-def test_vllm_killed_mid_call_is_the_dialects_error_a_failed_call_and_the_proxy_serves_a_new_vllm(tiny_model, tmp_path):
+def test_vllm_killed_mid_call_is_the_dialects_error_a_failed_call_and_the_proxy_serves_a_new_vllm(
+        tiny_model, vllm_server, tmp_path):
     port = free_port()
     with serve_vllm(tiny_model, name="tiny", port=port, log_path=tmp_path / "vllm-1.log") as vllm:
         proxy = start_proxy(vllm.base_url, str(tmp_path / "store"), ADMIN, log_path=tmp_path / "proxy.log")
@@ -446,7 +486,9 @@ def test_vllm_killed_mid_call_is_the_dialects_error_a_failed_call_and_the_proxy_
         except BaseException:
             stop_proxy(proxy)
             raise
-    with serve_vllm(tiny_model, name="tiny", port=port, log_path=tmp_path / "vllm-2.log"):
+    # The new vLLM at the dead one's address is the session's, through a TCP relay on that port: another start
+    # of vLLM here would cost half a minute or more.
+    with Relay(port, vllm_server):
         try:
             assert post(f"{base}/chat/completions", key, chat_body("after"))[0] == 200
             calls = proxy.calls("vllm-dies")

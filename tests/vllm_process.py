@@ -4,6 +4,9 @@
     with serve_vllm(model_dir, name="tiny") as server:
         server.base_url           # http://127.0.0.1:PORT, healthy, one warm-up call done
 
+    server = spawn_vllm(model_dir)  # or: start now, and wait for it only when it is needed
+    wait_ready(server)
+
 vLLM's own output goes to a log file; if vLLM dies while starting, the error quotes that log's tail.
 """
 
@@ -21,18 +24,29 @@ def start_vllm(model_dir: Path, name: str = "tiny", port: int | None = None, log
                timeout_s: float = 240.0, kv_cache_gib: int = 1, warm_up: bool = True,
                options: ServingOptions = ServingOptions()) -> VllmServer:
     """Starts vLLM serving `model_dir` and returns once `/health` answers (and one warm-up call ran)."""
-    model_dir = Path(model_dir).resolve()
-    port = port or free_port()
-    log_path = Path(log_path or model_dir.parent / f"vllm-{port}.log")
-    server = spawn(vllm_command(model_dir, name, port, options), model_dir, name, port, log_path, kv_cache_gib)
+    server = spawn_vllm(model_dir, name, port, log_path, kv_cache_gib, options)
     try:
-        wait_healthy(server, timeout_s)
-        if warm_up:
-            warm_up_call(server)
+        wait_ready(server, timeout_s, warm_up)
     except BaseException:
         stop_vllm(server)
         raise
     return server
+
+
+def spawn_vllm(model_dir: Path, name: str = "tiny", port: int | None = None, log_path: Path | None = None,
+               kv_cache_gib: int = 1, options: ServingOptions = ServingOptions()) -> VllmServer:
+    """Starts vLLM serving `model_dir` and returns at once, while it loads (`wait_ready` waits for it)."""
+    model_dir = Path(model_dir).resolve()
+    port = port or free_port()
+    log_path = Path(log_path or model_dir.parent / f"vllm-{port}.log")
+    return spawn(vllm_command(model_dir, name, port, options), model_dir, name, port, log_path, kv_cache_gib)
+
+
+def wait_ready(server: VllmServer, timeout_s: float = 240.0, warm_up: bool = True) -> None:
+    """Returns once `/health` answers (and one warm-up call ran); raises with vLLM's log tail if it died."""
+    wait_healthy(server, timeout_s)
+    if warm_up:
+        warm_up_call(server)
 
 
 def warm_up_call(server: VllmServer) -> dict:
