@@ -93,9 +93,12 @@ def rollout(config: RunConfig, task: str, rollout_id: str, sample: int | str, pr
 def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int | str,
                  python: str = "python", out: str | None = None) -> list[str]:
     """The iteration's Parquet tables from the rollout results and the proxy's calls (`steps.trajectories`),
-    under the run's trajectories, or under `out` (an evaluation's)."""
+    under the run's trajectories, or under `out` (an evaluation's, never trained: nothing is dropped); with
+    `max_staleness` >= 1, a training sample more than that many versions behind is dropped."""
+    stale = ["--max-staleness", str(config.max_staleness)] if config.max_staleness and out is None else []
     return [python, "-m", "steps.trajectories", "--proxy-url", proxy_url, "--results", results,
-            "--out", out or layout.trajectories_url(config.run_url), "--run", config.run, "--iteration", str(iteration)]
+            "--out", out or layout.trajectories_url(config.run_url), "--run", config.run, "--iteration", str(iteration),
+            *stale]
 
 
 def evaluate(config: RunConfig, iteration: int | str, python: str = "python") -> list[str]:

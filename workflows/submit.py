@@ -276,7 +276,8 @@ def mark(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
     numbers = manifest.eval_numbers(layout.eval_summary_url(config.run_url, iteration)) if evaluated else None
     manifest.record(config.run_url, IterationRecord(
         iteration=iteration, workflow=workflow, status=status, checkpoint=config.checkpoint_url(iteration),
-        next_checkpoint=next_checkpoint, metrics=metrics, eval=numbers))
+        next_checkpoint=next_checkpoint, metrics=metrics, eval=numbers,
+        staleness=manifest.read_staleness(config.run_url, iteration)))
     if evaluated:
         mark_eval(config, iteration, workflow, "Succeeded" if numbers else "Failed")
 
