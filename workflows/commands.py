@@ -140,6 +140,31 @@ def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, pyth
     return [python, *step]
 
 
+def served_first(config: RunConfig, iteration: int) -> int:
+    """The checkpoint a serve of iteration `iteration` starts on: its own, or with `max_staleness` S >= 1 on Argo,
+    checkpoint `iteration` - S (the driver submits the iteration once that one is written), then follows the
+    newer ones (`follow_flags`).
+
+    An iteration that evaluates its checkpoint (`eval_every`) starts on it: the driver waits for it.
+
+    >>> served_first(RunConfig(), 3), served_first(RunConfig(max_staleness=1), 3), served_first(RunConfig(max_staleness=2), 1)
+    (3, 2, 0)
+    """
+    return iteration if config.evaluates_at(iteration) else max(iteration - config.max_staleness, 0)
+
+
+def follow_flags(config: RunConfig, iteration: int) -> list[str]:
+    """`steps.serve`'s flags to swap in each checkpoint after the one it started on, up to the iteration's own."""
+    return ["--follow-run-url", config.run_url, "--follow-until", str(iteration)] \
+        if served_first(config, iteration) < iteration else []
+
+
+def wait_checkpoint(config: RunConfig, iteration: int, python: str = "python") -> list[str]:
+    """Blocks until checkpoint `iteration` (what the previous iteration's update writes) is complete; exit code 1
+    when that iteration failed (`steps.follow wait`)."""
+    return [python, "-m", "steps.follow", "wait", "--run-url", config.run_url, "--version", str(iteration)]
+
+
 def record(config: RunConfig, iteration: int | str, workflow: str, status: str, checkpoint: str,
            next_checkpoint: str, python: str = "python") -> list[str]:
     """Writes one iteration's outcome into the run manifest (`steps.manifest record`)."""

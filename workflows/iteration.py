@@ -95,8 +95,10 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     The step fetches the checkpoint itself, without the optimizer state the update keeps beside the
     weights (twice their size); an Argo input artifact would download the whole folder. With `upstream`
     the pod runs only the proxy, in front of that server: the steps image (no vLLM), no GPU, no checkpoint."""
-    command = commands.serve(config, config.checkpoint_url(iteration), layout.calls_url(config.run_url), iteration,
+    first = iteration if config.upstream else commands.served_first(config, iteration)
+    command = commands.serve(config, config.checkpoint_url(first), layout.calls_url(config.run_url), first,
                              host="0.0.0.0", device="gpu", model_dir=MODEL_DIR)
+    command += [] if config.upstream else commands.follow_flags(config, iteration)
     env = admin_env(config) + s3_env(config)
     if config.upstream:  # its key, if it needs one: the admin Secret's optional `upstream-api-key`
         env.append(SecretEnv(name="OPENFORGE_UPSTREAM_API_KEY", secret_name=config.admin_secret,
@@ -227,6 +229,13 @@ def update_template(config: RunConfig, iteration: int) -> Container:
     )
 
 
+def wait_template(config: RunConfig, iteration: int) -> Container:
+    """Waits (CPU only) for the checkpoint the previous iteration's update writes (`steps.follow wait`)."""
+    return Container(name="wait-checkpoint", image=image(config, "steps"), working_dir="/opt/openforge/app",
+                     command=commands.wait_checkpoint(config, iteration), env=s3_env(config),
+                     resources=Resources(cpu_request=0.1, memory_request="256Mi"))
+
+
 def this_workflows(role: str) -> dict:
     """A podSelector for this Workflow's pods of one role."""
     return {"matchLabels": {WORKFLOW_POD_LABEL: "{{workflow.name}}", ROLE: role}}
@@ -351,11 +360,17 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
     """Iteration `iteration` of the run as one Workflow (one per iteration keeps each object small); with
     `eval_every`, it evaluates the checkpoint it serves where that is due (`RunConfig.evaluates_at`)."""
     evaluation = config.evaluates_at(iteration)
-    iteration_dag = DAG(name="iteration", tasks=[Task(name="collect", template="collect"),
-                                                 Task(name="update", template="update", depends="collect")])
+    # With max_staleness >= 1 the collect DAG runs beside the previous iteration's update: this update waits for
+    # the checkpoint that one writes (and fails if it failed), never training on an unknown base.
+    waits = config.max_staleness > 0 and iteration > 0
+    iteration_dag = DAG(name="iteration", tasks=[
+        Task(name="collect", template="collect"),
+        *([Task(name="wait-checkpoint", template="wait-checkpoint", depends="collect")] if waits else []),
+        Task(name="update", template="update", depends="wait-checkpoint" if waits else "collect")])
     templates = [iteration_dag, collect_dag(config, evaluation), serve_template(config, iteration),
                  plan_template(config, iteration), rollout_template(config, iteration),
-                 trajectories_template(config, iteration), update_template(config, iteration), exit_dag(),
+                 trajectories_template(config, iteration), update_template(config, iteration),
+                 *([wait_template(config, iteration)] if waits else []), exit_dag(),
                  record_template(config, iteration), report_template(config),
                  *(evaluation_templates(config, iteration, "eval-") if evaluation else [])]
     return run_workflow(config, workflow_name(config, iteration), templates,
