@@ -197,3 +197,114 @@ def test_with_s_1_rollouts_overlap_the_update_and_a_run_killed_mid_overlap_resum
             versions.setdefault(int(one["rollout_id"].split("-")[0][2:]), set()).add(one["weight_version"])
     assert versions[0] == {"0"} and versions[1] <= {"0", "1"} and versions[2] <= {"1", "2"}
     assert "0" in versions[1]  # iteration 1's first rollouts were served by version 0, while update 0 ran
+
+
+# ---- the Argo driver and the follower (a fake Argo Server, moto S3, the real proxy and vLLM) ----
+
+from test_workflows import FakeArgoServer, drive, fake_argo, s3_store  # noqa: E402,F401 (fixtures)
+
+from steps import follow, manifest  # noqa: E402
+
+
+class CollectingArgo(FakeArgoServer):
+    """The fake Argo Server with each Workflow's `collect` DAG node, advanced along `collect_script[name]`
+    (default "" -> Running -> Succeeded) on each GET; `created` notes, at each creation, the others' phases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collect_script: dict[str, list[str]] = {}
+        self.phases: dict[str, str] = {}
+        self.created: list[tuple[str, dict]] = []
+
+    def _status(self, name: str) -> dict:
+        status = super()._status(name)
+        phases = self.collect_script.setdefault(name, ["", "Running", "Succeeded"])
+        collect = phases.pop(0) if len(phases) > 1 else phases[0]
+        self.phases[name] = status.get("phase", "")
+        if status:
+            status["nodes"]["collect"] = {"id": "collect", "name": f"{name}.collect", "type": "DAG",
+                                          "templateName": "collect", "phase": collect}
+        return status
+
+    def handle(self, method: str, path: str, body: dict | None):
+        if method == "POST" and not path.rstrip("/").endswith("lint") and path.count("/") == 4:
+            self.created.append((body["workflow"]["metadata"]["name"], dict(self.phases)))
+        return super().handle(method, path, body)
+
+
+@pytest.fixture
+def collecting_argo(fake_argo, monkeypatch):
+    fake = CollectingArgo()
+    yield fake
+    fake.server.shutdown()
+
+
+def test_the_driver_submits_the_next_iteration_once_the_collect_dag_succeeded_and_stays_s_ahead(
+        collecting_argo: CollectingArgo, s3_store: str) -> None:
+    fake = collecting_argo
+    for i in range(3):  # each Workflow runs on well after its collect DAG succeeded: its update
+        fake.script[f"openforge-ov-it{i}"] = ["", "Running", "Running", "Running", "Running", "Running", "Succeeded"]
+    assert drive(fake, s3_store, "--harness", "codex", "run=ov", "iterations=3", "max_staleness=1") == 0
+    created = dict(fake.created)
+    assert list(created) == ["openforge-ov-it0", "openforge-ov-it1", "openforge-ov-it2"]
+    assert created["openforge-ov-it1"]["openforge-ov-it0"] == "Running"  # submitted while update 0 ran
+    assert created["openforge-ov-it2"]["openforge-ov-it0"] == "Succeeded"  # S = 1: only once iteration 0 ended
+    assert created["openforge-ov-it2"]["openforge-ov-it1"] == "Running"
+    records = manifest.read_iterations(f"{s3_store}/ov")
+    assert [r.status for r in records.values()] == ["Succeeded"] * 3
+
+
+def test_a_failed_update_stops_the_overlapped_run_and_resume_follows_what_is_running(
+        collecting_argo: CollectingArgo, s3_store: str, capsys) -> None:
+    fake = collecting_argo
+    fake.script["openforge-of-it0"] = ["", "Running", "Running", "Running", "Failed"]  # its update failed
+    fake.script["openforge-of-it1"] = ["", "Running"]  # its update waits for checkpoint 1, in vain
+    assert drive(fake, s3_store, "--harness", "codex", "run=of", "iterations=3", "max_staleness=1") == 1
+    assert "retry --run of --iteration 0" in capsys.readouterr().err
+    assert [name for name, _ in fake.created] == ["openforge-of-it0", "openforge-of-it1"]  # never it2
+    # A driver that died with iteration 0's update and iteration 1's collect running: resume follows both.
+    manifest.record(f"{s3_store}/of", manifest.IterationRecord(0, "openforge-of-it0", status="Running"))
+    fake.script["openforge-of-it0"] = ["Running", "Succeeded"]
+    fake.script["openforge-of-it1"] = ["Running", "Running", "Succeeded"]
+    assert drive(fake, s3_store, "resume", "--run", "of") == 0
+    assert [name for name, _ in fake.created][2:] == ["openforge-of-it2"]  # the others followed, not made again
+    records = manifest.read_iterations(f"{s3_store}/of")
+    assert [(r.workflow, r.status) for r in records.values()] == [(f"openforge-of-it{i}", "Succeeded") for i in range(3)]
+
+
+def test_the_wait_step_waits_for_a_whole_checkpoint_and_fails_when_its_iteration_failed(tmp_path: Path) -> None:
+    run_url = str(tmp_path / "run")
+    folder = Path(follow.checkpoint(run_url, 2))
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"w")  # weights without metrics.json: not complete yet
+    assert not follow.complete(run_url, 2) and follow.newest(run_url, 0, 2) is None
+    with pytest.raises(follow.FollowError, match="not complete within 0 s"):
+        follow.wait_for(run_url, 2, poll_s=0.01, timeout_s=0)
+    manifest.record(run_url, manifest.IterationRecord(1, "openforge-x-it1", status="Failed"))
+    with pytest.raises(follow.FollowError, match="iteration 1 ended Failed .* checkpoint 2 will not be written"):
+        follow.wait_for(run_url, 2, poll_s=0.01)
+    (folder / "metrics.json").write_text("{}")  # the control: once whole, it is found
+    assert follow.wait_for(run_url, 2, poll_s=0.01) == str(folder) and follow.newest(run_url, 0, 3) == 2
+    manifest.record(run_url, manifest.IterationRecord(2, "openforge-x-it2", status="Error"))
+    done = subprocess.run([sys.executable, "-m", "steps.follow", "wait", "--run-url", run_url, "--version", "3",
+                           "--poll-s", "0.01"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+
+
+def test_the_follower_swaps_each_whole_checkpoint_into_a_running_serve(swap_proxy, tiny_model, tmp_path: Path) -> None:
+    run_url = str(tmp_path / "run")
+    folder = Path(follow.checkpoint(run_url, 1))
+    build_tiny_model(folder, seed=1)
+    served = []
+    follower = threading.Thread(target=lambda: served.append(
+        follow.follow(run_url, 0, 1, swap_proxy.client, tmp_path / "followed", poll_s=0.1)))
+    follower.start()
+    try:
+        time.sleep(1)
+        assert swap_proxy.client.health()["weight_version"] == "0"  # no metrics.json yet: not whole, not loaded
+        (folder / "metrics.json").write_text("{}")
+        follower.join(120)
+        assert served == [1] and swap_proxy.client.health()["weight_version"] == "1"
+    finally:
+        follower.join(120)
+        swap_proxy.client.update_weights(str(tiny_model), "0")
