@@ -308,3 +308,12 @@ def test_the_follower_swaps_each_whole_checkpoint_into_a_running_serve(swap_prox
     finally:
         follower.join(120)
         swap_proxy.client.update_weights(str(tiny_model), "0")
+
+
+def test_the_reports_iteration_table_shows_staleness_only_where_it_was_recorded():
+    from steps.report.index import iterations_table
+
+    stale = iterations_table({0: {"status": "Succeeded", "staleness max versions behind": 1,
+                                  "staleness samples dropped": 2}})
+    assert "staleness max versions behind" in stale and "staleness samples dropped" in stale
+    assert "staleness" not in iterations_table({0: {"status": "Succeeded"}})  # the control: an older run's records
