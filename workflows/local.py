@@ -438,11 +438,14 @@ def run_overlapped(config: RunConfig, first: int, recorded: dict, proxy_url: str
                 finish(config, entry, summarize(config, iteration, results, next_checkpoint, times))
 
             updates.start(iteration, update)
-            say(f"iteration {iteration}: its update runs beside iteration {iteration + 1}'s rollouts")
+            say(f"iteration {iteration}: its update runs in the background"
+                + (f", beside iteration {iteration + 1}'s rollouts" if iteration + 1 < config.iterations else ""))
             refresh_report(config.run_url)
         updates.wait(config.iterations)
-    except StepFailed as exc:
+    except StepFailed as exc:  # the last updates' (an earlier one's stopped an iteration: `failed`)
         print(f"error: {exc}", file=sys.stderr)
+        updates.close()
+        refresh_report(config.run_url)
         return 1
     finally:
         updates.close()
