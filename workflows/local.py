@@ -10,7 +10,8 @@ into it through the proxy (`POST /weights/update`), where a cluster starts a fre
 manifest is the cluster's, so `resume` works here too. After each iteration and each evaluation, failed ones
 too, the run's report (`steps.report`) is written again and its path printed.
 The update runs on `$OPENFORGE_TRAIN_PYTHON`, else `.venv-train/bin/python` (veRL lives in its own
-environment), else this Python.
+environment), else this Python. With `max_staleness` S >= 1 each update runs in the background beside the next
+iteration's rollouts and is swapped in when it ends (`run_overlapped`, docs/workflows.md).
 """
 
 import ctypes

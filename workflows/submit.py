@@ -13,7 +13,8 @@ The Argo server is `--argo-server URL`, else env ARGO_SERVER, else the config's 
 token comes from env ARGO_TOKEN. Without a server the run goes to the local runner
 (`workflows.local.run_local`). With one, every iteration's Workflow is checked first (the config,
 the cluster where one is reachable, the server's lint), then submitted one after the other: each
-waits for the previous iteration's checkpoint. The run manifest in the store
+waits for the previous iteration's checkpoint; with `max_staleness` S >= 1 the next one as soon as the previous
+one's collect DAG has succeeded, at most S ahead of the last ended (`drive_overlapped`). The run manifest in the store
 (`<store>/<run>/manifest/`) records every iteration's workflow, checkpoint and phase, so `resume`
 picks up where a stopped driver left off. A bad config, an unknown harness, an unreachable server or a
 missing dataset stops everything with one sentence and exit code 2 before anything is submitted.
