@@ -251,10 +251,11 @@ def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: 
     times: dict = {}
     results = collect_iteration(config, iteration, proxy_url, env, logs, attempt, times)
     next_checkpoint = update_iteration(config, iteration, proxy_url, admin_key, env, logs, times)
-    return summarize(config, iteration, results, next_checkpoint, times)
+    return summarize(iteration, results, next_checkpoint, times, manifest.read_staleness(config.run_url, iteration))
 
 
-def summarize(config: RunConfig, iteration: int, results: list[dict], next_checkpoint: str, times: dict) -> dict:
+def summarize(iteration: int, results: list[dict], next_checkpoint: str, times: dict,
+              staleness: dict | None = None) -> dict:
     """The iteration's line in the run summary: rewards, pass rates, infra errors, the update's metrics, the
     staleness of what it trained, each phase's seconds (`timings_s`) and [start, end] (`phase_times`)."""
     by_task: dict[str, list] = {}
@@ -264,7 +265,7 @@ def summarize(config: RunConfig, iteration: int, results: list[dict], next_check
     return {"iteration": iteration, "rollouts": len(results),
             "infra_errors": sum(r["status"] == "infra_error" for r in results),
             "k": k, "metrics": asdict(overall),
-            "update": manifest.read_metrics(next_checkpoint), "staleness": manifest.read_staleness(config.run_url, iteration),
+            "update": manifest.read_metrics(next_checkpoint), "staleness": staleness,
             "timings_s": {f"{phase}_s": round(end - start, 1) for phase, (start, end) in times.items()},
             "phase_times": {phase: [round(t, 3) for t in span] for phase, span in times.items()},
             "checkpoint": next_checkpoint}
@@ -436,7 +437,8 @@ def run_overlapped(config: RunConfig, first: int, recorded: dict, proxy_url: str
                     entry.status = "Failed"  # said, and reported, by the driver's thread (`Updates.check`)
                     manifest.record(config.run_url, entry)
                     raise
-                finish(config, entry, summarize(config, iteration, results, next_checkpoint, times))
+                staleness = manifest.read_staleness(config.run_url, iteration)
+                finish(config, entry, summarize(iteration, results, next_checkpoint, times, staleness))
 
             updates.start(iteration, update)
             say(f"iteration {iteration}: its update runs in the background"
