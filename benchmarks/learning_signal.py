@@ -13,8 +13,12 @@ the curve as a text plot, the phase table, and a verdict: the mean reward of the
 iterations against the last `--window`. Exit code 0 when the last window is at least `--factor` times the
 first, 1 when not, 2 when the run failed. `--baseline` then runs the same settings with
 `learning_rate=0` (same sampling, no learning) and compares the last windows, which shows the rise
-comes from the update. Every figure goes to `<store>/<run>/learning-signal.json`; last, the run's report
-(`steps.report`, with the baseline's run beside it) is written under `<store>/<run>/reports/` and its path printed.
+comes from the update. `--staleness S` then runs the same settings with `max_staleness=S` (the next
+iteration's rollouts overlap the update) and prints both side by side: seconds per iteration, the seconds in
+each phase (they overlap with S >= 1, so their sum is more than the iteration's), the seconds rollouts waited
+for the update, and whether each met the goal. Every figure goes to `<store>/<run>/learning-signal.json`; last,
+the run's report (`steps.report`, with the baseline's and the overlapped run beside it) is written under
+`<store>/<run>/reports/` and its path printed.
 """
 
 import argparse
@@ -33,6 +37,7 @@ from workflows import layout  # noqa: E402
 from workflows.config import ConfigError, RunConfig, load_config  # noqa: E402
 
 PHASES = ("rollouts", "trajectories", "update", "reload")
+OVERLAP = "waited"  # with max_staleness >= 1: seconds an iteration's rollouts waited for an earlier update
 PLOT_WIDTH = 40
 
 
@@ -50,7 +55,7 @@ def run_loop(config_path: str, overrides: list[str]) -> tuple[list[dict], int, f
             summary = json.loads(line)
             summaries.append(summary)
             print(f"iteration {summary['iteration']}: mean reward {summary['metrics']['mean_reward']:.3f}; "
-                  + ", ".join(f"{p} {summary['timings_s'][p + '_s']:.1f} s" for p in PHASES)
+                  + ", ".join(f"{p} {summary['timings_s'].get(p + '_s', 0.0):.1f} s" for p in PHASES)
                   + (f"; update skipped ({summary['update']['skipped']})" if skipped(summary) else ""), flush=True)
     return summaries, driver.returncode, time.monotonic() - started
 
@@ -76,15 +81,47 @@ def figures(config: RunConfig, summaries: list[dict], wall_s: float, window: int
         "run": config.run, "learning_rate": config.learning_rate, "iterations": len(summaries),
         "samples_per_task": config.samples_per_task, "max_tokens_cap": config.max_tokens_cap,
         "mean_reward": rewards,
-        "phases_s": {p: [s["timings_s"][p + "_s"] for s in summaries] for p in PHASES},
+        "max_staleness": config.max_staleness,
+        "phases_s": {p: [s["timings_s"].get(p + "_s", 0.0) for s in summaries] for p in (*PHASES, OVERLAP)},
+        "seconds_per_iteration": seconds_per_iteration(summaries),
+        "staleness": [s.get("staleness") for s in summaries],
         "updates_skipped": [s["iteration"] for s in summaries if skipped(s)],
-        "weight_versions_ok": all(served_versions(config.run_url, s["iteration"]) == {str(s["iteration"])}
+        "weight_versions_ok": all(served_versions(config.run_url, s["iteration"]) <=
+                                  {str(v) for v in range(s["iteration"] - config.max_staleness, s["iteration"] + 1)}
                                   for s in summaries),
         "window": window, "first_window_mean": first, "last_window_mean": last,
         "ratio": last / first if first else float("inf") if last else 0.0,  # 0 -> 0 learned nothing
         "wall_s": round(wall_s, 1),
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
+
+
+def seconds_per_iteration(summaries: list[dict]) -> float:
+    """From the first iteration's start to the last one's end (its swap), per iteration: vLLM's start left out.
+
+    >>> seconds_per_iteration([{"phase_times": {"rollouts": [10, 20], "reload": [30, 31]}},
+    ...                        {"phase_times": {"rollouts": [25, 40], "reload": [50, 51]}}])
+    20.5
+    """
+    starts = [min(span[0] for span in s["phase_times"].values()) for s in summaries]
+    ends = [max(span[1] for span in s["phase_times"].values()) for s in summaries]
+    return round((max(ends) - min(starts)) / len(summaries), 1) if summaries else 0.0
+
+
+def side_by_side(runs: list[dict], factor: float) -> None:
+    """The synchronous run and the overlapped one: seconds per iteration, per phase, and the verdicts."""
+    print(f"\n{'':<26}" + "".join(f"{'max_staleness ' + str(r['max_staleness']):>18}" for r in runs))
+    rows = [("seconds per iteration", lambda r: f"{r['seconds_per_iteration']:.1f}")]
+    rows += [(f"{p} s (mean)", lambda r, p=p: f"{mean(r['phases_s'][p]):.1f}") for p in (*PHASES, OVERLAP)]
+    rows += [("last / first window", lambda r: f"{r['ratio']:.1f}x"),
+             (f"goal {factor:g}x", lambda r: "PASS" if r["ratio"] >= factor else "FAIL"),
+             ("samples dropped", lambda r: str(sum((s or {}).get("dropped", 0) for s in r["staleness"]))),
+             ("max versions behind", lambda r: str(max(((s or {}).get("max_behind") or 0 for s in r["staleness"]),
+                                                       default=0)))]
+    for label, cell in rows:
+        print(f"{label:<26}" + "".join(f"{cell(r):>18}" for r in runs))
+    print(f"overlapped / synchronous seconds per iteration: "
+          f"{runs[1]['seconds_per_iteration'] / max(runs[0]['seconds_per_iteration'], 1e-9):.2f}")
 
 
 def mean(values: list[float]) -> float:
@@ -161,6 +198,8 @@ def main() -> int:
     p.add_argument("--factor", type=float, default=2.0, help="last window / first window needed to pass")
     p.add_argument("--window", type=int, default=3, help="iterations averaged at each end of the curve")
     p.add_argument("--baseline", action="store_true", help="also run with learning_rate=0 and compare")
+    p.add_argument("--staleness", type=int, default=0, metavar="S",
+                   help="also run with max_staleness=S (rollouts overlapping the update) and compare")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="run config overrides, e.g. iterations=20")
     args = p.parse_args()
     names = [item.partition("=")[2] for item in args.overrides if item.startswith("run=")]
@@ -172,15 +211,22 @@ def main() -> int:
         result = measure(args.config, [f"run={name}", *overrides], args.window)
         baseline = measure(args.config, [f"run={name}-lr0", *overrides, "learning_rate=0"], args.window) \
             if result and args.baseline else None
+        overlapped = measure(args.config, [f"run={name}-s{args.staleness}", *overrides,
+                                           f"max_staleness={args.staleness}"], args.window) \
+            if result and args.staleness else None
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if result is None or (args.baseline and baseline is None):
+    if result is None or (args.baseline and baseline is None) or (args.staleness and overlapped is None):
         return 2
     rose = report(result, args.factor, baseline)
+    if overlapped:
+        rose = report(overlapped, args.factor, None) and rose
+        side_by_side([result, overlapped], args.factor)
     run_url = load_config(args.config, [f"run={name}", *overrides]).run_url
-    print(f"\nrun report (the mean reward per iteration, beside the baseline's): "
-          f"{write_report(run_url, compare=[baseline['run']] if baseline else [])}")
+    compare = [r["run"] for r in (baseline, overlapped) if r]
+    print(f"\nrun report (the mean reward per iteration, beside the baseline's and the overlapped run's): "
+          f"{write_report(run_url, compare=compare)}")
     return 0 if rose else 1
 
 

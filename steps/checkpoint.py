@@ -46,8 +46,16 @@ def fetch(url: str, local: Path, skip: tuple[str, ...] = (), progress: Callable[
 
 
 def publish(local: Path, url: str) -> None:
-    """Uploads a finished folder to a remote `url` (each file one PUT, so readers never see half a file)."""
+    """Uploads a finished folder to a remote `url` (each file one PUT, so readers never see half a file), its
+    `metrics.json` last: a reader that finds it finds the whole checkpoint (`steps.follow`)."""
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(url)
-    fs.put(str(local).rstrip("/") + "/", path, recursive=True)
+    root, marker = path.rstrip("/"), local / METRICS_FILE
+    for entry in sorted(local.iterdir()):
+        if entry.is_dir():
+            fs.put(f"{entry}/", f"{root}/{entry.name}/", recursive=True)
+        elif entry != marker:
+            fs.put_file(str(entry), f"{root}/{entry.name}")
+    if marker.exists():
+        fs.put_file(str(marker), f"{root}/{METRICS_FILE}")

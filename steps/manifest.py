@@ -44,6 +44,8 @@ class IterationRecord:
     attempt: int = 0  # local runner: how many earlier starts of this iteration died or failed
     eval: dict | None = None  # with eval_every: the evaluation of `checkpoint` (`eval_numbers`)
     timings_s: dict | None = None  # local runner: seconds in rollouts, trajectories, update, reload
+    staleness: dict | None = None  # what was trained: versions behind, per sample count; dropped (`read_staleness`)
+    phase_times: dict | None = None  # local runner: each phase's [start, end] in unix time (they overlap with S >= 1)
 
     @property
     def done(self) -> bool:
@@ -157,6 +159,15 @@ def eval_record(iteration: int, workflow: str, checkpoint: str, status: str, sum
                       summary=summary_url, overall={k: v for k, v in numbers.items() if k != "summary"} if numbers else None)
 
 
+def read_staleness(run_url: str, iteration: int) -> dict | None:
+    """The trajectories step's staleness figures for the iteration (`steps.trajectories.staleness`), or None
+    before they exist."""
+    config = read_run_config(run_url) or {}
+    if not config.get("run"):
+        return None
+    return read_json(layout.staleness_url(layout.run_partition_url(run_url, config["run"], iteration)))
+
+
 def read_metrics(checkpoint_url: str) -> dict | None:
     """The update's `metrics.json` next to the checkpoint it wrote, or None when there is none."""
     return read_json(layout.metrics_url(checkpoint_url))
@@ -186,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asdict(evaluation)))
         return 0
     entry = IterationRecord(iteration=args.iteration, workflow=args.workflow, status=args.status,
-                            checkpoint=args.checkpoint, next_checkpoint=args.next_checkpoint)
+                            checkpoint=args.checkpoint, next_checkpoint=args.next_checkpoint,
+                            staleness=read_staleness(args.run_url, args.iteration))
     record(args.run_url, entry)
     print(json.dumps(asdict(entry)))
     return 0

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from steps import net, sampling
 from steps.checkpoint import TRAINING_ONLY, fetch
+from steps.follow import start_follower
 from steps.net import HOST, free_port
 from steps.proxy.__main__ import command_line as proxy_command_line
 from steps.proxy.__main__ import forced_sampling
@@ -91,6 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
                    help="the run's sampling, forced by the proxy on every call (repeatable; steps/sampling.py; "
                         "keys not given, or none at all, are forced to their neutral values)")
+    p.add_argument("--follow-run-url", help="swap in each checkpoint of this run, up to --follow-until, as its "
+                                            "update publishes it (steps.follow; max_staleness >= 1 on Argo)")
+    p.add_argument("--follow-until", type=int, help="the last checkpoint to follow")
     p.add_argument("--log", type=Path, default=Path("vllm.log"), help="vLLM's log file")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds vLLM may take to start")
     args = p.parse_args(argv)
@@ -208,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     except UnknownFamily as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    follower = None
     # uvicorn re-raises the SIGTERM it caught once the proxy has shut down; with the default handler the
     # process would die right there and leave vLLM (its own session) running, so turn it into SystemExit.
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -221,11 +226,16 @@ def main(argv: list[str] | None = None) -> int:
             wait_healthy(server, args.start_timeout)
         urls = ", ".join(server.base_url for server in servers)
         print(f"serve: vLLM ready on {urls}; proxy on {args.host}:{args.port}", file=sys.stderr, flush=True)
+        if args.follow_run_url:
+            follower = start_follower(args.follow_run_url, int(args.weight_version or 0), args.follow_until,
+                                      f"http://127.0.0.1:{args.port}", args.model_dir.parent / "followed")
         proxy_main(proxy_argv(args, ports))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
+        if follower is not None:
+            follower.terminate()
         for server in servers:
             stop_vllm(server)
     return 0

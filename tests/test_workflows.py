@@ -46,6 +46,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSinc
 GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, iteration); evaluation-*: an eval Workflow
     "iteration-codex-it0.yaml": (["run=golden", "iterations=2"], 0),
     "iteration-codex-it1.yaml": (["run=golden", "iterations=2"], 1),
+    "iteration-codex-stale1-it1.yaml": (["run=golden", "iterations=2", "max_staleness=1"], 1),
     "iteration-direct-it0.yaml": (["run=golden", "harness=direct", "samples_per_task=4", "s3_endpoint="], 0),
     "iteration-codex-eval-it0.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 0),
     "evaluation-direct.yaml": (["run=golden-eval", "harness=direct", "eval_k=3"], 0),

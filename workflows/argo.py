@@ -44,6 +44,7 @@ class Progress:
     phase: str
     rollouts_done: int = 0
     rollouts_failed: int = 0
+    collect: str = ""  # the phase of its `collect` DAG (serve, rollouts, trajectories); "" before it started
 
 
 class ArgoClient:
@@ -96,19 +97,23 @@ class ArgoClient:
         status = wf.status
         nodes = [n for n in ((status.nodes or {}).values() if status else [])
                  if n.template_name == "rollout" and n.type == "Pod"]
+        collect = [n.phase for n in ((status.nodes or {}).values() if status else []) if n.template_name == "collect"]
         return Progress(phase=(status.phase if status else None) or "",
                         rollouts_done=sum(n.phase == "Succeeded" for n in nodes),
-                        rollouts_failed=sum(n.phase in ("Failed", "Error") for n in nodes))
+                        rollouts_failed=sum(n.phase in ("Failed", "Error") for n in nodes),
+                        collect=(collect[0] if collect else None) or "")
 
-    def wait(self, name: str, poll_s: float = 10.0, report: Callable[[Progress], None] = lambda p: None) -> str:
-        """Polls until the workflow is Succeeded, Failed or Error; calls `report` on every change."""
+    def wait(self, name: str, poll_s: float = 10.0, report: Callable[[Progress], None] = lambda p: None,
+             collected: bool = False) -> str:
+        """Polls until the workflow is Succeeded, Failed or Error (with `collected`: until its collect DAG has
+        succeeded, or the workflow ended); returns its phase; calls `report` on every change."""
         last = None
         while True:
             progress = self.progress(name)
             if progress != last:
                 report(progress)
                 last = progress
-            if progress.phase in DONE:
+            if progress.phase in DONE or (collected and progress.collect == "Succeeded"):
                 return progress.phase
             time.sleep(poll_s)
 

@@ -96,9 +96,12 @@ def rollout(config: RunConfig, task: str, rollout_id: str, sample: int | str, pr
 def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int | str,
                  python: str = "python", out: str | None = None) -> list[str]:
     """The iteration's Parquet tables from the rollout results and the proxy's calls (`steps.trajectories`),
-    under the run's trajectories, or under `out` (an evaluation's)."""
+    under the run's trajectories, or under `out` (an evaluation's, never trained: nothing is dropped); with
+    `max_staleness` >= 1, a training sample more than that many versions behind is dropped."""
+    stale = ["--max-staleness", str(config.max_staleness)] if config.max_staleness and out is None else []
     return [python, "-m", "steps.trajectories", "--proxy-url", proxy_url, "--results", results,
-            "--out", out or layout.trajectories_url(config.run_url), "--run", config.run, "--iteration", str(iteration)]
+            "--out", out or layout.trajectories_url(config.run_url), "--run", config.run, "--iteration", str(iteration),
+            *stale]
 
 
 def evaluate(config: RunConfig, iteration: int | str, python: str = "python") -> list[str]:
@@ -139,6 +142,31 @@ def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, pyth
     if config.update_gpus > 1:
         return [python, "-m", "steps.update.launch", "--standalone", "--nproc-per-node", per_node, *step]
     return [python, *step]
+
+
+def served_first(config: RunConfig, iteration: int) -> int:
+    """The checkpoint a serve of iteration `iteration` starts on: its own, or with `max_staleness` S >= 1 on Argo,
+    checkpoint `iteration` - S (the driver submits the iteration once that one is written), then follows the
+    newer ones (`follow_flags`).
+
+    An iteration that evaluates its checkpoint (`eval_every`) starts on it: the driver waits for it.
+
+    >>> served_first(RunConfig(), 3), served_first(RunConfig(max_staleness=1), 3), served_first(RunConfig(max_staleness=2), 1)
+    (3, 2, 0)
+    """
+    return iteration if config.evaluates_at(iteration) else max(iteration - config.max_staleness, 0)
+
+
+def follow_flags(config: RunConfig, iteration: int) -> list[str]:
+    """`steps.serve`'s flags to swap in each checkpoint after the one it started on, up to the iteration's own."""
+    return ["--follow-run-url", config.run_url, "--follow-until", str(iteration)] \
+        if served_first(config, iteration) < iteration else []
+
+
+def wait_checkpoint(config: RunConfig, iteration: int, python: str = "python") -> list[str]:
+    """Blocks until checkpoint `iteration` (what the previous iteration's update writes) is complete; exit code 1
+    when that iteration failed (`steps.follow wait`)."""
+    return [python, "-m", "steps.follow", "wait", "--run-url", config.run_url, "--version", str(iteration)]
 
 
 def record(config: RunConfig, iteration: int | str, workflow: str, status: str, checkpoint: str,

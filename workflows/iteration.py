@@ -104,8 +104,10 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     vLLM servers run in this one pod, `serve_gpus` GPUs each, on its loopback behind the proxy
     (docs/serving.md, "Replicas"). With `upstream` the pod runs only the proxy, in front of that server: the
     steps image (no vLLM), no GPU, no checkpoint."""
-    command = commands.serve(config, config.checkpoint_url(iteration), layout.calls_url(config.run_url), iteration,
+    first = iteration if config.upstream else commands.served_first(config, iteration)
+    command = commands.serve(config, config.checkpoint_url(first), layout.calls_url(config.run_url), first,
                              host="0.0.0.0", device="gpu", model_dir=MODEL_DIR)
+    command += [] if config.upstream else commands.follow_flags(config, iteration)
     env = admin_env(config) + s3_env(config)
     if config.upstream:  # its key, if it needs one: the admin Secret's optional `upstream-api-key`
         env.append(SecretEnv(name="OPENFORGE_UPSTREAM_API_KEY", secret_name=config.admin_secret,
@@ -274,6 +276,13 @@ def delete_update_template(name: str, labels: dict[str, str]) -> Resource:
     return Resource(name=name, action="delete", flags=[jobset.CRD, "-l", selector, "--cascade=foreground", "--wait"])
 
 
+def wait_template(config: RunConfig, iteration: int) -> Container:
+    """Waits (CPU only) for the checkpoint the previous iteration's update writes (`steps.follow wait`)."""
+    return Container(name="wait-checkpoint", image=image(config, "steps"), working_dir="/opt/openforge/app",
+                     command=commands.wait_checkpoint(config, iteration), env=s3_env(config),
+                     resources=Resources(cpu_request=0.1, memory_request="256Mi"))
+
+
 def this_workflows(role: str) -> dict:
     """A podSelector for this Workflow's pods of one role."""
     return {"matchLabels": {WORKFLOW_POD_LABEL: "{{workflow.name}}", ROLE: role}}
@@ -402,18 +411,25 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
     """Iteration `iteration` of the run as one Workflow (one per iteration keeps each object small); with
     `eval_every`, it evaluates the checkpoint it serves where that is due (`RunConfig.evaluates_at`)."""
     evaluation, nodes = config.evaluates_at(iteration), config.update_nodes > 1
+    # With max_staleness >= 1 the collect DAG runs beside the previous iteration's update: this update waits for
+    # the checkpoint that one writes (and fails if it failed), never training on an unknown base.
+    waits = config.max_staleness > 0 and iteration > 0
+    before = "wait-checkpoint" if waits else "collect"
     # Across nodes, any earlier JobSet of this iteration (a resubmitted copy's, one whose Workflow is being
     # deleted) is deleted before the update creates its own: one JobSet at a time writes the checkpoint.
-    update = [Task(name="clean-update", template="clean-update", depends="collect"),
+    update = [Task(name="clean-update", template="clean-update", depends=before),
               Task(name="update", template="update", depends="clean-update")] if nodes else [
-              Task(name="update", template="update", depends="collect")]
-    iteration_dag = DAG(name="iteration", tasks=[Task(name="collect", template="collect"), *update])
+              Task(name="update", template="update", depends=before)]
+    iteration_dag = DAG(name="iteration", tasks=[
+        Task(name="collect", template="collect"),
+        *([Task(name="wait-checkpoint", template="wait-checkpoint", depends="collect")] if waits else []), *update])
     delete = [delete_update_template("clean-update", update_labels(config, iteration)),
               delete_update_template("delete-update", {UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"})] if nodes else []
     templates = [iteration_dag, collect_dag(config, evaluation), serve_template(config, iteration),
                  plan_template(config, iteration), rollout_template(config, iteration),
                  trajectories_template(config, iteration), update_template(config, iteration), *delete,
-                 exit_dag(nodes), record_template(config, iteration), report_template(config),
+                 *([wait_template(config, iteration)] if waits else []), exit_dag(nodes),
+                 record_template(config, iteration), report_template(config),
                  *(evaluation_templates(config, iteration, "eval-") if evaluation else [])]
     return run_workflow(config, workflow_name(config, iteration), templates, {ITERATION_LABEL: str(iteration)})
 

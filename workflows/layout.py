@@ -134,6 +134,16 @@ def table_url(partition: str, table: str) -> str:
     return _join(partition, f"{table}.parquet")
 
 
+def staleness_url(partition: str) -> str:
+    """The trajectories step's staleness figures beside a partition's tables (`_` first: a Parquet dataset
+    reader passes it by, as it does Hive's `_SUCCESS`).
+
+    >>> staleness_url("runs/demo/trajectories/run=demo/iteration=2")
+    'runs/demo/trajectories/run=demo/iteration=2/_staleness.json'
+    """
+    return _join(partition, "_staleness.json")
+
+
 def checkpoint_url(run_url: str, iteration: int, base_model: str) -> str:
     """The checkpoint iteration `iteration` serves: the base model, then what the previous update wrote.
 

@@ -10,7 +10,8 @@ into it through the proxy (`POST /weights/update`), where a cluster starts a fre
 manifest is the cluster's, so `resume` works here too. After each iteration and each evaluation, failed ones
 too, the run's report (`steps.report`) is written again and its path printed.
 The update runs on `$OPENFORGE_TRAIN_PYTHON`, else `.venv-train/bin/python` (veRL lives in its own
-environment), else this Python.
+environment), else this Python. With `max_staleness` S >= 1 each update runs in the background beside the next
+iteration's rollouts and is swapped in when it ends (`run_overlapped`, docs/workflows.md).
 """
 
 import ctypes
@@ -21,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -64,9 +65,11 @@ def train_python() -> str:
 
 
 def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
-    """Runs one step to completion; returns its stdout; raises StepFailed with its log's tail."""
+    """Runs one step to completion; returns its stdout; raises StepFailed with its log's tail. The step dies
+    with the thread that waits for it (the driver's, or a background update's): nothing outlives a run."""
     with open(log, "w") as err:
-        done = subprocess.run(argv, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+        done = subprocess.run(argv, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+                              preexec_fn=_die_with_driver)
     if done.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise StepFailed(f"step {name} failed with exit code {done.returncode}; {log}:\n{tail}")
@@ -208,35 +211,53 @@ def evaluate_served(config: RunConfig, iteration: int, proxy_url: str, env: dict
         return None
 
 
-def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
-                  attempt: int = 0) -> dict:
-    """plan, rollouts, trajectories, update, weight swap; returns the iteration's summary."""
-    timings, started = {}, time.monotonic()
+def collect_iteration(config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path, attempt: int,
+                      times: dict) -> list[dict]:
+    """plan, rollouts, trajectories; returns the rollouts' results, each phase's [start, end] into `times`."""
+    started = time.time()
     planned = json.loads(run_step("plan", commands.plan(config, iteration, python=sys.executable), env,
                                   logs / f"plan-{iteration}.log"))
     set_aside_earlier_results(config, iteration, attempt)
     say(f"iteration {iteration}: {len(planned)} rollouts planned with harness {config.harness}")
     results = run_rollouts(config, iteration, planned, proxy_url, env)
-    timings["rollouts_s"] = time.monotonic() - started
+    times["rollouts"] = [started, time.time()]
     say(f"iteration {iteration}: writing trajectories")
     run_step("trajectories", commands.trajectories(config, proxy_url, layout.results_url(config.run_url, iteration),
                                                    iteration, python=sys.executable), env, logs / f"trajectories-{iteration}.log")
-    timings["trajectories_s"] = time.monotonic() - started - timings["rollouts_s"]
+    times["trajectories"] = [times["rollouts"][1], time.time()]
+    return results
+
+
+def update_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
+                     times: dict) -> str:
+    """update, weight swap; returns the checkpoint it wrote, each phase's [start, end] into `times`."""
     say(f"iteration {iteration}: veRL update")
+    started = time.time()
     checkpoint, next_checkpoint = config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)
     run_step("update", commands.update(config, layout.run_partition_url(config.run_url, config.run, iteration), checkpoint, next_checkpoint,
                                        python=train_python()), env, logs / f"update-{iteration}.log")
-    timings["update_s"] = time.monotonic() - started - timings["rollouts_s"] - timings["trajectories_s"]
+    times["update"] = [started, time.time()]
     if skipped := (manifest.read_metrics(next_checkpoint) or {}).get("skipped"):
         say(f"iteration {iteration}: update skipped ({skipped}: every task's rollouts earned the same reward); "
             "the next iteration serves the same weights")
     swap_weights(proxy_url, admin_key, next_checkpoint, iteration + 1)
-    timings["reload_s"] = time.monotonic() - started - sum(timings.values())
-    return summarize(iteration, results, next_checkpoint, timings)
+    times["reload"] = [times["update"][1], time.time()]
+    return next_checkpoint
 
 
-def summarize(iteration: int, results: list[dict], next_checkpoint: str, timings: dict) -> dict:
-    """The iteration's line in the run summary: rewards, pass rates, infra errors, the update's metrics."""
+def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
+                  attempt: int = 0) -> dict:
+    """plan, rollouts, trajectories, update, weight swap, one after the other; returns the iteration's summary."""
+    times: dict = {}
+    results = collect_iteration(config, iteration, proxy_url, env, logs, attempt, times)
+    next_checkpoint = update_iteration(config, iteration, proxy_url, admin_key, env, logs, times)
+    return summarize(iteration, results, next_checkpoint, times, manifest.read_staleness(config.run_url, iteration))
+
+
+def summarize(iteration: int, results: list[dict], next_checkpoint: str, times: dict,
+              staleness: dict | None = None) -> dict:
+    """The iteration's line in the run summary: rewards, pass rates, infra errors, the update's metrics, the
+    staleness of what it trained, each phase's seconds (`timings_s`) and [start, end] (`phase_times`)."""
     by_task: dict[str, list] = {}
     for result in results:
         by_task.setdefault(result["task"], []).append(result["reward"] if result["status"] != "infra_error" else None)
@@ -244,7 +265,9 @@ def summarize(iteration: int, results: list[dict], next_checkpoint: str, timings
     return {"iteration": iteration, "rollouts": len(results),
             "infra_errors": sum(r["status"] == "infra_error" for r in results),
             "k": k, "metrics": asdict(overall),
-            "update": manifest.read_metrics(next_checkpoint), "timings_s": {k: round(v, 1) for k, v in timings.items()},
+            "update": manifest.read_metrics(next_checkpoint), "staleness": staleness,
+            "timings_s": {f"{phase}_s": round(end - start, 1) for phase, (start, end) in times.items()},
+            "phase_times": {phase: [round(t, 3) for t in span] for phase, span in times.items()},
             "checkpoint": next_checkpoint}
 
 
@@ -306,6 +329,136 @@ def open_run(config: RunConfig, evaluates: dict | None = None) -> tuple[RunConfi
     return config, logs
 
 
+class Updates:
+    """The updates that run beside the next iterations' rollouts (`max_staleness` >= 1): one at a time, in
+    iteration order, each on the checkpoint the one before it wrote; one whose predecessor failed does not run
+    (its base is unknown)."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="update")
+        self.started: dict[int, Future] = {}
+
+    def start(self, iteration: int, job) -> None:
+        """Queues `job`, the update of `iteration`, behind the one before it."""
+        previous = self.started.get(iteration - 1)
+
+        def after_previous():
+            if previous is not None and previous.exception() is not None:
+                raise StepFailed(f"update {iteration} not started: the update of iteration {iteration - 1} failed")
+            return job()
+
+        self.started[iteration] = self.pool.submit(after_previous)
+
+    def wait(self, through: int) -> None:
+        """Blocks until the updates of iterations up to `through` are done; raises StepFailed if one failed."""
+        for iteration, update in sorted(self.started.items()):
+            if iteration <= through and update.exception() is not None:
+                raise StepFailed(f"the update of iteration {iteration} failed: {update.exception()}")
+
+    def check(self) -> None:
+        """Raises StepFailed if an update that is done failed."""
+        self.wait(max((i for i, update in self.started.items() if update.done()), default=-1))
+
+    def close(self) -> None:
+        """Waits for the updates still running: a run never stops its update half way."""
+        self.pool.shutdown(wait=True)
+
+
+def finish(config: RunConfig, entry: manifest.IterationRecord, summary: dict) -> None:
+    """Records an iteration's success in the manifest, with its update's metrics, staleness and timings, and
+    prints its summary line."""
+    entry.status, entry.metrics, entry.timings_s = "Succeeded", summary["update"], summary["timings_s"]
+    entry.staleness, entry.phase_times = summary["staleness"], summary["phase_times"]
+    entry.eval = summary["eval"] = manifest.eval_numbers(layout.eval_summary_url(config.run_url, entry.iteration)) \
+        if config.evaluates_at(entry.iteration) else None
+    manifest.record(config.run_url, entry)
+    print(json.dumps(summary), flush=True)
+
+
+def failed(config: RunConfig, entry: manifest.IterationRecord, exc: Exception) -> int:
+    """Records an iteration's failure, says it, reports what its rollouts did; exit code 1."""
+    entry.status = "Failed"
+    manifest.record(config.run_url, entry)
+    print(f"error: iteration {entry.iteration}: {exc}", file=sys.stderr)
+    refresh_report(config.run_url)
+    return 1
+
+
+def start_entry(config: RunConfig, iteration: int, earlier: manifest.IterationRecord | None) -> manifest.IterationRecord:
+    """The iteration's record as it starts (attempt K+1 after K earlier starts), written."""
+    entry = manifest.IterationRecord(iteration, "local", config.checkpoint_url(iteration),
+                                     config.checkpoint_url(iteration + 1), "Running",
+                                     attempt=0 if earlier is None else earlier.attempt + 1)
+    manifest.record(config.run_url, entry)
+    return entry
+
+
+def run_synchronous(config: RunConfig, first: int, recorded: dict, proxy_url: str, admin_key: str, env: dict,
+                    logs: Path) -> int:
+    """`max_staleness` 0: each iteration's rollouts, then its update, then the next iteration's."""
+    for iteration in range(first, config.iterations):
+        entry = start_entry(config, iteration, recorded.get(iteration))
+        try:
+            if config.evaluates_at(iteration):  # the checkpoint this iteration serves, before its rollouts
+                evaluate_served(config, iteration, proxy_url, env, logs)
+                refresh_report(config.run_url)
+            summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs, entry.attempt)
+        except (StepFailed, OSError) as exc:
+            return failed(config, entry, exc)  # a failed iteration is reported too: what its rollouts did
+        finish(config, entry, summary)
+        refresh_report(config.run_url)
+    return 0
+
+
+def run_overlapped(config: RunConfig, first: int, recorded: dict, proxy_url: str, admin_key: str, env: dict,
+                   logs: Path) -> int:
+    """`max_staleness` S >= 1: iteration n+1's rollouts start once iteration n's trajectories are written,
+    served by the newest weights there are, while update n runs beside them and is swapped in when done;
+    iteration n+S+1's rollouts wait for update n (never more than S versions ahead of what is trained)."""
+    updates = Updates()
+    try:
+        for iteration in range(first, config.iterations):
+            entry = start_entry(config, iteration, recorded.get(iteration))
+            times: dict = {}
+            try:
+                waited = time.time()
+                updates.wait(iteration - config.max_staleness - 1)
+                times["waited"] = [waited, time.time()]
+                if config.evaluates_at(iteration):  # the checkpoint this iteration serves, once it is swapped in
+                    updates.wait(iteration - 1)
+                    evaluate_served(config, iteration, proxy_url, env, logs)
+                updates.check()
+                results = collect_iteration(config, iteration, proxy_url, env, logs, entry.attempt, times)
+                updates.check()
+            except (StepFailed, OSError) as exc:
+                return failed(config, entry, exc)
+
+            def update(iteration=iteration, entry=entry, times=times, results=results) -> None:
+                try:
+                    next_checkpoint = update_iteration(config, iteration, proxy_url, admin_key, env, logs, times)
+                except (StepFailed, OSError):
+                    entry.status = "Failed"  # said, and reported, by the driver's thread (`Updates.check`)
+                    manifest.record(config.run_url, entry)
+                    raise
+                staleness = manifest.read_staleness(config.run_url, iteration)
+                finish(config, entry, summarize(iteration, results, next_checkpoint, times, staleness))
+
+            updates.start(iteration, update)
+            say(f"iteration {iteration}: its update runs in the background"
+                + (f", beside iteration {iteration + 1}'s rollouts" if iteration + 1 < config.iterations else ""))
+            refresh_report(config.run_url)
+        updates.wait(config.iterations)
+    except StepFailed as exc:  # the last updates' (an earlier one's stopped an iteration: `failed`)
+        print(f"error: {exc}", file=sys.stderr)
+        updates.close()
+        refresh_report(config.run_url)
+        return 1
+    finally:
+        updates.close()
+    refresh_report(config.run_url)
+    return 0
+
+
 def run_local(config: RunConfig) -> int:
     """Runs (or resumes) the whole run on this machine; prints one JSON summary line per iteration (and one for
     the final checkpoint's evaluation with `eval_every`)."""
@@ -325,30 +478,10 @@ def run_local(config: RunConfig) -> int:
     model = base_model(config) if first == 0 else config.checkpoint_url(first)
     say(f"run {config.run}: starting vLLM on CPU and the proxy (iteration {first}, {model})")
     serve, proxy_url = start_serve(config, model, first, env, logs)
+    loop = run_overlapped if config.max_staleness else run_synchronous
     try:
-        for iteration in range(first, config.iterations):
-            earlier = recorded.get(iteration)
-            entry = manifest.IterationRecord(iteration, "local", config.checkpoint_url(iteration),
-                                             config.checkpoint_url(iteration + 1), "Running",
-                                             attempt=0 if earlier is None else earlier.attempt + 1)
-            manifest.record(config.run_url, entry)
-            try:
-                if config.evaluates_at(iteration):  # the checkpoint this iteration serves, before its rollouts
-                    evaluate_served(config, iteration, proxy_url, env, logs)
-                    refresh_report(config.run_url)
-                summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs, entry.attempt)
-            except (StepFailed, OSError) as exc:
-                entry.status = "Failed"
-                manifest.record(config.run_url, entry)
-                print(f"error: iteration {iteration}: {exc}", file=sys.stderr)
-                refresh_report(config.run_url)  # a failed iteration is reported too: what its rollouts did
-                return 1
-            entry.status, entry.metrics, entry.timings_s = "Succeeded", summary["update"], summary["timings_s"]
-            entry.eval = summary["eval"] = manifest.eval_numbers(layout.eval_summary_url(config.run_url, iteration)) \
-                if config.evaluates_at(iteration) else None
-            manifest.record(config.run_url, entry)
-            print(json.dumps(summary), flush=True)
-            refresh_report(config.run_url)
+        if code := loop(config, first, recorded, proxy_url, admin_key, env, logs):
+            return code
         if final_due:  # the checkpoint the last update wrote, swapped in already
             try:
                 run_evaluation(config, config.iterations, proxy_url, env, logs)

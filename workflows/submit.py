@@ -13,7 +13,8 @@ The Argo server is `--argo-server URL`, else env ARGO_SERVER, else the config's 
 token comes from env ARGO_TOKEN. Without a server the run goes to the local runner
 (`workflows.local.run_local`). With one, every iteration's Workflow is checked first (the config,
 the cluster where one is reachable, the server's lint), then submitted one after the other: each
-waits for the previous iteration's checkpoint. The run manifest in the store
+waits for the previous iteration's checkpoint; with `max_staleness` S >= 1 the next one as soon as the previous
+one's collect DAG has succeeded, at most S ahead of the last ended (`drive_overlapped`). The run manifest in the store
 (`<store>/<run>/manifest/`) records every iteration's workflow, checkpoint and phase, so `resume`
 picks up where a stopped driver left off. A bad config, an unknown harness, an unreachable server or a
 missing dataset stops everything with one sentence and exit code 2 before anything is submitted.
@@ -42,7 +43,7 @@ from steps.evaluate import cell, format_table  # noqa: E402
 from steps.manifest import EvalRecord, IterationRecord  # noqa: E402
 from steps.plan import MAX_EVAL_K  # noqa: E402
 from workflows import commands, layout  # noqa: E402
-from workflows.argo import ArgoClient, ArgoError, Progress  # noqa: E402
+from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from workflows.config import ConfigError, RunConfig, from_dict, load_config, validate_for_argo  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
@@ -276,7 +277,8 @@ def mark(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
     numbers = manifest.eval_numbers(layout.eval_summary_url(config.run_url, iteration)) if evaluated else None
     manifest.record(config.run_url, IterationRecord(
         iteration=iteration, workflow=workflow, status=status, checkpoint=config.checkpoint_url(iteration),
-        next_checkpoint=next_checkpoint, metrics=metrics, eval=numbers))
+        next_checkpoint=next_checkpoint, metrics=metrics, eval=numbers,
+        staleness=manifest.read_staleness(config.run_url, iteration)))
     if evaluated:
         mark_eval(config, iteration, workflow, "Succeeded" if numbers else "Failed")
 
@@ -289,25 +291,70 @@ def mark_eval(config: RunConfig, iteration: int, workflow: str, status: str) -> 
 
 
 def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, poll_s: float,
-           evaluation: bool = False) -> str:
-    """Marks the iteration (or evaluation) running, prints its UI link, polls it to the end, records the final phase."""
+           evaluation: bool = False, collected: bool = False, started: bool = False) -> str:
+    """Marks the iteration (or evaluation) running and prints its UI link (unless `started` did), polls it to the
+    end (with `collected`, only until its collect DAG has succeeded), records the final phase once it has one."""
     record, label = (mark_eval, f"eval {iteration}") if evaluation else (mark, f"iteration {iteration}")
-    record(config, iteration, name, "Running")
-    print(f"{label}: {client.ui_link(name)}", flush=True)
+    if not started:
+        record(config, iteration, name, "Running")
+        print(f"{label}: {client.ui_link(name)}", flush=True)
 
     def report(p: Progress) -> None:
         """One line per change of phase or rollout counts."""
         print(f"{label}: {p.phase or 'Pending'}, rollouts {p.rollouts_done} done, "
               f"{p.rollouts_failed} failed", flush=True)
 
-    phase = client.wait(name, poll_s, report)
-    record(config, iteration, name, phase)
+    phase = client.wait(name, poll_s, report, collected=collected)
+    if phase in DONE:
+        record(config, iteration, name, phase)
     return phase
+
+
+def drive_overlapped(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
+    """`max_staleness` S >= 1: iteration n+1's Workflow is submitted once iteration n's collect DAG has succeeded
+    (its update runs beside n+1's rollouts; n+1's serve swaps its checkpoint in, n+1's update waits for it);
+    iteration n+S+1's only once iteration n has ended (never more than S versions ahead of what is trained). A
+    failed iteration stops the run: the next one's update then fails waiting for the checkpoint it never wrote."""
+    records, running = manifest.read_iterations(config.run_url), {}
+    for iteration in range(config.iterations):
+        entry = records.get(iteration)
+        if entry and entry.status == "Succeeded":
+            continue
+        # An iteration that evaluates the checkpoint it serves waits for the update that writes it.
+        behind = iteration if config.evaluates_at(iteration) else iteration - config.max_staleness
+        for earlier in sorted(i for i in running if i < behind):
+            if (phase := follow(config, client, earlier, running[earlier], poll_s, started=True)) != "Succeeded":
+                return stopped(config, earlier, running[earlier], phase)
+            del running[earlier]
+        if entry and entry.done:
+            return stopped(config, iteration, entry.workflow, entry.status)
+        name = entry.workflow if entry and entry.workflow else client.create(iteration_workflow(config, iteration))
+        phase = follow(config, client, iteration, name, poll_s, collected=True)
+        if phase in DONE and phase != "Succeeded":
+            return stopped(config, iteration, name, phase)
+        if phase not in DONE:
+            running[iteration] = name
+    for earlier, name in sorted(running.items()):
+        if (phase := follow(config, client, earlier, name, poll_s, started=True)) != "Succeeded":
+            return stopped(config, earlier, name, phase)
+    return 0
 
 
 def drive(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
     """Runs the iterations the manifest has not seen succeed, one Workflow each, in order; then, with
     `eval_every`, the final checkpoint's evaluation."""
+    code = (drive_overlapped if config.max_staleness else drive_synchronous)(config, client, poll_s)
+    if code:
+        return code
+    if config.evaluates_at(config.iterations) and drive_evaluation(config, client, config.iterations, poll_s):
+        return 1
+    print(f"run {config.run}: all {config.iterations} iterations succeeded; "
+          f"final checkpoint {config.checkpoint_url(config.iterations)}")
+    return 0
+
+
+def drive_synchronous(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
+    """`max_staleness` 0: one iteration's Workflow after the other, each followed to its end."""
     records, evaluations = manifest.read_iterations(config.run_url), manifest.read_evals(config.run_url)
     for iteration in range(config.iterations):
         entry = records.get(iteration)
@@ -321,10 +368,6 @@ def drive(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
         phase = follow(config, client, iteration, name, poll_s)
         if phase != "Succeeded":
             return stopped(config, iteration, name, phase)
-    if config.evaluates_at(config.iterations) and drive_evaluation(config, client, config.iterations, poll_s):
-        return 1
-    print(f"run {config.run}: all {config.iterations} iterations succeeded; "
-          f"final checkpoint {config.checkpoint_url(config.iterations)}")
     return 0
 
 

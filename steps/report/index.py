@@ -14,6 +14,9 @@ ITERATION_COLUMNS = [("status", "status"), ("rollouts", "rollouts"), ("infra_err
                      ("mean_reward", "mean reward"), ("k", "k"), ("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k"),
                      ("calls", "calls / rollout"), ("tokens", "tokens / rollout"), ("logprob_gap", "logprob gap"),
                      ("tokens_trained", "tokens trained"), ("update_skipped", "update skipped")]
+# The staleness of what each iteration trained (the trajectories step's `_staleness.json`, in its manifest record).
+STALENESS_COLUMNS = [("max_behind", "max versions behind"), ("mean_behind", "mean versions behind"),
+                     ("dropped", "samples dropped")]
 # The behaviour means plotted per iteration: the informative ones (the table shows every column).
 BEHAVIOUR_PLOTS = ["pass_rate", "recovery_rate", "tool_coverage", "self_verified", "shell_share", "plan_completion",
                    "tokens_per_call"]
@@ -26,7 +29,9 @@ def summaries(run: Run, only: int | None = None) -> dict[int, dict]:
         if only is None or n == only:
             record = it.record or {}
             out[n] = series.iteration_summary(it.rollouts, it.calls, it.update) | {"status": record.get("status")} \
-                | {f"phase {name}": seconds for name, seconds in (record.get("timings_s") or {}).items()}
+                | {f"phase {name}": seconds for name, seconds in (record.get("timings_s") or {}).items()} \
+                | {f"staleness {name}": (record.get("staleness") or {}).get(key) for key, name in STALENESS_COLUMNS
+                   if record.get("staleness")}
     return out
 
 
@@ -96,7 +101,9 @@ def config_section(run: Run) -> str:
 def iterations_table(numbers: dict[int, dict]) -> str:
     """One row per iteration: outcome, rewards, pass rates, sizes, the update."""
     harness_keys = sorted({k for n in numbers.values() for k in n if k.startswith("continuity ")})
-    columns = ITERATION_COLUMNS + [(k, k) for k in harness_keys]
+    stale_keys = [f"staleness {name}" for _, name in STALENESS_COLUMNS
+                  if any(f"staleness {name}" in n for n in numbers.values())]
+    columns = ITERATION_COLUMNS + [(k, k) for k in harness_keys + stale_keys]
     rows = [[n] + [numbers[n].get(k) for k, _ in columns] for n in sorted(numbers)]
     return table(["iteration"] + [name for _, name in columns], rows)
 

@@ -7,7 +7,10 @@
 route, or with `--store URL` straight from the proxy's store. Files land in
 `{out}/run={run}/iteration={iteration}/`. Prints a JSON summary (rows per table, per harness the
 continuity rate and samples per rollout, the records `skipped`, each named with its rollout, and the
-`untrainable_calls`: answered calls an external upstream gave no token ids, kept in `calls` only);
+`untrainable_calls`: answered calls an external upstream gave no token ids, kept in `calls` only, and the
+`staleness`, also written as `_staleness.json` beside the tables: how many versions behind the one trained,
+the iteration's, the samples' calls were served, and with `--max-staleness S` how many samples, more than S
+behind, were left out);
 progress and a warning per skipped record go to stderr. A bad record never stops the iteration
 (docs/trajectories.md, "Bad records"). Exit code 2 on a usage error or results or calls that cannot be
 gathered at all.
@@ -26,7 +29,9 @@ from steps.trajectories.collect import (
     fetch_calls_store,
     load_results,
 )
+from steps.manifest import write_json
 from steps.trajectories.io import partition_url, write_tables
+from workflows.layout import staleness_url
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,10 +44,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="folder or URL (s3://...) under which the tables are written")
     p.add_argument("--run", default="default", help="run name, the first partition level")
     p.add_argument("--iteration", type=int, default=0, help="iteration number, the second partition level")
+    p.add_argument("--max-staleness", type=int, default=None, metavar="S",
+                   help="leave out of `samples` each sample with a call more than S weight versions behind the "
+                        "one trained (the iteration's); default: none is left out")
     args = p.parse_args(argv)
     args.admin_key = os.environ.get("OPENFORGE_ADMIN_KEY", "")
     if args.proxy_url and not args.admin_key:
         p.error("set OPENFORGE_ADMIN_KEY to the proxy's admin key (or read calls with --store)")
+    if args.max_staleness is not None and args.max_staleness < 0:
+        p.error("--max-staleness must be a whole number >= 0 (versions a sample may be behind the one trained)")
     return args
 
 
@@ -59,16 +69,23 @@ def main(argv: list[str] | None = None) -> int:
         for bad in skipped:
             print(f"trajectories: warning: rollout {bad['rollout_id']}: stored record {bad['record']} skipped: "
                   f"{bad['error']}", file=sys.stderr, flush=True)
-        rows, harnesses = collect(results, calls, args.run, args.iteration)
+        rows, harnesses = collect(results, calls, args.run, args.iteration, args.max_staleness)
         if rows.untrainable_calls:
             print(f"trajectories: {rows.untrainable_calls} calls have no token ids (their upstream returned none): "
                   f"kept in the calls table, in no training sample", file=sys.stderr, flush=True)
         tables = rows.tables()
-        files = write_tables(tables, partition_url(args.out, args.run, args.iteration))
+        partition = partition_url(args.out, args.run, args.iteration)
+        files = write_tables(tables, partition)
+        staleness = rows.staleness.summary()
+        write_json(staleness_url(partition), staleness)
+        if staleness["dropped"]:
+            print(f"trajectories: {staleness['dropped']} samples of {staleness['dropped_rollouts']} rollouts dropped: "
+                  f"a call more than {args.max_staleness} versions behind version {args.iteration}",
+                  file=sys.stderr, flush=True)
     except CollectError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    summary = {"partition": partition_url(args.out, args.run, args.iteration), "files": files,
+    summary = {"partition": partition, "files": files, "staleness": staleness,
                "rows": {name: table.num_rows for name, table in tables.items()},
                "harnesses": harnesses, "skipped": skipped + rows.skipped, "untrainable_calls": rows.untrainable_calls,
                "seconds": round(time.monotonic() - started, 3)}

@@ -29,6 +29,7 @@ from steps.plan import attempt_of
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.proxy.store import CallStore
 from steps.trajectories.samples import RolloutSamples, build_samples
+from steps.trajectories.staleness import Staleness, versions_behind
 from steps.trajectories.schema import (
     BEHAVIOUR,
     CALL_TIMINGS,
@@ -164,6 +165,7 @@ class Rows:
     behaviour: dict = field(default_factory=lambda: {name: [] for name in BEHAVIOUR.names})
     skipped: list[dict] = field(default_factory=list)  # calls left out: {"rollout_id", "record", "error"}
     untrainable_calls: int = 0  # answered calls an external upstream gave no token ids: in `calls`, in no sample
+    staleness: Staleness | None = None  # the samples' versions behind the trained one, and those dropped
 
     def tables(self) -> dict[str, pa.Table]:
         """The filled columns as tables of the documented schemas."""
@@ -217,6 +219,28 @@ def add_rollout(rows: Rows, keys: dict, result: dict, built: RolloutSamples | No
         rows.rollouts[name].append(values[name])
 
 
+def fresh_samples(rollout_id: str, built: RolloutSamples, staleness: Staleness) -> RolloutSamples:
+    """`built` without its samples more than `max_staleness` versions behind (each counted in `staleness`); the
+    calls of a dropped sample stay in `calls`, in no sample.
+
+    >>> from steps.trajectories.samples import Sample
+    >>> built = RolloutSamples([Sample([1], weight_versions=["0"]), Sample([2], weight_versions=["1"])],
+    ...                        {0: 0, 1: 1}, {1}, 2)
+    >>> kept = fresh_samples("r", built, Staleness(trained_version=2, max_staleness=1))
+    >>> [s.prompt_token_ids for s in kept.samples], kept.sample_of_call, kept.continued_calls
+    ([[2]], {1: 0}, {1})
+    """
+    renumbered = {}
+    for index, sample in enumerate(built.samples):
+        if staleness.count(rollout_id, versions_behind(staleness.trained_version, sample.weight_versions)):
+            renumbered[index] = len(renumbered)
+    if len(renumbered) == len(built.samples):
+        return built
+    of_call = {call: renumbered[index] for call, index in built.sample_of_call.items() if index in renumbered}
+    return RolloutSamples(samples=[built.samples[i] for i in renumbered], sample_of_call=of_call,
+                          continued_calls={c for c in built.continued_calls if c in of_call}, used_calls=built.used_calls)
+
+
 def superseded_attempts(results: list[dict]) -> set[str]:
     """Trainable results of one planned rollout but its last attempt's (`ID-aK`, highest K): a group member
     is trained on once, even when an attempt that finished was retried anyway (it wrote its result, then its
@@ -252,9 +276,13 @@ class HarnessStats:
                 "samples_per_rollout": round(self.samples / self.rollouts, 4) if self.rollouts else None}
 
 
-def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iteration: int) -> tuple[Rows, dict]:
-    """The four tables' rows and per-harness statistics for one run-iteration."""
-    rows, stats = Rows(), defaultdict(HarnessStats)
+def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iteration: int,
+            max_staleness: int | None = None) -> tuple[Rows, dict]:
+    """The four tables' rows and per-harness statistics for one run-iteration; with `max_staleness`, a sample
+    more than that many versions behind the one trained (`iteration`'s) is left out of `samples`, counted in
+    the rows' `staleness`."""
+    rows, stats = Rows(staleness=Staleness(trained_version=iteration, max_staleness=max_staleness)), \
+        defaultdict(HarnessStats)
     superseded = superseded_attempts(results)
     for n, result in enumerate(results, 1):
         rid = result["rollout_id"]
@@ -270,7 +298,7 @@ def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iterati
         for bad in skipped:
             print(f"trajectories: warning: rollout {rid}: {bad['record']} left out: {bad['error']}",
                   file=sys.stderr, flush=True)
-        built = build_samples(stored) if trainable else None
+        built = fresh_samples(rid, build_samples(stored), rows.staleness) if trainable else None
         if trainable and len(stored) < (result.get("num_calls") or 0):
             print(f"trajectories: warning: rollout {rid} counted {result['num_calls']} calls but "
                   f"{len(stored)} are stored and readable", file=sys.stderr, flush=True)
