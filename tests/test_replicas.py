@@ -26,7 +26,7 @@ import httpx
 import psutil
 import pytest
 
-from conftest import ADMIN_KEY, MODEL_NAME
+ADMIN_KEY, MODEL_NAME = "test-admin-key", "tiny"  # as tests/conftest.py (a data folder has a conftest.py too)
 from proxy_process import ProxyProcess, stop_proxy
 from steps import serve
 from steps.net import free_port
