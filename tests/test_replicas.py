@@ -285,16 +285,16 @@ def test_the_least_loaded_replica_is_given_and_a_dead_ones_rollouts_move_but_the
             await upstream.start()
         chosen = Replicas(upstreams, "0")
         rollouts = [Rollout(f"r-{i}", "digest", {}, created_at=0.0) for i in range(3)]
-        assert [chosen.assign(rollout).index for rollout in rollouts] == [0, 1, 0]
+        assert [chosen.assign(rollout, "0").index for rollout in rollouts] == [0, 1, 0]
         chosen.release(rollouts[0])
         chosen.release(rollouts[0])  # again: nothing more
-        assert [r.rollouts for r in chosen.all] == [1, 1] and chosen.pick(rollouts[1]).index == 1
+        assert [r.rollouts for r in chosen.all] == [1, 1] and chosen.pick(rollouts[1], "0").index == 1
         assert await chosen.leave_out_if_dead(chosen.all[1])  # no /health answer, and replica 0 is live
-        assert chosen.pick(rollouts[1]).index == 0 and [r.rollouts for r in chosen.all] == [2, 0]  # moved
+        assert chosen.pick(rollouts[1], "0").index == 0 and [r.rollouts for r in chosen.all] == [2, 0]  # moved
         assert not await chosen.leave_out_if_dead(chosen.all[0])  # the last live one is never left out
         assert [r.state for r in chosen.all] == ["live", "dead"]
         turns = Replicas(upstreams, "0", policy=ROUND_ROBIN)
-        assert [turns.pick(rollouts[2]).index for _ in range(4)] == [0, 1, 0, 1]  # the control: no affinity
+        assert [turns.pick(rollouts[2], "0").index for _ in range(4)] == [0, 1, 0, 1]  # the control: no affinity
         for upstream in upstreams:
             await upstream.close()
 
@@ -305,3 +305,204 @@ def test_the_least_loaded_replica_is_given_and_a_dead_ones_rollouts_move_but_the
 def test_doctests(module):
     failures, tried = doctest.testmod(importlib.import_module(module))
     assert tried > 0 and failures == 0
+
+
+# Offline: the proxy's own replica rule and swap against `FakeVllm` servers (tests/fake_vllm.py says why a double).
+
+def _offline(check, count: int = 2, **upstream) -> None:
+    """Runs `check(fakes, replicas, gate)` on `count` started fake vLLMs behind a `Replicas` at version "0"."""
+    from fake_vllm import FakeVllm
+    from steps.proxy.replicas import Replicas
+    from steps.proxy.sessions import WeightGate
+    from steps.proxy.upstream import Upstream
+
+    async def run() -> None:
+        fakes = [FakeVllm() for _ in range(count)]
+        upstreams = [Upstream(fake.url, connect_retries=0, **upstream) for fake in fakes]
+        for fake, client in zip(fakes, upstreams):
+            await fake.start()
+            await client.start()
+        try:
+            await check(fakes, Replicas(upstreams, "0"), WeightGate("0"))
+        finally:
+            for fake, client in zip(fakes, upstreams):
+                await client.close()
+                await fake.stop()
+
+    asyncio.run(run())
+
+
+def _rollout(name: str):
+    from steps.proxy.sessions import Rollout
+    return Rollout(name, "digest", {}, created_at=0.0)
+
+
+async def _call(replicas, gate, rollout) -> tuple[dict, str]:
+    """One call as `serving._complete` makes it: (its record, the weights that answered)."""
+    record: dict = {}
+    async with gate.call() as version:
+        answer = await replicas.complete(rollout, {"messages": [{"role": "user", "content": "hi"}]}, record, version)
+    return record, answer.content
+
+
+def test_a_replica_left_out_during_a_swap_never_serves_the_old_weights_stamped_as_the_new():
+    """The swap in which replica 0 reloads and is then found dead, while replica 1's reload fails: with nothing
+    holding the new weights, a call gets a 503 naming the version, never replica 1's old weights stamped new."""
+    from steps.proxy.errors import ProxyError
+    from steps.proxy.weights import swap_weights
+
+    async def check(fakes, replicas, gate) -> None:
+        first, second = _rollout("r-0"), _rollout("r-1")
+        replicas.assign(first, "0"), replicas.assign(second, "0")
+        fakes[1].fail_at = "reload_weights"
+        died = asyncio.Event()
+        fakes[0].on_stage = lambda stage: died.set() if stage == "update_weight_version" else None
+
+        async def die() -> None:  # what the watch does when replica 0 dies once it has reloaded
+            await died.wait()
+            await fakes[0].stop()
+            assert await replicas.leave_out_if_dead(replicas.all[0])
+
+        with pytest.raises(ProxyError) as failed:
+            await asyncio.gather(swap_weights(gate, replicas, "ckpt-1", "1"), die())
+        assert failed.value.status == 502 and "replica 1 at reload_weights" in failed.value.message
+        assert [(r.state, r.weight_version) for r in replicas.all] == [("dead", "1"), ("failed", None)]
+        for rollout in (first, second):
+            with pytest.raises(ProxyError) as refused:
+                await _call(replicas, gate, rollout)
+            assert refused.value.status == 503 and "no replica serves weight version '0'" in refused.value.message
+        assert "/v1/chat/completions" not in fakes[1].seen
+
+    _offline(check)
+
+
+def test_a_swap_stage_that_fails_after_the_load_leaves_that_replica_out_and_says_where():
+    """Replica 0 loads the new weights and then fails to reset its prefix cache; replica 2's reload times out
+    (vLLM may finish it later). Both are left out with their stage named, the call goes to replica 1 on the new
+    weights, stamped with them; the next swap reloads both again and they serve."""
+    from steps.proxy.weights import swap_weights
+
+    async def check(fakes, replicas, gate) -> None:
+        rollouts = [_rollout(f"r-{i}") for i in range(3)]
+        assert [replicas.assign(rollout, "0").index for rollout in rollouts] == [0, 1, 2]
+        fakes[0].fail_at, fakes[2].stage_delay_s = "reset_prefix_cache", {"reload_weights": 2.0}
+        failures = [failure.info() for failure in await swap_weights(gate, replicas, "ckpt-1", "1")]
+        assert [(f["replica"], f["stage"]) for f in failures] == [(0, "reset_prefix_cache"), (2, "reload_weights")]
+        assert "127.0.0.1" not in str(failures) and gate.version == "1"
+        assert [(r.state, r.weight_version) for r in replicas.all] == [("failed", None), ("live", "1"), ("failed", None)]
+        record, weights = await _call(replicas, gate, rollouts[0])
+        assert (record["replica"], record["weight_version"], weights) == (1, "1", "weights ckpt-1")
+        fakes[0].fail_at, fakes[2].stage_delay_s = None, {}
+        assert await swap_weights(gate, replicas, "ckpt-2", "2") == []  # the failed ones are tried again
+        assert [(r.state, r.weight_version) for r in replicas.all] == [("live", "2")] * 3
+        record, weights = await _call(replicas, gate, rollouts[2])
+        assert (record["replica"], record["weight_version"], weights) == (2, "2", "weights ckpt-2")
+
+    _offline(check, count=3, timeout_s=0.5)
+
+
+def test_a_swap_failing_on_every_replica_after_the_load_serves_nothing_stamped_old():
+    """Both replicas load, then fail their version update: the swap's 502 names both, and no call is answered by
+    weights that may be the new ones under the old version."""
+    from steps.proxy.errors import ProxyError
+    from steps.proxy.weights import swap_weights
+
+    async def check(fakes, replicas, gate) -> None:
+        for fake in fakes:
+            fake.fail_at = "update_weight_version"
+        with pytest.raises(ProxyError) as failed:
+            await swap_weights(gate, replicas, "ckpt-1", "1")
+        said = failed.value.message
+        assert "replica 0 at update_weight_version" in said and "replica 1 at update_weight_version" in said
+        with pytest.raises(ProxyError) as refused:
+            await _call(replicas, gate, _rollout("r"))
+        assert refused.value.status == 503 and gate.version == "0"
+
+    _offline(check)
+
+
+def test_a_swap_with_one_replica_dead_reloads_the_others_and_the_dead_one_stays_out():
+    async def check(fakes, replicas, gate) -> None:
+        from steps.proxy.weights import swap_weights
+        await fakes[1].stop()
+        assert await replicas.leave_out_if_dead(replicas.all[1])  # refused: dead at once
+        assert await swap_weights(gate, replicas, "ckpt-1", "1") == []
+        assert (replicas.all[0].state, replicas.all[0].weight_version, replicas.all[1].state) == ("live", "1", "dead")
+        record, weights = await _call(replicas, gate, _rollout("r"))
+        assert (record["replica"], weights) == (0, "weights ckpt-1")
+
+    _offline(check)
+
+
+def test_a_call_that_never_reached_a_dead_replica_is_served_by_another_at_once():
+    """The rollout's replica refuses the connection: the call is not the harness's 502, it moves to replica 0."""
+    async def check(fakes, replicas, gate) -> None:
+        rollouts = [_rollout("r-0"), _rollout("r-1")]
+        assert [replicas.assign(rollout, "0").index for rollout in rollouts] == [0, 1]
+        await fakes[1].stop()
+        record, weights = await _call(replicas, gate, rollouts[1])
+        assert (record["replica"], weights) == (0, "weights 0") and replicas.all[1].state == "dead"
+        assert rollouts[1].replica == 0 and [r.rollouts for r in replicas.all] == [2, 0]
+
+    _offline(check)
+
+
+def test_the_last_live_replica_is_kept_when_it_dies_and_served_again_when_it_answers():
+    from steps.proxy.errors import ProxyError
+
+    async def check(fakes, replicas, gate) -> None:
+        await fakes[1].stop()
+        assert await replicas.leave_out_if_dead(replicas.all[1])
+        await fakes[0].stop()
+        with pytest.raises(ProxyError) as failed:
+            await _call(replicas, gate, _rollout("r"))
+        assert failed.value.status == 502 and "replica 0" in failed.value.message
+        assert fakes[0].url not in failed.value.message and replicas.all[0].state == "live"
+        await fakes[0].start()  # a vLLM answering on its port again
+        assert (await _call(replicas, gate, _rollout("s")))[0]["replica"] == 0
+
+    _offline(check)
+
+
+def test_the_health_poller_leaves_out_a_replica_only_after_failures_over_a_span(monkeypatch):
+    """One slow /health is not a death; several in a row over DEAD_SPAN_S are, and the watch finds them."""
+    from steps.proxy import replicas as rule
+    monkeypatch.setattr(rule, "HEALTH_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(rule, "WATCH_S", 0.05)
+    monkeypatch.setattr(rule, "DEAD_SPAN_S", 0.4)
+
+    async def check(fakes, replicas, gate) -> None:
+        fakes[1].health_delay_s = 0.3
+        assert not await replicas.leave_out_if_dead(replicas.all[1]) and replicas.all[1].state == "live"
+        fakes[1].health_delay_s = 0.0
+        assert not await replicas.leave_out_if_dead(replicas.all[1]) and replicas.all[1].health_failures == []
+        fakes[1].health_delay_s = 0.3
+        watch = asyncio.create_task(replicas.watch())
+        started = time.monotonic()
+        while replicas.all[1].state == "live" and time.monotonic() - started < 10:
+            await asyncio.sleep(0.05)
+        watch.cancel()
+        assert replicas.all[1].state == "dead" and re.search(r"failed \d+ times in a row", replicas.all[1].reason)
+        assert time.monotonic() - started >= 0.4 and replicas.all[0].state == "live"
+
+    _offline(check)
+
+
+def test_a_rollout_closed_or_idle_stops_counting_on_its_replica(monkeypatch):
+    """Closing releases at once; a rollout whose runner died without closing stops counting after IDLE_S (and
+    counts again at its next call, on the same replica)."""
+    from steps.proxy import replicas as rule
+
+    async def check(fakes, replicas, gate) -> None:
+        closed, idle = _rollout("closed"), _rollout("idle")
+        assert [replicas.assign(r, "0").index for r in (closed, idle)] == [0, 1]
+        replicas.release(closed)
+        assert [r.rollouts for r in replicas.all] == [0, 1]
+        monkeypatch.setattr(rule, "IDLE_S", 0.05)
+        await asyncio.sleep(0.1)
+        assert replicas.assign(_rollout("new"), "0").index == 0 and [r.rollouts for r in replicas.all] == [1, 0]
+        assert replicas.assign(_rollout("next"), "0").index == 1  # idle's replica holds none now: counted nowhere
+        monkeypatch.setattr(rule, "IDLE_S", 900.0)
+        assert (await _call(replicas, gate, idle))[0]["replica"] == 1 and replicas.all[1].rollouts == 2
+
+    _offline(check)
