@@ -506,3 +506,50 @@ def test_a_rollout_closed_or_idle_stops_counting_on_its_replica(monkeypatch):
         assert (await _call(replicas, gate, idle))[0]["replica"] == 1 and replicas.all[1].rollouts == 2
 
     _offline(check)
+
+
+def _process(code: str, tmp_path: Path, index: int):
+    """A process in its own session standing in for a vLLM replica (only its start and stop are tested here)."""
+    from steps.vllm_server import VllmServer
+    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    return VllmServer(process, tmp_path, MODEL_NAME, free_port(), tmp_path / f"vllm-{index}.log")
+
+
+def test_a_replica_crashing_at_start_up_is_noticed_while_the_others_still_start(tmp_path):
+    """Replica 1 exits at once while replica 0 never answers: the wait ends in seconds, naming replica 1."""
+    slow = _process("import time; time.sleep(60)", tmp_path, 0)
+    crashed = _process("raise SystemExit(3)", tmp_path, 1)
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="vLLM replica 1 exited with code 3 while starting"):
+            serve.wait_all_healthy([slow, crashed], timeout_s=120)
+        assert time.monotonic() - started < 10
+    finally:
+        serve.stop_all([slow, crashed], grace_s=1)
+
+
+def test_the_replicas_stop_together_and_a_second_sigterm_orphans_none(tmp_path):
+    """Two replicas that ignore SIGTERM take one grace period together, not one each; a SIGTERM to the serve
+    step during the stop does not end it before every replica is gone."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    servers = [_process(stubborn, tmp_path, index) for index in range(2)]
+    time.sleep(0.5)  # both have set their handler
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    signal.signal(signal.SIGTERM, serve._exit_on_signal)
+    started = time.monotonic()
+    try:
+        serve.stop_all(servers, grace_s=2)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert 2 <= time.monotonic() - started < 3.5
+    assert all(server.process.returncode is not None for server in servers)
+
+
+def test_fewer_gpus_than_the_replicas_need_is_refused_in_one_sentence(monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    monkeypatch.setattr(serve, "fetch", lambda *args, **kwargs: "model")
+    code = serve.main(["--model", "m", "--model-name", "m", "--port", "1", "--store", "s", "--device", "gpu",
+                       "--replicas", "2", "--gpus", "2"])
+    err = capsys.readouterr().err
+    assert code == 1 and "needs 4 GPUs, but this pod sees 3 (0,1,2)" in err and err.count("\n") == 1
