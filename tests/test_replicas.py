@@ -553,3 +553,11 @@ def test_fewer_gpus_than_the_replicas_need_is_refused_in_one_sentence(monkeypatc
                        "--replicas", "2", "--gpus", "2"])
     err = capsys.readouterr().err
     assert code == 1 and "needs 4 GPUs, but this pod sees 3 (0,1,2)" in err and err.count("\n") == 1
+
+
+def test_replicas_with_an_upstream_are_refused_in_one_sentence():
+    from steps.settings import ConfigError
+    from workflows.config import validate
+    with pytest.raises(ConfigError, match="config key 'serve_replicas' starts vLLM servers, but 'upstream'"):
+        validate(RunConfig(serve_replicas=2, upstream="http://10.0.0.5:8000"), check_dataset=False)
+    validate(RunConfig(serve_replicas=1, upstream="http://10.0.0.5:8000"), check_dataset=False)  # the control
