@@ -17,6 +17,7 @@ connection, so a stopped server refuses the next request, as a killed vLLM does.
 
 import asyncio
 import json
+import time
 
 from steps.net import free_port
 
@@ -34,6 +35,7 @@ class FakeVllm:
         self.health_delay_s = 0.0
         self.on_stage = None  # called with each stage's name once it is done (a test's cue)
         self.seen: list[str] = []
+        self.called_at: list[float] = []  # when each chat completion arrived (time.monotonic)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server: asyncio.Server | None = None
@@ -75,6 +77,7 @@ class FakeVllm:
         if path == "/v1/models":
             return 200, {"data": [{"id": "tiny"}]}
         if path == "/v1/chat/completions":
+            self.called_at.append(time.monotonic())
             return 200, {"id": "c", "object": "chat.completion", "model": "tiny", "prompt_token_ids": [1, 2],
                          "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [3],
                                       "message": {"role": "assistant", "content": f"weights {self.weights}"},

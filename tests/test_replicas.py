@@ -561,3 +561,27 @@ def test_replicas_with_an_upstream_are_refused_in_one_sentence():
     with pytest.raises(ConfigError, match="config key 'serve_replicas' starts vLLM servers, but 'upstream'"):
         validate(RunConfig(serve_replicas=2, upstream="http://10.0.0.5:8000"), check_dataset=False)
     validate(RunConfig(serve_replicas=1, upstream="http://10.0.0.5:8000"), check_dataset=False)  # the control
+
+
+def test_a_call_held_by_a_swap_starts_only_once_the_slowest_replica_has_reloaded():
+    """Replica 1 reloads slowly: the call of its rollout that arrives during the swap starts after that reload
+    (and replica 0's) has ended, and is answered by the new weights."""
+    from steps.proxy.weights import swap_weights
+
+    async def check(fakes, replicas, gate) -> None:
+        rollouts = [_rollout("r-0"), _rollout("r-1")]
+        assert [replicas.assign(rollout, "0").index for rollout in rollouts] == [0, 1]
+        done: dict[tuple[int, str], float] = {}
+        for index, fake in enumerate(fakes):
+            fake.on_stage = lambda stage, index=index: done.setdefault((index, stage), time.monotonic())
+        fakes[1].stage_delay_s = {"reload_weights": 0.5}
+        swap = asyncio.create_task(swap_weights(gate, replicas, "ckpt-1", "1"))
+        while not gate.paused:
+            await asyncio.sleep(0.01)
+        record, weights = await _call(replicas, gate, rollouts[1])
+        await swap
+        assert (record["replica"], record["weight_version"], weights) == (1, "1", "weights ckpt-1")
+        assert max(done[(i, "update_weight_version")] for i in (0, 1)) <= fakes[1].called_at[0]
+        assert done[(1, "reload_weights")] - done[(0, "reload_weights")] >= 0.4  # the control: replica 1 was slow
+
+    _offline(check)
