@@ -33,6 +33,7 @@ class FakeVllm:
         self.fail_at: str | None = None  # a stage that answers 500 ("reload_weights" fails before loading)
         self.stage_delay_s: dict[str, float] = {}
         self.health_delay_s = 0.0
+        self.call_delay_s = 0.0  # a chat completion answers after this long (a hung engine: longer than the timeout)
         self.on_stage = None  # called with each stage's name once it is done (a test's cue)
         self.seen: list[str] = []
         self.called_at: list[float] = []  # when each chat completion arrived (time.monotonic)
@@ -78,6 +79,7 @@ class FakeVllm:
             return 200, {"data": [{"id": "tiny"}]}
         if path == "/v1/chat/completions":
             self.called_at.append(time.monotonic())
+            await asyncio.sleep(self.call_delay_s)
             return 200, {"id": "c", "object": "chat.completion", "model": "tiny", "prompt_token_ids": [1, 2],
                          "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [3],
                                       "message": {"role": "assistant", "content": f"weights {self.weights}"},

@@ -585,3 +585,28 @@ def test_a_call_held_by_a_swap_starts_only_once_the_slowest_replica_has_reloaded
         assert done[(1, "reload_weights")] - done[(0, "reload_weights")] >= 0.4  # the control: replica 1 was slow
 
     _offline(check)
+
+
+def test_calls_running_to_the_timeout_in_a_row_leave_a_hung_replica_out():
+    """Replica 1's engine hangs while its /health answers: after 3 calls in a row end in 504 it is out, and the
+    rollout's next call is answered by replica 0; two 504s and an answer (the control) leave it live."""
+    from steps.proxy.errors import ProxyError
+
+    async def check(fakes, replicas, gate) -> None:
+        rollouts = [_rollout("r-0"), _rollout("r-1")]
+        assert [replicas.assign(rollout, "0").index for rollout in rollouts] == [0, 1]
+        fakes[1].call_delay_s = 1.0
+        for expected in (504, 504):
+            with pytest.raises(ProxyError) as failed:
+                await _call(replicas, gate, rollouts[1])
+            assert failed.value.status == expected
+        fakes[1].call_delay_s = 0.0
+        assert (await _call(replicas, gate, rollouts[1]))[0]["replica"] == 1 and replicas.all[1].timeouts == 0
+        fakes[1].call_delay_s = 1.0
+        for _ in range(3):
+            with pytest.raises(ProxyError):
+                await _call(replicas, gate, rollouts[1])
+        assert replicas.all[1].state == "dead" and "3 calls in a row" in replicas.all[1].reason
+        assert (await _call(replicas, gate, rollouts[1]))[0]["replica"] == 0
+
+    _offline(check, timeout_s=0.3)

@@ -14,7 +14,8 @@ runner died never closes).
 
 A replica is left out as dead when its `/health` refuses the connection, or fails `DEAD_AFTER` times in a
 row over at least `DEAD_SPAN_S` (checked after a call to it failed, and every `WATCH_S` while there are
-several): one slow answer from a busy API server is not a death. Its rollouts move to the least loaded live
+several): one slow answer from a busy API server is not a death. `TIMEOUTS_DEAD` calls in a row that ran to
+the upstream timeout also leave it out (an engine hung while its API server answers `/health`). Its rollouts move to the least loaded live
 replica at their next call, a call in flight on it gets the dialect's 502 (the harness retries), and a call
 that never reached it (the connection was refused) goes to the new replica at once. A dead replica stays
 out: a restarted vLLM would serve its checkpoint's weights, not those swapped in since. One left out by a
@@ -40,6 +41,7 @@ WATCH_S = 5.0  # how often each live replica's /health is asked while there are 
 HEALTH_TIMEOUT_S = 10.0  # a busy vLLM still answers /health at once: its API server is not the engine
 DEAD_AFTER = 3  # failed /health checks in a row (not refused) before a replica is left out as dead...
 DEAD_SPAN_S = 30.0  # ...spanning at least this long
+TIMEOUTS_DEAD = 3  # calls in a row that ran to the upstream timeout: a hung engine (its /health still answers)
 IDLE_S = 900.0  # a rollout with no call this long stops counting on its replica (its next call counts it again)
 State = Literal["live", "dead", "failed"]  # dead: its /health is gone; failed: a weight reload on it failed
 
@@ -56,6 +58,7 @@ class Replica:
     state: State = "live"
     reason: str | None = None  # why it was left out
     health_failures: list[float] = field(default_factory=list)  # when each /health of the current run failed
+    timeouts: int = 0  # its calls in a row that ran to the upstream timeout
 
     @property
     def rollouts(self) -> int:
@@ -126,7 +129,7 @@ class Replicas:
         """The replica for `rollout`'s next call at `version`: its own while it serves that version, else (moved) the
         least loaded one that does; a 503 when none does."""
         if self.policy == ROUND_ROBIN:
-            serving = self.serving(version) or [self._least_loaded(version)]
+            serving = self.serving(version) or [self._least_loaded(version)]  # none: the 503
             return serving[next(self._turn) % len(serving)]
         own = None if rollout.replica is None else self.all[rollout.replica]
         if own is not None and own.state == "live" and own.weight_version == version:
@@ -149,8 +152,12 @@ class Replicas:
             record["replica"], record["weight_version"] = replica.index, replica.weight_version
             replica.in_flight += 1
             try:
-                return await replica.upstream.complete(body)
+                answer = await replica.upstream.complete(body)
+                replica.timeouts = 0
+                return answer
             except ProxyError as err:
+                if err.status == 504:
+                    self._timed_out(replica)
                 if err.status < 500 or not await self.leave_out_if_dead(replica) or not isinstance(err, Unreachable):
                     raise unnamed(err, replica) from None
             finally:
@@ -178,6 +185,13 @@ class Replicas:
         self.leave_out(replica, "dead", f"its /health {problem}" if refused else
                        f"its /health failed {len(failures)} times in a row over {failures[-1] - failures[0]:.1f} s")
         return True
+
+    def _timed_out(self, replica: Replica) -> None:
+        """Counts a call that ran to the upstream timeout; TIMEOUTS_DEAD in a row (and another replica live) leave
+        the replica out as dead: an engine hung while its API server still answers /health."""
+        replica.timeouts += 1
+        if replica.timeouts >= TIMEOUTS_DEAD and replica.state == "live" and self._others_live(replica):
+            self.leave_out(replica, "dead", f"{replica.timeouts} calls in a row ran to the upstream timeout")
 
     def leave_out(self, replica: Replica, state: State, reason: str, weight_version: str | None = None) -> None:
         """Takes `replica` out of service (`weight_version`: what it may hold now, None when unknown)."""
