@@ -610,3 +610,17 @@ def test_calls_running_to_the_timeout_in_a_row_leave_a_hung_replica_out():
         assert (await _call(replicas, gate, rollouts[1]))[0]["replica"] == 0
 
     _offline(check, timeout_s=0.3)
+
+
+def test_replicas_on_different_weight_versions_are_refused_at_start_up():
+    from steps.proxy.weights import initial_version
+
+    async def check(fakes, replicas, gate) -> None:
+        upstreams = [replica.upstream for replica in replicas.all]
+        assert await initial_version(upstreams, None) == "0"  # the control: they agree
+        fakes[1].version = "7"
+        with pytest.raises(ValueError, match=r"the replicas serve different weight versions \(0, 7\)"):
+            await initial_version(upstreams, None)
+        assert await initial_version(upstreams, "3") == "3"
+
+    _offline(check)
