@@ -624,3 +624,32 @@ def test_replicas_on_different_weight_versions_are_refused_at_start_up():
         assert await initial_version(upstreams, "3") == "3"
 
     _offline(check)
+
+
+def test_the_model_list_asks_a_live_replica_and_resume_never_relabels_several(tmp_path):
+    """The proxy app in process in front of two fake vLLMs (tests/fake_vllm.py): replica 0 dead, `/v1/models`
+    still answers from replica 1; `/weights/resume` with a version is refused with several replicas."""
+    from fake_vllm import FakeVllm
+    from steps.proxy.app import create_app
+    from steps.proxy.config import ProxyConfig
+
+    async def check() -> None:
+        fakes = [FakeVllm(), FakeVllm()]
+        for fake in fakes:
+            await fake.start()
+        app = create_app(ProxyConfig(upstream=fakes[0].url, replicas=(fakes[1].url,), store=str(tmp_path / "calls"),
+                                     admin_key=ADMIN_KEY, weight_version="0"))
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        async with app.app.router.lifespan_context(app.app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+            rollout = (await client.post("/rollouts", json={"rollout_id": "r"}, headers=admin)).json()
+            await fakes[0].stop()
+            assert await app.app.state.replicas.leave_out_if_dead(app.app.state.replicas.all[0])
+            models = await client.get("/rollouts/r/v1/models", headers={"authorization": f"Bearer {rollout['api_key']}"})
+            assert models.status_code == 200 and models.json()["data"][0]["id"] == "tiny"
+            refused = await client.post("/weights/resume", json={"weight_version": "5"}, headers=admin)
+            assert refused.status_code == 400 and "POST /weights/update" in refused.text
+            assert (await client.get("/health")).json()["weight_version"] == "0"
+        await fakes[1].stop()
+
+    asyncio.run(check())
