@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # FileNotFoundError included: no checkpoint at the URL
         print(f"error: cannot fetch the checkpoint {args.model}: {exc}", file=sys.stderr)
         return 1
-    shortage = gpu_shortage(args.replicas, args.gpus, visible_gpus()) if args.device == "gpu" and args.replicas > 1 else None
-    if shortage is not None:
+    shortage = gpu_shortage(args.replicas, args.gpus, visible_gpus()) if args.device == "gpu" else None
+    if shortage is not None and args.replicas > 1:
         print(f"error: {shortage}", file=sys.stderr)
         return 1
     ports = [free_port() for _ in range(args.replicas)]
@@ -236,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
 def gpu_shortage(replicas: int, gpus: int, visible: list[str]) -> str | None:
     """Why `replicas` replicas of `gpus` GPUs each cannot start on the `visible` devices, or None if they can.
 
-    >>> gpu_shortage(2, 2, ["0", "1", "2"])
-    '--replicas 2 x --gpus 2 needs 4 GPUs, but this pod sees 3 (0,1,2); lower --replicas or --gpus, or give the pod more'
+    >>> print(gpu_shortage(2, 2, ["0", "1", "2"]))
+    --replicas 2 x --gpus 2 needs 4 GPUs, but this pod sees 3 (0,1,2); lower --replicas or --gpus, or give the pod more
     >>> gpu_shortage(2, 1, ["0", "1"]) is None
     True
     """

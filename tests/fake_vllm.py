@@ -56,7 +56,8 @@ class FakeVllm:
         try:
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
             method, path, _ = head[0].split(" ", 2)
-            length = next((int(line.split(":", 1)[1]) for line in head[1:] if line.lower().startswith("content-length:")), 0)
+            length = next((int(line.split(":", 1)[1]) for line in head[1:]
+                           if line.lower().startswith("content-length:")), 0)
             body = json.loads(await reader.readexactly(length)) if length else {}
             status, answer = await self._answer(method, path, body)
             data = json.dumps(answer).encode()

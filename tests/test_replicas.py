@@ -389,7 +389,8 @@ def test_a_swap_stage_that_fails_after_the_load_leaves_that_replica_out_and_says
         failures = [failure.info() for failure in await swap_weights(gate, replicas, "ckpt-1", "1")]
         assert [(f["replica"], f["stage"]) for f in failures] == [(0, "reset_prefix_cache"), (2, "reload_weights")]
         assert "127.0.0.1" not in str(failures) and gate.version == "1"
-        assert [(r.state, r.weight_version) for r in replicas.all] == [("failed", None), ("live", "1"), ("failed", None)]
+        states = [(r.state, r.weight_version) for r in replicas.all]
+        assert states == [("failed", None), ("live", "1"), ("failed", None)]
         record, weights = await _call(replicas, gate, rollouts[0])
         assert (record["replica"], record["weight_version"], weights) == (1, "1", "weights ckpt-1")
         fakes[0].fail_at, fakes[2].stage_delay_s = None, {}
@@ -645,7 +646,8 @@ def test_the_model_list_asks_a_live_replica_and_resume_never_relabels_several(tm
             rollout = (await client.post("/rollouts", json={"rollout_id": "r"}, headers=admin)).json()
             await fakes[0].stop()
             assert await app.app.state.replicas.leave_out_if_dead(app.app.state.replicas.all[0])
-            models = await client.get("/rollouts/r/v1/models", headers={"authorization": f"Bearer {rollout['api_key']}"})
+            key = {"authorization": f"Bearer {rollout['api_key']}"}
+            models = await client.get("/rollouts/r/v1/models", headers=key)
             assert models.status_code == 200 and models.json()["data"][0]["id"] == "tiny"
             refused = await client.post("/weights/resume", json={"weight_version": "5"}, headers=admin)
             assert refused.status_code == 400 and "POST /weights/update" in refused.text

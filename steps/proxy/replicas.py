@@ -15,12 +15,13 @@ runner died never closes).
 A replica is left out as dead when its `/health` refuses the connection, or fails `DEAD_AFTER` times in a
 row over at least `DEAD_SPAN_S` (checked after a call to it failed, and every `WATCH_S` while there are
 several): one slow answer from a busy API server is not a death. `TIMEOUTS_DEAD` calls in a row that ran to
-the upstream timeout also leave it out (an engine hung while its API server answers `/health`). Its rollouts move to the least loaded live
-replica at their next call, a call in flight on it gets the dialect's 502 (the harness retries), and a call
-that never reached it (the connection was refused) goes to the new replica at once. A dead replica stays
-out: a restarted vLLM would serve its checkpoint's weights, not those swapped in since. One left out by a
-failed weight reload ("failed") is reloaded again at the next swap (steps.proxy.weights). The last live
-replica is never left out as dead: its calls get its own errors, as with one server.
+the upstream timeout also leave it out (an engine hung while its API server answers `/health`). Its rollouts
+move to the least loaded live replica at their next call, a call in flight on it gets the dialect's 502 (the
+harness retries), and a call that never reached it (the connection was refused) goes to the new replica at
+once. A dead replica stays out: a restarted vLLM would serve its checkpoint's weights, not those swapped in
+since. One left out by a failed weight reload ("failed") is reloaded again at the next swap
+(steps.proxy.weights). The last live replica is never left out as dead: its calls get its own errors, as with
+one server.
 """
 
 import asyncio
