@@ -1,12 +1,13 @@
 """What rollout affinity is worth: vLLM's prefix-cache hit rate and calls/s, affinity against round robin, side by side.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/replica_affinity.py [--replicas 2] [--rollouts 8] [--turns 6] \\
-        [--context-chars 8000] [--max-tokens 16] [--model DIR]
+        [--context-chars 8000] [--max-tokens 16] [--repeats 3] [--model DIR]
     PYTHONPATH=$PWD .venv/bin/python benchmarks/replica_affinity.py --device gpu --replicas 4 --model DIR
 
 Starts `--replicas` real vLLM servers as `steps.serve --replicas R` does (on CPU each on its share of the
 cores; on GPU each on its own GPUs) serving the tiny model (or `--model`), and runs the same multi-turn
-rollouts through the real proxy once per policy: each rollout starts from its own `--context-chars` of text
+rollouts through the real proxy `--repeats` times per policy, alternated (ABBA...: neither always runs first),
+with each policy's median and range printed after the table: each rollout starts from its own `--context-chars` of text
 (an agent's system prompt and first file) and grows by appending, `--rollouts` at once. Before each phase
 every replica's prefix cache is dropped; the hit rate is the phase's `vllm:prefix_cache_hits` over
 `vllm:prefix_cache_queries` (prompt tokens found in / asked of the cache), summed over the replicas, read
@@ -142,6 +143,27 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def alternated(policies: tuple[str, str], repeats: int) -> list[str]:
+    """Each policy `repeats` times, in the order ABBAABBA...: neither always runs first on a warmer machine.
+
+    >>> alternated(("a", "b"), 3)
+    ['a', 'b', 'b', 'a', 'a', 'b']
+    """
+    return [policies[(run + run // 2) % 2] for run in range(2 * repeats)]
+
+
+def spread(rows: list[dict]) -> list[str]:
+    """Per policy: the runs' median and range of calls/s and hit rate (phase labels are `policy-run`)."""
+    lines = []
+    for policy in dict.fromkeys(row["phase"].rsplit("-", 1)[0] for row in rows):
+        runs = sorted((r for r in rows if r["phase"].rsplit("-", 1)[0] == policy), key=lambda r: r["calls_s"])
+        rates = sorted(r["hit_rate"] for r in runs)
+        lines.append(f"- {policy}: {len(runs)} runs, calls/s {runs[len(runs) // 2]['calls_s']:.2f} "
+                     f"({runs[0]['calls_s']:.2f}-{runs[-1]['calls_s']:.2f}), hit rate "
+                     f"{rates[len(rates) // 2]:.1%} ({rates[0]:.1%}-{rates[-1]:.1%})")
+    return lines
+
+
 def main() -> None:
     """Start the replicas, run the phases, print the table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -151,6 +173,7 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--context-chars", type=int, default=8000)
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3, help="runs of each policy on CPU, alternated (ABBA...)")
     p.add_argument("--model", type=Path, help="the checkpoint to serve (default: the tiny model, built here)")
     args = p.parse_args()
     if args.replicas < 2:
@@ -163,9 +186,9 @@ def main() -> None:
             progress(f"starting {args.replicas} vLLM servers")
             servers = start_replicas(model, args.replicas, "cpu", folder)
             try:
-                for policy in ("affinity", "round-robin"):
-                    progress(f"phase {policy}")
-                    rows.append(phase(servers, policy, policy, args, folder))
+                for run, policy in enumerate(alternated(("affinity", "round-robin"), args.repeats)):
+                    progress(f"phase {policy} ({run + 1} of {2 * args.repeats})")
+                    rows.append(phase(servers, policy, f"{policy}-{run}", args, folder))
             finally:
                 for server in servers:
                     stop_vllm(server)
@@ -179,6 +202,8 @@ def main() -> None:
                     for server in servers:
                         stop_vllm(server)
     print(table(rows, args))
+    if args.device == "cpu":
+        print("\n" + "\n".join(spread(rows)))
 
 
 if __name__ == "__main__":

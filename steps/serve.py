@@ -37,6 +37,7 @@ import json
 import os
 import signal
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -51,12 +52,11 @@ from steps.proxy.__main__ import main as proxy_main
 from steps.vllm_parsers import UnknownFamily
 from steps.vllm_server import (
     ServingOptions,
+    VllmServer,
     check_vllm_args,
     replica_env,
     spawn,
-    stop_vllm,
     vllm_command,
-    wait_healthy,
 )
 
 
@@ -205,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # FileNotFoundError included: no checkpoint at the URL
         print(f"error: cannot fetch the checkpoint {args.model}: {exc}", file=sys.stderr)
         return 1
+    shortage = gpu_shortage(args.replicas, args.gpus, visible_gpus()) if args.device == "gpu" else None
+    if shortage is not None and args.replicas > 1:
+        print(f"error: {shortage}", file=sys.stderr)
+        return 1
     ports = [free_port() for _ in range(args.replicas)]
     try:
         commands = [vllm_command(model, args.model_name, port, serving_options(args), device=args.device)
@@ -222,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         for index, (command, port) in enumerate(zip(commands, ports)):
             servers.append(spawn(command, Path(model), args.model_name, port, replica_log(args.log, index),
                                  env=replica_env(index, args.replicas, args.device, args.gpus)))
-        for server in servers:
-            wait_healthy(server, args.start_timeout)
+        wait_all_healthy(servers, args.start_timeout)
         urls = ", ".join(server.base_url for server in servers)
         print(f"serve: vLLM ready on {urls}; proxy on {args.host}:{args.port}", file=sys.stderr, flush=True)
         if args.follow_run_url:
@@ -236,9 +239,77 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if follower is not None:
             follower.terminate()
-        for server in servers:
-            stop_vllm(server)
+        stop_all(servers)
     return 0
+
+
+def gpu_shortage(replicas: int, gpus: int, visible: list[str]) -> str | None:
+    """Why `replicas` replicas of `gpus` GPUs each cannot start on the `visible` devices, or None if they can.
+
+    >>> print(gpu_shortage(2, 2, ["0", "1", "2"]))
+    --replicas 2 x --gpus 2 needs 4 GPUs, but this pod sees 3 (0,1,2); lower --replicas or --gpus, or give the pod more
+    >>> gpu_shortage(2, 1, ["0", "1"]) is None
+    True
+    """
+    if len(visible) >= replicas * gpus:
+        return None
+    return (f"--replicas {replicas} x --gpus {gpus} needs {replicas * gpus} GPUs, but this pod sees {len(visible)} "
+            f"({','.join(visible) or 'none'}); lower --replicas or --gpus, or give the pod more")
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else the NVIDIA device files."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [device for device in listed.split(",") if device]
+    return sorted(path.name.removeprefix("nvidia") for path in Path("/dev").glob("nvidia[0-9]*"))
+
+
+def wait_all_healthy(servers: list[VllmServer], timeout_s: float) -> None:
+    """Waits for every replica's `/health` under one deadline; raises at once, with its log tail, when any vLLM
+    exits while starting (the others are stopped by the caller)."""
+    deadline, waiting = time.monotonic() + timeout_s, list(servers)
+    while waiting:
+        for server in list(waiting):
+            if server.process.poll() is not None:
+                raise RuntimeError(f"vLLM replica {servers.index(server)} exited with code {server.process.returncode} "
+                                   f"while starting; last lines of {server.log_path}:\n{server.log_tail()}")
+            if _answers_health(server):
+                waiting.remove(server)
+        if waiting and time.monotonic() > deadline:
+            raise RuntimeError(f"vLLM replica {servers.index(waiting[0])} did not become healthy within "
+                               f"{timeout_s:.0f} s; last lines of {waiting[0].log_path}:\n{waiting[0].log_tail()}")
+        if waiting:
+            time.sleep(0.5)
+
+
+def _answers_health(server: VllmServer) -> bool:
+    try:
+        with urllib.request.urlopen(f"{server.base_url}/health", timeout=2) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def stop_all(servers: list[VllmServer], grace_s: float = 20.0) -> None:
+    """Stops every replica together: SIGTERM to each process group, one shared `grace_s`, then SIGKILL to what is
+    left. A second SIGTERM meanwhile is ignored, so that no vLLM is left running (each is in its own session)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for server in servers:
+        _signal_group(server, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(server.process.poll() is None for server in servers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for server in servers:
+        _signal_group(server, signal.SIGKILL)  # whatever is left: the engine cores, their workers
+        server.process.wait()
+
+
+def _signal_group(server: VllmServer, sig: signal.Signals) -> None:
+    try:
+        os.killpg(server.process.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def replica_log(log: Path, index: int) -> Path:

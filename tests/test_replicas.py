@@ -285,16 +285,16 @@ def test_the_least_loaded_replica_is_given_and_a_dead_ones_rollouts_move_but_the
             await upstream.start()
         chosen = Replicas(upstreams, "0")
         rollouts = [Rollout(f"r-{i}", "digest", {}, created_at=0.0) for i in range(3)]
-        assert [chosen.assign(rollout).index for rollout in rollouts] == [0, 1, 0]
+        assert [chosen.assign(rollout, "0").index for rollout in rollouts] == [0, 1, 0]
         chosen.release(rollouts[0])
         chosen.release(rollouts[0])  # again: nothing more
-        assert [r.rollouts for r in chosen.all] == [1, 1] and chosen.pick(rollouts[1]).index == 1
+        assert [r.rollouts for r in chosen.all] == [1, 1] and chosen.pick(rollouts[1], "0").index == 1
         assert await chosen.leave_out_if_dead(chosen.all[1])  # no /health answer, and replica 0 is live
-        assert chosen.pick(rollouts[1]).index == 0 and [r.rollouts for r in chosen.all] == [2, 0]  # moved
+        assert chosen.pick(rollouts[1], "0").index == 0 and [r.rollouts for r in chosen.all] == [2, 0]  # moved
         assert not await chosen.leave_out_if_dead(chosen.all[0])  # the last live one is never left out
         assert [r.state for r in chosen.all] == ["live", "dead"]
         turns = Replicas(upstreams, "0", policy=ROUND_ROBIN)
-        assert [turns.pick(rollouts[2]).index for _ in range(4)] == [0, 1, 0, 1]  # the control: no affinity
+        assert [turns.pick(rollouts[2], "0").index for _ in range(4)] == [0, 1, 0, 1]  # the control: no affinity
         for upstream in upstreams:
             await upstream.close()
 
@@ -305,3 +305,353 @@ def test_the_least_loaded_replica_is_given_and_a_dead_ones_rollouts_move_but_the
 def test_doctests(module):
     failures, tried = doctest.testmod(importlib.import_module(module))
     assert tried > 0 and failures == 0
+
+
+# Offline: the proxy's own replica rule and swap against `FakeVllm` servers (tests/fake_vllm.py says why a double).
+
+def _offline(check, count: int = 2, **upstream) -> None:
+    """Runs `check(fakes, replicas, gate)` on `count` started fake vLLMs behind a `Replicas` at version "0"."""
+    from fake_vllm import FakeVllm
+    from steps.proxy.replicas import Replicas
+    from steps.proxy.sessions import WeightGate
+    from steps.proxy.upstream import Upstream
+
+    async def run() -> None:
+        fakes = [FakeVllm() for _ in range(count)]
+        upstreams = [Upstream(fake.url, connect_retries=0, **upstream) for fake in fakes]
+        for fake, client in zip(fakes, upstreams):
+            await fake.start()
+            await client.start()
+        try:
+            await check(fakes, Replicas(upstreams, "0"), WeightGate("0"))
+        finally:
+            for fake, client in zip(fakes, upstreams):
+                await client.close()
+                await fake.stop()
+
+    asyncio.run(run())
+
+
+def _rollout(name: str):
+    from steps.proxy.sessions import Rollout
+    return Rollout(name, "digest", {}, created_at=0.0)
+
+
+async def _call(replicas, gate, rollout) -> tuple[dict, str]:
+    """One call as `serving._complete` makes it: (its record, the weights that answered)."""
+    record: dict = {}
+    async with gate.call() as version:
+        answer = await replicas.complete(rollout, {"messages": [{"role": "user", "content": "hi"}]}, record, version)
+    return record, answer.content
+
+
+def test_a_replica_left_out_during_a_swap_never_serves_the_old_weights_stamped_as_the_new():
+    """The swap in which replica 0 reloads and is then found dead, while replica 1's reload fails: with nothing
+    holding the new weights, a call gets a 503 naming the version, never replica 1's old weights stamped new."""
+    from steps.proxy.errors import ProxyError
+    from steps.proxy.weights import swap_weights
+
+    async def check(fakes, replicas, gate) -> None:
+        first, second = _rollout("r-0"), _rollout("r-1")
+        replicas.assign(first, "0"), replicas.assign(second, "0")
+        fakes[1].fail_at = "reload_weights"
+        died = asyncio.Event()
+        fakes[0].on_stage = lambda stage: died.set() if stage == "update_weight_version" else None
+
+        async def die() -> None:  # what the watch does when replica 0 dies once it has reloaded
+            await died.wait()
+            await fakes[0].stop()
+            assert await replicas.leave_out_if_dead(replicas.all[0])
+
+        with pytest.raises(ProxyError) as failed:
+            await asyncio.gather(swap_weights(gate, replicas, "ckpt-1", "1"), die())
+        assert failed.value.status == 502 and "replica 1 at reload_weights" in failed.value.message
+        assert [(r.state, r.weight_version) for r in replicas.all] == [("dead", "1"), ("failed", None)]
+        for rollout in (first, second):
+            with pytest.raises(ProxyError) as refused:
+                await _call(replicas, gate, rollout)
+            assert refused.value.status == 503 and "no replica serves weight version '0'" in refused.value.message
+        assert "/v1/chat/completions" not in fakes[1].seen
+
+    _offline(check)
+
+
+def test_a_swap_stage_that_fails_after_the_load_leaves_that_replica_out_and_says_where():
+    """Replica 0 loads the new weights and then fails to reset its prefix cache; replica 2's reload times out
+    (vLLM may finish it later). Both are left out with their stage named, the call goes to replica 1 on the new
+    weights, stamped with them; the next swap reloads both again and they serve."""
+    from steps.proxy.weights import swap_weights
+
+    async def check(fakes, replicas, gate) -> None:
+        rollouts = [_rollout(f"r-{i}") for i in range(3)]
+        assert [replicas.assign(rollout, "0").index for rollout in rollouts] == [0, 1, 2]
+        fakes[0].fail_at, fakes[2].stage_delay_s = "reset_prefix_cache", {"reload_weights": 2.0}
+        failures = [failure.info() for failure in await swap_weights(gate, replicas, "ckpt-1", "1")]
+        assert [(f["replica"], f["stage"]) for f in failures] == [(0, "reset_prefix_cache"), (2, "reload_weights")]
+        assert "127.0.0.1" not in str(failures) and gate.version == "1"
+        states = [(r.state, r.weight_version) for r in replicas.all]
+        assert states == [("failed", None), ("live", "1"), ("failed", None)]
+        record, weights = await _call(replicas, gate, rollouts[0])
+        assert (record["replica"], record["weight_version"], weights) == (1, "1", "weights ckpt-1")
+        fakes[0].fail_at, fakes[2].stage_delay_s = None, {}
+        assert await swap_weights(gate, replicas, "ckpt-2", "2") == []  # the failed ones are tried again
+        assert [(r.state, r.weight_version) for r in replicas.all] == [("live", "2")] * 3
+        record, weights = await _call(replicas, gate, rollouts[2])
+        assert (record["replica"], record["weight_version"], weights) == (2, "2", "weights ckpt-2")
+
+    _offline(check, count=3, timeout_s=0.5)
+
+
+def test_a_swap_failing_on_every_replica_after_the_load_serves_nothing_stamped_old():
+    """Both replicas load, then fail their version update: the swap's 502 names both, and no call is answered by
+    weights that may be the new ones under the old version."""
+    from steps.proxy.errors import ProxyError
+    from steps.proxy.weights import swap_weights
+
+    async def check(fakes, replicas, gate) -> None:
+        for fake in fakes:
+            fake.fail_at = "update_weight_version"
+        with pytest.raises(ProxyError) as failed:
+            await swap_weights(gate, replicas, "ckpt-1", "1")
+        said = failed.value.message
+        assert "replica 0 at update_weight_version" in said and "replica 1 at update_weight_version" in said
+        with pytest.raises(ProxyError) as refused:
+            await _call(replicas, gate, _rollout("r"))
+        assert refused.value.status == 503 and gate.version == "0"
+
+    _offline(check)
+
+
+def test_a_swap_with_one_replica_dead_reloads_the_others_and_the_dead_one_stays_out():
+    async def check(fakes, replicas, gate) -> None:
+        from steps.proxy.weights import swap_weights
+        await fakes[1].stop()
+        assert await replicas.leave_out_if_dead(replicas.all[1])  # refused: dead at once
+        assert await swap_weights(gate, replicas, "ckpt-1", "1") == []
+        assert (replicas.all[0].state, replicas.all[0].weight_version, replicas.all[1].state) == ("live", "1", "dead")
+        record, weights = await _call(replicas, gate, _rollout("r"))
+        assert (record["replica"], weights) == (0, "weights ckpt-1")
+
+    _offline(check)
+
+
+def test_a_call_that_never_reached_a_dead_replica_is_served_by_another_at_once():
+    """The rollout's replica refuses the connection: the call is not the harness's 502, it moves to replica 0."""
+    async def check(fakes, replicas, gate) -> None:
+        rollouts = [_rollout("r-0"), _rollout("r-1")]
+        assert [replicas.assign(rollout, "0").index for rollout in rollouts] == [0, 1]
+        await fakes[1].stop()
+        record, weights = await _call(replicas, gate, rollouts[1])
+        assert (record["replica"], weights) == (0, "weights 0") and replicas.all[1].state == "dead"
+        assert rollouts[1].replica == 0 and [r.rollouts for r in replicas.all] == [2, 0]
+
+    _offline(check)
+
+
+def test_the_last_live_replica_is_kept_when_it_dies_and_served_again_when_it_answers():
+    from steps.proxy.errors import ProxyError
+
+    async def check(fakes, replicas, gate) -> None:
+        await fakes[1].stop()
+        assert await replicas.leave_out_if_dead(replicas.all[1])
+        await fakes[0].stop()
+        with pytest.raises(ProxyError) as failed:
+            await _call(replicas, gate, _rollout("r"))
+        assert failed.value.status == 502 and "replica 0" in failed.value.message
+        assert fakes[0].url not in failed.value.message and replicas.all[0].state == "live"
+        await fakes[0].start()  # a vLLM answering on its port again
+        assert (await _call(replicas, gate, _rollout("s")))[0]["replica"] == 0
+
+    _offline(check)
+
+
+def test_the_health_poller_leaves_out_a_replica_only_after_failures_over_a_span(monkeypatch):
+    """One slow /health is not a death; several in a row over DEAD_SPAN_S are, and the watch finds them."""
+    from steps.proxy import replicas as rule
+    monkeypatch.setattr(rule, "HEALTH_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(rule, "WATCH_S", 0.05)
+    monkeypatch.setattr(rule, "DEAD_SPAN_S", 0.4)
+
+    async def check(fakes, replicas, gate) -> None:
+        fakes[1].health_delay_s = 0.3
+        assert not await replicas.leave_out_if_dead(replicas.all[1]) and replicas.all[1].state == "live"
+        fakes[1].health_delay_s = 0.0
+        assert not await replicas.leave_out_if_dead(replicas.all[1]) and replicas.all[1].health_failures == []
+        fakes[1].health_delay_s = 0.3
+        watch = asyncio.create_task(replicas.watch())
+        started = time.monotonic()
+        while replicas.all[1].state == "live" and time.monotonic() - started < 10:
+            await asyncio.sleep(0.05)
+        watch.cancel()
+        assert replicas.all[1].state == "dead" and re.search(r"failed \d+ times in a row", replicas.all[1].reason)
+        assert time.monotonic() - started >= 0.4 and replicas.all[0].state == "live"
+
+    _offline(check)
+
+
+def test_a_rollout_closed_or_idle_stops_counting_on_its_replica(monkeypatch):
+    """Closing releases at once; a rollout whose runner died without closing stops counting after IDLE_S (and
+    counts again at its next call, on the same replica)."""
+    from steps.proxy import replicas as rule
+
+    async def check(fakes, replicas, gate) -> None:
+        closed, idle = _rollout("closed"), _rollout("idle")
+        assert [replicas.assign(r, "0").index for r in (closed, idle)] == [0, 1]
+        replicas.release(closed)
+        assert [r.rollouts for r in replicas.all] == [0, 1]
+        monkeypatch.setattr(rule, "IDLE_S", 0.05)
+        await asyncio.sleep(0.1)
+        assert replicas.assign(_rollout("new"), "0").index == 0 and [r.rollouts for r in replicas.all] == [1, 0]
+        assert replicas.assign(_rollout("next"), "0").index == 1  # idle's replica holds none now: counted nowhere
+        monkeypatch.setattr(rule, "IDLE_S", 900.0)
+        assert (await _call(replicas, gate, idle))[0]["replica"] == 1 and replicas.all[1].rollouts == 2
+
+    _offline(check)
+
+
+def _process(code: str, tmp_path: Path, index: int):
+    """A process in its own session standing in for a vLLM replica (only its start and stop are tested here)."""
+    from steps.vllm_server import VllmServer
+    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    return VllmServer(process, tmp_path, MODEL_NAME, free_port(), tmp_path / f"vllm-{index}.log")
+
+
+def test_a_replica_crashing_at_start_up_is_noticed_while_the_others_still_start(tmp_path):
+    """Replica 1 exits at once while replica 0 never answers: the wait ends in seconds, naming replica 1."""
+    slow = _process("import time; time.sleep(60)", tmp_path, 0)
+    crashed = _process("raise SystemExit(3)", tmp_path, 1)
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="vLLM replica 1 exited with code 3 while starting"):
+            serve.wait_all_healthy([slow, crashed], timeout_s=120)
+        assert time.monotonic() - started < 10
+    finally:
+        serve.stop_all([slow, crashed], grace_s=1)
+
+
+def test_the_replicas_stop_together_and_a_second_sigterm_orphans_none(tmp_path):
+    """Two replicas that ignore SIGTERM take one grace period together, not one each; a SIGTERM to the serve
+    step during the stop does not end it before every replica is gone."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    servers = [_process(stubborn, tmp_path, index) for index in range(2)]
+    time.sleep(0.5)  # both have set their handler
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    signal.signal(signal.SIGTERM, serve._exit_on_signal)
+    started = time.monotonic()
+    try:
+        serve.stop_all(servers, grace_s=2)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert 2 <= time.monotonic() - started < 3.5
+    assert all(server.process.returncode is not None for server in servers)
+
+
+def test_fewer_gpus_than_the_replicas_need_is_refused_in_one_sentence(monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    monkeypatch.setattr(serve, "fetch", lambda *args, **kwargs: "model")
+    code = serve.main(["--model", "m", "--model-name", "m", "--port", "1", "--store", "s", "--device", "gpu",
+                       "--replicas", "2", "--gpus", "2"])
+    err = capsys.readouterr().err
+    assert code == 1 and "needs 4 GPUs, but this pod sees 3 (0,1,2)" in err and err.count("\n") == 1
+
+
+def test_replicas_with_an_upstream_are_refused_in_one_sentence():
+    from steps.settings import ConfigError
+    from workflows.config import validate
+    with pytest.raises(ConfigError, match="config key 'serve_replicas' starts vLLM servers, but 'upstream'"):
+        validate(RunConfig(serve_replicas=2, upstream="http://10.0.0.5:8000"), check_dataset=False)
+    validate(RunConfig(serve_replicas=1, upstream="http://10.0.0.5:8000"), check_dataset=False)  # the control
+
+
+def test_a_call_held_by_a_swap_starts_only_once_the_slowest_replica_has_reloaded():
+    """Replica 1 reloads slowly: the call of its rollout that arrives during the swap starts after that reload
+    (and replica 0's) has ended, and is answered by the new weights."""
+    from steps.proxy.weights import swap_weights
+
+    async def check(fakes, replicas, gate) -> None:
+        rollouts = [_rollout("r-0"), _rollout("r-1")]
+        assert [replicas.assign(rollout, "0").index for rollout in rollouts] == [0, 1]
+        done: dict[tuple[int, str], float] = {}
+        for index, fake in enumerate(fakes):
+            fake.on_stage = lambda stage, index=index: done.setdefault((index, stage), time.monotonic())
+        fakes[1].stage_delay_s = {"reload_weights": 0.5}
+        swap = asyncio.create_task(swap_weights(gate, replicas, "ckpt-1", "1"))
+        while not gate.paused:
+            await asyncio.sleep(0.01)
+        record, weights = await _call(replicas, gate, rollouts[1])
+        await swap
+        assert (record["replica"], record["weight_version"], weights) == (1, "1", "weights ckpt-1")
+        assert max(done[(i, "update_weight_version")] for i in (0, 1)) <= fakes[1].called_at[0]
+        assert done[(1, "reload_weights")] - done[(0, "reload_weights")] >= 0.4  # the control: replica 1 was slow
+
+    _offline(check)
+
+
+def test_calls_running_to_the_timeout_in_a_row_leave_a_hung_replica_out():
+    """Replica 1's engine hangs while its /health answers: after 3 calls in a row end in 504 it is out, and the
+    rollout's next call is answered by replica 0; two 504s and an answer (the control) leave it live."""
+    from steps.proxy.errors import ProxyError
+
+    async def check(fakes, replicas, gate) -> None:
+        rollouts = [_rollout("r-0"), _rollout("r-1")]
+        assert [replicas.assign(rollout, "0").index for rollout in rollouts] == [0, 1]
+        fakes[1].call_delay_s = 1.0
+        for expected in (504, 504):
+            with pytest.raises(ProxyError) as failed:
+                await _call(replicas, gate, rollouts[1])
+            assert failed.value.status == expected
+        fakes[1].call_delay_s = 0.0
+        assert (await _call(replicas, gate, rollouts[1]))[0]["replica"] == 1 and replicas.all[1].timeouts == 0
+        fakes[1].call_delay_s = 1.0
+        for _ in range(3):
+            with pytest.raises(ProxyError):
+                await _call(replicas, gate, rollouts[1])
+        assert replicas.all[1].state == "dead" and "3 calls in a row" in replicas.all[1].reason
+        assert (await _call(replicas, gate, rollouts[1]))[0]["replica"] == 0
+
+    _offline(check, timeout_s=0.3)
+
+
+def test_replicas_on_different_weight_versions_are_refused_at_start_up():
+    from steps.proxy.weights import initial_version
+
+    async def check(fakes, replicas, gate) -> None:
+        upstreams = [replica.upstream for replica in replicas.all]
+        assert await initial_version(upstreams, None) == "0"  # the control: they agree
+        fakes[1].version = "7"
+        with pytest.raises(ValueError, match=r"the replicas serve different weight versions \(0, 7\)"):
+            await initial_version(upstreams, None)
+        assert await initial_version(upstreams, "3") == "3"
+
+    _offline(check)
+
+
+def test_the_model_list_asks_a_live_replica_and_resume_never_relabels_several(tmp_path):
+    """The proxy app in process in front of two fake vLLMs (tests/fake_vllm.py): replica 0 dead, `/v1/models`
+    still answers from replica 1; `/weights/resume` with a version is refused with several replicas."""
+    from fake_vllm import FakeVllm
+    from steps.proxy.app import create_app
+    from steps.proxy.config import ProxyConfig
+
+    async def check() -> None:
+        fakes = [FakeVllm(), FakeVllm()]
+        for fake in fakes:
+            await fake.start()
+        app = create_app(ProxyConfig(upstream=fakes[0].url, replicas=(fakes[1].url,), store=str(tmp_path / "calls"),
+                                     admin_key=ADMIN_KEY, weight_version="0"))
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        async with app.app.router.lifespan_context(app.app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+            rollout = (await client.post("/rollouts", json={"rollout_id": "r"}, headers=admin)).json()
+            await fakes[0].stop()
+            assert await app.app.state.replicas.leave_out_if_dead(app.app.state.replicas.all[0])
+            key = {"authorization": f"Bearer {rollout['api_key']}"}
+            models = await client.get("/rollouts/r/v1/models", headers=key)
+            assert models.status_code == 200 and models.json()["data"][0]["id"] == "tiny"
+            refused = await client.post("/weights/resume", json={"weight_version": "5"}, headers=admin)
+            assert refused.status_code == 400 and "POST /weights/update" in refused.text
+            assert (await client.get("/health")).json()["weight_version"] == "0"
+        await fakes[1].stop()
+
+    asyncio.run(check())

@@ -174,6 +174,9 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         raise ConfigError(f"config key 'update_nodes' must be at most {MAX_UPDATE_NODES}, got {config.update_nodes}")
     if config.eval_k > MAX_EVAL_K:
         raise ConfigError(f"config key 'eval_k' must be at most {MAX_EVAL_K} (tries per task), got {config.eval_k}")
+    if config.serve_replicas > 1 and config.upstream:
+        raise ConfigError("config key 'serve_replicas' starts vLLM servers, but 'upstream' serves instead of vLLM; "
+                          "set serve_replicas to 1 or leave out upstream")
     if config.upstream_model and not config.upstream:
         raise ConfigError("config key 'upstream_model' names the model an upstream serves; give the upstream too "
                           "(--upstream URL, the key 'upstream'), or leave it out")

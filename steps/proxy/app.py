@@ -100,7 +100,7 @@ async def register(request: Request) -> dict:
     require_admin(request)
     new = await admin_body(request, NewRollout)
     rollout, key = await request.app.state.sessions.register(new.rollout_id, new.metadata)
-    request.app.state.replicas.assign(rollout)
+    request.app.state.replicas.assign(rollout, request.app.state.gate.version)
     base = (request.app.state.config.public_url or str(request.base_url)).rstrip("/")
     root = f"{base}/rollouts/{rollout.rollout_id}"
     return {"rollout_id": rollout.rollout_id, "api_key": key, "openai_base_url": f"{root}/v1",
@@ -143,7 +143,13 @@ async def pause(request: Request) -> dict:
 async def resume(request: Request) -> dict:
     require_admin(request)
     raw = await read_json(request, 1 << 20)
-    await request.app.state.gate.resume(raw.get("weight_version"))
+    version, replicas = raw.get("weight_version"), request.app.state.replicas
+    if version is not None and len(replicas.all) > 1:
+        raise ProxyError(400, "weight_version in /weights/resume relabels the weights of one server only; with "
+                              "several replicas swap them with POST /weights/update", param="weight_version")
+    if version is not None:  # one server, reloaded by its owner: it holds `version` now
+        replicas.serve(replicas.all[0], str(version))
+    await request.app.state.gate.resume(None if version is None else str(version))
     return await health(request)
 
 
@@ -151,15 +157,17 @@ async def resume(request: Request) -> dict:
 async def update(request: Request) -> dict:
     require_admin(request)
     body = await admin_body(request, WeightUpdate)
-    await swap_weights(request.app.state.gate, request.app.state.replicas, body.weights_path, body.weight_version)
-    return await health(request)
+    failures = await swap_weights(request.app.state.gate, request.app.state.replicas, body.weights_path,
+                                  body.weight_version)
+    return {**await health(request), "failed": [failure.info() for failure in failures]}
 
 
 @rollout_api.get("/v1/models")
 async def models(request: Request, rollout_id: str) -> dict:
     await request.app.state.sessions.authorize(rollout_id, api_key(request))
-    first = request.app.state.replicas.all[0].upstream
-    name = request.app.state.config.model or await first.served_model()  # the harness's name
+    replicas = request.app.state.replicas
+    asked = (replicas.live() or replicas.all)[0].upstream  # only a name is asked: any replica that answers will do
+    name = request.app.state.config.model or await asked.served_model()  # the harness's name
     return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "openforge"}]}
 
 
@@ -259,8 +267,7 @@ def create_app(config: ProxyConfig) -> ModelCalls:
         for upstream in upstreams:
             await upstream.start()
             await upstream.probe()  # an external upstream's refusals, before any harness's call
-        # The replicas start on one checkpoint: replica 0's version is theirs.
-        app.state.gate = WeightGate(await initial_version(upstreams[0], config.weight_version))
+        app.state.gate = WeightGate(await initial_version(upstreams, config.weight_version))
         app.state.replicas = Replicas(upstreams, app.state.gate.version, config.replica_policy)
         watch = asyncio.create_task(app.state.replicas.watch()) if len(upstreams) > 1 else None
         yield

@@ -267,11 +267,10 @@ def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, reque
 
 
 async def _complete(state, rollout: Rollout, upstream_body: dict, record: dict):
-    async with state.gate.call() as version:
-        record["weight_version"] = version
+    async with state.gate.call() as version:  # the stamp is the serving replica's version (steps.proxy.replicas)
         record["timings"]["upstream_started_at"] = now()
         try:
-            return await state.replicas.complete(rollout, upstream_body, record)
+            return await state.replicas.complete(rollout, upstream_body, record, version)
         finally:
             record["timings"]["upstream_ended_at"] = now()
 

@@ -1,59 +1,104 @@
 """Swapping the served weights without failing a call, on every replica at once.
 
-New calls wait at the gate, in-flight calls finish on the old weights, every live replica reloads the new
-checkpoint in place (`collective_rpc reload_weights`, needs VLLM_SERVER_DEV_MODE=1), its prefix cache is
-dropped (cached KV of the old weights would be wrong) and its version set; only then do calls resume,
-stamped with the new version. No call is served by mixed versions: a replica whose reload failed while
-another's succeeded is left out (its rollouts move); if none succeeded, every replica keeps the old weights.
+New calls wait at the gate, in-flight calls finish on the old weights, every replica in service (and every
+one a failed reload left out that answers `/health`) reloads the new checkpoint in place (`collective_rpc
+reload_weights`, needs VLLM_SERVER_DEV_MODE=1), its prefix cache is dropped (cached KV of the old weights
+would be wrong) and its version set; only then do calls resume at the new version.
+
+A reload is three requests, and any of them can fail. A replica that was never reached keeps its old weights.
+Any other failure (vLLM's error, a timeout, a connection lost mid-request, a cache reset or version update
+failing after the load) leaves it holding weights nobody knows: it is left out ("failed", version unknown)
+until a later swap reloads it. Calls are served only by replicas holding the gate's version
+(steps.proxy.replicas), so no call is served by mixed or unknown weights; with none left, calls get a 503
+naming the version. The swap's answer names each replica that failed, and at which stage.
 """
 
 import asyncio
+from dataclasses import dataclass
 
 from steps.proxy.errors import ProxyError
 from steps.proxy.replicas import Replica, Replicas, healthy
 from steps.proxy.sessions import WeightGate
-from steps.proxy.upstream import Upstream
+from steps.proxy.upstream import Unreachable, Upstream
+
+STAGES = ("reload_weights", "reset_prefix_cache", "update_weight_version")
 
 
-async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, version: str) -> None:
-    """Reloads every live replica's weights from `weights_path` (a Hugging Face folder) and serves them as `version`."""
+@dataclass(frozen=True)
+class Failure:
+    """Why one replica's reload failed: the stage, vLLM's or the connection's message, and whether anything was sent."""
+
+    replica: int
+    stage: str
+    message: str
+    reached: bool  # False: the first request never reached it, so it keeps its old weights
+
+    def info(self) -> dict:
+        """As the swap's answer lists it."""
+        return {"replica": self.replica, "stage": self.stage, "error": self.message}
+
+
+async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, version: str) -> list[Failure]:
+    """Reloads the replicas' weights from `weights_path` (a Hugging Face folder) and serves them as `version`;
+    the failures of a swap that reached at least one replica, a 502 naming every failure when none reloaded."""
     await gate.pause()
-    serving = replicas.live() or replicas.all
-    failures = await asyncio.gather(*(_reload(replica.upstream, weights_path, version) for replica in serving))
-    if all(failures):
-        await gate.resume()
-        raise ProxyError(502, f"weight swap to {weights_path!r} failed, still serving version {gate.version!r}: "
-                              f"{next(failure for failure in failures)}")
-    for replica, failure in zip(serving, failures):
-        if failure is None:
-            replica.weight_version = version
-        else:
-            await _leave_out(replica, failure)
-    await gate.resume(version)
-
-
-async def _reload(upstream: Upstream, weights_path: str, version: str) -> str | None:
-    """One replica's reload; None when it succeeded, else why not."""
     try:
-        await upstream.request("POST", "/collective_rpc",
-                               {"method": "reload_weights", "kwargs": {"weights_path": weights_path}})
-        await upstream.request("POST", "/reset_prefix_cache")
-        await upstream.request("POST", "/update_weight_version", {"new_version": version})
-    except ProxyError as err:
-        return err.message
+        targets = [replica for replica in replicas.all if replica.state == "live"
+                   or (replica.state == "failed" and await healthy(replica.upstream))]
+        outcomes = await asyncio.gather(*(_reload(replica, weights_path, version) for replica in targets))
+    except BaseException:
+        await gate.resume()
+        raise
+    failures = [failure for failure in outcomes if failure is not None]
+    for replica, failure in zip(targets, outcomes):
+        if failure is None and replica.state == "dead":  # left out during the swap (the watch): it stays out
+            replica.weight_version = version
+        elif failure is None:
+            replicas.serve(replica, version)
+        elif failure.reached:
+            replicas.leave_out(replica, "failed", f"the weight reload failed at {failure.stage}: {failure.message}")
+        elif any(outcome is None for outcome in outcomes):  # never reached: old weights, now not the gate's
+            replicas.leave_out(replica, "failed", f"the weight reload could not reach it: {failure.message}",
+                               weight_version=replica.weight_version)
+    if not replicas.serving(version):
+        await gate.resume()
+        said = "; ".join(f"replica {f.replica} at {f.stage}: {f.message}" for f in failures) or "each was left out"
+        raise ProxyError(502, f"weight swap to {weights_path!r} left no replica serving version {version!r}; calls "
+                              f"stay at version {gate.version!r} on the replicas that still hold it, if any ({said})")
+    await gate.resume(version)
+    return failures
+
+
+async def _reload(replica: Replica, weights_path: str, version: str) -> Failure | None:
+    """One replica's reload; None when it succeeded, else the stage that failed."""
+    requests = {"reload_weights": ("/collective_rpc", {"method": "reload_weights",
+                                                       "kwargs": {"weights_path": weights_path}}),
+                "reset_prefix_cache": ("/reset_prefix_cache", None),
+                "update_weight_version": ("/update_weight_version", {"new_version": version})}
+    for stage in STAGES:
+        path, body = requests[stage]
+        try:
+            await replica.upstream.request("POST", path, body)
+        except ProxyError as err:
+            reached = stage != STAGES[0] or not isinstance(err, Unreachable)
+            return Failure(replica.index, stage, err.message.replace(replica.upstream.url, f"replica {replica.index}"),
+                           reached)
     return None
 
 
-async def _leave_out(replica: Replica, failure: str) -> None:
-    """A replica that could not reload while others did: out of service, so that no call meets its old weights."""
-    replica.state = "failed" if await healthy(replica.upstream) else "dead"
-    replica.reason = f"the weight reload failed: {failure}"
-
-
-async def initial_version(upstream: Upstream, configured: str | None) -> str:
-    """The version to stamp on calls until the first swap: the configured one, else vLLM's own, else "0"."""
+async def initial_version(upstreams: list[Upstream], configured: str | None) -> str:
+    """The version to stamp on calls until the first swap: the configured one, else vLLM's own (every replica's
+    must agree), else "0"."""
     if configured is not None:
         return configured
+    versions = {await _served_version(upstream) for upstream in upstreams}
+    if len(versions) > 1:
+        raise ValueError(f"the replicas serve different weight versions ({', '.join(sorted(versions))}); "
+                         "start them on one checkpoint or set --weight-version")
+    return versions.pop()
+
+
+async def _served_version(upstream: Upstream) -> str:
     try:
         version = (await upstream.request("GET", "/weight_info", timeout_s=5, retries=0)).get("weight_version")
     except ProxyError:
