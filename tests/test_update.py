@@ -617,6 +617,27 @@ def test_the_launcher_keeps_a_refusal_and_names_a_failed_rank(tmp_path: Path) ->
     assert plain.returncode == 1 and "Traceback" in plain.stderr
 
 
+def test_a_refusal_is_printed_once_when_another_rank_exits_first() -> None:
+    """Rank 1 refuses at once, rank 0 only later: torchrun stops rank 0 as soon as rank 1 exits, so the sentence
+    must come from rank 1's error file (`ranks.refuse`). The launcher prints it once, exit 2. Control: rank 0
+    printing it alone (what the update did) loses it, exit 2 and nothing said."""
+    import subprocess
+    import sys
+
+    def launch(refusal: str) -> subprocess.CompletedProcess:
+        code = ("import os, sys, time\nfrom steps.update import ranks\nrank = int(os.environ['RANK'])\n"
+                f"time.sleep(60 if rank == 0 else 0)\n{refusal}\nsys.exit(2)")
+        argv = [sys.executable, "-m", "steps.update.launch", "--standalone", "--nproc-per-node", "2", "--no-python",
+                sys.executable, "-c", code]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+    refused = launch("ranks.refuse('steps.update: config key x is wrong')")
+    assert (refused.returncode, refused.stderr.strip()) == (2, "steps.update: config key x is wrong")
+    lost = launch("print('steps.update: config key x is wrong', file=sys.stderr) if rank == 0 else None")
+    assert (lost.returncode, lost.stderr.strip()) == (2, "")
+
+
 def test_more_ranks_per_node_than_gpus_are_refused_before_a_model_is_loaded(monkeypatch, checkpoint: Path,
                                                                           tmp_path: Path, capsys, no_model) -> None:
     """A node with 2 GPUs and `update_gpus: 4`: every rank refuses (exit 2, one sentence naming the key). torch's

@@ -15,8 +15,7 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
-# The update's exit codes that mean something to the run (`steps.update.train.main`): 2 a refused input.
-REFUSED = 2
+from steps.update.ranks import REFUSED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
         if failure.exitcode == REFUSED:
+            if os.path.isfile(failure.error_file):  # the rank's sentence (`ranks.refuse`); else torchrun's own
+                print(failure.message, file=sys.stderr)
             return REFUSED
         print(f"steps.update: rank {rank} failed with exit code {failure.exitcode} (its log is above)",
               file=sys.stderr)

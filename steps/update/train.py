@@ -443,22 +443,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     ranks = update_ranks.current()
     # Every rank reads the same inputs and refuses the same ones before any collective, so none waits on
-    # another that stopped; rank 0 alone says why.
+    # another that stopped; each says why where the launcher reads it (`ranks.refuse`), which prints it once.
     say = _progress if ranks.first else lambda line: None
     try:
         config = load_config(args.config, args.overrides)
         samples = read_samples(args.trajectories)
         check_sampled_temperature(args.trajectories, config.temperature)
     except (ConfigError, update_batch.SampleError) as error:
-        say(str(error))
-        return 2
+        return update_ranks.refuse(f"steps.update: {error}")
     with tempfile.TemporaryDirectory(prefix="openforge-update-") as tmp:
         checkpoint = fetch(args.checkpoint, Path(tmp) / "in", progress=say)
         try:
             worker, metrics = run_update(samples, checkpoint, config)
         except (ConfigError, update_batch.SampleError) as error:
-            say(str(error))
-            return 2
+            return update_ranks.refuse(f"steps.update: {error}")
         metrics = strict_metrics(metrics)
         if "not_finite" in metrics:
             say(f"warning: {', '.join(metrics['not_finite'])} not finite, written as null")
