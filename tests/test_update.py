@@ -638,6 +638,35 @@ def test_a_refusal_is_printed_once_when_another_rank_exits_first() -> None:
     assert (lost.returncode, lost.stderr.strip()) == (2, "")
 
 
+@pytest.mark.parametrize("module", ["steps.update.train", "steps.update.ranks", "steps.update.batch"])
+def test_doctests(module: str) -> None:
+    """The update's doctests (the attention choice, the ranks' rows, the filler's advantage, ...)."""
+    import doctest
+    import importlib
+
+    failures, tried = doctest.testmod(importlib.import_module(module))
+    assert tried and not failures
+
+
+def test_a_gpu_without_flash_attn_builds_the_worker_with_sdpa(monkeypatch, checkpoint: Path) -> None:
+    """veRL's default, flash-attention-2, fails to load the model on a GPU where `flash_attn` does not import:
+    `build_worker` passes sdpa (unpacked) there. torch's GPU check is patched: there is no GPU here; veRL's
+    configs are real. Control: with `flash_attn` found, veRL's default stays."""
+    import importlib.util as util
+    from verl.workers import engine_workers
+
+    seen = []
+    monkeypatch.setattr(update.update_cpu, "needed", lambda: False)
+    monkeypatch.setattr(engine_workers, "TrainingWorker", lambda config: seen.append(config.model_config) or 1/0)
+    real = util.find_spec
+    for found in (False, True):
+        monkeypatch.setattr(util, "find_spec", lambda name: (found or None) if name == "flash_attn" else real(name))
+        with pytest.raises(ZeroDivisionError):
+            update.build_worker(checkpoint, load_config(None))
+    assert [(m.override_config["attn_implementation"], m.use_remove_padding) for m in seen] == [
+        ("sdpa", False), ("flash_attention_2", True)]
+
+
 def test_more_ranks_per_node_than_gpus_are_refused_before_a_model_is_loaded(monkeypatch, checkpoint: Path,
                                                                           tmp_path: Path, capsys, no_model) -> None:
     """A node with 2 GPUs and `update_gpus: 4`: every rank refuses (exit 2, one sentence naming the key). torch's

@@ -19,6 +19,7 @@ config key is refused in one sentence (exit code 2) before any model is loaded (
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -69,6 +70,17 @@ def prepare_runtime() -> None:
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 
 
+def attention(gpu: bool, flash_attn: bool) -> tuple[str, bool]:
+    """The attention kernel and whether sequences are packed (veRL's `use_remove_padding`): veRL's default,
+    flash-attention-2 on packed sequences, only on a GPU where `flash_attn` imports; else sdpa, unpacked (on a
+    GPU without `flash_attn` veRL's default fails to load the model; packed, sdpa builds a tokens x tokens mask).
+
+    >>> attention(gpu=True, flash_attn=True), attention(gpu=True, flash_attn=False), attention(False, True)
+    (('flash_attention_2', True), ('sdpa', False), ('sdpa', False))
+    """
+    return ("flash_attention_2", True) if gpu and flash_attn else ("sdpa", False)
+
+
 def build_worker(checkpoint: Path, config: UpdateConfig):
     """veRL's `TrainingWorker` (FSDP2, AdamW) on the HF checkpoint, with veRL's `ppo_loss` set.
 
@@ -83,8 +95,9 @@ def build_worker(checkpoint: Path, config: UpdateConfig):
     from verl.workers.utils.losses import ppo_loss
 
     cpu = update_cpu.needed()
-    model = HFModelConfig(path=str(checkpoint), override_config=dict(update_cpu.MODEL_OVERRIDES if cpu else {}),
-                          use_remove_padding=not cpu, enable_gradient_checkpointing=False)
+    kernel, packed = attention(gpu=not cpu, flash_attn=importlib.util.find_spec("flash_attn") is not None)
+    model = HFModelConfig(path=str(checkpoint), override_config={"attn_implementation": kernel},
+                          use_remove_padding=packed, enable_gradient_checkpointing=False)
     engine = FSDPEngineConfig(use_dynamic_bsz=True, max_token_len_per_gpu=config.max_tokens_per_micro_batch,
                               infer_max_token_len_per_gpu=config.max_tokens_per_micro_batch, seed=config.seed,
                               mixed_precision={"param_dtype": config.compute_dtype, "reduce_dtype": "fp32",
