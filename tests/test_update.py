@@ -667,6 +667,18 @@ def test_a_gpu_without_flash_attn_builds_the_worker_with_sdpa(monkeypatch, check
         ("sdpa", False), ("flash_attention_2", True)]
 
 
+def test_a_state_saved_with_other_settings_starts_fresh_whatever_its_world_size(monkeypatch, tmp_path: Path) -> None:
+    """The settings are compared before the world size: a state saved by 2 ranks with another learning_rate
+    starts fresh (nothing to reshard), one with the same settings is carried, resharded. No model loads."""
+    (tmp_path / update.OPTIMIZER_DIR).mkdir()
+    saved = {**update.optimizer_settings(load_config(None)), "world_size": 2, "optimizer_steps_total": 3}
+    (tmp_path / update.OPTIMIZER_DIR / "state.json").write_text(json.dumps(saved))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert update.saved_optimizer(tmp_path, load_config(None, ["learning_rate=2e-6"])) == (
+        None, "fresh: saved with another learning_rate")
+    assert update.saved_optimizer(tmp_path, load_config(None))[1] == "carried, resharded from world size 2"
+
+
 def test_more_ranks_per_node_than_gpus_are_refused_before_a_model_is_loaded(monkeypatch, checkpoint: Path,
                                                                           tmp_path: Path, capsys, no_model) -> None:
     """A node with 2 GPUs and `update_gpus: 4`: every rank refuses (exit 2, one sentence naming the key). torch's
