@@ -679,6 +679,50 @@ def test_a_state_saved_with_other_settings_starts_fresh_whatever_its_world_size(
     assert update.saved_optimizer(tmp_path, load_config(None))[1] == "carried, resharded from world size 2"
 
 
+def test_seq_mean_token_sum_norm_on_two_ranks_is_one_ranks_loss_with_the_batch_width() -> None:
+    """veRL's `agg_loss` on 2 ranks, each holding 2 of 4 rows padded to its own micro-batch's width (3 and 6), as
+    FSDP averages them, against 1 rank on all 4 (width 6): equal when the loss divides by the batch's width
+    (`loss_scale_factor`, what `build_worker` sets); control: veRL's default, each micro-batch's width, differs."""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    lengths, width = [2, 3, 6, 5], 6
+    loss = torch.arange(24, dtype=torch.float32).reshape(4, width) / 10
+    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
+
+    def both(factor: int | None) -> tuple[float, float]:
+        one = agg_loss(loss, mask, "seq-mean-token-sum-norm", dp_size=1, global_batch_size=4,
+                       loss_scale_factor=factor)
+        ranks = [agg_loss(loss[rows, :w], mask[rows, :w], "seq-mean-token-sum-norm", dp_size=2,
+                          global_batch_size=4, loss_scale_factor=factor) for rows, w in (([0, 1], 3), ([2, 3], 6))]
+        return float(one), float(sum(ranks) / 2)
+
+    assert both(width)[0] == pytest.approx(both(width)[1], rel=1e-6)
+    assert both(None)[0] != pytest.approx(both(None)[1], rel=1e-2)
+
+
+def test_the_worker_divides_seq_mean_token_sum_norm_by_the_batch_width(monkeypatch, checkpoint: Path) -> None:
+    """`build_worker` gives veRL's loss the batch's response width for `seq-mean-token-sum-norm` and nothing for
+    the other modes. veRL's worker is a stand-in (the configs are real): building it would load the model."""
+    from verl.workers import engine_workers
+
+    class Worker:
+        """Takes the configs, loads nothing."""
+
+        def __init__(self, config) -> None:
+            self.config = config
+
+        def reset(self) -> None:
+            pass
+
+        def set_loss_fn(self, loss_fn) -> None:
+            pass
+
+    monkeypatch.setattr(engine_workers, "TrainingWorker", Worker)
+    _, norm = update.build_worker(checkpoint, load_config(None, ["loss_agg_mode=seq-mean-token-sum-norm"]), 7)
+    _, token = update.build_worker(checkpoint, load_config(None), 7)
+    assert (norm.loss_scale_factor, token.loss_scale_factor) == (7, None)
+
+
 def test_more_ranks_per_node_than_gpus_are_refused_before_a_model_is_loaded(monkeypatch, checkpoint: Path,
                                                                           tmp_path: Path, capsys, no_model) -> None:
     """A node with 2 GPUs and `update_gpus: 4`: every rank refuses (exit 2, one sentence naming the key). torch's

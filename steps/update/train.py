@@ -81,10 +81,13 @@ def attention(gpu: bool, flash_attn: bool) -> tuple[str, bool]:
     return ("flash_attention_2", True) if gpu and flash_attn else ("sdpa", False)
 
 
-def build_worker(checkpoint: Path, config: UpdateConfig):
+def build_worker(checkpoint: Path, config: UpdateConfig, response_width: int | None = None):
     """veRL's `TrainingWorker` (FSDP2, AdamW) on the HF checkpoint, with veRL's `ppo_loss` set.
 
-    Returns (worker, actor_config); actor_config is what the loss reads (clip ratios, policy loss).
+    `response_width` is the whole batch's (the longest response): `seq-mean-token-sum-norm` divides by it.
+    Left to veRL (None) it divides by each micro-batch's own width, which depends on which rows a rank holds,
+    so N ranks would not make the update one rank makes. Returns (worker, actor_config); actor_config is what
+    the loss reads (clip ratios, policy loss).
     """
     from functools import partial
 
@@ -111,6 +114,7 @@ def build_worker(checkpoint: Path, config: UpdateConfig):
         clip_ratio=config.clip_ratio_high, clip_ratio_low=config.clip_ratio_low,
         clip_ratio_high=config.clip_ratio_high, clip_ratio_c=config.clip_ratio_c,
         loss_agg_mode=config.loss_agg_mode, entropy_coeff=config.entropy_coeff,
+        loss_scale_factor=response_width if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
         policy_loss={"loss_mode": config.policy_loss}, use_torch_compile=engine.use_torch_compile)
     contents = CheckpointConfig(save_contents=OPTIMIZER_CONTENTS, load_contents=OPTIMIZER_CONTENTS)
     worker = TrainingWorker(TrainingWorkerConfig(model_type="language_model", model_config=model,
@@ -264,7 +268,7 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
                       "samples": len(samples), "optimizer_steps": 0, "tokens_trained": 0,
                       "optimizer_state": "copied unchanged" if saved else optimizer_state,
                       "optimizer_steps_total": steps_before, "total_s": time.perf_counter() - started}
-    worker, _ = build_worker(checkpoint, config)
+    worker, _ = build_worker(checkpoint, config, max(len(s.response_token_ids) for s in samples))
     ranks = update_ranks.current()
     if saved and saved.get("world_size", 1) == ranks.world_size:
         worker.load_checkpoint(str(checkpoint / OPTIMIZER_DIR))
