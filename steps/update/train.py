@@ -275,7 +275,7 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
     elif saved:  # veRL loads only the files of its own world size
         reshard.load(worker.engine.optimizer, checkpoint / OPTIMIZER_DIR, saved.get("world_size", 1))
     shards = update_ranks.shard_rows(len(samples), config.mini_batches, ranks.world_size)
-    batch = update_batch.pad([*samples, update_batch.FILLER], {**advantages, update_batch.FILLER.rollout_id: 0.0})
+    batch = update_batch.pad([*samples, update_batch.FILLER], advantages)
     trainer_lp, entropy = batch_logprobs(worker, batch, shards, ranks.rank, config.temperature)
     correction = update_batch.correct(batch, trainer_lp, config)
     train_started = time.perf_counter()
