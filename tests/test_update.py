@@ -617,6 +617,112 @@ def test_the_launcher_keeps_a_refusal_and_names_a_failed_rank(tmp_path: Path) ->
     assert plain.returncode == 1 and "Traceback" in plain.stderr
 
 
+def test_a_refusal_is_printed_once_when_another_rank_exits_first() -> None:
+    """Rank 1 refuses at once, rank 0 only later: torchrun stops rank 0 as soon as rank 1 exits, so the sentence
+    must come from rank 1's error file (`ranks.refuse`). The launcher prints it once, exit 2. Control: rank 0
+    printing it alone (what the update did) loses it, exit 2 and nothing said."""
+    import subprocess
+    import sys
+
+    def launch(refusal: str) -> subprocess.CompletedProcess:
+        code = ("import os, sys, time\nfrom steps.update import ranks\nrank = int(os.environ['RANK'])\n"
+                f"time.sleep(60 if rank == 0 else 0)\n{refusal}\nsys.exit(2)")
+        argv = [sys.executable, "-m", "steps.update.launch", "--standalone", "--nproc-per-node", "2", "--no-python",
+                sys.executable, "-c", code]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+    refused = launch("ranks.refuse('steps.update: config key x is wrong')")
+    assert (refused.returncode, refused.stderr.strip()) == (2, "steps.update: config key x is wrong")
+    lost = launch("print('steps.update: config key x is wrong', file=sys.stderr) if rank == 0 else None")
+    assert (lost.returncode, lost.stderr.strip()) == (2, "")
+
+
+@pytest.mark.parametrize("module", ["steps.update.train", "steps.update.ranks", "steps.update.batch"])
+def test_doctests(module: str) -> None:
+    """The update's doctests (the attention choice, the ranks' rows, the filler's advantage, ...)."""
+    import doctest
+    import importlib
+
+    failures, tried = doctest.testmod(importlib.import_module(module))
+    assert tried and not failures
+
+
+def test_a_gpu_without_flash_attn_builds_the_worker_with_sdpa(monkeypatch, checkpoint: Path) -> None:
+    """veRL's default, flash-attention-2, fails to load the model on a GPU where `flash_attn` does not import:
+    `build_worker` passes sdpa (unpacked) there. torch's GPU check is patched: there is no GPU here; veRL's
+    configs are real. Control: with `flash_attn` found, veRL's default stays."""
+    import importlib.util as util
+    from verl.workers import engine_workers
+
+    seen = []
+    monkeypatch.setattr(update.update_cpu, "needed", lambda: False)
+    monkeypatch.setattr(engine_workers, "TrainingWorker", lambda config: seen.append(config.model_config) or 1/0)
+    real = util.find_spec
+    for found in (False, True):
+        monkeypatch.setattr(util, "find_spec", lambda name: (found or None) if name == "flash_attn" else real(name))
+        with pytest.raises(ZeroDivisionError):
+            update.build_worker(checkpoint, load_config(None))
+    assert [(m.override_config["attn_implementation"], m.use_remove_padding) for m in seen] == [
+        ("sdpa", False), ("flash_attention_2", True)]
+
+
+def test_a_state_saved_with_other_settings_starts_fresh_whatever_its_world_size(monkeypatch, tmp_path: Path) -> None:
+    """The settings are compared before the world size: a state saved by 2 ranks with another learning_rate
+    starts fresh (nothing to reshard), one with the same settings is carried, resharded. No model loads."""
+    (tmp_path / update.OPTIMIZER_DIR).mkdir()
+    saved = {**update.optimizer_settings(load_config(None)), "world_size": 2, "optimizer_steps_total": 3}
+    (tmp_path / update.OPTIMIZER_DIR / "state.json").write_text(json.dumps(saved))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert update.saved_optimizer(tmp_path, load_config(None, ["learning_rate=2e-6"])) == (
+        None, "fresh: saved with another learning_rate")
+    assert update.saved_optimizer(tmp_path, load_config(None))[1] == "carried, resharded from world size 2"
+
+
+def test_seq_mean_token_sum_norm_on_two_ranks_is_one_ranks_loss_with_the_batch_width() -> None:
+    """veRL's `agg_loss` on 2 ranks, each holding 2 of 4 rows padded to its own micro-batch's width (3 and 6), as
+    FSDP averages them, against 1 rank on all 4 (width 6): equal when the loss divides by the batch's width
+    (`loss_scale_factor`, what `build_worker` sets); control: veRL's default, each micro-batch's width, differs."""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    lengths, width = [2, 3, 6, 5], 6
+    loss = torch.arange(24, dtype=torch.float32).reshape(4, width) / 10
+    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
+
+    def both(factor: int | None) -> tuple[float, float]:
+        one = agg_loss(loss, mask, "seq-mean-token-sum-norm", dp_size=1, global_batch_size=4,
+                       loss_scale_factor=factor)
+        ranks = [agg_loss(loss[rows, :w], mask[rows, :w], "seq-mean-token-sum-norm", dp_size=2,
+                          global_batch_size=4, loss_scale_factor=factor) for rows, w in (([0, 1], 3), ([2, 3], 6))]
+        return float(one), float(sum(ranks) / 2)
+
+    assert both(width)[0] == pytest.approx(both(width)[1], rel=1e-6)
+    assert both(None)[0] != pytest.approx(both(None)[1], rel=1e-2)
+
+
+def test_the_worker_divides_seq_mean_token_sum_norm_by_the_batch_width(monkeypatch, checkpoint: Path) -> None:
+    """`build_worker` gives veRL's loss the batch's response width for `seq-mean-token-sum-norm` and nothing for
+    the other modes. veRL's worker is a stand-in (the configs are real): building it would load the model."""
+    from verl.workers import engine_workers
+
+    class Worker:
+        """Takes the configs, loads nothing."""
+
+        def __init__(self, config) -> None:
+            self.config = config
+
+        def reset(self) -> None:
+            pass
+
+        def set_loss_fn(self, loss_fn) -> None:
+            pass
+
+    monkeypatch.setattr(engine_workers, "TrainingWorker", Worker)
+    _, norm = update.build_worker(checkpoint, load_config(None, ["loss_agg_mode=seq-mean-token-sum-norm"]), 7)
+    _, token = update.build_worker(checkpoint, load_config(None), 7)
+    assert (norm.loss_scale_factor, token.loss_scale_factor) == (7, None)
+
+
 def test_more_ranks_per_node_than_gpus_are_refused_before_a_model_is_loaded(monkeypatch, checkpoint: Path,
                                                                           tmp_path: Path, capsys, no_model) -> None:
     """A node with 2 GPUs and `update_gpus: 4`: every rank refuses (exit 2, one sentence naming the key). torch's

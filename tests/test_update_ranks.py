@@ -169,7 +169,7 @@ def test_an_optimizer_state_saved_by_another_number_of_ranks_is_resharded(runs: 
 
 
 def test_a_bad_input_is_refused_by_both_ranks_in_one_sentence(runs: dict, tmp_path: Path) -> None:
-    """Under torchrun a bad config key stops both ranks before a model loads: exit 2 and rank 0's one sentence,
+    """Under torchrun a bad config key stops both ranks before a model loads: exit 2 and one sentence, once,
     not torchrun's failure report (control: the same command without the bad key trained, `runs["two"]`)."""
     argv = [*commands.update(RunConfig(update_gpus=2), str(runs["two"]["out"].parent / "full"), str(runs["base"]),
                              str(tmp_path / "out"), python=sys.executable), "correction=nope"]

@@ -816,6 +816,8 @@ def test_multi_node_update_is_a_jobset_owned_by_the_workflow() -> None:
     assert cluster_config(*MULTI_NODE, "update_timeout_s=600").update_timeout_s == 600
     (container,) = job["template"]["spec"]["containers"]
     assert container["image"] == "ghcr.io/openforge/train:0.1.0" and container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    # 8 CPUs and 64Gi per GPU (one update process each); the one-GPU pod below asks for 8 and 64Gi
+    assert container["resources"]["requests"] == {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}
     assert container["command"] == commands.update(
         config, layout.run_partition_url(config.run_url, "t", 0), config.checkpoint_url(0), config.checkpoint_url(1),
         node_rank="$(OPENFORGE_NODE_RANK)", master_addr="$(OPENFORGE_MASTER_ADDR)")
@@ -833,6 +835,7 @@ def test_multi_node_update_is_a_jobset_owned_by_the_workflow() -> None:
     assert jobset.INSTALL.endswith(f"/{jobset.VERSION}/manifests.yaml")
     one = template(iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"], "update")
     assert "resource" not in one and one["container"]["command"][:3] == ["python", "-m", "steps.update"]
+    assert one["container"]["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"}
 
 
 def kubelet_expand(container: dict, pod: dict) -> list[str]:

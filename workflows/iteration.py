@@ -230,8 +230,10 @@ def evaluate_template(config: RunConfig, iteration: int) -> Container:
 
 
 def update_resources(config: RunConfig) -> Resources:
-    """One update pod's resources: `update_gpus` GPUs (per node, with `update_nodes`)."""
-    return Resources(gpus=config.update_gpus, cpu_request=8, memory_request="64Gi")
+    """One update pod's resources: `update_gpus` GPUs (per node, with `update_nodes`), and 8 CPUs and 64Gi for
+    each (one update process per GPU, each with its own loader threads and host copies of its shards)."""
+    return Resources(gpus=config.update_gpus, cpu_request=8 * config.update_gpus,
+                     memory_request=f"{64 * config.update_gpus}Gi")
 
 
 def update_template(config: RunConfig, iteration: int) -> Container | Resource:

@@ -246,7 +246,14 @@ def _pad(rows: list[list], width: int, left: bool, dtype: torch.dtype) -> torch.
 
 
 def pad(samples: list[Sample], advantages: dict[str, float]) -> Batch:
-    """veRL's padded batch: prompts left-padded, responses right-padded, advantages on sampled tokens."""
+    """veRL's padded batch: prompts left-padded, responses right-padded, advantages on sampled tokens.
+
+    `FILLER` rows get no advantage without a key of their own, so no real rollout's id (even "") is overwritten:
+
+    >>> rollout = Sample("", "a", [1], [2], [1], None, 1.0)
+    >>> pad([rollout, FILLER], {"": 0.5}).advantages.tolist(), pad([FILLER], {}).advantages.tolist()
+    ([[0.5], [0.0]], [[0.0]])
+    """
     prompt_width = max(len(s.prompt_token_ids) for s in samples)
     response_width = max(len(s.response_token_ids) for s in samples)
     prompts = _pad([s.prompt_token_ids for s in samples], prompt_width, True, torch.long)
@@ -256,7 +263,8 @@ def pad(samples: list[Sample], advantages: dict[str, float]) -> Batch:
     response_mask = _pad([s.response_mask for s in samples], response_width, False, torch.float32)
     logprobs = [s.response_logprobs or [] for s in samples]  # finite: `check_sample`
     rollout_log_probs = _pad(logprobs, response_width, False, torch.float32) * response_mask
-    advantage = torch.tensor([advantages[s.rollout_id] for s in samples], dtype=torch.float32)
+    advantage = torch.tensor([0.0 if s is FILLER else advantages[s.rollout_id] for s in samples],
+                             dtype=torch.float32)
     return Batch(
         prompts=prompts, responses=responses, attention_mask=torch.cat([prompt_real, response_real], dim=1),
         response_mask=response_mask, rollout_log_probs=rollout_log_probs,

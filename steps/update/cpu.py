@@ -6,12 +6,12 @@ on a GPU nothing here runs. veRL 0.9.1 knows only cuda/npu/rocm, so on CPU it ne
 1. a CPU platform, registered and selected before veRL caches the device name;
 2. its FSDP language-model engine registered for device "cpu";
 3. FSDP2, as everywhere in `steps.update` (FSDP1 hard-codes `sync_module_states=True`, which fails on CPU);
-4. a gloo process group (torchrun's ranks, or a single process alone), sdpa attention instead of
-   flash-attention-2 (`MODEL_OVERRIDES`) and no torch.compile (`ENGINE_OVERRIDES`).
+4. a gloo process group (torchrun's ranks, or a single process alone) and no torch.compile
+   (`ENGINE_OVERRIDES`); sdpa attention instead of flash-attention-2, unpacked, is
+   `steps.update.train.attention`'s choice wherever `flash_attn` is missing, on CPU always.
 
-One more, for speed only: no "remove padding" (packed sequences). Without flash-attention's varlen
-kernels, sdpa on one packed sequence builds a full tokens x tokens mask: 8 samples x 512 tokens took
-7.8 s a step packed, 1.2 s padded (`steps.update.build_worker` turns it off when `needed()`).
+Unpacked ("remove padding" off) for speed: without flash-attention's varlen kernels, sdpa on one packed
+sequence builds a full tokens x tokens mask: 8 samples x 512 tokens took 7.8 s a step packed, 1.2 s padded.
 
 Everything veRL-specific is imported lazily so that importing this module costs nothing.
 """
@@ -24,9 +24,8 @@ from typing import Any
 
 import torch
 
-# Applied to the engine / HF model configs on CPU only (adjustment 4).
+# Applied to the engine config on CPU only (adjustment 4).
 ENGINE_OVERRIDES: dict[str, Any] = {"use_torch_compile": False}
-MODEL_OVERRIDES: dict[str, Any] = {"attn_implementation": "sdpa"}
 
 
 def needed() -> bool:

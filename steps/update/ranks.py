@@ -9,10 +9,16 @@ must hold its share of every mini-batch (`shard_rows`) to make the update one ra
 batch (`docs/update.md`, "On many GPUs").
 """
 
+import json
 import os
+import sys
+import time
 from dataclasses import dataclass
 
 import torch
+
+# The update's exit code for a refused input (`steps.update.train.main`, kept by `steps.update.launch`).
+REFUSED = 2
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,20 @@ def current() -> Ranks:
     """The ranks as the launcher set them in the environment (none set: a single process)."""
     return Ranks(rank=int(os.environ.get("RANK", "0")), world_size=int(os.environ.get("WORLD_SIZE", "1")),
                  local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def refuse(line: str) -> int:
+    """Says a refusal's one `line` and returns `REFUSED`. Under torchrun every rank writes it to its own
+    TORCHELASTIC_ERROR_FILE, which `steps.update.launch` reads and prints once: the first rank to exit stops the
+    others, so a line only rank 0 printed would be lost whenever another rank refused first. Alone it is printed.
+    """
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:  # torchrun's own format (a message and a timestamp), read into its ProcessFailure
+        with open(error_file, "w") as out:
+            json.dump({"message": line, "timestamp": int(time.time())}, out)
+    else:
+        print(line, file=sys.stderr, flush=True)
+    return REFUSED
 
 
 def shard_rows(samples: int, mini_batches: int, world_size: int) -> list[list[int]]:

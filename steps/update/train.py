@@ -19,6 +19,7 @@ config key is refused in one sentence (exit code 2) before any model is loaded (
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -69,10 +70,24 @@ def prepare_runtime() -> None:
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 
 
-def build_worker(checkpoint: Path, config: UpdateConfig):
+def attention(gpu: bool, flash_attn: bool) -> tuple[str, bool]:
+    """The attention kernel and whether sequences are packed (veRL's `use_remove_padding`): veRL's default,
+    flash-attention-2 on packed sequences, only on a GPU where `flash_attn` imports; else sdpa, unpacked (on a
+    GPU without `flash_attn` veRL's default fails to load the model; packed, sdpa builds a tokens x tokens mask).
+
+    >>> attention(gpu=True, flash_attn=True), attention(gpu=True, flash_attn=False), attention(False, True)
+    (('flash_attention_2', True), ('sdpa', False), ('sdpa', False))
+    """
+    return ("flash_attention_2", True) if gpu and flash_attn else ("sdpa", False)
+
+
+def build_worker(checkpoint: Path, config: UpdateConfig, response_width: int | None = None):
     """veRL's `TrainingWorker` (FSDP2, AdamW) on the HF checkpoint, with veRL's `ppo_loss` set.
 
-    Returns (worker, actor_config); actor_config is what the loss reads (clip ratios, policy loss).
+    `response_width` is the whole batch's (the longest response): `seq-mean-token-sum-norm` divides by it.
+    Left to veRL (None) it divides by each micro-batch's own width, which depends on which rows a rank holds,
+    so N ranks would not make the update one rank makes. Returns (worker, actor_config); actor_config is what
+    the loss reads (clip ratios, policy loss).
     """
     from functools import partial
 
@@ -83,8 +98,9 @@ def build_worker(checkpoint: Path, config: UpdateConfig):
     from verl.workers.utils.losses import ppo_loss
 
     cpu = update_cpu.needed()
-    model = HFModelConfig(path=str(checkpoint), override_config=dict(update_cpu.MODEL_OVERRIDES if cpu else {}),
-                          use_remove_padding=not cpu, enable_gradient_checkpointing=False)
+    kernel, packed = attention(gpu=not cpu, flash_attn=importlib.util.find_spec("flash_attn") is not None)
+    model = HFModelConfig(path=str(checkpoint), override_config={"attn_implementation": kernel},
+                          use_remove_padding=packed, enable_gradient_checkpointing=False)
     engine = FSDPEngineConfig(use_dynamic_bsz=True, max_token_len_per_gpu=config.max_tokens_per_micro_batch,
                               infer_max_token_len_per_gpu=config.max_tokens_per_micro_batch, seed=config.seed,
                               mixed_precision={"param_dtype": config.compute_dtype, "reduce_dtype": "fp32",
@@ -98,6 +114,7 @@ def build_worker(checkpoint: Path, config: UpdateConfig):
         clip_ratio=config.clip_ratio_high, clip_ratio_low=config.clip_ratio_low,
         clip_ratio_high=config.clip_ratio_high, clip_ratio_c=config.clip_ratio_c,
         loss_agg_mode=config.loss_agg_mode, entropy_coeff=config.entropy_coeff,
+        loss_scale_factor=response_width if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
         policy_loss={"loss_mode": config.policy_loss}, use_torch_compile=engine.use_torch_compile)
     contents = CheckpointConfig(save_contents=OPTIMIZER_CONTENTS, load_contents=OPTIMIZER_CONTENTS)
     worker = TrainingWorker(TrainingWorkerConfig(model_type="language_model", model_config=model,
@@ -251,14 +268,14 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
                       "samples": len(samples), "optimizer_steps": 0, "tokens_trained": 0,
                       "optimizer_state": "copied unchanged" if saved else optimizer_state,
                       "optimizer_steps_total": steps_before, "total_s": time.perf_counter() - started}
-    worker, _ = build_worker(checkpoint, config)
+    worker, _ = build_worker(checkpoint, config, max(len(s.response_token_ids) for s in samples))
     ranks = update_ranks.current()
     if saved and saved.get("world_size", 1) == ranks.world_size:
         worker.load_checkpoint(str(checkpoint / OPTIMIZER_DIR))
     elif saved:  # veRL loads only the files of its own world size
         reshard.load(worker.engine.optimizer, checkpoint / OPTIMIZER_DIR, saved.get("world_size", 1))
     shards = update_ranks.shard_rows(len(samples), config.mini_batches, ranks.world_size)
-    batch = update_batch.pad([*samples, update_batch.FILLER], {**advantages, update_batch.FILLER.rollout_id: 0.0})
+    batch = update_batch.pad([*samples, update_batch.FILLER], advantages)
     trainer_lp, entropy = batch_logprobs(worker, batch, shards, ranks.rank, config.temperature)
     correction = update_batch.correct(batch, trainer_lp, config)
     train_started = time.perf_counter()
@@ -443,22 +460,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     ranks = update_ranks.current()
     # Every rank reads the same inputs and refuses the same ones before any collective, so none waits on
-    # another that stopped; rank 0 alone says why.
+    # another that stopped; each says why where the launcher reads it (`ranks.refuse`), which prints it once.
     say = _progress if ranks.first else lambda line: None
     try:
         config = load_config(args.config, args.overrides)
         samples = read_samples(args.trajectories)
         check_sampled_temperature(args.trajectories, config.temperature)
     except (ConfigError, update_batch.SampleError) as error:
-        say(str(error))
-        return 2
+        return update_ranks.refuse(f"steps.update: {error}")
     with tempfile.TemporaryDirectory(prefix="openforge-update-") as tmp:
         checkpoint = fetch(args.checkpoint, Path(tmp) / "in", progress=say)
         try:
             worker, metrics = run_update(samples, checkpoint, config)
         except (ConfigError, update_batch.SampleError) as error:
-            say(str(error))
-            return 2
+            return update_ranks.refuse(f"steps.update: {error}")
         metrics = strict_metrics(metrics)
         if "not_finite" in metrics:
             say(f"warning: {', '.join(metrics['not_finite'])} not finite, written as null")
