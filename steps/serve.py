@@ -55,6 +55,7 @@ from steps.vllm_server import (
     VllmServer,
     check_vllm_args,
     replica_env,
+    signal_group,
     spawn,
     vllm_command,
 )
@@ -296,20 +297,13 @@ def stop_all(servers: list[VllmServer], grace_s: float = 20.0) -> None:
     left. A second SIGTERM meanwhile is ignored, so that no vLLM is left running (each is in its own session)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for server in servers:
-        _signal_group(server, signal.SIGTERM)
+        signal_group(server, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while any(server.process.poll() is None for server in servers) and time.monotonic() < deadline:
         time.sleep(0.1)
     for server in servers:
-        _signal_group(server, signal.SIGKILL)  # whatever is left: the engine cores, their workers
+        signal_group(server, signal.SIGKILL)  # whatever is left: the engine cores, their workers
         server.process.wait()
-
-
-def _signal_group(server: VllmServer, sig: signal.Signals) -> None:
-    try:
-        os.killpg(server.process.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def replica_log(log: Path, index: int) -> Path:

@@ -201,16 +201,17 @@ def wait_healthy(server: VllmServer, timeout_s: float) -> None:
 def stop_vllm(server: VllmServer, grace_s: float = 20.0) -> None:
     """Stops the server and every process it started: SIGTERM to its process group, SIGKILL after `grace_s`."""
     if server.process.poll() is None:
-        _signal_group(server, signal.SIGTERM)
+        signal_group(server, signal.SIGTERM)
         try:
             server.process.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
-    _signal_group(server, signal.SIGKILL)  # whatever is left: the engine core, its workers
+    signal_group(server, signal.SIGKILL)  # whatever is left: the engine core, its workers
     server.process.wait()
 
 
-def _signal_group(server: VllmServer, sig: signal.Signals) -> None:
+def signal_group(server: VllmServer, sig: signal.Signals) -> None:
+    """Sends `sig` to the server's process group (vLLM and its engine processes); nothing if it is gone."""
     try:
         os.killpg(server.process.pid, sig)
     except ProcessLookupError:
