@@ -27,7 +27,8 @@ from steps.tiny_model import build_tiny_model
 from steps.trajectories.collect import collect
 from steps.trajectories.io import partition_url, read_table
 from steps.trajectories.staleness import Staleness, versions_behind
-from workflows import layout
+from workflows import layout, local
+from workflows.config import load_config
 from workflows.local import StepFailed, Updates
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,6 +142,77 @@ def test_background_updates_run_in_order_and_none_runs_on_the_base_a_failed_one_
     updates.close()
     assert ran == [0, 1]  # update 2 never ran: its base, checkpoint 2, was never written
     assert "iteration 1 failed" in str(updates.started[2].exception())
+
+
+def run_stubbed(tmp_path: Path, monkeypatch, iterations: int, staleness: int, failing: int | None = None,
+                fail_when: str = "queued") -> tuple[int, list, Path]:
+    """`run_overlapped` with its steps stubbed: which iteration a failure is recorded on depends on when the
+    failed update ends against the next rollouts, and only stubs can place that moment (the real loop, with
+    real vLLM and veRL, is the slow test below). Update `failing` raises once iteration `failing`+1's update is
+    queued ("queued") or while its rollouts run ("rollouts"). Returns the exit code, the event order and the run."""
+    events, lock, gate = [], threading.Lock(), threading.Event()
+
+    def note(what: str) -> None:
+        with lock:
+            events.append((what, time.time()))
+
+    def collect(config, iteration, *args):
+        note(f"rollouts {iteration} start")
+        if failing is not None and iteration == failing + 1 and fail_when == "rollouts":
+            gate.set()
+            time.sleep(0.3)  # update `failing` ends while these rollouts run
+        return []
+
+    def update(config, iteration, *args):
+        if iteration == failing:
+            gate.wait(10)
+            raise StepFailed(f"update {iteration} boom")
+        time.sleep(0.05)
+        note(f"update {iteration} end")
+        return config.checkpoint_url(iteration + 1)
+
+    def say(text: str) -> None:
+        if failing is not None and fail_when == "queued" and text.startswith(f"iteration {failing + 1}: its update"):
+            gate.set()
+
+    for name, stub in {"collect_iteration": collect, "update_iteration": update, "say": say,
+                       "refresh_report": lambda run_url: None}.items():
+        monkeypatch.setattr(local, name, stub)
+    config = load_config(None, [f"store={tmp_path}", "run=ov", f"iterations={iterations}",
+                                f"max_staleness={staleness}"], check_dataset=False)
+    code = local.run_overlapped(config, 0, {}, "http://proxy", ADMIN, {}, tmp_path)
+    return code, [what for what, _ in sorted(events, key=lambda e: e[1])], Path(config.run_url)
+
+
+@pytest.mark.parametrize("fail_when", ["queued", "rollouts"])
+def test_a_failed_update_is_recorded_on_its_own_iteration_and_one_that_only_waited_has_no_record(
+        tmp_path, monkeypatch, capsys, fail_when):
+    code, _, run = run_stubbed(tmp_path, monkeypatch, 3, 1, failing=0, fail_when=fail_when)
+    assert code == 1 and "the update of iteration 0 failed: update 0 boom" in capsys.readouterr().err
+    records = [record_of(run, i) for i in range(3)]
+    assert records[0]["status"] == "Failed" and records[0]["reason"] == "update 0 boom"
+    assert records[1]["status"] == "Failed"  # its rollouts ran; its update never did, and it says why
+    assert "the update of iteration 0 failed" in records[1]["reason"]
+    assert records[2] is None  # it only waited for update 0: it ran nothing, so it has no record
+
+
+def test_a_failed_last_update_is_recorded_and_the_one_queued_behind_it_says_why_it_did_not_run(
+        tmp_path, monkeypatch):
+    code, _, run = run_stubbed(tmp_path, monkeypatch, 2, 1, failing=0)
+    assert code == 1
+    assert [(r["status"], r["reason"]) for r in (record_of(run, 0), record_of(run, 1))] == [
+        ("Failed", "update 0 boom"), ("Failed", "update 1 not started: the update of iteration 0 failed")]
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_rollouts_n_plus_s_plus_1_start_only_after_update_n_and_every_iteration_succeeds(
+        tmp_path, monkeypatch, staleness):
+    code, events, run = run_stubbed(tmp_path, monkeypatch, 4, staleness)
+    assert code == 0 and [record_of(run, i)["status"] for i in range(4)] == ["Succeeded"] * 4
+    for n in range(4 - staleness - 1):
+        assert events.index(f"rollouts {n + staleness + 1} start") > events.index(f"update {n} end")
+    # the control: rollouts n+S do not wait for update n (S = 1 overlaps them with update n's sleep)
+    assert events.index(f"rollouts {staleness} start") < events.index("update 0 end")
 
 
 # ---- one slow run of the embedded default with S = 1 ----
