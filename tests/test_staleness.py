@@ -344,6 +344,30 @@ def test_a_failed_update_stops_the_overlapped_run_and_resume_follows_what_is_run
     assert [(r.workflow, r.status) for r in records.values()] == [(f"openforge-of-it{i}", "Succeeded") for i in range(3)]
 
 
+def test_resume_of_an_overlapped_run_records_the_evaluation_an_ended_iteration_left_unrecorded(
+        collecting_argo: CollectingArgo, s3_store: str) -> None:
+    """The driver died after an eval_every iteration ended: its exit handler recorded the iteration (without its
+    evaluation) and eval-0.json was never written. `resume` with S = 1 records it and runs nothing again
+    (control: before resume the manifest has no evaluation 0)."""
+    import dataclasses
+
+    import fsspec
+    from test_eval import fake_summary
+
+    run_url = f"{s3_store}/ovev"
+    fake_summary(run_url, 0), fake_summary(run_url, 1)
+    assert drive(collecting_argo, s3_store, "--harness", "codex", "run=ovev", "iterations=1", "eval_every=1",
+                 "max_staleness=1") == 0
+    manifest.record(run_url, dataclasses.replace(manifest.read_iterations(run_url)[0], eval=None))
+    fs, path = fsspec.core.url_to_fs(layout.eval_record_url(run_url, 0))
+    fs.rm(path)
+    assert 0 not in manifest.read_evals(run_url)  # the control
+    created = len(collecting_argo.calls("POST"))
+    assert drive(collecting_argo, s3_store, "resume", "--run", "ovev") == 0
+    assert len(collecting_argo.calls("POST")) == created
+    assert manifest.read_evals(run_url)[0].status == "Succeeded" and manifest.read_iterations(run_url)[0].eval
+
+
 def test_the_wait_step_waits_for_a_whole_checkpoint_and_fails_when_its_iteration_failed(tmp_path: Path) -> None:
     run_url = str(tmp_path / "run")
     folder = Path(follow.checkpoint(run_url, 2))

@@ -315,10 +315,12 @@ def drive_overlapped(config: RunConfig, client: ArgoClient, poll_s: float) -> in
     (its update runs beside n+1's rollouts; n+1's serve swaps its checkpoint in, n+1's update waits for it);
     iteration n+S+1's only once iteration n has ended (never more than S versions ahead of what is trained). A
     failed iteration stops the run: the next one's update then fails waiting for the checkpoint it never wrote."""
-    records, running = manifest.read_iterations(config.run_url), {}
+    records, evaluations, running = manifest.read_iterations(config.run_url), manifest.read_evals(config.run_url), {}
     for iteration in range(config.iterations):
         entry = records.get(iteration)
         if entry and entry.status == "Succeeded":
+            if config.evaluates_at(iteration) and not (iteration in evaluations and evaluations[iteration].done):
+                mark(config, iteration, entry.workflow, entry.status)  # the driver died before recording it
             continue
         # An iteration that evaluates the checkpoint it serves waits for the update that writes it.
         behind = iteration if config.evaluates_at(iteration) else iteration - config.max_staleness
