@@ -387,6 +387,24 @@ def test_the_wait_step_waits_for_a_whole_checkpoint_and_fails_when_its_iteration
     assert done.returncode == 1 and done.stderr.startswith("error: ") and "Traceback" not in done.stderr
 
 
+def test_the_wait_step_gives_up_after_the_update_timeout_when_no_record_ever_says_the_iteration_ended(
+        tmp_path: Path) -> None:
+    """A record left Running (a deleted Workflow, a lost controller) never ends the wait by itself: the
+    Workflow's wait step passes `update_timeout_s`, and the step exits 1 with one sentence naming the iteration
+    (control: the record's Failed, not the timeout, ends the wait in the test above)."""
+    from workflows.commands import wait_checkpoint
+
+    run_url = str(tmp_path / "run")
+    manifest.record(run_url, manifest.IterationRecord(0, "openforge-x-it0", status="Running"))
+    config = load_config(None, [f"store={tmp_path}", "run=run", "update_timeout_s=1"], check_dataset=False)
+    command = wait_checkpoint(config, 1, python=sys.executable)
+    assert command[-2:] == ["--timeout-s", "1"]
+    done = subprocess.run([*command, "--poll-s", "0.05"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "not complete within 1 s" in done.stderr
+    assert "does not say iteration 0 ended" in done.stderr
+
+
 def test_the_follower_swaps_each_whole_checkpoint_into_a_running_serve(swap_proxy, tiny_model, tmp_path: Path) -> None:
     run_url = str(tmp_path / "run")
     folder = Path(follow.checkpoint(run_url, 1))
