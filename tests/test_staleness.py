@@ -344,6 +344,27 @@ def test_a_failed_update_stops_the_overlapped_run_and_resume_follows_what_is_run
     assert [(r.workflow, r.status) for r in records.values()] == [(f"openforge-of-it{i}", "Succeeded") for i in range(3)]
 
 
+def test_retry_of_a_failed_update_retries_the_iteration_that_waited_for_it_and_follows_both(
+        collecting_argo: CollectingArgo, s3_store: str, capsys) -> None:
+    """Update 0 failed, so iteration 1's wait-checkpoint failed too: `retry --iteration 0` retries both (0 first,
+    recorded Running before 1's wait reads it), follows them, and the run goes on (control: before the retry
+    the run stopped with both Failed)."""
+    fake = collecting_argo
+    fake.script["openforge-or-it0"] = ["", "Running", "Running", "Running", "Failed"]
+    fake.script["openforge-or-it1"] = ["", "Running", "Running", "Running", "Running", "Failed"]
+    assert drive(fake, s3_store, "--harness", "codex", "run=or", "iterations=3", "max_staleness=1") == 1
+    # the driver stopped at iteration 0; iteration 1's Workflow ended after it, recorded by its exit handler
+    manifest.record(f"{s3_store}/or", manifest.IterationRecord(1, "openforge-or-it1", status="Failed"))
+    assert {i: r.status for i, r in manifest.read_iterations(f"{s3_store}/or").items()} == {0: "Failed", 1: "Failed"}
+    capsys.readouterr()
+    assert drive(fake, s3_store, "retry", "--run", "or", "--iteration", "0") == 0
+    retried = [path.split("/")[-2] for _, path, _, _ in fake.calls("PUT") if path.endswith("/retry")]
+    assert retried == ["openforge-or-it0", "openforge-or-it1"]
+    assert "iteration 1: retried with iteration 0" in capsys.readouterr().out
+    records = manifest.read_iterations(f"{s3_store}/or")
+    assert [(r.workflow, r.status) for r in records.values()] == [(f"openforge-or-it{i}", "Succeeded") for i in range(3)]
+
+
 def test_resume_of_an_overlapped_run_records_the_evaluation_an_ended_iteration_left_unrecorded(
         collecting_argo: CollectingArgo, s3_store: str) -> None:
     """The driver died after an eval_every iteration ended: its exit handler recorded the iteration (without its
