@@ -365,6 +365,23 @@ def test_retry_of_a_failed_update_retries_the_iteration_that_waited_for_it_and_f
     assert [(r.workflow, r.status) for r in records.values()] == [(f"openforge-or-it{i}", "Succeeded") for i in range(3)]
 
 
+def test_resubmit_of_an_iteration_whose_checkpoint_a_later_update_used_is_one_sentence(
+        collecting_argo: CollectingArgo, s3_store: str, capsys) -> None:
+    """Resubmitting iteration 0 would rewrite checkpoint 1 under iteration 1, whose update trained on it: refused
+    before anything is submitted (control: with iteration 1 Failed the resubmit goes ahead)."""
+    run_url = f"{s3_store}/orr"
+    assert drive(collecting_argo, s3_store, "--harness", "codex", "run=orr", "iterations=2", "max_staleness=1") == 0
+    manifest.record(run_url, manifest.IterationRecord(0, "openforge-orr-it0", status="Failed"))
+    capsys.readouterr()
+    assert drive(collecting_argo, s3_store, "resubmit", "--run", "orr", "--iteration", "0") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: iteration 1 is Succeeded") and err.count("\n") == 1
+    assert not any(path.endswith("/resubmit") for _, path, _, _ in collecting_argo.calls("PUT"))
+    manifest.record(run_url, manifest.IterationRecord(1, "openforge-orr-it1", status="Failed"))
+    drive(collecting_argo, s3_store, "resubmit", "--run", "orr", "--iteration", "0")
+    assert any(path.endswith("/resubmit") for _, path, _, _ in collecting_argo.calls("PUT"))
+
+
 def test_resume_of_an_overlapped_run_records_the_evaluation_an_ended_iteration_left_unrecorded(
         collecting_argo: CollectingArgo, s3_store: str) -> None:
     """The driver died after an eval_every iteration ended: its exit handler recorded the iteration (without its

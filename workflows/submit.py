@@ -348,6 +348,18 @@ def drive_overlapped(config: RunConfig, client: ArgoClient, poll_s: float) -> in
     return drain(config, client, running, config.iterations, poll_s)
 
 
+def refuse_rewrite_under_later_updates(config: RunConfig, entry: IterationRecord | EvalRecord) -> None:
+    """A ConfigError when resubmitting iteration n would rewrite checkpoint n+1 after iteration n+1 (with
+    `max_staleness` >= 1, already running or done) may have trained on it: that update would not be redone."""
+    if not config.max_staleness or isinstance(entry, EvalRecord):
+        return
+    later = manifest.read_iterations(config.run_url).get(entry.iteration + 1)
+    if later is not None and later.status in ("Running", "Succeeded"):
+        raise ConfigError(f"iteration {entry.iteration + 1} is {later.status} and its update trains on checkpoint "
+                          f"{entry.iteration + 1}, which resubmitting iteration {entry.iteration} would rewrite: "
+                          f"use `retry --iteration {entry.iteration}` (its failed steps only), or start a new run")
+
+
 def retry_stopped_behind(config: RunConfig, client: ArgoClient, retried: IterationRecord) -> None:
     """With `max_staleness` S >= 1, the iterations after a retried one (up to S) that ended Failed or Error are
     retried with it: their update's wait-checkpoint stopped when the retried one failed, so they cannot
@@ -494,6 +506,7 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
             client.retry_failed(entry.workflow)
             name = entry.workflow
         else:
+            refuse_rewrite_under_later_updates(config, entry)
             name = client.resubmit(entry.workflow, memoized=args.memoized)
         (mark_eval if isinstance(entry, EvalRecord) else mark)(config, entry.iteration, name, "Running")
         if args.action == "retry" and config.max_staleness and isinstance(entry, IterationRecord):
