@@ -45,11 +45,28 @@ def fetch(url: str, local: Path, skip: tuple[str, ...] = (), progress: Callable[
     return local
 
 
-def publish(local: Path, url: str) -> None:
-    """Uploads a finished folder to a remote `url` (each file one PUT, so readers never see half a file), its
-    `metrics.json` last: a reader that finds it finds the whole checkpoint (`steps.follow`)."""
+def unmark(url: str) -> None:
+    """Removes the checkpoint's `metrics.json` at `url` (a folder or a remote URL), if there is one, before the
+    checkpoint is written again: an earlier attempt's must not make a half rewritten checkpoint look complete."""
+    if not is_remote(url):
+        (Path(url.removeprefix("file://")) / METRICS_FILE).unlink(missing_ok=True)
+        return
     import fsspec
 
+    fs, path = fsspec.core.url_to_fs(url)
+    marker = f"{path.rstrip('/')}/{METRICS_FILE}"
+    fs.invalidate_cache()  # a listing cached before another writer's upload would hide its metrics.json
+    if fs.exists(marker):
+        fs.rm_file(marker)
+
+
+def publish(local: Path, url: str) -> None:
+    """Uploads a finished folder to a remote `url` (each file one PUT, so readers never see half a file), its
+    `metrics.json` last: a reader that finds it finds the whole checkpoint (`steps.follow`); an earlier
+    attempt's `metrics.json` there is removed first (`unmark`)."""
+    import fsspec
+
+    unmark(url)
     fs, path = fsspec.core.url_to_fs(url)
     root, marker = path.rstrip("/"), local / METRICS_FILE
     for entry in sorted(local.iterdir()):

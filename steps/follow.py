@@ -63,7 +63,8 @@ def wait_for(run_url: str, version: int, poll_s: float = POLL_S, timeout_s: floa
             raise FollowError(problem)
         if deadline is not None and time.monotonic() > deadline:
             raise FollowError(f"checkpoint {version} ({checkpoint(run_url, version)}) was not complete within "
-                              f"{timeout_s:.0f} s")
+                              f"{timeout_s:.0f} s, and the manifest does not say iteration {version - 1} ended: "
+                              f"look at that iteration's Workflow, then retry it")
         time.sleep(poll_s)
     return checkpoint(run_url, version)
 
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     swap.add_argument("--model-dir", type=Path, required=True, help="a local folder for the fetched checkpoints")
     wait = commands.add_parser("wait", help="block until a checkpoint is complete")
     wait.add_argument("--version", type=int, required=True, help="the checkpoint's number (>= 1)")
-    wait.add_argument("--timeout-s", type=float, default=None)
+    wait.add_argument("--timeout-s", type=float, default=None,
+                      help="give up after this many seconds (the Workflow passes update_timeout_s); none: no limit")
     for sub in (swap, wait):
         sub.add_argument("--run-url", required=True)
         sub.add_argument("--poll-s", type=float, default=POLL_S)

@@ -46,6 +46,7 @@ class IterationRecord:
     timings_s: dict | None = None  # local runner: seconds in rollouts, trajectories, update, reload
     staleness: dict | None = None  # what was trained: versions behind, per sample count; dropped (`read_staleness`)
     phase_times: dict | None = None  # local runner: each phase's [start, end] in unix time (they overlap with S >= 1)
+    reason: str | None = None  # local runner: why it Failed (its own step, or an earlier update it needed)
 
     @property
     def done(self) -> bool:

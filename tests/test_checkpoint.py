@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from steps import checkpoint
+from steps import checkpoint, follow
 
 
 @pytest.fixture
@@ -50,3 +50,36 @@ def test_a_local_checkpoint_is_used_where_it_is(tmp_path: Path) -> None:
 def test_nothing_at_the_url_is_a_clear_error(s3_url: str, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=f"no checkpoint files at {s3_url}/missing"):
         checkpoint.fetch(f"{s3_url}/missing", tmp_path / "m")
+
+
+def test_a_local_checkpoint_being_written_again_is_not_complete_until_its_new_metrics(tmp_path: Path) -> None:
+    run_url = str(tmp_path / "run")
+    folder = Path(follow.checkpoint(run_url, 1))
+    folder.mkdir(parents=True)
+    write_checkpoint(folder)  # an earlier attempt's, whole
+    assert follow.complete(run_url, 1)  # the control: a whole one counts
+    checkpoint.unmark(str(folder))
+    assert not follow.complete(run_url, 1) and (folder / "model.safetensors").exists()
+    checkpoint.unmark(str(tmp_path / "never-written"))  # nothing to remove is no error
+
+
+def test_a_checkpoint_published_again_is_never_complete_before_its_last_upload(
+        s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import s3fs
+
+    write_checkpoint(tmp_path / "first")
+    checkpoint.publish(tmp_path / "first", s3_url)  # the attempt a retry writes over
+    marker = f"{s3_url.removeprefix('s3://')}/metrics.json"
+    seen, put_file = [], s3fs.S3FileSystem._put_file
+
+    async def recording(self, lpath, rpath, *args, **kwargs):  # is the old metrics.json there at each upload?
+        self.invalidate_cache()
+        seen.append((rpath.rsplit("/", 1)[-1], await self._exists(marker)))
+        return await put_file(self, lpath, rpath, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", recording)
+    s3fs.S3FileSystem.clear_instance_cache()  # a new instance's put_file calls the recording one
+    write_checkpoint(tmp_path / "second")
+    checkpoint.publish(tmp_path / "second", s3_url)
+    assert seen[-1] == ("metrics.json", False) and len(seen) == 6
+    assert [there for _, there in seen] == [False] * 6  # the earlier attempt's was removed before the first PUT

@@ -27,7 +27,8 @@ from steps.tiny_model import build_tiny_model
 from steps.trajectories.collect import collect
 from steps.trajectories.io import partition_url, read_table
 from steps.trajectories.staleness import Staleness, versions_behind
-from workflows import layout
+from workflows import layout, local
+from workflows.config import load_config
 from workflows.local import StepFailed, Updates
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,6 +142,77 @@ def test_background_updates_run_in_order_and_none_runs_on_the_base_a_failed_one_
     updates.close()
     assert ran == [0, 1]  # update 2 never ran: its base, checkpoint 2, was never written
     assert "iteration 1 failed" in str(updates.started[2].exception())
+
+
+def run_stubbed(tmp_path: Path, monkeypatch, iterations: int, staleness: int, failing: int | None = None,
+                fail_when: str = "queued") -> tuple[int, list, Path]:
+    """`run_overlapped` with its steps stubbed: which iteration a failure is recorded on depends on when the
+    failed update ends against the next rollouts, and only stubs can place that moment (the real loop, with
+    real vLLM and veRL, is the slow test below). Update `failing` raises once iteration `failing`+1's update is
+    queued ("queued") or while its rollouts run ("rollouts"). Returns the exit code, the event order and the run."""
+    events, lock, gate = [], threading.Lock(), threading.Event()
+
+    def note(what: str) -> None:
+        with lock:
+            events.append((what, time.time()))
+
+    def collect(config, iteration, *args):
+        note(f"rollouts {iteration} start")
+        if failing is not None and iteration == failing + 1 and fail_when == "rollouts":
+            gate.set()
+            time.sleep(0.3)  # update `failing` ends while these rollouts run
+        return []
+
+    def update(config, iteration, *args):
+        if iteration == failing:
+            gate.wait(10)
+            raise StepFailed(f"update {iteration} boom")
+        time.sleep(0.05)
+        note(f"update {iteration} end")
+        return config.checkpoint_url(iteration + 1)
+
+    def say(text: str) -> None:
+        if failing is not None and fail_when == "queued" and text.startswith(f"iteration {failing + 1}: its update"):
+            gate.set()
+
+    for name, stub in {"collect_iteration": collect, "update_iteration": update, "say": say,
+                       "refresh_report": lambda run_url: None}.items():
+        monkeypatch.setattr(local, name, stub)
+    config = load_config(None, [f"store={tmp_path}", "run=ov", f"iterations={iterations}",
+                                f"max_staleness={staleness}"], check_dataset=False)
+    code = local.run_overlapped(config, 0, {}, "http://proxy", ADMIN, {}, tmp_path)
+    return code, [what for what, _ in sorted(events, key=lambda e: e[1])], Path(config.run_url)
+
+
+@pytest.mark.parametrize("fail_when", ["queued", "rollouts"])
+def test_a_failed_update_is_recorded_on_its_own_iteration_and_one_that_only_waited_has_no_record(
+        tmp_path, monkeypatch, capsys, fail_when):
+    code, _, run = run_stubbed(tmp_path, monkeypatch, 3, 1, failing=0, fail_when=fail_when)
+    assert code == 1 and "the update of iteration 0 failed: update 0 boom" in capsys.readouterr().err
+    records = [record_of(run, i) for i in range(3)]
+    assert records[0]["status"] == "Failed" and records[0]["reason"] == "update 0 boom"
+    assert records[1]["status"] == "Failed"  # its rollouts ran; its update never did, and it says why
+    assert "the update of iteration 0 failed" in records[1]["reason"]
+    assert records[2] is None  # it only waited for update 0: it ran nothing, so it has no record
+
+
+def test_a_failed_last_update_is_recorded_and_the_one_queued_behind_it_says_why_it_did_not_run(
+        tmp_path, monkeypatch):
+    code, _, run = run_stubbed(tmp_path, monkeypatch, 2, 1, failing=0)
+    assert code == 1
+    assert [(r["status"], r["reason"]) for r in (record_of(run, 0), record_of(run, 1))] == [
+        ("Failed", "update 0 boom"), ("Failed", "update 1 not started: the update of iteration 0 failed")]
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_rollouts_n_plus_s_plus_1_start_only_after_update_n_and_every_iteration_succeeds(
+        tmp_path, monkeypatch, staleness):
+    code, events, run = run_stubbed(tmp_path, monkeypatch, 4, staleness)
+    assert code == 0 and [record_of(run, i)["status"] for i in range(4)] == ["Succeeded"] * 4
+    for n in range(4 - staleness - 1):
+        assert events.index(f"rollouts {n + staleness + 1} start") > events.index(f"update {n} end")
+    # the control: rollouts n+S do not wait for update n (S = 1 overlaps them with update n's sleep)
+    assert events.index(f"rollouts {staleness} start") < events.index("update 0 end")
 
 
 # ---- one slow run of the embedded default with S = 1 ----
@@ -272,6 +344,68 @@ def test_a_failed_update_stops_the_overlapped_run_and_resume_follows_what_is_run
     assert [(r.workflow, r.status) for r in records.values()] == [(f"openforge-of-it{i}", "Succeeded") for i in range(3)]
 
 
+def test_retry_of_a_failed_update_retries_the_iteration_that_waited_for_it_and_follows_both(
+        collecting_argo: CollectingArgo, s3_store: str, capsys) -> None:
+    """Update 0 failed, so iteration 1's wait-checkpoint failed too: `retry --iteration 0` retries both (0 first,
+    recorded Running before 1's wait reads it), follows them, and the run goes on (control: before the retry
+    the run stopped with both Failed)."""
+    fake = collecting_argo
+    fake.script["openforge-or-it0"] = ["", "Running", "Running", "Running", "Failed"]
+    fake.script["openforge-or-it1"] = ["", "Running", "Running", "Running", "Running", "Failed"]
+    assert drive(fake, s3_store, "--harness", "codex", "run=or", "iterations=3", "max_staleness=1") == 1
+    # the driver stopped at iteration 0; iteration 1's Workflow ended after it, recorded by its exit handler
+    manifest.record(f"{s3_store}/or", manifest.IterationRecord(1, "openforge-or-it1", status="Failed"))
+    assert {i: r.status for i, r in manifest.read_iterations(f"{s3_store}/or").items()} == {0: "Failed", 1: "Failed"}
+    capsys.readouterr()
+    assert drive(fake, s3_store, "retry", "--run", "or", "--iteration", "0") == 0
+    retried = [path.split("/")[-2] for _, path, _, _ in fake.calls("PUT") if path.endswith("/retry")]
+    assert retried == ["openforge-or-it0", "openforge-or-it1"]
+    assert "iteration 1: retried with iteration 0" in capsys.readouterr().out
+    records = manifest.read_iterations(f"{s3_store}/or")
+    assert [(r.workflow, r.status) for r in records.values()] == [(f"openforge-or-it{i}", "Succeeded") for i in range(3)]
+
+
+def test_resubmit_of_an_iteration_whose_checkpoint_a_later_update_used_is_one_sentence(
+        collecting_argo: CollectingArgo, s3_store: str, capsys) -> None:
+    """Resubmitting iteration 0 would rewrite checkpoint 1 under iteration 1, whose update trained on it: refused
+    before anything is submitted (control: with iteration 1 Failed the resubmit goes ahead)."""
+    run_url = f"{s3_store}/orr"
+    assert drive(collecting_argo, s3_store, "--harness", "codex", "run=orr", "iterations=2", "max_staleness=1") == 0
+    manifest.record(run_url, manifest.IterationRecord(0, "openforge-orr-it0", status="Failed"))
+    capsys.readouterr()
+    assert drive(collecting_argo, s3_store, "resubmit", "--run", "orr", "--iteration", "0") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: iteration 1 is Succeeded") and err.count("\n") == 1
+    assert not any(path.endswith("/resubmit") for _, path, _, _ in collecting_argo.calls("PUT"))
+    manifest.record(run_url, manifest.IterationRecord(1, "openforge-orr-it1", status="Failed"))
+    drive(collecting_argo, s3_store, "resubmit", "--run", "orr", "--iteration", "0")
+    assert any(path.endswith("/resubmit") for _, path, _, _ in collecting_argo.calls("PUT"))
+
+
+def test_resume_of_an_overlapped_run_records_the_evaluation_an_ended_iteration_left_unrecorded(
+        collecting_argo: CollectingArgo, s3_store: str) -> None:
+    """The driver died after an eval_every iteration ended: its exit handler recorded the iteration (without its
+    evaluation) and eval-0.json was never written. `resume` with S = 1 records it and runs nothing again
+    (control: before resume the manifest has no evaluation 0)."""
+    import dataclasses
+
+    import fsspec
+    from test_eval import fake_summary
+
+    run_url = f"{s3_store}/ovev"
+    fake_summary(run_url, 0), fake_summary(run_url, 1)
+    assert drive(collecting_argo, s3_store, "--harness", "codex", "run=ovev", "iterations=1", "eval_every=1",
+                 "max_staleness=1") == 0
+    manifest.record(run_url, dataclasses.replace(manifest.read_iterations(run_url)[0], eval=None))
+    fs, path = fsspec.core.url_to_fs(layout.eval_record_url(run_url, 0))
+    fs.rm(path)
+    assert 0 not in manifest.read_evals(run_url)  # the control
+    created = len(collecting_argo.calls("POST"))
+    assert drive(collecting_argo, s3_store, "resume", "--run", "ovev") == 0
+    assert len(collecting_argo.calls("POST")) == created
+    assert manifest.read_evals(run_url)[0].status == "Succeeded" and manifest.read_iterations(run_url)[0].eval
+
+
 def test_the_wait_step_waits_for_a_whole_checkpoint_and_fails_when_its_iteration_failed(tmp_path: Path) -> None:
     run_url = str(tmp_path / "run")
     folder = Path(follow.checkpoint(run_url, 2))
@@ -289,6 +423,24 @@ def test_the_wait_step_waits_for_a_whole_checkpoint_and_fails_when_its_iteration
     done = subprocess.run([sys.executable, "-m", "steps.follow", "wait", "--run-url", run_url, "--version", "3",
                            "--poll-s", "0.01"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+
+
+def test_the_wait_step_gives_up_after_the_update_timeout_when_no_record_ever_says_the_iteration_ended(
+        tmp_path: Path) -> None:
+    """A record left Running (a deleted Workflow, a lost controller) never ends the wait by itself: the
+    Workflow's wait step passes `update_timeout_s`, and the step exits 1 with one sentence naming the iteration
+    (control: the record's Failed, not the timeout, ends the wait in the test above)."""
+    from workflows.commands import wait_checkpoint
+
+    run_url = str(tmp_path / "run")
+    manifest.record(run_url, manifest.IterationRecord(0, "openforge-x-it0", status="Running"))
+    config = load_config(None, [f"store={tmp_path}", "run=run", "update_timeout_s=1"], check_dataset=False)
+    command = wait_checkpoint(config, 1, python=sys.executable)
+    assert command[-2:] == ["--timeout-s", "1"]
+    done = subprocess.run([*command, "--poll-s", "0.05"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "not complete within 1 s" in done.stderr
+    assert "does not say iteration 0 ended" in done.stderr
 
 
 def test_the_follower_swaps_each_whole_checkpoint_into_a_running_serve(swap_proxy, tiny_model, tmp_path: Path) -> None:

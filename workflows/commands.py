@@ -165,8 +165,9 @@ def follow_flags(config: RunConfig, iteration: int) -> list[str]:
 
 def wait_checkpoint(config: RunConfig, iteration: int, python: str = "python") -> list[str]:
     """Blocks until checkpoint `iteration` (what the previous iteration's update writes) is complete; exit code 1
-    when that iteration failed (`steps.follow wait`)."""
-    return [python, "-m", "steps.follow", "wait", "--run-url", config.run_url, "--version", str(iteration)]
+    when that iteration failed, or after `update_timeout_s` (a record that never says so: `steps.follow wait`)."""
+    return [python, "-m", "steps.follow", "wait", "--run-url", config.run_url, "--version", str(iteration),
+            "--timeout-s", str(config.update_timeout_s)]
 
 
 def record(config: RunConfig, iteration: int | str, workflow: str, status: str, checkpoint: str,

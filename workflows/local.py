@@ -338,13 +338,17 @@ class Updates:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="update")
         self.started: dict[int, Future] = {}
 
-    def start(self, iteration: int, job) -> None:
-        """Queues `job`, the update of `iteration`, behind the one before it."""
+    def start(self, iteration: int, job, skipped=None) -> None:
+        """Queues `job`, the update of `iteration`, behind the one before it; `skipped(reason)` is called instead
+        of it when that one failed (so the iteration is recorded Failed by its own update, not by another's)."""
         previous = self.started.get(iteration - 1)
 
         def after_previous():
             if previous is not None and previous.exception() is not None:
-                raise StepFailed(f"update {iteration} not started: the update of iteration {iteration - 1} failed")
+                reason = StepFailed(f"update {iteration} not started: the update of iteration {iteration - 1} failed")
+                if skipped is not None:
+                    skipped(reason)
+                raise reason
             return job()
 
         self.started[iteration] = self.pool.submit(after_previous)
@@ -375,11 +379,24 @@ def finish(config: RunConfig, entry: manifest.IterationRecord, summary: dict) ->
     print(json.dumps(summary), flush=True)
 
 
+def record_failure(config: RunConfig, entry: manifest.IterationRecord, exc: Exception) -> None:
+    """Records an iteration Failed, with the reason."""
+    entry.status, entry.reason = "Failed", str(exc)
+    manifest.record(config.run_url, entry)
+
+
 def failed(config: RunConfig, entry: manifest.IterationRecord, exc: Exception) -> int:
     """Records an iteration's failure, says it, reports what its rollouts did; exit code 1."""
-    entry.status = "Failed"
-    manifest.record(config.run_url, entry)
+    record_failure(config, entry, exc)
     print(f"error: iteration {entry.iteration}: {exc}", file=sys.stderr)
+    refresh_report(config.run_url)
+    return 1
+
+
+def stopped(config: RunConfig, exc: Exception) -> int:
+    """Says why the run stopped before an iteration started (an earlier update failed, and recorded that
+    itself); exit code 1."""
+    print(f"error: {exc}", file=sys.stderr)
     refresh_report(config.run_url)
     return 1
 
@@ -418,41 +435,46 @@ def run_overlapped(config: RunConfig, first: int, recorded: dict, proxy_url: str
     updates = Updates()
     try:
         for iteration in range(first, config.iterations):
-            entry = start_entry(config, iteration, recorded.get(iteration))
             times: dict = {}
-            try:
+            try:  # before the iteration starts: one that only waited for a failed update ran nothing
                 waited = time.time()
                 updates.wait(iteration - config.max_staleness - 1)
-                times["waited"] = [waited, time.time()]
                 if config.evaluates_at(iteration):  # the checkpoint this iteration serves, once it is swapped in
                     updates.wait(iteration - 1)
+                updates.check()
+            except StepFailed as exc:
+                return stopped(config, exc)
+            times["waited"] = [waited, time.time()]
+            entry = start_entry(config, iteration, recorded.get(iteration))
+            try:
+                if config.evaluates_at(iteration):
                     evaluate_served(config, iteration, proxy_url, env, logs)
-                updates.check()
+                    refresh_report(config.run_url)
                 results = collect_iteration(config, iteration, proxy_url, env, logs, entry.attempt, times)
-                updates.check()
             except (StepFailed, OSError) as exc:
                 return failed(config, entry, exc)
+            try:  # its rollouts ran, but its update cannot: its base is one a failed update never wrote
+                updates.check()
+            except StepFailed as exc:
+                return failed(config, entry, StepFailed(f"its update will not run: {exc}"))
 
             def update(iteration=iteration, entry=entry, times=times, results=results) -> None:
                 try:
                     next_checkpoint = update_iteration(config, iteration, proxy_url, admin_key, env, logs, times)
-                except (StepFailed, OSError):
-                    entry.status = "Failed"  # said, and reported, by the driver's thread (`Updates.check`)
-                    manifest.record(config.run_url, entry)
+                except (StepFailed, OSError) as exc:
+                    record_failure(config, entry, exc)  # said, and reported, by the driver's thread (`Updates.wait`)
                     raise
                 staleness = manifest.read_staleness(config.run_url, iteration)
                 finish(config, entry, summarize(iteration, results, next_checkpoint, times, staleness))
 
-            updates.start(iteration, update)
+            updates.start(iteration, update, skipped=lambda reason, entry=entry: record_failure(config, entry, reason))
             say(f"iteration {iteration}: its update runs in the background"
                 + (f", beside iteration {iteration + 1}'s rollouts" if iteration + 1 < config.iterations else ""))
             refresh_report(config.run_url)
         updates.wait(config.iterations)
-    except StepFailed as exc:  # the last updates' (an earlier one's stopped an iteration: `failed`)
-        print(f"error: {exc}", file=sys.stderr)
+    except StepFailed as exc:  # the last updates' (each recorded its own failure, or why it did not run)
         updates.close()
-        refresh_report(config.run_url)
-        return 1
+        return stopped(config, exc)
     finally:
         updates.close()
     refresh_report(config.run_url)

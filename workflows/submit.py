@@ -310,34 +310,68 @@ def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, pol
     return phase
 
 
+def drain(config: RunConfig, client: ArgoClient, running: dict[int, str], below: int, poll_s: float) -> int:
+    """Follows the iterations in `running` below `below` to their end, in order (removed from it); exit code 1
+    (said) at the first that did not succeed, else 0."""
+    for earlier in sorted(i for i in running if i < below):
+        name = running.pop(earlier)
+        if (phase := follow(config, client, earlier, name, poll_s, started=True)) != "Succeeded":
+            return stopped(config, earlier, name, phase)
+    return 0
+
+
 def drive_overlapped(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
     """`max_staleness` S >= 1: iteration n+1's Workflow is submitted once iteration n's collect DAG has succeeded
     (its update runs beside n+1's rollouts; n+1's serve swaps its checkpoint in, n+1's update waits for it);
     iteration n+S+1's only once iteration n has ended (never more than S versions ahead of what is trained). A
     failed iteration stops the run: the next one's update then fails waiting for the checkpoint it never wrote."""
-    records, running = manifest.read_iterations(config.run_url), {}
+    records, evaluations, running = manifest.read_iterations(config.run_url), manifest.read_evals(config.run_url), {}
     for iteration in range(config.iterations):
         entry = records.get(iteration)
         if entry and entry.status == "Succeeded":
+            if config.evaluates_at(iteration) and not (iteration in evaluations and evaluations[iteration].done):
+                mark(config, iteration, entry.workflow, entry.status)  # the driver died before recording it
             continue
         # An iteration that evaluates the checkpoint it serves waits for the update that writes it.
         behind = iteration if config.evaluates_at(iteration) else iteration - config.max_staleness
-        for earlier in sorted(i for i in running if i < behind):
-            if (phase := follow(config, client, earlier, running[earlier], poll_s, started=True)) != "Succeeded":
-                return stopped(config, earlier, running[earlier], phase)
-            del running[earlier]
-        if entry and entry.done:
-            return stopped(config, iteration, entry.workflow, entry.status)
+        if code := drain(config, client, running, behind, poll_s):
+            return code
+        if entry and entry.done:  # the ones before it (a retried one) are followed to their end first
+            return drain(config, client, running, iteration, poll_s) or \
+                stopped(config, iteration, entry.workflow, entry.status)
         name = entry.workflow if entry and entry.workflow else client.create(iteration_workflow(config, iteration))
         phase = follow(config, client, iteration, name, poll_s, collected=True)
         if phase in DONE and phase != "Succeeded":
             return stopped(config, iteration, name, phase)
         if phase not in DONE:
             running[iteration] = name
-    for earlier, name in sorted(running.items()):
-        if (phase := follow(config, client, earlier, name, poll_s, started=True)) != "Succeeded":
-            return stopped(config, earlier, name, phase)
-    return 0
+    return drain(config, client, running, config.iterations, poll_s)
+
+
+def refuse_rewrite_under_later_updates(config: RunConfig, entry: IterationRecord | EvalRecord) -> None:
+    """A ConfigError when resubmitting iteration n would rewrite checkpoint n+1 after iteration n+1 (with
+    `max_staleness` >= 1, already running or done) may have trained on it: that update would not be redone."""
+    if not config.max_staleness or isinstance(entry, EvalRecord):
+        return
+    later = manifest.read_iterations(config.run_url).get(entry.iteration + 1)
+    if later is not None and later.status in ("Running", "Succeeded"):
+        raise ConfigError(f"iteration {entry.iteration + 1} is {later.status} and its update trains on checkpoint "
+                          f"{entry.iteration + 1}, which resubmitting iteration {entry.iteration} would rewrite: "
+                          f"use `retry --iteration {entry.iteration}` (its failed steps only), or start a new run")
+
+
+def retry_stopped_behind(config: RunConfig, client: ArgoClient, retried: IterationRecord) -> None:
+    """With `max_staleness` S >= 1, the iterations after a retried one (up to S) that ended Failed or Error are
+    retried with it: their update's wait-checkpoint stopped when the retried one failed, so they cannot
+    succeed without a retry, and the retried iteration's new checkpoint is what they now wait for."""
+    records = manifest.read_iterations(config.run_url)
+    for later in range(retried.iteration + 1, retried.iteration + config.max_staleness + 1):
+        record = records.get(later)
+        if record is not None and record.workflow and record.status in ("Failed", "Error"):
+            client.retry_failed(record.workflow)
+            mark(config, later, record.workflow, "Running")
+            print(f"iteration {later}: retried with iteration {retried.iteration} (it waited for its checkpoint)",
+                  flush=True)
 
 
 def drive(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
@@ -472,8 +506,11 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
             client.retry_failed(entry.workflow)
             name = entry.workflow
         else:
+            refuse_rewrite_under_later_updates(config, entry)
             name = client.resubmit(entry.workflow, memoized=args.memoized)
         (mark_eval if isinstance(entry, EvalRecord) else mark)(config, entry.iteration, name, "Running")
+        if args.action == "retry" and config.max_staleness and isinstance(entry, IterationRecord):
+            retry_stopped_behind(config, client, entry)  # after the mark: their wait reads it as running again
     if evaluates is not None:
         return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
     return drive(config, client, args.poll)

@@ -33,7 +33,7 @@ import torch
 
 from steps import settings
 from steps.update import batch as update_batch, cpu as update_cpu, ranks as update_ranks, reshard
-from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish
+from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish, unmark
 from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
 
@@ -481,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
         # written by each rank into its own temporary folder first
         local_out = Path(tmp) / "out" if is_remote(args.out) else fetch(args.out, Path(tmp))
         try:
+            if ranks.first:  # a rewrite (a retried update) is not complete before it is written
+                unmark(args.out)
+            update_ranks.barrier()  # before any rank writes a file of it
             write_output(worker, checkpoint, local_out, metrics, config, ranks,
                          owner=ranks.first or is_remote(args.out))
             if is_remote(args.out):
