@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from proxy_process import serve_proxy
+from test_local_run import wait_for
 from steps.tiny_model import build_tiny_model
 from steps.trajectories.collect import collect
 from steps.trajectories.io import partition_url, read_table
@@ -222,13 +223,6 @@ def record_of(run: Path, iteration: int) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 @pytest.mark.vllm
