@@ -320,6 +320,17 @@ def drain(config: RunConfig, client: ArgoClient, running: dict[int, str], below:
     return 0
 
 
+def already_succeeded(config: RunConfig, entry: IterationRecord | None, evaluations: dict) -> bool:
+    """Whether the manifest has seen this iteration succeed; if so, an evaluation due on it that the driver died
+    before recording is recorded now."""
+    if not entry or entry.status != "Succeeded":
+        return False
+    recorded = entry.iteration in evaluations and evaluations[entry.iteration].done
+    if config.evaluates_at(entry.iteration) and not recorded:
+        mark(config, entry.iteration, entry.workflow, entry.status)  # the driver died before recording it
+    return True
+
+
 def drive_overlapped(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
     """`max_staleness` S >= 1: iteration n+1's Workflow is submitted once iteration n's collect DAG has succeeded
     (its update runs beside n+1's rollouts; n+1's serve swaps its checkpoint in, n+1's update waits for it);
@@ -328,9 +339,7 @@ def drive_overlapped(config: RunConfig, client: ArgoClient, poll_s: float) -> in
     records, evaluations, running = manifest.read_iterations(config.run_url), manifest.read_evals(config.run_url), {}
     for iteration in range(config.iterations):
         entry = records.get(iteration)
-        if entry and entry.status == "Succeeded":
-            if config.evaluates_at(iteration) and not (iteration in evaluations and evaluations[iteration].done):
-                mark(config, iteration, entry.workflow, entry.status)  # the driver died before recording it
+        if already_succeeded(config, entry, evaluations):
             continue
         # An iteration that evaluates the checkpoint it serves waits for the update that writes it.
         behind = iteration if config.evaluates_at(iteration) else iteration - config.max_staleness
@@ -392,9 +401,7 @@ def drive_synchronous(config: RunConfig, client: ArgoClient, poll_s: float) -> i
     records, evaluations = manifest.read_iterations(config.run_url), manifest.read_evals(config.run_url)
     for iteration in range(config.iterations):
         entry = records.get(iteration)
-        if entry and entry.status == "Succeeded":
-            if config.evaluates_at(iteration) and not (iteration in evaluations and evaluations[iteration].done):
-                mark(config, iteration, entry.workflow, entry.status)  # the driver died before recording it
+        if already_succeeded(config, entry, evaluations):
             continue
         if entry and entry.done:
             return stopped(config, iteration, entry.workflow, entry.status)
