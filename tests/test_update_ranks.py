@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 WEIGHTS = 1e-3
 METRICS = 1e-4
 UPDATE = ["compute_dtype: fp32", "weight_decay: 0.0", "mini_batches: 3"]
+DISTRIBUTED_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, s3_server: dict) -> dict:
         run = RunConfig(update_gpus=gpus, update_config=str(config), learning_rate=1e-3)
         argv = [*commands.update(run, str(trajectories), str(start), out or str(root / name), python=sys.executable),
                 *overrides]
-        done = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **s3_server["env"]},
+        done = subprocess.run(argv, cwd=REPO, env={**launcher_free_env(), "PYTHONPATH": str(REPO), **s3_server["env"]},
                               capture_output=True, text=True, timeout=900)
         if out and done.returncode == 0:
             s3.get(f"{out}/", str(root / name), recursive=True)
@@ -85,6 +86,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory, s3_server: dict) -> dict:
     flat = write_samples([dataclasses.replace(sample, reward=0.5) for sample in samples], root / "flat")
     result["skipped"] = update("skipped", 2, flat, result["two"]["out"])
     return result
+
+
+def launcher_free_env() -> dict[str, str]:
+    """This process's env without a process group's (RANK, MASTER_PORT, ...): an update test run in this process
+    before sets them, and a 1-rank update inheriting MASTER_PORT would try to listen where this process listens."""
+    return {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
 
 
 def weights(run: dict) -> dict[str, torch.Tensor]:
@@ -173,7 +180,7 @@ def test_a_bad_input_is_refused_by_both_ranks_in_one_sentence(runs: dict, tmp_pa
     not torchrun's failure report (control: the same command without the bad key trained, `runs["two"]`)."""
     argv = [*commands.update(RunConfig(update_gpus=2), str(runs["two"]["out"].parent / "full"), str(runs["base"]),
                              str(tmp_path / "out"), python=sys.executable), "correction=nope"]
-    done = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+    done = subprocess.run(argv, cwd=REPO, env={**launcher_free_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
