@@ -487,19 +487,25 @@ def test_resume_records_the_evaluation_of_an_iteration_that_ended_while_no_drive
     """The driver died after an eval_every iteration's Workflow ended: its exit handler recorded the iteration
     (without its evaluation), and eval-0.json was never written. `resume` records it from its summary and
     runs nothing again (control: before resume the manifest has no evaluation 0)."""
+    resume_records_a_missed_evaluation(fake_argo, s3_store, "ev-died")
+
+
+def resume_records_a_missed_evaluation(argo: FakeArgoServer, s3_store: str, run: str, *settings: str) -> None:
+    """Runs `run` (one iteration, evaluated) on `argo`, forgets its evaluation's record as a driver that died
+    before writing it would, and checks that `resume` records it and creates no Workflow."""
     import fsspec
 
-    run_url = f"{s3_store}/ev-died"
+    run_url = f"{s3_store}/{run}"
     fake_summary(run_url, 0), fake_summary(run_url, 1)
-    assert drive(fake_argo, s3_store, "--harness", "codex", "run=ev-died", "iterations=1", "eval_every=1") == 0
+    assert drive(argo, s3_store, "--harness", "codex", f"run={run}", "iterations=1", "eval_every=1", *settings) == 0
     record = manifest.read_iterations(run_url)[0]
     manifest.record(run_url, dataclasses.replace(record, eval=None))  # as the exit handler writes it
     fs, path = fsspec.core.url_to_fs(layout.eval_record_url(run_url, 0))
     fs.rm(path)
     assert 0 not in manifest.read_evals(run_url)  # the control
-    created = len(fake_argo.calls("POST"))
-    assert drive(fake_argo, s3_store, "resume", "--run", "ev-died") == 0
-    assert len(fake_argo.calls("POST")) == created
+    created = len(argo.calls("POST"))
+    assert drive(argo, s3_store, "resume", "--run", run) == 0
+    assert len(argo.calls("POST")) == created
     assert manifest.read_evals(run_url)[0].status == "Succeeded" and manifest.read_iterations(run_url)[0].eval
 
 

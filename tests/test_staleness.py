@@ -381,23 +381,9 @@ def test_resume_of_an_overlapped_run_records_the_evaluation_an_ended_iteration_l
     """The driver died after an eval_every iteration ended: its exit handler recorded the iteration (without its
     evaluation) and eval-0.json was never written. `resume` with S = 1 records it and runs nothing again
     (control: before resume the manifest has no evaluation 0)."""
-    import dataclasses
+    from test_eval import resume_records_a_missed_evaluation
 
-    import fsspec
-    from test_eval import fake_summary
-
-    run_url = f"{s3_store}/ovev"
-    fake_summary(run_url, 0), fake_summary(run_url, 1)
-    assert drive(collecting_argo, s3_store, "--harness", "codex", "run=ovev", "iterations=1", "eval_every=1",
-                 "max_staleness=1") == 0
-    manifest.record(run_url, dataclasses.replace(manifest.read_iterations(run_url)[0], eval=None))
-    fs, path = fsspec.core.url_to_fs(layout.eval_record_url(run_url, 0))
-    fs.rm(path)
-    assert 0 not in manifest.read_evals(run_url)  # the control
-    created = len(collecting_argo.calls("POST"))
-    assert drive(collecting_argo, s3_store, "resume", "--run", "ovev") == 0
-    assert len(collecting_argo.calls("POST")) == created
-    assert manifest.read_evals(run_url)[0].status == "Succeeded" and manifest.read_iterations(run_url)[0].eval
+    resume_records_a_missed_evaluation(collecting_argo, s3_store, "ovev", "max_staleness=1")
 
 
 def test_the_wait_step_waits_for_a_whole_checkpoint_and_fails_when_its_iteration_failed(tmp_path: Path) -> None:
