@@ -13,7 +13,8 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     │   ├── iteration-<N>.json            one per iteration: workflow, checkpoints, phase, the update's metrics
     │   └── eval-<N>.json                 one per evaluation: workflow, checkpoint, phase, the overall numbers
     ├── calls/                            the proxy's store (steps.proxy.store owns what is inside:
-    │   └── rollouts/<rollout_id>/...     rollout.json, then calls.jsonl or calls/<index>.json)
+    │   ├── rollouts/<rollout_id>/...     rollout.json, then calls.jsonl or calls/<index>.json)
+    │   └── images/<sha256>               every image a call sent, once, named by the SHA-256 of its bytes
     ├── results/
     │   ├── iteration-<N>/
     │   │   └── <rollout_id>/result.json  one folder per rollout attempt (steps.rollout's OUT)
@@ -61,6 +62,15 @@ def run_url(store: str, run: str) -> str:
 def calls_url(run_url: str) -> str:
     """The proxy's store: one record per model call, by rollout."""
     return _join(run_url, "calls")
+
+
+def images_url(run_url: str) -> str:
+    """The run's images, each stored once under the SHA-256 of its bytes (hex): what calls and samples name.
+
+    >>> images_url("s3://bucket/runs/demo")
+    's3://bucket/runs/demo/calls/images'
+    """
+    return _join(calls_url(run_url), "images")
 
 
 def all_results_url(run_url: str) -> str:
