@@ -8,6 +8,8 @@ import shutil
 import signal
 import stat
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +40,18 @@ class RunResult:
     duration_s: float
 
 
-def wait_for(process: subprocess.Popen, timeout_s: float, stop: Callable[[], None]) -> bool:
-    """Wait for `process` at most `timeout_s`, then `stop()` what it left (also on an error); True if it timed out."""
+def wait_for(process: subprocess.Popen, timeout_s: float, stop: Callable[[], None],
+             until: threading.Event | None = None) -> bool:
+    """Wait for `process` at most `timeout_s` (or until `until` is set), then `stop()` what it left (also on an
+    error); True if it timed out."""
     try:
+        deadline = time.monotonic() + timeout_s
+        while until is not None and not until.is_set() and process.poll() is None:
+            if time.monotonic() >= deadline:
+                return True
+            until.wait(0.1)
+        if until is not None:
+            return False
         process.wait(timeout=timeout_s)
         return False
     except subprocess.TimeoutExpired:

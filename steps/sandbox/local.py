@@ -57,17 +57,19 @@ import shutil
 import signal
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
+from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT, app_beside
 from steps.sandbox.build import apply_dockerfile
 from steps.sandbox.common import (KILL_GRACE_S, WHEELS_DIR, RunResult, SandboxError, VerifierRefused, copy_tree,
                                    force_remove, kill, links_under, wait_for)
 from steps.sandbox.limits import Limits, attach_disk, detach_disk
-from steps.sandbox.network import ProxyTunnel, sweep_namespaces
+from steps.sandbox.network import Loopback, sweep_namespaces
 from steps.sandbox.root import (OWNER_FILE, LayerError, ensure_layer, layer_key, make_mask, make_skeleton, mount_root,
                                 sweep_leftovers, unmount)
 from steps.tasks import Task
@@ -82,7 +84,7 @@ BUILD_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_
 GRADED_LINKS_MAY_NOT_REACH = ("/tests", "/solution", "/logs", "/proc", "/sys", "/dev", "/run", "/tmp")
 
 Bind = tuple[Path | str, str, bool]  # (host path, path inside the sandbox, read-only)
-Network = Union[str, ProxyTunnel]  # "none" (loopback only), "host" (builds only) or a tunnel to the proxy
+Network = Union[str, Loopback]  # "none" (loopback only), "host" (builds only), a shared loopback or a tunnel to the proxy
 
 
 def build_settings() -> dict:
@@ -109,6 +111,7 @@ class Sandbox:
     limits: Limits = field(default_factory=Limits)
     image_env: dict[str, str] = field(default_factory=lambda: dict(BASE_ENV))  # + the Dockerfile's ENV: the verifier's base
     build: dict | None = None  # build_settings() while this sandbox builds a layer
+    app: str | None = None  # [environment] app: the task's server, run beside the agent (`steps.sandbox.app`)
 
     @property
     def fs(self) -> Path:
@@ -138,7 +141,7 @@ class Sandbox:
         if not built:
             log.write_text(f"# the task's layer {key} was built before; reused from {layer}\n")
         box = cls(root=root, workdir=meta["workdir"], env=dict(meta["env"]), notes=list(meta["notes"]), layer=layer,
-                  image_env=dict(meta["env"]))
+                  image_env=dict(meta["env"]), app=task.config.app)
         try:
             box.notes.extend(attach_disk(root / "disk.img", root / "upper", task.config.resources.storage_mb))
             box._mount()
@@ -201,10 +204,27 @@ class Sandbox:
                 except OSError as exc:  # what the agent left does not fit the task's disk (or cannot be copied)
                     raise VerifierRefused(f"not graded (reward 0): the graded path {path} cannot be brought to the "
                                           f"verifier ({exc.strerror or exc})") from None
+            if self.app:  # the app's state as the app left it, never what the agent put at that path
+                kept = self.root / APP_STATE_KEPT
+                target = view._replace(APP_STATE_DIR)
+                copy_tree(kept, target) if kept.is_dir() else target.mkdir()
         except BaseException:
             view.remove()
             raise
         return view
+
+    def sibling(self, suffix: str, storage_mb: int) -> Sandbox:
+        """A pristine sandbox of this one's layer beside it (`ROOT-suffix`), mounted, on a disk of `storage_mb`:
+        the task's app runs in one (`steps.sandbox.app`)."""
+        box = Sandbox(root=_fresh_root(self.root.parent / f"{self.root.name}-{suffix}"), workdir=self.workdir,
+                      env=dict(self.env), layer=self.layer, limits=self.limits, image_env=dict(self.image_env))
+        try:
+            box.notes.extend(attach_disk(box.root / "disk.img", box.root / "upper", storage_mb))
+            box._mount()
+        except BaseException:
+            box.remove()
+            raise
+        return box
 
     def supervised(self, supervised: list[str], plain: list[str]) -> list[str]:
         """The verifier's command: `supervised` (test.sh under `steps.tasks.verify.SUPERVISOR`), where this
@@ -234,7 +254,8 @@ class Sandbox:
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
             cwd: str | None = None, stdout_path: Path | None = None, extra_binds: Sequence[Bind] = (),
-            network: Network = "none", as_agent: bool = False, init: bool = False) -> RunResult:
+            network: Network = "none", as_agent: bool = False, init: bool = False,
+            until: threading.Event | None = None) -> RunResult:
         """Run `argv` inside the sandbox; kill its whole process tree at `timeout_s`.
 
         stdout and stderr go together to the host file `stdout_path` (appended; `root/run.log` when
@@ -242,11 +263,22 @@ class Sandbox:
         Dockerfile's WORKDIR. `network`: "none" (loopback only), a `ProxyTunnel` (loopback plus the proxy),
         or "host" (only while building a layer). `as_agent` marks the agent's own command; it changes nothing
         here, where every command is uid 0 of its own user namespace (in a pod it selects the agent uid, see
-        `steps.sandbox.pod`). `init`: the command is its PID namespace's init (pid 1), which nothing inside can kill
-        (the verifier's supervisor). Returns after every process the command started has exited. Raises `SandboxError`
-        when bubblewrap cannot set the sandbox up (an infrastructure failure, unlike the command's own exit
-        code, which is returned).
+        `steps.sandbox.pod`), and, for a task with an `[environment] app`, starts that app beside it first, in the
+        same network, and keeps its state for the verifier (`steps.sandbox.app`). `init`: the command is its PID
+        namespace's init (pid 1), which nothing inside can kill (the verifier's supervisor). `until`: stop the
+        command early once this event is set. Returns after every process the command started has exited. Raises
+        `SandboxError` when bubblewrap cannot set the sandbox up (an infrastructure failure, unlike the command's own
+        exit code, which is returned).
         """
+        if as_agent and self.app and self.build is None:
+            with app_beside(self, network, timeout_s) as shared:
+                return self._run(argv, timeout_s, env, cwd, stdout_path, extra_binds, shared, init, until)
+        return self._run(argv, timeout_s, env, cwd, stdout_path, extra_binds, network, init, until)
+
+    def _run(self, argv: Sequence[str], timeout_s: float, env: dict[str, str] | None, cwd: str | None,
+             stdout_path: Path | None, extra_binds: Sequence[Bind], network: Network, init: bool,
+             until: threading.Event | None) -> RunResult:
+        """`run` without the task's app (its arguments as they are)."""
         cwd = cwd or self.workdir
         if not self.host_path(cwd).is_dir():
             raise SandboxError(f"working directory {cwd} does not exist in the sandbox")
@@ -289,7 +321,7 @@ class Sandbox:
             for target in reversed(mounted):
                 unmount(target)
 
-        timed_out = wait_for(process, timeout_s, stop)
+        timed_out = wait_for(process, timeout_s, stop, until)
         with os.fdopen(errors_read, "rb") as errors:
             setup_error = errors.read().decode(errors="replace").strip()
         if setup_error:
@@ -347,7 +379,7 @@ class Sandbox:
             args += ["--ro-bind" if read_only else "--bind", str(host), dest]
         # Inside, the command's stderr joins its stdout, so anything left on bwrap's stderr is bwrap's.
         args += ["--chdir", cwd, "--", "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
-        if isinstance(network, ProxyTunnel):
+        if isinstance(network, Loopback):
             args = ["nsenter", f"--net={network.netns}", "--", *args]
         return self.limits.wrap(args)
 

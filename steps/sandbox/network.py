@@ -33,12 +33,45 @@ class NetworkError(RuntimeError):
     """The rollout's network namespace cannot be set up; the message says why in one sentence."""
 
 
-class ProxyTunnel:
+class Loopback:
+    """A network namespace of the runner's holding only a loopback interface: a command and the task's app beside
+    it (`steps.sandbox.app`) share it, and reach nothing else.
+
+    >>> Loopback("of-1-x").netns
+    PosixPath('/run/netns/of-1-x')
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @property
+    def netns(self) -> Path:
+        """The namespace's file, for `nsenter --net=...`."""
+        return NETNS_DIR / self.name
+
+    def __enter__(self) -> Loopback:
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)  # a dead run's leftover
+        for argv in (["ip", "netns", "add", self.name], ["ip", "-n", self.name, "link", "set", "lo", "up"]):
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                self._delete()
+                raise NetworkError(f"cannot set up the rollout's network namespace ({' '.join(argv)}): "
+                                   f"{done.stderr.strip() or done.returncode}")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._delete()
+
+    def _delete(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
+
+
+class ProxyTunnel(Loopback):
     """A network namespace whose 127.0.0.1:`listen_port` is forwarded to `target_host:target_port` on the host."""
 
     def __init__(self, name: str, target_host: str, target_port: int, listen_port: int | None = None,
                  max_connections: int = MAX_CONNECTIONS):
-        self.name = name
+        super().__init__(name)
         self.target = (target_host, target_port)
         self.listen_port = listen_port or target_port
         self.max_connections = max_connections
@@ -47,19 +80,8 @@ class ProxyTunnel:
         self._closed = threading.Event()
         self._connections: set[socket.socket] = set()
 
-    @property
-    def netns(self) -> Path:
-        """The namespace's file, for `nsenter --net=...`."""
-        return NETNS_DIR / self.name
-
     def __enter__(self) -> ProxyTunnel:
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)  # a dead run's leftover
-        for argv in (["ip", "netns", "add", self.name], ["ip", "-n", self.name, "link", "set", "lo", "up"]):
-            done = subprocess.run(argv, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                self._delete()
-                raise NetworkError(f"cannot set up the rollout's network namespace ({' '.join(argv)}): "
-                                   f"{done.stderr.strip() or done.returncode}")
+        super().__enter__()
         self._listener = _listen_inside(self.netns, self.listen_port)
         threading.Thread(target=self._accept, name=f"tunnel-{self.name}", daemon=True).start()
         return self
@@ -74,9 +96,6 @@ class ProxyTunnel:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
         self._delete()
-
-    def _delete(self) -> None:
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
 
     def _accept(self) -> None:
         while not self._closed.is_set():

@@ -76,6 +76,7 @@ class TaskConfig:
     schema_version: str = "1.0"
     docker_image: str | None = None  # a prebuilt image instead of environment/Dockerfile
     workdir: str | None = None  # [environment] workdir: the agent's working folder, instead of the WORKDIR
+    app: str | None = None  # [environment] app (OpenForge's): the task's server, run beside the agent (steps/sandbox/app.py)
     allow_internet: bool = True
     environment_env: dict[str, str] = field(default_factory=dict)  # [environment] env
     verifier_env: dict[str, str] = field(default_factory=dict)  # [verifier] env
@@ -188,6 +189,7 @@ def _config(raw: dict) -> TaskConfig:
         schema_version=str(raw.get("schema_version", raw.get("version", "1.0"))),
         docker_image=env.get("docker_image"),
         workdir=env.get("workdir"),
+        app=env.get("app") or None,
         allow_internet=env.get("allow_internet", True) and env.get("network_mode", "public") != "no-network",
         environment_env=dict(env.get("env", {})),
         verifier_env=dict(verifier.get("env", {})),

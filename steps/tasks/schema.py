@@ -58,7 +58,8 @@ SECTIONS: dict[str, dict[str, Check]] = {
     "environment": {"build_timeout_sec": SECONDS, "docker_image": TEXT, "cpus": COUNT, "memory_mb": COUNT,
                     "storage_mb": COUNT, "memory": SIZE, "storage": SIZE, "gpus": COUNT, "gpu_types": TEXTS,
                     "allow_internet": FLAG, "network_mode": NETWORK, "allowed_hosts": TEXTS, "mcp_servers": TABLES,
-                    "env": STRING_TABLE, "skills_dir": TEXT, "healthcheck": TABLE, "os": LINUX, "workdir": TEXT},
+                    "env": STRING_TABLE, "skills_dir": TEXT, "healthcheck": TABLE, "os": LINUX, "workdir": TEXT,
+                    "app": TEXT},
     "solution": {"env": STRING_TABLE},
 }
 TOP_LEVEL: dict[str, Check] = {"version": TEXT, "schema_version": TEXT, "source": TEXT, "metadata": TABLE,

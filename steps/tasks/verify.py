@@ -185,9 +185,10 @@ def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, 
 
 
 def run_oracle(sandbox: Sandbox, task: Task, stdout_path: Path) -> RunResult:
-    """Run the task's `solution/solve.sh` as the agent would act: in the workspace, under the agent timeout."""
+    """Run the task's `solution/solve.sh` as the agent would act: in the workspace, under the agent timeout, with
+    the task's app beside it (`steps.sandbox.app`)."""
     if task.solution_dir is None:
         raise ValueError(f"task {task.name} has no solution/solve.sh")
     sandbox.copy_in(task.solution_dir, SOLUTION_DIR)
     return sandbox.run(["bash", f"{SOLUTION_DIR}/solve.sh"], timeout_s=task.config.agent_timeout_s,
-                       env=task.config.solution_env, stdout_path=stdout_path)
+                       env=task.config.solution_env, stdout_path=stdout_path, as_agent=True)
