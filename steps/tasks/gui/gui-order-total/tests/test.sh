@@ -1,0 +1,12 @@
+#!/bin/bash
+# Verifier: runs /tests/check.py on the site's state and writes 1 (pass) or 0 (fail) to /logs/verifier/reward.txt.
+# check.py exits 0 on pass and 1 on a wrong or missing result; any other exit means the verifier itself broke,
+# so no reward is written and the run counts as an infrastructure error, not a 0.
+mkdir -p /logs/verifier
+python3 /tests/check.py
+status=$?
+case "$status" in
+  0) echo 1 > /logs/verifier/reward.txt ;;
+  1) echo 0 > /logs/verifier/reward.txt ;;
+  *) echo "verifier error: check.py exited with status $status" >&2; exit "$status" ;;
+esac
