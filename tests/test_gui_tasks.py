@@ -2,6 +2,7 @@
 the real `steps.tasks check`, a no-op fails, the site's state cannot be faked by the agent, and the browser in
 the sandbox reaches only loopback. Real parts throughout: bubblewrap, chromium, Xvfb, the task's site."""
 
+import os
 import shutil
 import socket
 import subprocess
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from scripted_model import oracle_command
+from steps.rollout import RolloutSpec, run_rollout
 from steps.sandbox import Sandbox, SandboxError
 from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT
 from steps.tasks import load_dataset, load_task
@@ -76,6 +79,22 @@ mkdir -p {APP_STATE_DIR}
 echo '{FORGED_SIGNUP}' > {APP_STATE_DIR}/state.json
 echo '{FORGED_SIGNUP}' > /app/state.json
 """
+
+
+@pytest.mark.parametrize("name", ["gui-shop-checkout", "gui-desktop-launch"])
+def test_a_rollout_runs_the_app_beside_the_harness_and_grades_its_state(name, scripted, scripted_proxy, tmp_path):
+    """The `direct` harness, its model calls through the real proxy (the scripted double answers with the oracle
+    as one shell call): the app shares the rollout's tunnel namespace; a no-op rollout of the same task scores 0."""
+    rewards = []
+    for command, run in ((oracle_command(GUI / name), "oracle"), ("true", "no-op")):
+        scripted.set_commands([command])
+        spec = RolloutSpec(task=GUI / name, harness="direct", proxy_url=scripted_proxy.url,
+                           rollout_id=f"{name}-{run}-{os.getpid()}-{len(rewards)}", out=tmp_path / run,
+                           admin_key="test-admin-key")
+        result = run_rollout(spec)
+        assert result.status == "ok", result
+        rewards.append(result.reward)
+    assert rewards == [1.0, 0.0]
 
 
 def test_state_the_agent_writes_is_not_what_the_verifier_grades(tmp_path):
