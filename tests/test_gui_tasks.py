@@ -16,6 +16,7 @@ import pytest
 
 from scripted_model import oracle_command
 from steps.rollout import RolloutSpec, run_rollout
+import steps.sandbox.pod
 from steps.sandbox import Sandbox, SandboxError
 from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT
 from steps.tasks import load_dataset, load_task
@@ -214,3 +215,16 @@ def test_the_browser_in_the_sandbox_loads_the_site_and_nothing_beyond_loopback(t
     finally:
         server.shutdown()
         box.remove()
+
+
+def test_a_pod_without_the_apps_sidecar_is_an_infrastructure_failure_not_a_silent_zero(tmp_path, monkeypatch):
+    with pytest.raises(SandboxError, match="the task's \\[environment\\] app is not running"):
+        steps.sandbox.pod.PodSandbox.create(tmp_path / "out", load_task(SIGNUP))
+    # Control: with the sidecar's ready file there, the pod gets past that check to the next one (a root runner
+    # refuses a task folder the agent uid can read, before the pod is touched).
+    assert os.geteuid() == 0
+    ready = tmp_path / "ready"
+    ready.touch()
+    monkeypatch.setattr(steps.sandbox.pod, "APP_READY", ready)
+    with pytest.raises(SandboxError, match="is readable by the agent uid"):
+        steps.sandbox.pod.PodSandbox.create(tmp_path / "out2", load_task(SIGNUP))

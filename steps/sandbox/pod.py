@@ -52,12 +52,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from steps.sandbox.app import APP_STATE_DIR, READY_FILE
 from steps.sandbox.common import KILL_GRACE_S, RunResult, SandboxError, VerifierRefused, kill, wait_for
 from steps.sandbox.local import Bind, Sandbox
 from steps.tasks import Task
 
 AGENT_UID = 10001
 AGENT_LOGS = "/logs/agent"
+APP_READY = Path(APP_STATE_DIR) / READY_FILE  # the task's app runs as the pod's sidecar, which creates it when ready
 # Never the workspace, whatever the image's WORKDIR says: handing these (or, for the trees, anything inside
 # them) to the agent uid would break the pod or give it OpenForge's own files.
 SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/openforge", "/proc", "/root", "/sbin", "/sys",
@@ -101,8 +103,9 @@ class PodSandbox(Sandbox):
     def create(cls, root: Path, task: Task, *, agent_uid: int = AGENT_UID) -> PodSandbox:
         """The pod as `task`'s sandbox; `root` (the rollout's output folder) becomes root-only.
 
-        Raises `SandboxError` when the workspace is a system folder or, with a root runner, when the task
-        folder (its verifier and oracle) is readable by the agent uid.
+        Raises `SandboxError` when the workspace is a system folder, when the task has an app (a GUI task's
+        site) and its sidecar is not ready, or, with a root runner, when the task folder (its verifier and
+        oracle) is readable by the agent uid.
         """
         root = Path(root).absolute()
         root.mkdir(parents=True, exist_ok=True)
@@ -111,6 +114,9 @@ class PodSandbox(Sandbox):
         if workdir in SYSTEM_FOLDERS or any(workdir == tree or workdir.startswith(tree + "/") for tree in SYSTEM_TREES):
             raise SandboxError(f"the workspace would be {workdir}, a system folder the agent must not own; give the "
                                "image a WORKDIR such as /app or set [environment] workdir")
+        if task.config.app and not APP_READY.exists():  # else every rollout of it would silently score 0
+            raise SandboxError(f"the task's [environment] app is not running: in a pod it is the rollout pod's sidecar, "
+                               f"which creates {APP_READY} once it listens (docs/tasks.md#gui-tasks)")
         box = cls(root=root, workdir=workdir, agent_uid=agent_uid if os.geteuid() == 0 else None)
         box.apply_task_env(task)
         box.notes.append("pod mode: the pod's image is the environment (environment/Dockerfile is not replayed, "
