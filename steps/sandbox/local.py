@@ -43,7 +43,8 @@ What local mode does NOT isolate, unlike a real container:
   image (FROM), so a task that needs another distribution's packages or another OS does not build;
 - the user: uid 0 inside is the runner's uid outside, with no capabilities on host objects;
 - process lifetime: each `run()` is its own PID namespace, so a server the agent starts in the
-  background is gone when its command ends (and before the verifier runs);
+  background is gone when its command ends (and before the verifier runs); a task's own server is its
+  `[environment] app`, run beside the agent's command in a sandbox of its own (`steps/sandbox/app.py`);
 - build details: .dockerignore, multi-stage builds, ADD from URLs and `RUN --mount` are not supported.
 """
 
