@@ -32,13 +32,14 @@ $(TRAIN_STAMP): pyproject.toml
 
 train-setup: $(TRAIN_STAMP)
 
-# bubblewrap isolates local rollouts (the stand-in for a task's container); the report's browser tests
-# drive Debian's chromium (Playwright downloads no browser).
+# bubblewrap isolates local rollouts (the stand-in for a task's container); the report's browser tests and
+# the GUI tasks drive Debian's chromium (Playwright downloads no browser); desktop GUI tasks run on Xvfb,
+# clicked with xdotool and photographed with ImageMagick's import.
+SYSTEM_PACKAGES := bubblewrap chromium fonts-dejavu-core xvfb xdotool imagemagick
 system:
-	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; } \
-	  || { echo "install bubblewrap (apt-get install bubblewrap) and run again" >&2; exit 1; }
-	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium; } \
-	  || { echo "install chromium (apt-get install chromium) and run again" >&2; exit 1; }
+	@missing=""; for cmd in bwrap chromium Xvfb xdotool import; do command -v $$cmd >/dev/null || missing=yes; done; \
+	  test -z "$$missing" || { apt-get update -qq && apt-get install -y -qq --no-install-recommends $(SYSTEM_PACKAGES); } \
+	  || { echo "install $(SYSTEM_PACKAGES) (apt-get install) and run again" >&2; exit 1; }
 
 harnesses: setup
 	$(BIN)/python -m steps.harnesses install --all
