@@ -77,6 +77,12 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
                    help=f"the run's sampling, forced on every call (repeatable; keys {', '.join(sampling.KEYS)}; "
                         f"those not given are forced to their neutral value)")
     p.add_argument("--max-tokens-cap", type=int, help="upper bound on response tokens per call")
+    p.add_argument("--image-limit", type=int,
+                   help="images per request (the run's image_limit; 0: the served model takes no images); "
+                        "more is a 400 (default: no limit of the proxy's own)")
+    p.add_argument("--tool-images", choices=("tool", "user"), default="tool",
+                   help="where a tool result's images go: in the tool message (the model's chat template renders "
+                        "images in tool turns: steps.proxy.images.renders_tool_images) or a user message after it")
     p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
     p.add_argument("--upstream-timeout", type=float, default=1800.0, help="seconds for one upstream call")
     p.add_argument("--fsync", action="store_true", help="fsync each stored call (survives a machine crash)")
@@ -99,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
                  "max_connections", "max_connections_per_client"):
         if (value := getattr(args, name) or 0) < 0:
             p.error(f"--{name.replace('_', '-')} takes a number >= 0 (0 turns the limit off), got {value}")
+    if args.image_limit is not None and args.image_limit < 0:
+        p.error(f"--image-limit takes a number >= 0 (0: the served model takes no images), got {args.image_limit}")
     if args.external_upstream and len(args.upstream) > 1:
         p.error("--external-upstream takes one --upstream: replicas are vLLM servers the serve step started")
     if len(set(args.upstream)) < len(args.upstream):
@@ -115,7 +123,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         upstream_model=args.upstream_model, external_upstream=args.external_upstream,
         upstream_api_key=upstream_key,
         forced_sampling=forced_sampling(p, args.sampling),
-        max_tokens_cap=args.max_tokens_cap, max_body_bytes=args.max_body_bytes,
+        max_tokens_cap=args.max_tokens_cap, image_limit=args.image_limit, tool_images=args.tool_images == "tool",
+        max_body_bytes=args.max_body_bytes,
         upstream_timeout_s=args.upstream_timeout, fsync=args.fsync, log_level=args.log_level,
         http_server=args.http_server, max_head_bytes=args.max_head_bytes, max_headers=args.max_headers,
         head_timeout_s=args.head_timeout, body_timeout_s=args.body_timeout, keep_alive_s=args.keep_alive_timeout,
