@@ -1,0 +1,320 @@
+"""Images through the real proxy in every dialect, streamed and not: what reaches vLLM's chat body.
+
+The upstream is the scripted vLLM double (tests/scripted_model.py: a small random model cannot call the
+computer tool on cue), which keeps every body it was sent; the proxy is the real `python -m steps.proxy`.
+Each test reads the images of that body with `images.collect`, the function the store names them with,
+so an image dropped anywhere on the way (the silent drops this file guards against) fails a test.
+"""
+
+import hashlib
+import io
+import json
+import secrets
+
+import httpx
+import pytest
+from PIL import Image as PILImage
+
+from steps.proxy import images
+
+SHELL = {"type": "function", "function": {"name": "exec_command", "parameters": {
+    "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
+
+
+def png(color: tuple[int, int, int], size: tuple[int, int] = (28, 28)) -> bytes:
+    """A PNG of one colour: two colours of one size give two images that tokenize alike."""
+    out = io.BytesIO()
+    PILImage.new("RGB", size, color).save(out, format="PNG")
+    return out.getvalue()
+
+
+RED, BLUE, GREEN, GREY = png((255, 0, 0)), png((0, 0, 255)), png((0, 255, 0)), png((90, 90, 90))
+
+
+def b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
+def url(data: bytes) -> str:
+    return f"data:image/png;base64,{b64(data)}"
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- one request with a user image and a tool result's image, in each dialect ----------------------
+def chat_body(user: bytes | None, result: bytes | None) -> dict:
+    user_content = [{"type": "text", "text": "what is on screen?"}]
+    result_content = [{"type": "text", "text": "screenshot"}]
+    if user is not None:
+        user_content.append({"type": "image_url", "image_url": {"url": url(user), "detail": "auto"}})
+    if result is not None:
+        result_content.append({"type": "image_url", "image_url": {"url": url(result)}})
+    return {"model": "tiny", "tools": [SHELL], "messages": [
+        {"role": "system", "content": "You operate a computer."},
+        {"role": "user", "content": user_content},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "exec_command", "arguments": '{"cmd": "shot"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": result_content}]}
+
+
+def responses_body(user: bytes | None, result: bytes | None) -> dict:
+    user_content = [{"type": "input_text", "text": "what is on screen?"}]
+    output = [{"type": "input_text", "text": "screenshot"}]
+    if user is not None:
+        user_content.append({"type": "input_image", "image_url": url(user), "detail": "auto"})
+    if result is not None:
+        output.append({"type": "input_image", "image_url": url(result)})
+    return {"model": "tiny", "instructions": "You operate a computer.",
+            "tools": [{"type": "function", "name": "exec_command", "parameters": SHELL["function"]["parameters"]}],
+            "input": [{"type": "message", "role": "user", "content": user_content},
+                      {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": '{"cmd": "shot"}'},
+                      {"type": "function_call_output", "call_id": "c1", "output": output}]}
+
+
+def anthropic_image(data: bytes) -> dict:
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(data)}}
+
+
+def messages_body(user: bytes | None, result: bytes | None) -> dict:
+    user_content = [{"type": "text", "text": "what is on screen?"}]
+    result_content = [{"type": "text", "text": "screenshot"}]
+    if user is not None:
+        user_content.append(anthropic_image(user))
+    if result is not None:
+        result_content.append(anthropic_image(result))
+    return {"model": "tiny", "max_tokens": 64, "system": "You operate a computer.",
+            "tools": [{"name": "exec_command", "input_schema": SHELL["function"]["parameters"]}],
+            "messages": [{"role": "user", "content": user_content},
+                         {"role": "assistant", "content": [
+                             {"type": "tool_use", "id": "c1", "name": "exec_command", "input": {"cmd": "shot"}}]},
+                         {"role": "user", "content": [
+                             {"type": "tool_result", "tool_use_id": "c1", "content": result_content}]}]}
+
+
+BODIES = {"chat": chat_body, "responses": responses_body, "messages": messages_body}
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+
+
+@pytest.fixture(scope="module")
+def proxies(proxy, scripted):
+    """Three proxies before one scripted model: images in tool turns (limit 3), images of tool results in a
+    following user message, and a model that takes no images."""
+    return {"tool": proxy(scripted.url, extra=["--image-limit", "3"]),
+            "user": proxy(scripted.url, extra=["--tool-images", "user"]),
+            "blind": proxy(scripted.url, extra=["--image-limit", "0"])}
+
+
+def send(proxy, dialect: str, body: dict, stream: bool = False, rollout: str | None = None):
+    """(status, answer) of one call: the JSON object, or the list of SSE data objects when streamed."""
+    registered = proxy.register(rollout or f"r-{dialect}-{secrets.token_hex(4)}")
+    base = registered["anthropic_base_url"] if dialect == "messages" else registered["openai_base_url"].removesuffix("/v1")
+    headers = {"x-api-key" if dialect == "messages" else "authorization":
+               registered["api_key"] if dialect == "messages" else f"Bearer {registered['api_key']}"}
+    answer = httpx.post(base + PATHS[dialect], json={**body, "stream": stream}, headers=headers, timeout=60)
+    if not stream or answer.status_code != 200:
+        return answer.status_code, answer.json()
+    return 200, [json.loads(line[6:]) for line in answer.text.splitlines()
+                 if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def upstream(scripted) -> dict:
+    """The chat body vLLM was last sent."""
+    return scripted.exchanges[-1]["request"]
+
+
+def image_roles(messages: list[dict]) -> list[tuple[str, str]]:
+    """(role, sha256) of each image vLLM was sent, in prompt order, read as the store reads them."""
+    found = images.collect(messages)
+    roles = [message["role"] for message in messages if isinstance(message.get("content"), list)
+             for part in message["content"] if part.get("type") == "image_url"]
+    assert all(part_url.startswith("data:image/") for part_url in
+               (p["image_url"]["url"] for m in messages if isinstance(m.get("content"), list)
+                for p in m["content"] if p.get("type") == "image_url"))
+    return list(zip(roles, (image.sha256 for image in found)))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_images_reach_vllm_as_data_urls_in_their_messages_in_order(proxies, scripted, dialect, stream):
+    scripted.set_commands(["echo ok"])
+    status, _ = send(proxies["tool"], dialect, BODIES[dialect](RED, BLUE), stream)
+    assert status == 200
+    # The tool result's screenshot stays in the tool message: the tiny vision model's template renders it there.
+    assert image_roles(upstream(scripted)["messages"]) == [("user", sha(RED)), ("tool", sha(BLUE))]
+
+
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_a_text_only_call_sends_no_image_so_the_check_above_can_fail(proxies, scripted, dialect):
+    """The control: the same call without images gives no image, and the assertion above tells them apart
+    (were the tool result's image dropped, the list would lack its entry)."""
+    scripted.set_commands(["echo ok"])
+    assert send(proxies["tool"], dialect, BODIES[dialect](None, None))[0] == 200
+    assert image_roles(upstream(scripted)["messages"]) == []
+    assert send(proxies["tool"], dialect, BODIES[dialect](RED, None))[0] == 200
+    assert image_roles(upstream(scripted)["messages"]) == [("user", sha(RED))] != [("user", sha(RED)), ("tool", sha(BLUE))]
+
+
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_tool_result_images_go_to_a_following_user_message_for_a_template_without_them(proxies, scripted, dialect):
+    scripted.set_commands(["echo ok"])
+    assert send(proxies["user"], dialect, BODIES[dialect](RED, BLUE))[0] == 200
+    messages = upstream(scripted)["messages"]
+    assert image_roles(messages) == [("user", sha(RED)), ("user", sha(BLUE))]
+    tool = next(i for i, message in enumerate(messages) if message["role"] == "tool")
+    assert messages[tool]["content"] == "screenshot" and messages[tool + 1]["role"] == "user"
+
+
+# --- refused: what would be fetched, a file, too many images, a model without vision --------------
+def error_text(answer: dict) -> str:
+    return answer["error"]["message"]
+
+
+@pytest.mark.parametrize("dialect, change, field", [
+    ("chat", lambda b: b["messages"][1]["content"][1]["image_url"].update(url="https://example.com/a.png"),
+     "messages.1.content.1.image_url.url"),
+    ("chat", lambda b: b["messages"][1]["content"].append({"type": "input_audio", "input_audio": {"data": "AA=="}}),
+     "messages.1.content.2.type"),
+    ("responses", lambda b: b["input"][0]["content"][1].update(image_url="http://127.0.0.1/a.png"),
+     "input.0.content.1.image_url"),
+    ("responses", lambda b: b["input"][0]["content"][1].update(image_url=None, file_id="file-1"),
+     "input.0.content.1.file_id"),
+    ("responses", lambda b: b["input"][2]["output"][1].update(image_url=None, file_id="file-2"),
+     "input.2.output.1.file_id"),
+    ("messages", lambda b: b["messages"][0]["content"][1].update(source={"type": "url", "url": "https://x/a.png"}),
+     "messages.0.content.1.source.type"),
+    ("messages", lambda b: b["messages"][2]["content"][0]["content"][1]["source"].update(media_type="image/svg+xml"),
+     "messages.2.content.0.content.1.source.media_type"),
+    ("messages", lambda b: b["messages"][2]["content"][0]["content"].append({"type": "search_result"}),
+     "messages.2.content.0.content.2.type"),
+])
+def test_an_image_the_proxy_cannot_send_as_a_data_url_is_a_400_naming_its_field(proxies, scripted, dialect, change, field):
+    body = BODIES[dialect](RED, BLUE)
+    change(body)
+    scripted.set_commands(["echo ok"])
+    before = len(scripted.exchanges)
+    status, answer = send(proxies["tool"], dialect, body)
+    assert status == 400 and f"'{field}'" in error_text(answer), answer
+    assert len(scripted.exchanges) == before  # nothing went upstream
+
+
+@pytest.mark.parametrize("dialect, field", [("chat", "messages.3.content.3.image_url.url"),
+                                            ("responses", "input.2.output.3.image_url"),
+                                            ("messages", "messages.2.content.0.content.3.source")])
+def test_more_images_than_the_limit_is_a_400_naming_the_first_over_it(proxies, dialect, field):
+    body = BODIES[dialect](RED, BLUE)
+    extra = {"chat": lambda: body["messages"][3]["content"],
+             "responses": lambda: body["input"][2]["output"],
+             "messages": lambda: body["messages"][2]["content"][0]["content"]}[dialect]()
+    extra.append(extra[1])  # two more: image 3 is allowed (limit 3), image 4 is not
+    extra.append(extra[1])
+    status, answer = send(proxies["tool"], dialect, body)
+    assert status == 400 and f"'{field}'" in error_text(answer) and "at most 3" in error_text(answer), answer
+    extra.pop()
+    assert send(proxies["tool"], dialect, body)[0] == 200
+
+
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_a_model_without_vision_refuses_any_image(proxies, dialect):
+    status, answer = send(proxies["blind"], dialect, BODIES[dialect](RED, None))
+    assert status == 400 and "takes no images" in error_text(answer), answer
+    assert send(proxies["blind"], dialect, BODIES[dialect](None, None))[0] == 200
+
+
+# --- computer tools, both ways --------------------------------------------------------------------
+CLICK = {"type": "click", "x": 10, "y": 20, "button": "left"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("tool_type", ["computer_use_preview", "computer"])
+def test_responses_computer_call_round_trip(proxies, scripted, tool_type, stream):
+    scripted.set_commands([{"tool": "computer", "arguments": CLICK}])
+    tool = {"type": tool_type, "display_width": 1280, "display_height": 720, "environment": "browser"}
+    body = {"model": "tiny", "tools": [tool], "input": "Click the button."}
+    status, answer = send(proxies["tool"], "responses", body, stream)
+    assert status == 200
+    (offered,) = upstream(scripted)["tools"]
+    assert offered["function"]["name"] == "computer" and "1280x720" in offered["function"]["description"]
+    assert "click" in offered["function"]["parameters"]["properties"]["type"]["enum"]
+    if stream:
+        added = [e for e in answer if e["type"] == "response.output_item.added"]
+        done = [e for e in answer if e["type"] == "response.output_item.done"]
+        assert [e["item"]["type"] for e in added] == ["computer_call"] and added[0]["item"]["status"] == "in_progress"
+        (item,) = [e["item"] for e in done]
+        assert answer[-1]["type"] == "response.completed" and answer[-1]["response"]["output"] == [item]
+    else:
+        (item,) = answer["output"]
+    assert item["type"] == "computer_call" and item["action"] == CLICK and item["pending_safety_checks"] == []
+    assert item["status"] == "completed" and item["id"] and item["call_id"]
+
+    shot = {"type": "computer_call_output", "call_id": item["call_id"],
+            "output": {"type": "computer_screenshot", "image_url": url(GREEN)}}
+    status, _ = send(proxies["tool"], "responses", {**body, "input": [
+        {"type": "message", "role": "user", "content": "Click the button."}, item, shot]}, stream)
+    assert status == 200
+    messages = upstream(scripted)["messages"]
+    call = messages[-2]["tool_calls"][0]
+    assert call["id"] == item["call_id"] and call["function"]["name"] == "computer"
+    assert json.loads(call["function"]["arguments"]) == CLICK
+    assert messages[-1]["role"] == "tool" and messages[-1]["tool_call_id"] == item["call_id"]
+    assert image_roles(messages) == [("tool", sha(GREEN))]
+
+
+def test_a_computer_screenshot_by_file_id_is_a_400(proxies):
+    body = {"model": "tiny", "tools": [{"type": "computer_use_preview"}], "input": [
+        {"type": "computer_call", "call_id": "c1", "action": CLICK},
+        {"type": "computer_call_output", "call_id": "c1", "output": {"type": "computer_screenshot", "file_id": "f"}}]}
+    status, answer = send(proxies["tool"], "responses", body)
+    assert status == 400 and "'input.1.output.file_id'" in error_text(answer)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("tool_type", ["computer_20250124", "computer_20251124"])
+def test_messages_computer_tool_round_trip(proxies, scripted, tool_type, stream):
+    action = {"action": "left_click", "coordinate": [10, 20]}
+    scripted.set_commands([{"tool": "computer", "arguments": action}])
+    tool = {"type": tool_type, "name": "computer", "display_width_px": 1280, "display_height_px": 720}
+    body = {"model": "tiny", "max_tokens": 64, "tools": [tool],
+            "messages": [{"role": "user", "content": "Click the button."}]}
+    status, answer = send(proxies["tool"], "messages", body, stream)
+    assert status == 200
+    (offered,) = upstream(scripted)["tools"]  # was dropped silently: the model saw no computer tool
+    assert offered["function"]["name"] == "computer" and "1280x720" in offered["function"]["description"]
+    assert ("zoom" in offered["function"]["parameters"]["properties"]["action"]["enum"]) == (tool_type == "computer_20251124")
+    if stream:
+        (start,) = [e for e in answer if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use"]
+        use = {**start["content_block"], "input": json.loads(next(
+            e["delta"]["partial_json"] for e in answer if e["type"] == "content_block_delta"
+            and e["index"] == start["index"]))}
+    else:
+        (use,) = [block for block in answer["content"] if block["type"] == "tool_use"]
+    assert use["name"] == "computer" and use["input"] == action
+
+    result = {"type": "tool_result", "tool_use_id": use["id"], "content": [anthropic_image(GREY)]}
+    status, _ = send(proxies["tool"], "messages", {**body, "messages": [
+        *body["messages"], {"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]}, stream)
+    assert status == 200
+    messages = upstream(scripted)["messages"]
+    assert json.loads(messages[-2]["tool_calls"][0]["function"]["arguments"]) == action
+    assert image_roles(messages) == [("tool", sha(GREY))]
+
+
+def test_a_request_without_a_computer_tool_offers_none(proxies, scripted):
+    """The control of the computer tests: the offered tools are read from what vLLM was sent."""
+    scripted.set_commands(["echo ok"])
+    assert send(proxies["tool"], "messages", messages_body(None, None))[0] == 200
+    assert [tool["function"]["name"] for tool in upstream(scripted)["tools"]] == ["exec_command"]
+
+
+def test_renders_tool_images_reads_the_template_of_the_model():
+    """Decided once per model: a Qwen-VL-style template renders tool-turn images, a text-only one does not."""
+    vision = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}"
+              "{% else %}{% for p in m.content %}{% if p.type == 'image' %}<|vision_start|><|image_pad|>"
+              "<|vision_end|>{% elif p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
+              "<|im_end|>\n{% endfor %}")
+    text_only = ("{% for m in messages %}{% if m.role == 'tool' %}<tool>{{ m.content | map(attribute='text') | "
+                 "select | join }}</tool>{% else %}{{ m.content }}{% endif %}{% endfor %}")
+    assert images.renders_tool_images(vision) and not images.renders_tool_images(text_only)
