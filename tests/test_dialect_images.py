@@ -6,16 +6,20 @@ Each test reads the images of that body with `images.collect`, the function the 
 so an image dropped anywhere on the way (the silent drops this file guards against) fails a test.
 """
 
+import base64
 import hashlib
 import io
 import json
 import secrets
 
 import httpx
+import orjson
 import pytest
 from PIL import Image as PILImage
 
-from steps.proxy import images
+from steps.proxy import chat, images, messages, responses
+from steps.proxy.errors import ProxyError
+from steps.proxy.protocol import decode
 
 SHELL = {"type": "function", "function": {"name": "exec_command", "parameters": {
     "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
@@ -32,8 +36,6 @@ RED, BLUE, GREEN, GREY = png((255, 0, 0)), png((0, 0, 255)), png((0, 255, 0)), p
 
 
 def b64(data: bytes) -> str:
-    import base64
-
     return base64.b64encode(data).decode()
 
 
@@ -318,3 +320,23 @@ def test_renders_tool_images_reads_the_template_of_the_model():
     text_only = ("{% for m in messages %}{% if m.role == 'tool' %}<tool>{{ m.content | map(attribute='text') | "
                  "select | join }}</tool>{% else %}{{ m.content }}{% endif %}{% endfor %}")
     assert images.renders_tool_images(vision) and not images.renders_tool_images(text_only)
+
+
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_collect_reads_the_body_each_dialect_builds_and_names_the_harness_field(dialect):
+    """What the store calls on every upstream body (chat's raw-forwarded messages included)."""
+    module = {"chat": chat, "responses": responses, "messages": messages}[dialect]
+
+    def body_of(request: dict) -> dict:
+        req, raw = decode(orjson.dumps(request), module.Request, fields=module.RAW_FIELDS)
+        return module.to_upstream(req, raw)
+
+    assert [image.sha256 for image in images.collect(body_of(BODIES[dialect](RED, BLUE))["messages"])] == [sha(RED), sha(BLUE)]
+    assert images.collect(body_of(BODIES[dialect](None, None))["messages"]) == []
+    broken = BODIES[dialect](RED, BLUE)
+    text = json.dumps(broken).replace(b64(BLUE), b64(b"not an image"))
+    field = {"chat": "messages.3.content.1.image_url.url", "responses": "input.2.output.1.image_url",
+             "messages": "messages.2.content.0.content.1.source"}[dialect]
+    with pytest.raises(ProxyError) as err:
+        images.collect(body_of(json.loads(text))["messages"])
+    assert err.value.status == 400 and err.value.param == field
