@@ -17,6 +17,7 @@ import orjson
 import pytest
 from PIL import Image as PILImage
 
+from steps import tiny_model
 from steps.proxy import chat, images, messages, responses
 from steps.proxy.errors import ProxyError
 from steps.proxy.protocol import decode
@@ -312,14 +313,10 @@ def test_a_request_without_a_computer_tool_offers_none(proxies, scripted):
 
 
 def test_renders_tool_images_reads_the_template_of_the_model():
-    """Decided once per model: a Qwen-VL-style template renders tool-turn images, a text-only one does not."""
-    vision = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}"
-              "{% else %}{% for p in m.content %}{% if p.type == 'image' %}<|vision_start|><|image_pad|>"
-              "<|vision_end|>{% elif p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
-              "<|im_end|>\n{% endfor %}")
-    text_only = ("{% for m in messages %}{% if m.role == 'tool' %}<tool>{{ m.content | map(attribute='text') | "
-                 "select | join }}</tool>{% else %}{{ m.content }}{% endif %}{% endfor %}")
-    assert images.renders_tool_images(vision) and not images.renders_tool_images(text_only)
+    """Decided once per model: the tiny vision model's template renders tool-turn images, the text model's
+    (which renders only a part's text) does not."""
+    assert images.renders_tool_images(tiny_model.VISION_CHAT_TEMPLATE)
+    assert not images.renders_tool_images(tiny_model.CHAT_TEMPLATE)
 
 
 @pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
