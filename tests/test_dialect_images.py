@@ -337,3 +337,18 @@ def test_collect_reads_the_body_each_dialect_builds_and_names_the_harness_field(
     with pytest.raises(ProxyError) as err:
         images.collect(body_of(json.loads(text))["messages"])
     assert err.value.status == 400 and err.value.param == field
+
+
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_each_image_is_named_with_the_string_its_request_carried(dialect):
+    """`Image.sent` is what the store replaces by a reference in the stored request: it must occur there."""
+    request = BODIES[dialect](RED, BLUE)
+    req, raw = decode(orjson.dumps(request), module_of(dialect).Request, fields=module_of(dialect).RAW_FIELDS)
+    found = images.collect(module_of(dialect).to_upstream(req, raw)["messages"])
+    stored = orjson.dumps(request).decode()
+    assert [image.sent in stored for image in found] == [True, True]
+    assert [image.sent for image in found] == ([b64(RED), b64(BLUE)] if dialect == "messages" else [url(RED), url(BLUE)])
+
+
+def module_of(dialect: str):
+    return {"chat": chat, "responses": responses, "messages": messages}[dialect]

@@ -16,7 +16,7 @@ import binascii
 import hashlib
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 
@@ -47,10 +47,10 @@ class Image:
 
 
 class ImagePart(dict):
-    """A chat `image_url` part for vLLM that remembers the request field it came from (`field`, not a key:
-    vLLM is sent the dict alone)."""
+    """A chat `image_url` part for vLLM that remembers the request field it came from and the string the
+    request carried it as (`field`, `sent`: attributes, not keys, so vLLM is sent the dict alone)."""
 
-    __slots__ = ("field",)
+    __slots__ = ("field", "sent")
 
 
 def image_part(url, field: str) -> ImagePart:
@@ -69,7 +69,7 @@ def image_part(url, field: str) -> ImagePart:
                               "(data:image/png;base64,...); the proxy fetches no URL, so a remote image cannot be "
                               "sent", param=field)
     part = ImagePart(type="image_url", image_url={"url": url})
-    part.field = field
+    part.field, part.sent = field, url
     return part
 
 
@@ -81,7 +81,9 @@ def base64_part(media_type, data, field: str) -> ImagePart:
                          param=f"{field}.media_type")
     if not isinstance(data, str):
         raise ProxyError(400, f"invalid request field '{field}.data': must be a base64 string", param=f"{field}.data")
-    return image_part(f"data:{media_type};base64,{data}", field)
+    part = image_part(f"data:{media_type};base64,{data}", field)
+    part.sent = data  # the request holds the base64 alone: that is what a stored request's reference replaces
+    return part
 
 
 def from_data_url(url: str, field: str) -> Image:
@@ -133,7 +135,8 @@ def collect(messages) -> list[Image]:
             if isinstance(part, dict) and part.get("type") == "image_url":
                 url = part.get("image_url")
                 url = url.get("url") if isinstance(url, dict) else url
-                images.append(from_data_url(url, getattr(part, "field", f"messages.{i}.content.{j}.image_url.url")))
+                image = from_data_url(url, getattr(part, "field", f"messages.{i}.content.{j}.image_url.url"))
+                images.append(replace(image, sent=getattr(part, "sent", image.sent)))
     return images
 
 
