@@ -352,3 +352,22 @@ def test_each_image_is_named_with_the_string_its_request_carried(dialect):
 
 def module_of(dialect: str):
     return {"chat": chat, "responses": responses, "messages": messages}[dialect]
+
+
+@pytest.mark.parametrize("dialect, request_body, field", [
+    ("messages", {"model": "tiny", "max_tokens": 8, "system": [anthropic_image(RED)],
+                  "messages": [{"role": "user", "content": "hi"}]}, "system.0"),
+    ("messages", {"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": [anthropic_image(RED)]}]},
+     "messages.1.content.0"),
+    ("responses", {"model": "tiny", "input": [{"type": "message", "role": "assistant", "content": [
+        {"type": "input_image", "image_url": url(RED)}]}]}, "input.0.content.0.type"),
+    ("responses", {"model": "tiny", "input": [{"type": "message", "role": "user", "content": [
+        {"type": "input_file", "file_id": "f"}]}]}, "input.0.content.0.type"),
+])
+def test_an_image_in_a_turn_that_cannot_carry_one_is_a_400_not_a_drop(dialect, request_body, field):
+    module = module_of(dialect)
+    req, raw = decode(orjson.dumps(request_body), module.Request, fields=module.RAW_FIELDS)
+    with pytest.raises(ProxyError) as err:
+        module.to_upstream(req, raw)
+    assert err.value.status == 400 and err.value.param == field

@@ -121,12 +121,23 @@ def _assistant(blocks: list[AnthropicBlock]) -> dict:
     return message
 
 
+def _imageless(blocks: list[AnthropicBlock] | str | None, field: str) -> None:
+    """400 naming an image block of a turn whose images the proxy cannot render (system, assistant)."""
+    for j, block in enumerate(blocks if isinstance(blocks, list) else ()):
+        if block.type == "image":
+            raise ProxyError(400, f"invalid request field '{field}.{j}': an image can be passed to the model in a "
+                                  "user turn or a tool_result, not here", f"{field}.{j}")
+
+
 def to_messages(req: Request) -> list[dict]:
     """Chat messages for the system prompt and the conversation."""
+    _imageless(req.system, "system")
     system = [_text(req.system)] if req.system else []
     messages = []
     for i, message in enumerate(req.messages):
         blocks = [AnthropicBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
+        if message.role != "user":
+            _imageless(blocks, f"messages.{i}.content")
         if message.role == "system" and not messages:
             system.append(_text(blocks))
         elif message.role == "system":
