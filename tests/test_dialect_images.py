@@ -16,9 +16,13 @@ import httpx
 import orjson
 import pytest
 from PIL import Image as PILImage
+from transformers import AutoTokenizer
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from steps import tiny_model
+from steps.tiny_model import build_tiny_model
 from steps.proxy import chat, images, messages, responses
+from steps.proxy.config import ProxyConfig
 from steps.proxy.errors import ProxyError
 from steps.proxy.protocol import decode
 
@@ -371,3 +375,68 @@ def test_an_image_in_a_turn_that_cannot_carry_one_is_a_400_not_a_drop(dialect, r
     with pytest.raises(ProxyError) as err:
         module.to_upstream(req, raw)
     assert err.value.status == 400 and err.value.param == field
+
+
+# --- the tiny vision model's template: one conversation in every dialect is one prompt -------------
+SCREEN, RESULT = png((200, 30, 30), (1280, 720)), png((30, 30, 200), (640, 480))
+
+
+def screenshots_body(dialect: str) -> dict:
+    """A user turn with a screenshot, a tool call, and its result holding another, in `dialect`."""
+    url = {data: f"data:image/png;base64,{b64(data)}" for data in (SCREEN, RESULT)}
+    if dialect == "chat":
+        return {"model": "tiny", "max_tokens": 4, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is here?"},
+                                         {"type": "image_url", "image_url": {"url": url[SCREEN]}}]},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": [
+                {"type": "text", "text": "zoomed"}, {"type": "image_url", "image_url": {"url": url[RESULT]}}]}]}
+    if dialect == "responses":
+        return {"model": "tiny", "max_output_tokens": 4, "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is here?"},
+                                                            {"type": "input_image", "image_url": url[SCREEN]}]},
+            {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": [
+                {"type": "input_text", "text": "zoomed"}, {"type": "input_image", "image_url": url[RESULT]}]}]}
+    image = {data: {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(data)}}
+             for data in (SCREEN, RESULT)}
+    return {"model": "tiny", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is here?"}, image[SCREEN]]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1",
+                                      "content": [{"type": "text", "text": "zoomed"}, image[RESULT]]}]}]}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """The tiny vision model's tokenizer and image processor (seed 0: the files vLLM serves)."""
+    folder = build_tiny_model(tmp_path_factory.mktemp("vision-model"), seed=0, vision="qwen2_5_vl")
+    return AutoTokenizer.from_pretrained(folder), Qwen2VLImageProcessorPil.from_pretrained(folder)
+
+
+def expected_ids(dialect: str, body: dict, checkpoint) -> list[int]:
+    """The template's ids for what the request means, each image pad expanded to its merged patches."""
+    tokenizer, processor = checkpoint
+    module = module_of(dialect)
+    req, raw = decode(orjson.dumps(body), module.Request, fields=module.RAW_FIELDS)
+    chat_messages = ProxyConfig("u", "s", "k").sampling(module.to_upstream(req, raw))["messages"]
+    chat_messages = orjson.loads(orjson.dumps(chat_messages if isinstance(chat_messages, list)
+                                              else orjson.loads(bytes(chat_messages))))
+    ids = tokenizer.apply_chat_template(chat_messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    found = images.collect(chat_messages)
+    grids = processor(images=[PILImage.open(io.BytesIO(image.data)).convert("RGB") for image in found],
+                      return_tensors="np")["image_grid_thw"]
+    counts = iter(int(t * h * w) // processor.merge_size ** 2 for t, h, w in grids)
+    assert ids.count(pad) == len(found) == 2
+    return [token for token in ids for token in ([token] * next(counts) if token == pad else [token])]
+
+
+def test_the_three_dialects_render_one_conversation_to_the_same_ids(checkpoint):
+    """The same screenshots and tool result, sent in each dialect, mean one prompt: the translations agree
+    token for token under the tiny vision model's template (each image in its place, expanded)."""
+    ids = {dialect: expected_ids(dialect, screenshots_body(dialect), checkpoint) for dialect in BODIES}
+    assert ids["chat"] == ids["responses"] == ids["messages"]
+    # 1280x720 is 24x42 patches at the tiny model's pixel cap, 640x480 is 26x36; 2x2 of them merge into a token.
+    assert ids["chat"].count(checkpoint[0].convert_tokens_to_ids("<|image_pad|>")) == 252 + 234
