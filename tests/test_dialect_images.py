@@ -3,11 +3,15 @@
 The upstream is the scripted vLLM double (tests/scripted_model.py: a small random model cannot call the
 computer tool on cue), which keeps every body it was sent; the proxy is the real `python -m steps.proxy`.
 Each test reads the images of that body with `images.collect`, the function the store names them with,
-so an image dropped anywhere on the way (the silent drops this file guards against) fails a test.
+so an image dropped anywhere on the way (the silent drops this file guards against) fails a test. The
+last tests render one conversation with two screenshots, sent in each dialect, with the tiny vision
+model's own tokenizer, template and image processor.
 """
 
 import base64
+import doctest
 import hashlib
+import importlib
 import io
 import json
 import secrets
@@ -440,3 +444,9 @@ def test_the_three_dialects_render_one_conversation_to_the_same_ids(checkpoint):
     assert ids["chat"] == ids["responses"] == ids["messages"]
     # 1280x720 is 24x42 patches at the tiny model's pixel cap, 640x480 is 26x36; 2x2 of them merge into a token.
     assert ids["chat"].count(checkpoint[0].convert_tokens_to_ids("<|image_pad|>")) == 252 + 234
+
+
+@pytest.mark.parametrize("module", ["steps.proxy.images", "steps.proxy.chat"])
+def test_doctests(module):
+    failures, tried = doctest.testmod(importlib.import_module(module))
+    assert tried > 0 and failures == 0

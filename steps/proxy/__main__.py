@@ -32,25 +32,32 @@ from steps.proxy.replicas import AFFINITY, POLICIES
 def command_line(upstream: str | list[str], store: str, port: int, host: str | None = None,
                  model_name: str | None = None, max_tokens_cap: int | None = None, weight_version: str | None = None,
                  sampling: list[str] | tuple[str, ...] = (), extra: list[str] | tuple[str, ...] = (),
-                 upstream_model: str | None = None, external: bool = False) -> list[str]:
+                 upstream_model: str | None = None, external: bool = False, image_limit: int | None = None,
+                 tool_images: bool = True) -> list[str]:
     """The proxy's flags, as `parse_args` reads them: what the serve step runs in-process and the tests'
     launcher runs as `python -m steps.proxy`; `upstream` is one URL or each replica's; `sampling` holds `KEY=VALUE`
     items (`steps.sampling`). The admin key travels in the environment, never here; so does an external upstream's
-    key (`external`: `--external-upstream`).
+    key (`external`: `--external-upstream`). `image_limit` is the run's; `tool_images` whether the served model's chat
+template renders images in tool turns (`steps.proxy.images.renders_tool_images`).
 
     >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, model_name="tiny")
     ['--upstream', 'http://127.0.0.1:8000', '--port', '8100', '--store', 'runs/calls', '--model-name', 'tiny']
+    >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, image_limit=4, tool_images=False)[-4:]
+    ['--image-limit', '4', '--tool-images', 'user']
     >>> command_line(["http://127.0.0.1:8000", "http://127.0.0.1:8001"], "runs/calls", 8100)[:4]
     ['--upstream', 'http://127.0.0.1:8000', '--upstream', 'http://127.0.0.1:8001']
     """
     argv = [word for url in ([upstream] if isinstance(upstream, str) else upstream) for word in ("--upstream", url)]
     argv += ["--port", str(port), "--store", store]
     for flag, value in (("--host", host), ("--model-name", model_name), ("--max-tokens-cap", max_tokens_cap),
-                        ("--weight-version", weight_version), ("--upstream-model", upstream_model)):
+                        ("--weight-version", weight_version), ("--upstream-model", upstream_model),
+                        ("--image-limit", image_limit)):
         if value is not None:
             argv += [flag, str(value)]
     if external:
         argv.append("--external-upstream")
+    if not tool_images:
+        argv += ["--tool-images", "user"]
     return argv + [word for item in sampling for word in ("--sampling", item)] + list(extra)
 
 
