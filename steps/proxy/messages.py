@@ -4,8 +4,9 @@ Content blocks become chat messages for vLLM: `tool_use` blocks become the assis
 (arguments serialised the way vLLM's tool parser serialises them), `tool_result` blocks become tool
 messages, `thinking` becomes reasoning content. Image blocks (in user turns and in tool results)
 become data-URL image parts; a `url` or `file` source is a 400 (docs/proxy.md, "Images"). A computer
-tool (`computer_2025*`) becomes a function tool of its name with Anthropic's action schema. The answer streams as Claude Code requires: every
-block opened, filled by `content_block_delta` events, and closed.
+tool (`computer_2025*`) becomes a function tool of its name with Anthropic's action schema.
+The answer streams as Claude Code requires: every block opened, filled by `content_block_delta`
+events, and closed.
 """
 
 import json
@@ -14,7 +15,7 @@ import orjson
 
 from steps.proxy.errors import ProxyError, anthropic_error_body as error_body  # noqa: F401 (dialect interface)
 from steps.proxy.images import base64_part
-from steps.proxy.protocol import NULL, AnthropicBlock, Raw, decode_part, expect, function_tool, join_text
+from steps.proxy.protocol import NULL, AnthropicBlock, AnthropicTool, Raw, decode_part, expect, function_tool, join_text
 from steps.proxy.protocol import MessagesRequest as Request
 from steps.proxy.upstream import Completion
 
@@ -176,7 +177,7 @@ def to_upstream(req: Request, raw: dict) -> dict:
     return body
 
 
-def _computer_tool(tool) -> dict:
+def _computer_tool(tool: AnthropicTool) -> dict:
     """The function tool a computer tool (`computer_2025*`) is offered to the model as; its calls come back as
     tool_use blocks of that name, as Anthropic's do."""
     screen = (f" The screen is {tool.display_width_px}x{tool.display_height_px} pixels."

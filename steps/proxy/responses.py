@@ -5,8 +5,9 @@ back into ONE assistant message, so the chat template renders it the way it was 
 (free-form) tools become function tools with one string argument `input`; a computer tool becomes the
 function `computer` whose arguments are one action, called back as `computer_call` items, whose
 screenshots (`computer_call_output`) become the tool results. `input_image` parts (in messages and tool
-outputs) become data-URL image parts; a `file_id` or a remote URL is a 400 (docs/proxy.md, "Images"). The answer's output items
-are streamed as Codex requires: every item in `response.output_item.done`, then `response.completed`.
+outputs) become data-URL image parts; a `file_id` or a remote URL is a 400 (docs/proxy.md, "Images").
+The answer's output items are streamed as Codex requires: every item in `response.output_item.done`,
+then `response.completed`.
 """
 
 import functools
