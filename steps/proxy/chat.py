@@ -8,6 +8,7 @@ import msgspec
 
 from steps.proxy.errors import ProxyError, openai_error_body as error_body  # noqa: F401 (dialect interface)
 from steps.proxy.images import image_part
+from steps.proxy.protocol import ChatPart, decode_part
 from steps.proxy.protocol import ChatRequest as Request
 from steps.proxy.upstream import Completion
 
@@ -25,7 +26,7 @@ def to_upstream(req: Request, raw: dict) -> dict:
     if req.stream_options and not req.stream:
         raise ProxyError(400, "stream_options is only allowed with stream: true", param="stream_options")
     body = {key: value for key, value in raw.items() if key not in _NOT_FORWARDED}
-    if any(bytes(memoryview(message.content)[:1]) == b"[" for message in req.messages) and "messages" in raw:
+    if "messages" in raw and not _text_only(req):  # decoded only when a part is not text: an image, or a refusal
         body["messages"] = checked_messages(msgspec.json.decode(raw["messages"]))
     if req.max_completion_tokens is not None:  # vLLM takes it over max_tokens: one key, which the cap bounds
         body.pop("max_completion_tokens", None)
@@ -33,6 +34,16 @@ def to_upstream(req: Request, raw: dict) -> dict:
     if req.top_logprobs:
         body["top_logprobs"] = req.top_logprobs
     return body
+
+
+def _text_only(req: Request) -> bool:
+    """Whether every content part of the request is text (read without decoding the texts)."""
+    for i, message in enumerate(req.messages):
+        if bytes(memoryview(message.content)[:1]) == b"[":
+            parts = decode_part(message.content, list[ChatPart | str], f"messages.{i}.content")
+            if any(not isinstance(part, str) and (part.type not in _TEXT_PARTS or part.uuid is not None) for part in parts):
+                return False
+    return True
 
 
 def checked_messages(messages: list[dict]) -> list[dict]:

@@ -214,6 +214,13 @@ class ChatMessage(Struct, kw_only=True):
             raise ValueError("`content` must be a string, an array of parts or null")
 
 
+class ChatPart(Struct, kw_only=True):
+    """What the proxy reads of a chat content part to tell text from media; the rest is skipped unread."""
+
+    type: str | None = None
+    uuid: Raw | None = None  # vLLM's name of a cached media item
+
+
 class ChatFunction(Struct, kw_only=True):
     name: str  # description and parameters are forwarded as sent, not decoded here
 
