@@ -25,6 +25,8 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from steps import tiny_model
 from steps.tiny_model import build_tiny_model
+from steps.vllm_server import stop_vllm
+from vllm_process import spawn_vllm, wait_ready
 from steps.proxy import chat, images, messages, responses
 from steps.proxy.config import ProxyConfig
 from steps.proxy.errors import ProxyError
@@ -413,10 +415,32 @@ def screenshots_body(dialect: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """The tiny vision model's tokenizer and image processor (seed 0: the files vLLM serves)."""
-    folder = build_tiny_model(tmp_path_factory.mktemp("vision-model"), seed=0, vision="qwen2_5_vl")
-    return AutoTokenizer.from_pretrained(folder), Qwen2VLImageProcessorPil.from_pretrained(folder)
+def vision_model(tmp_path_factory):
+    """The tiny vision model (Qwen2.5-VL shaped, seed 0), built once for this module."""
+    return build_tiny_model(tmp_path_factory.mktemp("vision-model"), seed=0, vision="qwen2_5_vl")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(vision_model):
+    """The tiny vision model's own tokenizer and image processor."""
+    return AutoTokenizer.from_pretrained(vision_model), Qwen2VLImageProcessorPil.from_pretrained(vision_model)
+
+
+@pytest.fixture(scope="module")
+def vision_vllm(vision_model, tmp_path_factory):
+    """Real vLLM on CPU serving the tiny vision model as "tiny" (its image limit, chat template and, without
+    torchvision, the CPU import shim come from `steps.vllm_server`); its root URL."""
+    server = spawn_vllm(vision_model, name="tiny", log_path=tmp_path_factory.mktemp("vision-vllm") / "vllm.log")
+    try:
+        wait_ready(server, timeout_s=600)
+        yield server.base_url
+    finally:
+        stop_vllm(server)
+
+
+@pytest.fixture(scope="module")
+def vision_proxy(proxy, vision_vllm):
+    return proxy(vision_vllm, extra=["--image-limit", "4"])
 
 
 def expected_ids(dialect: str, body: dict, checkpoint) -> list[int]:
@@ -450,3 +474,14 @@ def test_the_three_dialects_render_one_conversation_to_the_same_ids(checkpoint):
 def test_doctests(module):
     failures, tried = doctest.testmod(importlib.import_module(module))
     assert tried > 0 and failures == 0
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("dialect", list(BODIES))
+def test_recorded_prompt_ids_are_the_templates_with_each_image_expanded(dialect, stream, vision_proxy, checkpoint):
+    body, rollout = screenshots_body(dialect), f"vision-{dialect}-{'sse' if stream else 'json'}"
+    status, answer = send(vision_proxy, dialect, body, stream, rollout=rollout)
+    assert status == 200, answer
+    (call,) = vision_proxy.calls(rollout)
+    assert call["status"] == "ok" and call["prompt_token_ids"] == expected_ids(dialect, body, checkpoint)
