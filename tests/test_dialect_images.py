@@ -485,3 +485,18 @@ def test_recorded_prompt_ids_are_the_templates_with_each_image_expanded(dialect,
     assert status == 200, answer
     (call,) = vision_proxy.calls(rollout)
     assert call["status"] == "ok" and call["prompt_token_ids"] == expected_ids(dialect, body, checkpoint)
+
+
+def test_images_of_parallel_tool_results_move_after_the_run_of_tool_messages_in_order():
+    """A user message between two tool messages would split the model's parallel calls' results."""
+    def tool(call_id: str, data: bytes) -> dict:
+        return {"role": "tool", "tool_call_id": call_id, "content": [
+            {"type": "text", "text": call_id}, images.image_part(url(data), f"{call_id}.image")]}
+
+    calls = {"role": "assistant", "content": None, "tool_calls": [{"id": "a"}, {"id": "b"}]}
+    placed = images.place([calls, tool("a", RED), tool("b", BLUE), {"role": "assistant", "content": "ok"}],
+                          None, tool_images=False)
+    assert [m["role"] for m in placed] == ["assistant", "tool", "tool", "user", "assistant"]
+    assert [placed[1]["content"], placed[2]["content"]] == ["a", "b"]
+    assert [image.sha256 for image in images.collect(placed)] == [sha(RED), sha(BLUE)]
+    assert images.place(placed[:3], None, tool_images=True) == placed[:3]  # where the template renders them: kept

@@ -174,7 +174,8 @@ def place(messages: list, limit: int | None, tool_images: bool) -> list:
         if message["role"] == "tool" and isinstance(message.get("content"), list):
             content = message["content"]
             moved += [part for part in content if isinstance(part, dict) and part.get("type") == "image_url"]
-            text = "".join(part.get("text") or "" for part in content if isinstance(part, dict) and part.get("type") == "text")
+            text = "".join(part if isinstance(part, str) else part.get("text") or "" for part in content
+                           if not isinstance(part, dict) or part.get("type") != "image_url")
             message = {**message, "content": text}
         placed.append(message)
     if moved:
