@@ -494,9 +494,9 @@ def test_images_of_parallel_tool_results_move_after_the_run_of_tool_messages_in_
             {"type": "text", "text": call_id}, images.image_part(url(data), f"{call_id}.image")]}
 
     calls = {"role": "assistant", "content": None, "tool_calls": [{"id": "a"}, {"id": "b"}]}
-    placed = images.place([calls, tool("a", RED), tool("b", BLUE), {"role": "assistant", "content": "ok"}],
-                          None, tool_images=False)
+    conversation = [calls, tool("a", RED), tool("b", BLUE), {"role": "assistant", "content": "ok"}]
+    placed = images.place(conversation, None, tool_images=False)
     assert [m["role"] for m in placed] == ["assistant", "tool", "tool", "user", "assistant"]
     assert [placed[1]["content"], placed[2]["content"]] == ["a", "b"]
     assert [image.sha256 for image in images.collect(placed)] == [sha(RED), sha(BLUE)]
-    assert images.place(placed[:3], None, tool_images=True) == placed[:3]  # where the template renders them: kept
+    assert images.place(conversation, None, tool_images=True) is conversation  # the template renders them: kept
