@@ -72,7 +72,11 @@ def vision_prompt(body: dict, image_tokens: Callable[[bytes], int]) -> list[int]
     give the same ids, as with the real model."""
     ids = []
     for message in body.get("messages") or []:
-        ids.append({"system": 1, "user": 2, "assistant": 3, "tool": 4}.get(message.get("role"), 5))
+        # An assistant turn opens as the generation prompt does (6), so a next call's prompt continues the last.
+        ids.append({"system": 1, "user": 2, "assistant": 6, "tool": 4}.get(message.get("role"), 5))
+        if message.get("role") == "assistant":
+            ids += RESPONSE  # what this upstream answered it, as a template renders the turn again
+            continue
         content = message.get("content")
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
         for part in parts:
@@ -81,8 +85,6 @@ def vision_prompt(body: dict, image_tokens: Callable[[bytes], int]) -> list[int]
                 ids += [VISION_START, *[IMAGE_PAD] * image_tokens(raw), VISION_END]
             elif part.get("type") == "text":
                 ids += [10 + b for b in part["text"].encode()]
-        if message.get("role") == "assistant":
-            ids += RESPONSE  # what this upstream answered it, as a template renders the turn again
     return ids + [6]  # the generation prompt
 
 
