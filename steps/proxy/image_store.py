@@ -22,6 +22,7 @@ import uuid
 from steps.proxy.images import REFERENCE_PREFIX, Image
 
 IMAGES = "images"
+_FETCHED_AT_ONCE = 16  # images an object-store reader holds at once while checking them
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # One JSON string token (outside strings a JSON text has no quote but a string's delimiters), unrolled so that
 # a long run of plain characters (an image's base64) is matched in C without backtracking.
@@ -157,14 +158,15 @@ class ImageStore:
                 if problem is not None:
                     problems[name] = problem
             return problems
-        paths = [self.path(name) for name in names]
-        contents = self.fs.cat(paths, on_error="return") if paths else {}
-        for name, path in zip(names, paths):
-            data = contents.get(path)
-            if not isinstance(data, bytes):
-                problems[name] = "is not in the store"
-            elif hashlib.sha256(data).hexdigest() != name:
-                problems[name] = "is stored with bytes that do not hash to its name"
+        for start in range(0, len(names), _FETCHED_AT_ONCE):  # a rollout's images are never all in memory
+            chunk = names[start:start + _FETCHED_AT_ONCE]
+            contents = self.fs.cat([self.path(name) for name in chunk], on_error="return")
+            for name in chunk:
+                data = contents.get(self.path(name))
+                if not isinstance(data, bytes):
+                    problems[name] = "is not in the store"
+                elif hashlib.sha256(data).hexdigest() != name:
+                    problems[name] = "is stored with bytes that do not hash to its name"
         return problems
 
 
