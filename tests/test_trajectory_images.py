@@ -163,3 +163,15 @@ def test_a_checkpoint_without_its_preprocessor_config_is_named(tmp_path, checkpo
         load_grid(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     assert load_grid(str(tmp_path)) is None  # a text model: nothing to check
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_the_tiny_vision_models_own_configs_give_252_image_tokens_for_a_screenshot(tmp_path, family):
+    """The checkpoint `steps.tiny_model --vision` writes (its config.json and its processor's saved config):
+    the grid the trajectories step reads from it is the one the notes measured on vLLM (252 at its cap)."""
+    from steps.tiny_model import build_tiny_model
+
+    grid = load_grid(str(build_tiny_model(tmp_path / family, vision=family)))
+    assert grid.tokens(1280, 720) == 252 and grid.tokens(720, 1280) == 252
+    assert grid.image_token_id == json.loads((tmp_path / family / "config.json").read_text())["image_token_id"]
+    assert load_grid(str(tmp_path / family), max_pixels=grid.max_pixels // 4).tokens(1280, 720) < 252
