@@ -99,11 +99,19 @@ def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int
                  python: str = "python", out: str | None = None) -> list[str]:
     """The iteration's Parquet tables from the rollout results and the proxy's calls (`steps.trajectories`),
     under the run's trajectories, or under `out` (an evaluation's, never trained: nothing is dropped); with
-    `max_staleness` >= 1, a training sample more than that many versions behind is dropped."""
+    `max_staleness` >= 1, a training sample more than that many versions behind is dropped. The base model's
+    config checks each call's image tokens (they do not change with the weights), at the pixel cap vLLM was given;
+    an `upstream` has none here.
+
+    >>> trajectories(RunConfig(max_pixels=200704), "http://127.0.0.1:8100", "results", 0)[-4:]
+    ['--model', 'runs/tiny-model', '--max-pixels', '200704']
+    """
     stale = ["--max-staleness", str(config.max_staleness)] if config.max_staleness and out is None else []
+    model = [] if config.upstream else ["--model", config.model, *(["--max-pixels", str(config.max_pixels)]
+                                                                  if config.max_pixels else [])]
     return [python, "-m", "steps.trajectories", "--proxy-url", proxy_url, "--results", results,
             "--out", out or layout.trajectories_url(config.run_url), "--run", config.run, "--iteration", str(iteration),
-            *stale]
+            *model, *stale]
 
 
 def evaluate(config: RunConfig, iteration: int | str, python: str = "python") -> list[str]:

@@ -7,7 +7,9 @@ The call is stored before the first byte of the answer leaves, so nothing answer
 A call index is taken only once the request is found valid (a refused request takes none), and a call
 that took one is stored, whatever happens after: answered, failed upstream, aborted, or failed in the
 proxy itself. If the store cannot write it (a full disk), the harness gets a 503 in its dialect's shape
-and the index is handed back when no later call took one.
+and the index is handed back when no later call took one. A call's images are stored (once each, by the
+SHA-256 of their bytes: steps.proxy.image_store) before its upstream call, so every record that names an
+image finds it stored; one that cannot be stored is a 503 the same way.
 """
 
 import asyncio
@@ -23,7 +25,9 @@ import orjson
 from fastapi import Request
 
 from steps.logs import now
+from steps.proxy import images as call_images
 from steps.proxy.errors import ProxyError
+from steps.proxy.image_store import referenced_request
 from steps.proxy.protocol import Raw, decode, one_line
 from steps.proxy.sessions import Rollout
 from steps.sampling import RESHAPING
@@ -172,10 +176,17 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
     data = await read()
     req, raw = decode(data, dialect.Request, fields=dialect.RAW_FIELDS)
     upstream_body = dialect.to_upstream(req, raw)
+    images = call_images.collect(upstream_body.get("messages"))  # what vLLM is sent, in prompt order
     requested = _settings(upstream_body)  # the harness's own, before the run's are forced
     state.config.sampling(upstream_body)
-    line = one_line(data)  # the request as stored
+    line = referenced_request(one_line(data), images)  # the request as stored: images by name
     record = _new_record(rollout, dialect.NAME, req.stream, line, requested, _settings(upstream_body))
+    record["images"] = [image.reference() for image in images]
+    if images:
+        try:
+            await state.store.put_images(images)
+        except StoreWriteFailed as exc:
+            raise _unstored(rollout, record, exc) from None
     try:
         completion = await guard(_complete(state, rollout, upstream_body, record))
     except ClientGone:
@@ -231,6 +242,13 @@ async def _answer(state, rollout: Rollout, dialect: ModuleType, req, line: bytes
     return answer
 
 
+def _unstored(rollout: Rollout, record: dict, exc: StoreWriteFailed) -> ProxyError:
+    """The 503 for a call the store could not write; its index is handed back when no later call took one."""
+    if rollout.next_index == record["call_index"] + 1:
+        rollout.next_index -= 1
+    return ProxyError(503, f"the proxy could not store this call, so it was not answered ({exc}); retry later")
+
+
 def _forget_shared(record: dict, line: bytes) -> None:
     """Undoes what `_answer` shared of a record that is stored as failed instead: its request whole."""
     record.update(request=orjson.Fragment(line), request_shared=None, prompt_shared=None, prompt_token_ids=None,
@@ -261,6 +279,7 @@ def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, reque
         "timings": {"received_at": now()},
         "request": orjson.Fragment(line),
         "request_shared": None,
+        "images": [],  # each image's reference (steps.proxy.images), in prompt order; the request names them
         "response": None,
         "error": None,
     }
@@ -299,9 +318,6 @@ async def _finish(state, rollout: Rollout, record: dict, status: str, response=N
             rollout.next_index = max(rollout.next_index, await state.store.resume_calls(rollout.rollout_id))
             record["call_index"] = rollout.take_index()
         except StoreWriteFailed as exc:
-            if rollout.next_index == record["call_index"] + 1:  # no later call took one: hand it back
-                rollout.next_index -= 1
-            raise ProxyError(503, f"the proxy could not store this call, so it was not answered ({exc}); "
-                                  "retry later") from None
+            raise _unstored(rollout, record, exc) from None
     raise ProxyError(503, f"the proxy found call indices of rollout {rollout.rollout_id!r} taken by another writer "
                           f"{INDEX_RETRIES} times; is a second proxy serving it?")

@@ -5,6 +5,7 @@ Layout:
     {root}/rollouts/{rollout_id}/rollout.json            registration: metadata, key digest, times
     {root}/rollouts/{rollout_id}/calls.jsonl             local folder: one call record per line, appended
     {root}/rollouts/{rollout_id}/calls/{index:06d}.json  object store: one object per call
+    {root}/images/{sha256}                               every image a call sent, once (steps.proxy.image_store)
 
 A call's prompt usually starts with the prompt of the rollout's call before it (an agent's context grows
 by appending), so a stored record keeps only what is new: `prompt_shared` = {"call_index": k, "tokens":
@@ -29,7 +30,7 @@ out; a record glued after a torn one is read from where it starts; a line or obj
 record of the rollout, or that repeats an index already read, is skipped and named in `skipped`; a
 record whose request, response or sampling (sent or requested) alone cannot be read keeps its place with
 that field null and `store_error` saying why, as does one whose prompt or request extends a call that
-cannot be read.
+cannot be read, or names an image that is not stored whole under its name (then `images` is null).
 """
 
 import asyncio
@@ -41,6 +42,9 @@ from dataclasses import dataclass, field
 import fsspec
 import msgspec
 import orjson
+
+from steps.proxy.image_store import ImageStore, ImageWriteFailed
+from steps.proxy.images import Image
 
 CALL_LOG = "calls.jsonl"
 RECORD_START = b'{"rollout_id":'  # how every record the proxy writes begins (its first key)
@@ -343,6 +347,7 @@ class CallStore:
         self.create_only = "s3" in _protocols(self.fs)  # a PUT that never replaces (If-None-Match: *)
         self.fsync = fsync
         self._appending: dict[str, threading.Lock] = {}  # per log: with fsync, appends run in threads
+        self.images = ImageStore(self.fs, self.root, self.local, self.create_only, fsync)
         if self.local:
             os.makedirs(self.root, exist_ok=True)
 
@@ -375,6 +380,17 @@ class CallStore:
             await asyncio.to_thread(self._append, record["rollout_id"], data)
         else:
             await asyncio.to_thread(self._put_object, self._object_path(record["rollout_id"], record["call_index"]), data)
+
+    async def put_images(self, images: list[Image]) -> None:
+        """Durably stores each of a call's images not stored yet, before the record that names them; raises
+        StoreWriteFailed if one could not be (the call must not be stored then)."""
+        new = self.images.new(images)
+        if not new:
+            return
+        try:
+            await asyncio.to_thread(self.images.put, new)
+        except ImageWriteFailed as exc:
+            raise StoreWriteFailed(str(exc)) from None
 
     async def read_calls(self, rollout_id: str) -> StoredCalls:
         """Every readable call of a rollout, in call order, and the stored records skipped (see the
@@ -487,7 +503,9 @@ class CallStore:
             contents = self.fs.cat(paths, on_error="omit") if paths else {}
             stored = [(path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1], contents[path])
                       for path in paths if path in contents]
-        return read_records(rollout_id, stored)
+        read = read_records(rollout_id, stored)
+        self.images.check(read.calls)
+        return read
 
     def _write_whole(self, path: str, data: bytes) -> None:
         """Writes a small file atomically: a temporary name renamed into place (a put on object stores)."""

@@ -1,13 +1,14 @@
 """Writes one run-iteration's trajectory tables (calls, rollouts, samples, behaviour) as Parquet.
 
     OPENFORGE_ADMIN_KEY=... python -m steps.trajectories --proxy-url http://127.0.0.1:8100 \
-        --results runs/it0 --out s3://bucket/trajectories --run demo --iteration 0
+        --results runs/it0 --out s3://bucket/trajectories --run demo --iteration 0 --model runs/tiny-model
 
 `--results` holds one folder per rollout with its `result.json`; calls come from the proxy's admin
 route, or with `--store URL` straight from the proxy's store. Files land in
 `{out}/run={run}/iteration={iteration}/`. Prints a JSON summary (rows per table, per harness the
 continuity rate and samples per rollout, the records `skipped`, each named with its rollout, and the
-`untrainable_calls`: answered calls an external upstream gave no token ids, kept in `calls` only, and the
+`untrainable_calls`: answered calls in no sample (an external upstream gave no token ids, or their image
+tokens do not match their images' grids under `--model`'s config), kept in `calls` only, and the
 `staleness`, also written as `_staleness.json` beside the tables: how many versions behind the one trained,
 the iteration's, the samples' calls were served, and with `--max-staleness S` how many samples, more than S
 behind, were left out);
@@ -31,6 +32,7 @@ from steps.trajectories.collect import (
 )
 from steps.manifest import write_json
 from steps.trajectories.io import partition_url, write_tables
+from steps.trajectories.vision import load_grid
 from workflows.layout import staleness_url
 
 
@@ -44,6 +46,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="folder or URL (s3://...) under which the tables are written")
     p.add_argument("--run", default="default", help="run name, the first partition level")
     p.add_argument("--iteration", type=int, default=0, help="iteration number, the second partition level")
+    p.add_argument("--model", default=None,
+                   help="the served checkpoint (folder or URL): its config gives the image tokens each call's images "
+                        "are checked against; without it a call with images is in no sample")
+    p.add_argument("--max-pixels", type=int, default=0,
+                   help="the pixel cap serving gave the image processor, if not the checkpoint's own")
     p.add_argument("--max-staleness", type=int, default=None, metavar="S",
                    help="leave out of `samples` each sample with a call more than S weight versions behind the "
                         "one trained (the iteration's); default: none is left out")
@@ -61,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     try:
+        grid = load_grid(args.model, args.max_pixels) if args.model else None
+    except ValueError as exc:
+        print(f"error: --model: {exc}", file=sys.stderr)
+        return 2
+    try:
         results = load_results(args.results)
         ids = [r["rollout_id"] for r in results]
         print(f"trajectories: {len(ids)} rollout results; fetching their calls", file=sys.stderr, flush=True)
@@ -69,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         for bad in skipped:
             print(f"trajectories: warning: rollout {bad['rollout_id']}: stored record {bad['record']} skipped: "
                   f"{bad['error']}", file=sys.stderr, flush=True)
-        rows, harnesses = collect(results, calls, args.run, args.iteration, args.max_staleness)
+        rows, harnesses = collect(results, calls, args.run, args.iteration, args.max_staleness, grid)
         if rows.untrainable_calls:
-            print(f"trajectories: {rows.untrainable_calls} calls have no token ids (their upstream returned none): "
-                  f"kept in the calls table, in no training sample", file=sys.stderr, flush=True)
+            print(f"trajectories: {rows.untrainable_calls} answered calls are in no training sample (no token ids, or "
+                  f"image tokens that do not match their images): kept in the calls table, each with why in "
+                  f"`untrainable`", file=sys.stderr, flush=True)
         tables = rows.tables()
         partition = partition_url(args.out, args.run, args.iteration)
         files = write_tables(tables, partition)

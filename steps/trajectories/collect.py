@@ -28,7 +28,8 @@ from steps.analytics import behaviour_row
 from steps.plan import attempt_of
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.proxy.store import CallStore
-from steps.trajectories.samples import RolloutSamples, build_samples
+from steps.trajectories.samples import RolloutSamples, build_samples, image_names
+from steps.trajectories.vision import ImageGrid
 from steps.trajectories.staleness import Staleness, versions_behind
 from steps.trajectories.schema import (
     BEHAVIOUR,
@@ -48,6 +49,12 @@ class _Error(msgspec.Struct):
     message: str | None = None
 
 
+class _ImageRef(msgspec.Struct):
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    width: Annotated[int, msgspec.Meta(gt=0)]
+    height: Annotated[int, msgspec.Meta(gt=0)]
+
+
 class _CallFields(msgspec.Struct):
     """What the tables take of a recorded call: a call whose fields do not fit is left out, named."""
 
@@ -63,6 +70,8 @@ class _CallFields(msgspec.Struct):
     replica: TokenId | None = None
     timings: dict[str, float | None] | None = None
     error: _Error | None = None
+    images: list[_ImageRef] | None = None
+    untrainable: str | None = None
 
 
 class CollectError(RuntimeError):
@@ -164,7 +173,7 @@ class Rows:
     samples: dict = field(default_factory=lambda: {name: [] for name in SAMPLES.names})
     behaviour: dict = field(default_factory=lambda: {name: [] for name in BEHAVIOUR.names})
     skipped: list[dict] = field(default_factory=list)  # calls left out: {"rollout_id", "record", "error"}
-    untrainable_calls: int = 0  # answered calls an external upstream gave no token ids: in `calls`, in no sample
+    untrainable_calls: int = 0  # answered calls in no sample (no token ids, image tokens off their grids): in `calls`
     staleness: Staleness | None = None  # the samples' versions behind the trained one, and those dropped
 
     def tables(self) -> dict[str, pa.Table]:
@@ -188,7 +197,9 @@ def add_calls(rows: Rows, keys: dict, calls: list[dict], built: RolloutSamples |
                   **{name: sampled.get(name) for name in ("temperature", "top_p", "top_k")},
                   **{name: timings.get(name) for name in CALL_TIMINGS},
                   "error": (call.get("error") or {}).get("message"), "sample_index": index,
-                  "continued": None if index is None else call["call_index"] in built.continued_calls}
+                  "continued": None if index is None else call["call_index"] in built.continued_calls,
+                  "images": image_names(call),
+                  "untrainable": call.get("untrainable") or (None if built is None else built.untrainable.get(call["call_index"]))}
         for name in CALLS.names:
             rows.calls[name].append(values[name])
 
@@ -201,7 +212,7 @@ def add_samples(rows: Rows, keys: dict, built: RolloutSamples, reward: float | N
                   "response_token_ids": sample.response_token_ids, "response_mask": sample.response_mask,
                   "response_logprobs": sample.response_logprobs, "reward": reward, "loss_weight": weight,
                   "num_calls": len(sample.call_indices), "call_indices": sample.call_indices,
-                  "weight_versions": sample.weight_versions}
+                  "weight_versions": sample.weight_versions, "images": sample.images}
         for name in SAMPLES.names:
             rows.samples[name].append(values[name])
 
@@ -238,7 +249,8 @@ def fresh_samples(rollout_id: str, built: RolloutSamples, staleness: Staleness) 
         return built
     of_call = {call: renumbered[index] for call, index in built.sample_of_call.items() if index in renumbered}
     return RolloutSamples(samples=[built.samples[i] for i in renumbered], sample_of_call=of_call,
-                          continued_calls={c for c in built.continued_calls if c in of_call}, used_calls=built.used_calls)
+                          continued_calls={c for c in built.continued_calls if c in of_call}, used_calls=built.used_calls,
+                          untrainable=built.untrainable)
 
 
 def superseded_attempts(results: list[dict]) -> set[str]:
@@ -277,10 +289,10 @@ class HarnessStats:
 
 
 def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iteration: int,
-            max_staleness: int | None = None) -> tuple[Rows, dict]:
+            max_staleness: int | None = None, grid: ImageGrid | None = None) -> tuple[Rows, dict]:
     """The four tables' rows and per-harness statistics for one run-iteration; with `max_staleness`, a sample
     more than that many versions behind the one trained (`iteration`'s) is left out of `samples`, counted in
-    the rows' `staleness`."""
+    the rows' `staleness`; `grid` (the served checkpoint's image tokens) checks each call's images."""
     rows, stats = Rows(staleness=Staleness(trained_version=iteration, max_staleness=max_staleness)), \
         defaultdict(HarnessStats)
     superseded = superseded_attempts(results)
@@ -298,7 +310,10 @@ def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iterati
         for bad in skipped:
             print(f"trajectories: warning: rollout {rid}: {bad['record']} left out: {bad['error']}",
                   file=sys.stderr, flush=True)
-        built = fresh_samples(rid, build_samples(stored), rows.staleness) if trainable else None
+        built = fresh_samples(rid, build_samples(stored, grid), rows.staleness) if trainable else None
+        for index, why in ({} if built is None else built.untrainable).items():
+            rows.untrainable_calls += 1
+            print(f"trajectories: warning: rollout {rid}: call {index} is in no sample: {why}", file=sys.stderr, flush=True)
         if trainable and len(stored) < (result.get("num_calls") or 0):
             print(f"trajectories: warning: rollout {rid} counted {result['num_calls']} calls but "
                   f"{len(stored)} are stored and readable", file=sys.stderr, flush=True)

@@ -49,6 +49,8 @@ CALLS = _with_meta("calls", _KEYS + [
     pa.field("error", pa.string()),
     pa.field("sample_index", pa.int32()),  # the training sample this call went into; null if skipped
     pa.field("continued", pa.bool_()),  # it extended an existing sample token-exactly
+    pa.field("images", pa.list_(pa.string())),  # its images' SHA-256 names, in prompt order (layout.images_url)
+    pa.field("untrainable", pa.string()),  # why an answered call is in no sample (no token ids, image tokens ...)
 ])
 
 ROLLOUTS = _with_meta("rollouts", _KEYS + [
@@ -75,6 +77,7 @@ SAMPLES = _with_meta("samples", _KEYS + [
     pa.field("num_calls", pa.int32()),
     pa.field("call_indices", pa.list_(pa.int32())),
     pa.field("weight_versions", pa.list_(pa.string())),
+    pa.field("images", pa.list_(pa.string())),  # SHA-256 names in prompt order: the first call's, then each one's new
 ])
 
 BEHAVIOUR = _with_meta("behaviour", _KEYS + [
@@ -105,7 +108,7 @@ BEHAVIOUR = _with_meta("behaviour", _KEYS + [
 ])
 
 # Columns a table gained after schema version 1 was first written: an older file reads with nulls there.
-ADDED_LATER = {"calls": ("temperature", "top_p", "top_k", "replica")}
+ADDED_LATER = {"calls": ("temperature", "top_p", "top_k", "replica", "images", "untrainable"), "samples": ("images",)}
 
 TABLES: dict[str, pa.Schema] = {"calls": CALLS, "rollouts": ROLLOUTS, "samples": SAMPLES, "behaviour": BEHAVIOUR}
 

@@ -1,0 +1,195 @@
+"""A run's images, each stored once under the SHA-256 of its bytes, and the calls that name them.
+
+    {store root}/images/{sha256}    the image's decoded bytes as sent (workflows.layout.images_url)
+
+A call's record keeps `images` (each image's reference, in prompt order) and its stored `request` has every
+JSON string that carried an image's bytes (its data URL, or the bare base64) replaced by `REFERENCE_PREFIX + sha256`, so a screenshot that a
+harness sends again with every later call is stored once, and the request's sharing with the call before it
+(steps.proxy.store, `request_shared`) works as on text. An image is written before the record that names it
+and never replaced: a local file is linked into place from a finished temporary one (two proxies writing the
+same screenshot at once: one link wins, both are whole), an object is put only if its name is free. A local
+file found under an image's name whose bytes do not hash to it (a crash before its data reached the disk) is
+the one thing replaced. Readers check that every image a call names is stored and hashes to its name; a call
+whose images are not is kept with `images` null and `store_error` saying which.
+"""
+
+import hashlib
+import os
+import re
+import threading
+import uuid
+
+from steps.proxy.images import REFERENCE_PREFIX, Image
+
+IMAGES = "images"
+_FETCHED_AT_ONCE = 16  # images an object-store reader holds at once while checking them
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# One JSON string token (outside strings a JSON text has no quote but a string's delimiters), unrolled so that
+# a long run of plain characters (an image's base64) is matched in C without backtracking.
+_JSON_STRING = re.compile(rb'"([^"\\]*(?:\\.[^"\\]*)*)"', re.S)
+
+
+class ImageWriteFailed(Exception):
+    """An image the store could not write; the call that sent it is not stored."""
+
+
+def referenced_request(line: bytes, images: list[Image]) -> bytes:
+    """The request as stored: each JSON string that is exactly an image's payload as sent (or, for a data
+    URL, its base64) becomes the image's reference. One pass over the request, however many images it has; a payload sent with JSON
+    escapes in it (`\\/`) is not found and stays (stored whole, still readable).
+
+    >>> image = Image("5e1f", "image/png", b"", 1, 1, "data:image/png;base64,iVBO")  # a short name, to read
+    >>> referenced_request(b'{"url": "data:image/png;base64,iVBO", "text": "data:image/png;base64,iVBOx"}', [image])
+    b'{"url": "openforge-image:sha256:5e1f", "text": "data:image/png;base64,iVBOx"}'
+    """
+    if not images:
+        return line
+    references = {}
+    for image in images:
+        reference = f'"{REFERENCE_PREFIX}{image.sha256}"'.encode()
+        references[image.sent.encode()] = reference
+        if image.sent.startswith("data:"):  # a dialect that sends the bare base64 (Messages) and a data URL built from it
+            references[image.sent.partition(",")[2].encode()] = reference
+    lengths = {len(sent) for sent in references}
+
+    def swap(match: re.Match) -> bytes:
+        inner = match.group(1)
+        return references.get(inner, match.group(0)) if len(inner) in lengths else match.group(0)
+
+    return _JSON_STRING.sub(swap, line)
+
+
+def valid_references(images) -> bool:
+    """Whether a record's `images` is a list of references a reader may follow (a name that is a SHA-256,
+    never a path).
+
+    >>> valid_references([{"sha256": "0" * 64, "media_type": "image/png", "width": 2, "height": 1}])
+    True
+    >>> valid_references([{"sha256": "../calls.jsonl", "media_type": "image/png", "width": 2, "height": 1}])
+    False
+    """
+    return isinstance(images, list) and all(
+        isinstance(ref, dict) and isinstance(ref.get("sha256"), str) and _SHA256.match(ref["sha256"]) is not None
+        and isinstance(ref.get("media_type"), str)
+        and all(type(ref.get(key)) is int and ref[key] > 0 for key in ("width", "height")) for ref in images)
+
+
+class ImageStore:
+    """Writes images once, create-only, under `{root}/images`, and checks them for readers."""
+
+    def __init__(self, fs, root: str, local: bool, create_only: bool, fsync: bool = False):
+        self.fs, self.folder, self.local, self.create_only, self.fsync = fs, f"{root}/{IMAGES}", local, create_only, fsync
+        self._stored: set[str] = set()  # names this process wrote or found whole: never written again
+        self._lock = threading.Lock()
+
+    def path(self, sha256: str) -> str:
+        """Where the image named `sha256` is stored."""
+        return f"{self.folder}/{sha256}"
+
+    def new(self, images: list[Image]) -> list[Image]:
+        """The call's images this process has not stored yet, each once."""
+        with self._lock:
+            return list({image.sha256: image for image in images if image.sha256 not in self._stored}.values())
+
+    def put(self, images: list[Image]) -> None:
+        """Stores each image unless it is stored already; raises ImageWriteFailed naming the first that could
+        not be (the images written before it stay: whole, and named by their bytes)."""
+        for image in images:
+            try:
+                self._put_local(image) if self.local else self._put_object(image)
+            except OSError as exc:
+                raise ImageWriteFailed(f"image {image.sha256} could not be written to {self.path(image.sha256)}: "
+                                       f"{exc.strerror or exc}") from None
+            with self._lock:
+                self._stored.add(image.sha256)
+
+    def _put_local(self, image: Image) -> None:
+        path = self.path(image.sha256)
+        if _hashes_to(path, image.sha256):
+            return
+        os.makedirs(self.folder, exist_ok=True)
+        tmp = f"{self.folder}/.{image.sha256}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(image.data)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)  # never replaces: a concurrent writer's link of the same bytes wins
+            except FileExistsError:
+                if not _hashes_to(path, image.sha256):  # a torn leftover (or a directory: then this fails)
+                    os.replace(tmp, path)
+        finally:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+
+    def _put_object(self, image: Image) -> None:
+        try:
+            self.fs.pipe_file(self.path(image.sha256), image.data, **({"mode": "create"} if self.create_only else {}))
+        except FileExistsError:
+            pass  # stored by another call or proxy: an object is put whole, so it holds these bytes
+        except OSError as exc:
+            if "PreconditionFailed" not in str(exc) and "412" not in str(exc):
+                raise
+
+    def check(self, records: list[dict]) -> list[dict]:
+        """Gives each record `images` (in place; [] for records older than images) and, for one whose
+        images are not all stored whole under their names, `images` null and `store_error` saying why."""
+        names = {ref["sha256"] for record in records if valid_references(record.get("images"))
+                 for ref in record["images"]}
+        problems = self._problems(sorted(names))
+        for record in records:
+            images = record.setdefault("images", [])
+            if not valid_references(images):
+                _unreadable(record, "not a list of image references ({sha256, media_type, width, height})")
+                continue
+            bad = [f"{ref['sha256']} {problems[ref['sha256']]}" for ref in images if ref["sha256"] in problems]
+            if bad:
+                _unreadable(record, "image " + "; image ".join(dict.fromkeys(bad)))
+        return records
+
+    def _problems(self, names: list[str]) -> dict[str, str]:
+        """What is wrong with each named image that is not stored whole under its name."""
+        problems = {}
+        if self.local:
+            for name in names:
+                problem = _local_problem(self.path(name), name)
+                if problem is not None:
+                    problems[name] = problem
+            return problems
+        for start in range(0, len(names), _FETCHED_AT_ONCE):  # a rollout's images are never all in memory
+            chunk = names[start:start + _FETCHED_AT_ONCE]
+            contents = self.fs.cat([self.path(name) for name in chunk], on_error="return")
+            for name in chunk:
+                data = contents.get(self.path(name))
+                if not isinstance(data, bytes):
+                    problems[name] = "is not in the store"
+                elif hashlib.sha256(data).hexdigest() != name:
+                    problems[name] = "is stored with bytes that do not hash to its name"
+        return problems
+
+
+def _hashes_to(path: str, sha256: str) -> bool:
+    """Whether a local file holds bytes that hash to `sha256` (False if there is none; OSError if the
+    name is taken by something that is not a readable file)."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest() == sha256
+    except FileNotFoundError:
+        return False
+
+
+def _local_problem(path: str, sha256: str) -> str | None:
+    try:
+        if not os.path.lexists(path):
+            return "is not in the store"
+        return None if _hashes_to(path, sha256) else "is stored with bytes that do not hash to its name"
+    except OSError as exc:
+        return f"cannot be read from the store ({exc.strerror or exc})"
+
+
+def _unreadable(record: dict, why: str) -> None:
+    record["images"] = None
+    note = f"images: {why}"
+    record["store_error"] = note if record.get("store_error") is None else f"{record['store_error']}; {note}"
