@@ -50,11 +50,14 @@ from steps.net import HOST, free_port
 from steps.proxy.__main__ import command_line as proxy_command_line
 from steps.proxy.__main__ import forced_sampling
 from steps.proxy.__main__ import main as proxy_main
+from steps.proxy.images import renders_tool_images
 from steps.vllm_parsers import UnknownFamily
 from steps.vllm_server import (
+    CHECKPOINT_TEMPLATE,
     ServingOptions,
     VllmServer,
     check_vllm_args,
+    is_vision,
     replica_env,
     signal_group,
     spawn,
@@ -129,12 +132,18 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
                           chat_template=args.chat_template, vllm_args=tuple(args.vllm_arg))
 
 
-def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int]) -> list[str]:
-    """The proxy's flags: its upstreams are the vLLM servers this step started (one port, or each replica's)."""
+def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int], model: str | None = None) -> list[str]:
+    """The proxy's flags: its upstreams are the vLLM servers this step started (one port, or each replica's).
+    The served checkpoint `model` decides the images: `--image-limit` for a vision checkpoint (0, every image
+    refused, for a text one), and where tool results' images go, by whether its chat template renders them."""
     ports = [vllm_ports] if isinstance(vllm_ports, int) else vllm_ports
+    vision = model is not None and is_vision(Path(model))
+    template = Path(args.chat_template) if args.chat_template else Path(model or ".") / CHECKPOINT_TEMPLATE
     return proxy_command_line([f"http://{HOST}:{port}" for port in ports], args.store, args.port, host=args.host,
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
-                              weight_version=args.weight_version, sampling=args.sampling)
+                              weight_version=args.weight_version, sampling=args.sampling,
+                              image_limit=args.image_limit if vision else 0,
+                              tool_images=vision and template.is_file() and renders_tool_images(template.read_text()))
 
 
 def upstream_base(url: str) -> str:
@@ -240,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.follow_run_url:
             follower = start_follower(args.follow_run_url, int(args.weight_version or 0), args.follow_until,
                                       f"http://127.0.0.1:{args.port}", args.model_dir.parent / "followed")
-        proxy_main(proxy_argv(args, ports))
+        proxy_main(proxy_argv(args, ports, model))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -221,3 +221,20 @@ def test_the_serve_step_always_forces_sampling_and_checks_it_before_vllm_loads(c
     with pytest.raises(SystemExit):
         serve.parse_args([*base, "--sampling", "top_k=-1"])
     assert "--sampling top_k must be 0 (off) or a whole number >= 1, got -1" in capsys.readouterr().err
+
+
+def test_the_serve_step_gives_the_proxy_the_image_limit_of_a_vision_checkpoint_and_none_to_a_text_one(tmp_path):
+    """The served checkpoint decides the proxy's images: a vision checkpoint gets the run's `--image-limit` and
+    keeps tool results' images in the tool turn (its template renders them there); a text checkpoint gets 0, so
+    an image is a 400 at the proxy instead of an error inside vLLM, and its template's tool turn is text only."""
+    from steps import serve
+    from steps.proxy.__main__ import parse_args as proxy_args
+    from steps.tiny_model import build_tiny_model
+
+    build_tiny_model(tmp_path / "vision", vision="qwen2_5_vl")
+    build_tiny_model(tmp_path / "text")
+    base = ["--model-name", "tiny", "--port", "8100", "--store", "calls", "--image-limit", "3"]
+    for name, limit, tool_images in (("vision", 3, True), ("text", 0, False)):
+        args = serve.parse_args([*base, "--model", str(tmp_path / name)])
+        proxy = proxy_args([*serve.proxy_argv(args, 9000, str(tmp_path / name)), "--admin-key", "k"])
+        assert (proxy.image_limit, proxy.tool_images) == (limit, tool_images), name
