@@ -114,8 +114,10 @@ async def run_agent(instruction: str, max_steps: int) -> bool:
     llm = ChatOpenAI(model=os.environ["OPENAI_MODEL"], base_url=os.environ["OPENAI_BASE_URL"],
                      api_key=os.environ["OPENAI_API_KEY"], max_retries=0)
     profile = BrowserProfile(executable_path=CHROMIUM, headless=True, chromium_sandbox=False,
+                             enable_default_extensions=False,  # they would be downloaded from the internet
                              user_data_dir=None, keep_alive=False)
-    agent = Agent(task=instruction, llm=llm, browser_profile=profile, use_vision=True, max_failures=2)
+    agent = Agent(task=instruction, llm=llm, browser_profile=profile, use_vision=True, max_failures=2,
+                  use_judge=False)  # its judge is one more model call grading the run: the verifier grades it
     history = await agent.run(max_steps=max_steps)
     return history.is_done()
 
