@@ -32,25 +32,32 @@ from steps.proxy.replicas import AFFINITY, POLICIES
 def command_line(upstream: str | list[str], store: str, port: int, host: str | None = None,
                  model_name: str | None = None, max_tokens_cap: int | None = None, weight_version: str | None = None,
                  sampling: list[str] | tuple[str, ...] = (), extra: list[str] | tuple[str, ...] = (),
-                 upstream_model: str | None = None, external: bool = False) -> list[str]:
+                 upstream_model: str | None = None, external: bool = False, image_limit: int | None = None,
+                 tool_images: bool = True) -> list[str]:
     """The proxy's flags, as `parse_args` reads them: what the serve step runs in-process and the tests'
     launcher runs as `python -m steps.proxy`; `upstream` is one URL or each replica's; `sampling` holds `KEY=VALUE`
     items (`steps.sampling`). The admin key travels in the environment, never here; so does an external upstream's
-    key (`external`: `--external-upstream`).
+    key (`external`: `--external-upstream`). `image_limit` is the run's; `tool_images` whether the served model's chat
+template renders images in tool turns (`steps.proxy.images.renders_tool_images`).
 
     >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, model_name="tiny")
     ['--upstream', 'http://127.0.0.1:8000', '--port', '8100', '--store', 'runs/calls', '--model-name', 'tiny']
+    >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, image_limit=4, tool_images=False)[-4:]
+    ['--image-limit', '4', '--tool-images', 'user']
     >>> command_line(["http://127.0.0.1:8000", "http://127.0.0.1:8001"], "runs/calls", 8100)[:4]
     ['--upstream', 'http://127.0.0.1:8000', '--upstream', 'http://127.0.0.1:8001']
     """
     argv = [word for url in ([upstream] if isinstance(upstream, str) else upstream) for word in ("--upstream", url)]
     argv += ["--port", str(port), "--store", store]
     for flag, value in (("--host", host), ("--model-name", model_name), ("--max-tokens-cap", max_tokens_cap),
-                        ("--weight-version", weight_version), ("--upstream-model", upstream_model)):
+                        ("--weight-version", weight_version), ("--upstream-model", upstream_model),
+                        ("--image-limit", image_limit)):
         if value is not None:
             argv += [flag, str(value)]
     if external:
         argv.append("--external-upstream")
+    if not tool_images:
+        argv += ["--tool-images", "user"]
     return argv + [word for item in sampling for word in ("--sampling", item)] + list(extra)
 
 
@@ -77,6 +84,12 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
                    help=f"the run's sampling, forced on every call (repeatable; keys {', '.join(sampling.KEYS)}; "
                         f"those not given are forced to their neutral value)")
     p.add_argument("--max-tokens-cap", type=int, help="upper bound on response tokens per call")
+    p.add_argument("--image-limit", type=int,
+                   help="images per request (the run's image_limit; 0: the served model takes no images); "
+                        "more is a 400 (default: no limit of the proxy's own)")
+    p.add_argument("--tool-images", choices=("tool", "user"), default="tool",
+                   help="where a tool result's images go: in the tool message (the model's chat template renders "
+                        "images in tool turns: steps.proxy.images.renders_tool_images) or a user message after it")
     p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
     p.add_argument("--upstream-timeout", type=float, default=1800.0, help="seconds for one upstream call")
     p.add_argument("--fsync", action="store_true", help="fsync each stored call (survives a machine crash)")
@@ -99,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
                  "max_connections", "max_connections_per_client"):
         if (value := getattr(args, name) or 0) < 0:
             p.error(f"--{name.replace('_', '-')} takes a number >= 0 (0 turns the limit off), got {value}")
+    if args.image_limit is not None and args.image_limit < 0:
+        p.error(f"--image-limit takes a number >= 0 (0: the served model takes no images), got {args.image_limit}")
     if args.external_upstream and len(args.upstream) > 1:
         p.error("--external-upstream takes one --upstream: replicas are vLLM servers the serve step started")
     if len(set(args.upstream)) < len(args.upstream):
@@ -115,7 +130,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         upstream_model=args.upstream_model, external_upstream=args.external_upstream,
         upstream_api_key=upstream_key,
         forced_sampling=forced_sampling(p, args.sampling),
-        max_tokens_cap=args.max_tokens_cap, max_body_bytes=args.max_body_bytes,
+        max_tokens_cap=args.max_tokens_cap, image_limit=args.image_limit, tool_images=args.tool_images == "tool",
+        max_body_bytes=args.max_body_bytes,
         upstream_timeout_s=args.upstream_timeout, fsync=args.fsync, log_level=args.log_level,
         http_server=args.http_server, max_head_bytes=args.max_head_bytes, max_headers=args.max_headers,
         head_timeout_s=args.head_timeout, body_timeout_s=args.body_timeout, keep_alive_s=args.keep_alive_timeout,

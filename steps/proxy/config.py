@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from msgspec import Raw
 
+from steps.proxy import images
 from steps.proxy.protocol import plain
 from steps.sampling import RESHAPING, unsent_to_external
 
@@ -30,6 +31,8 @@ class ProxyConfig:
     # The run's sampling (steps/sampling.py), every key, forced on every upstream call; empty: the harness's own.
     forced_sampling: dict = field(default_factory=dict)
     max_tokens_cap: int | None = None
+    image_limit: int | None = None  # images per request (the run's image_limit); 0: the model takes none
+    tool_images: bool = True  # the model's chat template renders images in tool turns (images.renders_tool_images)
     max_body_bytes: int = 64 * 1024 * 1024
     upstream_timeout_s: float = 1800.0
     fsync: bool = False
@@ -52,7 +55,8 @@ class ProxyConfig:
     def sampling(self, body: dict) -> dict:
         """The upstream chat body with the run's sampling forced on it, whatever the harness sent (neutral values
         too: a harness's top_p 0.5 becomes the run's 1.0) and the fields that reshape it removed (`steps.sampling.
-        RESHAPING`: logit_bias, structured outputs, ...), and the token cap applied. An external upstream is not
+        RESHAPING`: logit_bias, structured outputs, ...), the token cap applied, and the run's image settings
+        (`images.place`: the limit per request, where a tool result's images go). An external upstream is not
         sent the vLLM-only keys at their neutral value (`steps.sampling.unsent_to_external`).
 
         >>> ProxyConfig("u", "s", "k", forced_sampling={"temperature": 1.0}).sampling(
@@ -69,6 +73,8 @@ class ProxyConfig:
         if self.max_tokens_cap is not None:
             asked = plain(body.get("max_tokens"))
             body["max_tokens"] = min(asked or self.max_tokens_cap, self.max_tokens_cap)
+        if isinstance(body.get("messages"), list):  # a chat body kept raw holds no image (chat.to_upstream)
+            body["messages"] = images.place(body["messages"], self.image_limit, self.tool_images)
         return body
 
 

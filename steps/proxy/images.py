@@ -1,7 +1,11 @@
 """The images of a call: found in the chat body the proxy sends vLLM, checked, and named by their bytes.
 
 Every dialect translates its image parts into chat `image_url` parts holding a data URL (vLLM only ever
-sees data URLs: the proxy fetches nothing). `collect` gives a body's images in prompt order (the order
+sees data URLs: the proxy fetches nothing, so a rollout stays off the internet and the image trained on
+is the one the model saw). Each such part is an `ImagePart`, which remembers the field of the harness's
+request it came from, so that every error about an image names that field. `place` applies the run's
+image settings to the body (the limit per request; images of tool results moved into a user message
+for a model whose chat template renders none in tool turns). `collect` gives a body's images in prompt order (the order
 of its messages and their parts, which is the order vLLM expands them into image tokens), each named
 by the SHA-256 of its decoded bytes: the store writes an image once under that name and a call keeps
 only the names (steps.proxy.store), so a screenshot is not stored again with every later call.
@@ -12,13 +16,16 @@ import binascii
 import hashlib
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 
 from steps.proxy.errors import ProxyError
 
 _DATA_URL = re.compile(r"^data:(?P<type>image/[A-Za-z0-9.+-]+);base64,(?P<data>.*)$", re.S)
+_DATA_URL_HEAD = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,")
+MEDIA_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")  # what PIL reads and vLLM takes
+_TOOL_PROBE_TEXT = "openforge-tool-text"
 REFERENCE_PREFIX = "openforge-image:sha256:"  # what a stored request holds where it sent an image's bytes
 
 
@@ -37,6 +44,46 @@ class Image:
     def reference(self) -> dict:
         """What a stored call keeps of the image, in prompt order."""
         return {"sha256": self.sha256, "media_type": self.media_type, "width": self.width, "height": self.height}
+
+
+class ImagePart(dict):
+    """A chat `image_url` part for vLLM that remembers the request field it came from and the string the
+    request carried it as (`field`, `sent`: attributes, not keys, so vLLM is sent the dict alone)."""
+
+    __slots__ = ("field", "sent")
+
+
+def image_part(url, field: str) -> ImagePart:
+    """The chat part for vLLM of an image sent as `url`; 400 naming `field` unless it is a base64 image data
+    URL (only its head is read here: `collect` decodes the image).
+
+    >>> image_part("data:image/png;base64,iVBO", "input.0.content.1.image_url")
+    {'type': 'image_url', 'image_url': {'url': 'data:image/png;base64,iVBO'}}
+    >>> image_part("https://example.com/a.png", "f")
+    Traceback (most recent call last):
+    ...
+    steps.proxy.errors.ProxyError: invalid request field 'f': an image must be a base64 data URL (data:image/png;base64,...); the proxy fetches no URL, so a remote image cannot be sent
+    """
+    if not isinstance(url, str) or _DATA_URL_HEAD.match(url) is None:
+        raise ProxyError(400, f"invalid request field '{field}': an image must be a base64 data URL "
+                              "(data:image/png;base64,...); the proxy fetches no URL, so a remote image cannot be "
+                              "sent", param=field)
+    part = ImagePart(type="image_url", image_url={"url": url})
+    part.field, part.sent = field, url
+    return part
+
+
+def base64_part(media_type, data, field: str) -> ImagePart:
+    """The chat part for vLLM of an image sent as base64 `data` of `media_type` (an Anthropic source); 400
+    naming `field` if the type is not one of MEDIA_TYPES or the data is not a string."""
+    if media_type not in MEDIA_TYPES:
+        raise ProxyError(400, f"invalid request field '{field}.media_type': must be one of {', '.join(MEDIA_TYPES)}",
+                         param=f"{field}.media_type")
+    if not isinstance(data, str):
+        raise ProxyError(400, f"invalid request field '{field}.data': must be a base64 string", param=f"{field}.data")
+    part = image_part(f"data:{media_type};base64,{data}", field)
+    part.sent = data  # the request holds the base64 alone: that is what a stored request's reference replaces
+    return part
 
 
 def from_data_url(url: str, field: str) -> Image:
@@ -88,5 +135,85 @@ def collect(messages) -> list[Image]:
             if isinstance(part, dict) and part.get("type") == "image_url":
                 url = part.get("image_url")
                 url = url.get("url") if isinstance(url, dict) else url
-                images.append(from_data_url(url, f"messages.{i}.content.{j}.image_url.url"))
+                image = from_data_url(url, getattr(part, "field", f"messages.{i}.content.{j}.image_url.url"))
+                images.append(replace(image, sent=getattr(part, "sent", image.sent)))
     return images
+
+
+def _parts(messages: list) -> list[tuple[int, int, dict]]:
+    """(message index, part index, part) of every image part of chat messages, in prompt order."""
+    return [(i, j, part) for i, message in enumerate(messages) if isinstance(message.get("content"), list)
+            for j, part in enumerate(message["content"]) if isinstance(part, dict) and part.get("type") == "image_url"]
+
+
+def place(messages: list, limit: int | None, tool_images: bool) -> list:
+    """Chat messages with the run's image settings applied: 400 naming the first image over `limit` images per
+    request (None: no limit of the proxy's; 0: the served model takes none); unless `tool_images` (the model's
+    chat template renders images in tool turns), a tool result's images move out of its tool message into a
+    user message right after that run of tool messages, in the same order.
+
+    >>> tool = {"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": "shot"},
+    ...         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}
+    >>> place([tool], None, tool_images=False)
+    [{'role': 'tool', 'tool_call_id': 'c', 'content': 'shot'}, {'role': 'user', 'content': [{'type': 'image_url', 'image_url': {'url': 'data:image/png;base64,AA=='}}]}]
+    """
+    found = _parts(messages)
+    if limit is not None and len(found) > limit:
+        i, j, part = found[limit]
+        field = getattr(part, "field", f"messages.{i}.content.{j}")
+        why = ("the served model takes no images (image_limit 0)" if limit == 0 else
+               f"it is image {limit + 1} of this request, and the proxy takes at most {limit} per request (image_limit)")
+        raise ProxyError(400, f"invalid request field '{field}': {why}", param=field)
+    if tool_images or not any(messages[i]["role"] == "tool" for i, _, _ in found):
+        return messages
+    placed, moved = [], []
+    for message in messages:
+        if message["role"] != "tool" and moved:
+            placed.append({"role": "user", "content": moved})
+            moved = []
+        if message["role"] == "tool" and isinstance(message.get("content"), list):
+            content = message["content"]
+            moved += [part for part in content if isinstance(part, dict) and part.get("type") == "image_url"]
+            text = "".join(part if isinstance(part, str) else part.get("text") or "" for part in content
+                           if not isinstance(part, dict) or part.get("type") != "image_url")
+            message = {**message, "content": text}
+        placed.append(message)
+    if moved:
+        placed.append({"role": "user", "content": moved})
+    return placed
+
+
+def renders_tool_images(template: str) -> bool:
+    """Whether a chat template (Jinja text) renders an image part of a tool message: it is rendered once with a
+    tool message holding an image and once without, and the two must differ. Decided once per model (the serve
+    step passes the proxy `--tool-images` from it).
+
+    >>> renders_tool_images("{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}"
+    ...     "{% for p in m.content %}{% if p.type == 'image' %}<img>{% else %}{{ p.text }}{% endif %}{% endfor %}"
+    ...     "{% endif %}{% endfor %}")
+    True
+    >>> renders_tool_images("{% for m in messages %}{% if m.role == 'tool' %}{{ m.content[0].text }}"
+    ...     "{% else %}{{ m.content }}{% endif %}{% endfor %}")
+    False
+    """
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def fail(message):
+        raise TemplateError(message)
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    environment.globals["raise_exception"] = fail
+    compiled = environment.from_string(template)
+    call = {"id": "c0", "type": "function", "function": {"name": "f", "arguments": {}}}
+
+    def render(parts: list) -> str:
+        messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "c0", "content": parts}]
+        return compiled.render(messages=messages, tools=None, add_generation_prompt=True)
+
+    text = {"type": "text", "text": _TOOL_PROBE_TEXT}
+    try:
+        return render([text, {"type": "image"}]) != render([text])
+    except TemplateError:  # a template that refuses an image in a tool turn renders none there
+        return False

@@ -2,8 +2,11 @@
 
 Content blocks become chat messages for vLLM: `tool_use` blocks become the assistant's tool calls
 (arguments serialised the way vLLM's tool parser serialises them), `tool_result` blocks become tool
-messages, `thinking` becomes reasoning content. The answer streams as Claude Code requires: every
-block opened, filled by `content_block_delta` events, and closed.
+messages, `thinking` becomes reasoning content. Image blocks (in user turns and in tool results)
+become data-URL image parts; a `url` or `file` source is a 400 (docs/proxy.md, "Images"). A computer
+tool (`computer_2025*`) becomes a function tool of its name with Anthropic's action schema.
+The answer streams as Claude Code requires: every block opened, filled by `content_block_delta`
+events, and closed.
 """
 
 import json
@@ -11,13 +14,33 @@ import json
 import orjson
 
 from steps.proxy.errors import ProxyError, anthropic_error_body as error_body  # noqa: F401 (dialect interface)
-from steps.proxy.protocol import NULL, AnthropicBlock, Raw, decode_part, expect, function_tool, join_text
+from steps.proxy.images import base64_part
+from steps.proxy.protocol import NULL, AnthropicBlock, AnthropicTool, Raw, decode_part, expect, function_tool, join_text
 from steps.proxy.protocol import MessagesRequest as Request
 from steps.proxy.upstream import Completion
 
 NAME = "messages"
 RAW_FIELDS = False  # to_upstream builds vLLM's body from the checked request alone
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+COMPUTER_TOOLS = ("computer_20241022", "computer_20250124", "computer_20251124")
+_COORDINATE = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}
+# The computer tool's input, as the function's arguments: Anthropic's actions and their fields.
+COMPUTER_INPUT = {
+    "type": "object",
+    "properties": {
+        "action": {"type": "string", "enum": [
+            "screenshot", "left_click", "right_click", "middle_click", "double_click", "triple_click", "type", "key",
+            "hold_key", "mouse_move", "left_mouse_down", "left_mouse_up", "left_click_drag", "scroll", "wait",
+            "cursor_position"]},
+        "coordinate": _COORDINATE,
+        "start_coordinate": _COORDINATE,
+        "text": {"type": "string"},
+        "scroll_direction": {"type": "string", "enum": ["up", "down", "left", "right"]},
+        "scroll_amount": {"type": "integer"},
+        "duration": {"type": "number"},
+    },
+    "required": ["action"],
+}
 
 
 def _text(content: str | list[AnthropicBlock]) -> str:
@@ -26,18 +49,33 @@ def _text(content: str | list[AnthropicBlock]) -> str:
     return "".join(block.text for block in content or [] if block.type == "text")
 
 
-def _result_text(block: AnthropicBlock, index: int, at: int) -> str | Raw:
-    """A tool_result's text: its content string (forwarded as sent), or the text of its blocks."""
+def _result_content(block: AnthropicBlock, index: int, at: int) -> str | Raw | list:
+    """A tool_result's content for vLLM: its string (forwarded as sent), the text of its blocks, or text and
+    image parts when it holds images (a screenshot); 400 naming a block of another type."""
+    field = f"messages.{index}.content.{at}.content"
     kind = expect(block.content, '"[n', "a string, an array of blocks or null", "messages", index, "content", at, "content")
-    if kind == "[":
-        return _text(decode_part(block.content, list[AnthropicBlock], f"messages.{index}.content.{at}.content"))
-    return "" if kind == "n" else block.content
+    if kind != "[":
+        return "" if kind == "n" else block.content
+    blocks = decode_part(block.content, list[AnthropicBlock], field)
+    for j, inner in enumerate(blocks):
+        if inner.type not in ("text", "image"):
+            raise ProxyError(400, f"invalid request field '{field}.{j}.type': a tool_result block of type "
+                                  f"{inner.type!r} cannot be passed to the model (text and image blocks can)",
+                             f"{field}.{j}.type")
+    if not any(inner.type == "image" for inner in blocks):
+        return _text(blocks)
+    return [_image(inner, f"{field}.{j}") if inner.type == "image" else {"type": "text", "text": inner.text}
+            for j, inner in enumerate(blocks)]
 
 
-def _image(block: AnthropicBlock) -> dict:
+def _image(block: AnthropicBlock, field: str) -> dict:
+    """The chat image part of an image block; 400 for a source other than base64 (the proxy fetches nothing)."""
     source = block.source or {}
-    url = source.get("url") or f"data:{source.get('media_type')};base64,{source.get('data')}"
-    return {"type": "image_url", "image_url": {"url": url}}
+    if source.get("type") != "base64":
+        raise ProxyError(400, f"invalid request field '{field}.source.type': an image must be sent as a base64 "
+                              f"source, not {source.get('type')!r}; the proxy fetches no URL and keeps no files",
+                         f"{field}.source.type")
+    return base64_part(source.get("media_type"), source.get("data"), f"{field}.source")
 
 
 def _user(blocks: list[AnthropicBlock], messages: list[dict], index: int) -> None:
@@ -45,11 +83,15 @@ def _user(blocks: list[AnthropicBlock], messages: list[dict], index: int) -> Non
     rest = []
     for j, block in enumerate(blocks):
         if block.type == "tool_result":
-            text = _result_text(block, index, j)
-            messages.append({"role": "tool", "tool_call_id": block.tool_use_id,
-                             "content": join_text(["Error: ", text]) if block.is_error else text})
-        elif block.type in ("text", "image"):
+            content = _result_content(block, index, j)
+            if block.is_error:
+                content = ([{"type": "text", "text": "Error: "}, *content] if isinstance(content, list)
+                           else join_text(["Error: ", content]))
+            messages.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
+        elif block.type == "text":
             rest.append(block)
+        elif block.type == "image":
+            rest.append(_image(block, f"messages.{index}.content.{j}"))
         elif block.type == "document" and (block.source or {}).get("type") == "text":
             rest.append(AnthropicBlock(type="text", text=block.source.get("data") or ""))
         else:
@@ -58,8 +100,8 @@ def _user(blocks: list[AnthropicBlock], messages: list[dict], index: int) -> Non
                              f"messages.{index}.content")
     if not rest:
         return
-    if any(block.type == "image" for block in rest):
-        content = [_image(b) if b.type == "image" else {"type": "text", "text": b.text} for b in rest]
+    if any(isinstance(block, dict) for block in rest):  # images
+        content = [block if isinstance(block, dict) else {"type": "text", "text": block.text} for block in rest]
     else:
         content = _text(rest)
     messages.append({"role": "user", "content": content})
@@ -80,12 +122,23 @@ def _assistant(blocks: list[AnthropicBlock]) -> dict:
     return message
 
 
+def _imageless(blocks: list[AnthropicBlock] | str | None, field: str) -> None:
+    """400 naming an image block of a turn whose images the proxy cannot render (system, assistant)."""
+    for j, block in enumerate(blocks if isinstance(blocks, list) else ()):
+        if block.type == "image":
+            raise ProxyError(400, f"invalid request field '{field}.{j}': an image can be passed to the model in a "
+                                  "user turn or a tool_result, not here", f"{field}.{j}")
+
+
 def to_messages(req: Request) -> list[dict]:
     """Chat messages for the system prompt and the conversation."""
+    _imageless(req.system, "system")
     system = [_text(req.system)] if req.system else []
     messages = []
     for i, message in enumerate(req.messages):
         blocks = [AnthropicBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
+        if message.role != "user":
+            _imageless(blocks, f"messages.{i}.content")
         if message.role == "system" and not messages:
             system.append(_text(blocks))
         elif message.role == "system":
@@ -101,8 +154,10 @@ def to_messages(req: Request) -> list[dict]:
 def to_upstream(req: Request, raw: dict) -> dict:
     """The chat body for vLLM."""
     body = {"messages": to_messages(req), "max_tokens": req.max_tokens}
-    tools = [function_tool(t.name, t.description, t.input_schema, t.strict, i, "input_schema")
-             for i, t in enumerate(req.tools or []) if t.input_schema != NULL or t.type in (None, "custom")]
+    tools = [_computer_tool(t) if t.type in COMPUTER_TOOLS else
+             function_tool(t.name, t.description, t.input_schema, t.strict, i, "input_schema")
+             for i, t in enumerate(req.tools or [])
+             if t.input_schema != NULL or t.type in (None, "custom", *COMPUTER_TOOLS)]
     if tools:
         if (req.tool_choice or {}).get("disable_parallel_tool_use"):
             body["parallel_tool_calls"] = False
@@ -120,6 +175,21 @@ def to_upstream(req: Request, raw: dict) -> dict:
     if req.stop_sequences:
         body["stop"] = req.stop_sequences
     return body
+
+
+def _computer_tool(tool: AnthropicTool) -> dict:
+    """The function tool a computer tool (`computer_2025*`) is offered to the model as; its calls come back as
+    tool_use blocks of that name, as Anthropic's do."""
+    screen = (f" The screen is {tool.display_width_px}x{tool.display_height_px} pixels."
+              if tool.display_width_px and tool.display_height_px else "")
+    description = ("Use the computer's mouse and keyboard: one action per call, answered with a screenshot."
+                   f"{screen} Coordinates are [x, y] pixels from the top left.")
+    schema = COMPUTER_INPUT
+    if tool.type == "computer_20251124":  # adds zoom: a region [x1, y1, x2, y2] shown at full resolution
+        action = {**schema["properties"]["action"], "enum": [*schema["properties"]["action"]["enum"], "zoom"]}
+        region = {"type": "array", "items": {"type": "integer"}, "minItems": 4, "maxItems": 4}
+        schema = {**schema, "properties": {**schema["properties"], "action": action, "region": region}}
+    return {"type": "function", "function": {"name": tool.name, "description": description, "parameters": schema}}
 
 
 def _input(arguments: str) -> dict:

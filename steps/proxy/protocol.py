@@ -214,6 +214,13 @@ class ChatMessage(Struct, kw_only=True):
             raise ValueError("`content` must be a string, an array of parts or null")
 
 
+class ChatPart(Struct, kw_only=True):
+    """What the proxy reads of a chat content part to tell text from media; the rest is skipped unread."""
+
+    type: str | None = None
+    uuid: Raw | None = None  # vLLM's name of a cached media item
+
+
 class ChatFunction(Struct, kw_only=True):
     name: str  # description and parameters are forwarded as sent, not decoded here
 
@@ -271,12 +278,19 @@ class ResponsesItem(Struct, kw_only=True):
     name: str | None = None
     arguments: str | None = None  # function_call
     input: str | None = None  # custom_tool_call
-    output: Raw = NULL  # a string (forwarded as sent) or parts
+    output: Raw = NULL  # a string (forwarded as sent) or parts; computer_call_output: a screenshot
+    action: dict[str, Any] | None = None  # computer_call
+
+    def __post_init__(self) -> None:
+        _fits(self.action, "action")
 
 
 class ResponsesTool(Struct, kw_only=True):
     type: str
     name: str | None = None
+    display_width: int | None = None  # computer, computer_use_preview
+    display_height: int | None = None
+    environment: str | None = None
     description: Raw = NULL  # forwarded as sent
     parameters: Raw = NULL
     strict: bool | None = None
@@ -327,6 +341,8 @@ class AnthropicTool(Struct, kw_only=True):
     input_schema: Raw = NULL
     type: str | None = None
     strict: bool | None = None
+    display_width_px: int | None = None  # computer_2025*
+    display_height_px: int | None = None
 
 
 class MessagesRequest(Sampling, kw_only=True):

@@ -2,15 +2,21 @@
 
 Input items become chat messages for vLLM: a model turn's reasoning, text and tool calls are merged
 back into ONE assistant message, so the chat template renders it the way it was generated. Custom
-(free-form) tools become function tools with one string argument `input`. The answer's output items
-are streamed as Codex requires: every item in `response.output_item.done`, then `response.completed`.
+(free-form) tools become function tools with one string argument `input`; a computer tool becomes the
+function `computer` whose arguments are one action, called back as `computer_call` items, whose
+screenshots (`computer_call_output`) become the tool results. `input_image` parts (in messages and tool
+outputs) become data-URL image parts; a `file_id` or a remote URL is a 400 (docs/proxy.md, "Images").
+The answer's output items are streamed as Codex requires: every item in `response.output_item.done`,
+then `response.completed`.
 """
 
 import functools
+import json
 
 import orjson
 
 from steps.proxy.errors import ProxyError, openai_error_body as error_body  # noqa: F401 (dialect interface)
+from steps.proxy.images import image_part
 from steps.proxy.protocol import (NULL, Raw, ResponsesItem, ResponsesPart, ResponsesTool, decode_part, expect,
                                   function_tool, join_text, one_line)
 from steps.proxy.protocol import ResponsesRequest as Request
@@ -19,28 +25,73 @@ from steps.proxy.upstream import Completion, ToolCall
 NAME = "responses"
 RAW_FIELDS = False  # to_upstream builds vLLM's body from the checked request alone
 _CUSTOM_PARAMS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "reasoning_text", "summary_text"})
+COMPUTER = "computer"  # the function a computer tool is offered to the model as
+_POINT = {"x": {"type": "integer"}, "y": {"type": "integer"}}
+# A computer_call's action, as the function's arguments: OpenAI's action types and their fields.
+COMPUTER_ACTION = {
+    "type": "object",
+    "properties": {
+        "type": {"type": "string", "enum": ["click", "double_click", "scroll", "type", "keypress", "move", "drag",
+                                            "screenshot", "wait"]},
+        **_POINT,
+        "button": {"type": "string", "enum": ["left", "right", "wheel", "back", "forward"]},
+        "scroll_x": {"type": "integer"}, "scroll_y": {"type": "integer"},
+        "text": {"type": "string"},
+        "keys": {"type": "array", "items": {"type": "string"}},
+        "path": {"type": "array", "items": {"type": "object", "properties": _POINT, "required": ["x", "y"]}},
+    },
+    "required": ["type"],
+}
 
 
-def _text(content: str | list[ResponsesPart] | None) -> str:
+def _text(content: str | list[ResponsesPart] | None, field: str) -> str:
+    """The text of a message's content; 400 naming the part of one that is not text (an image in an
+    assistant turn, a file): such a part is never dropped."""
     if isinstance(content, str):
         return content
-    return "".join(part.text or part.refusal or "" for part in content or [])
+    return "".join(_part_text(part, f"{field}.{j}") for j, part in enumerate(content or []))
 
 
-def _output(item: ResponsesItem, index: int) -> str | Raw:
-    """A tool output's text: its string (forwarded as sent), or the text of its parts."""
+def _part_text(part: ResponsesPart, field: str) -> str:
+    if part.type not in _TEXT_PARTS:
+        raise ProxyError(400, f"invalid request field '{field}.type': a {part.type!r} part cannot be passed on here "
+                              "(text parts can, and input_image parts in user, system and tool turns)", f"{field}.type")
+    return part.text or part.refusal or ""
+
+
+def _image(part: ResponsesPart, field: str) -> dict:
+    """The chat image part of an `input_image`; 400 for a file_id (the proxy keeps no files) or a remote URL."""
+    if part.image_url is None and part.file_id is not None:
+        raise ProxyError(400, f"invalid request field '{field}.file_id': the proxy keeps no files; send the image "
+                              "itself as a base64 data URL in image_url", f"{field}.file_id")
+    return image_part(part.image_url, f"{field}.image_url")
+
+
+def _content(content: str | list[ResponsesPart] | None, field: str):
+    """Message or tool output content for vLLM: a string, or parts when images are present."""
+    if isinstance(content, str) or not any(part.type == "input_image" for part in content or []):
+        return _text(content, field)
+    return [_image(part, f"{field}.{j}") if part.type == "input_image" else
+            {"type": "text", "text": _part_text(part, f"{field}.{j}")} for j, part in enumerate(content)]
+
+
+def _output(item: ResponsesItem, index: int) -> str | Raw | list:
+    """A tool output for vLLM: its string (forwarded as sent), or its parts (text, images)."""
     kind = expect(item.output, '"[n', "a string or an array of parts", "input", index, "output")
     if kind == "[":
-        return _text(decode_part(item.output, list[ResponsesPart], f"input.{index}.output"))
+        return _content(decode_part(item.output, list[ResponsesPart], f"input.{index}.output"), f"input.{index}.output")
     return "" if kind == "n" else item.output
 
 
-def _content(content: str | list[ResponsesPart] | None):
-    """Message content for vLLM: a string, or parts when images are present."""
-    if isinstance(content, str) or not any(part.type == "input_image" for part in content or []):
-        return _text(content)
-    return [{"type": "image_url", "image_url": {"url": part.image_url or part.file_id}} if part.type == "input_image"
-            else {"type": "text", "text": part.text or ""} for part in content]
+def _screenshot(item: ResponsesItem, index: int) -> list[dict]:
+    """A computer_call_output's screenshot as the tool message's content."""
+    field = f"input.{index}.output"
+    expect(item.output, "{", "an object {type: computer_screenshot, image_url}", "input", index, "output")
+    shot = decode_part(item.output, ResponsesPart, field)
+    if shot.type != "computer_screenshot":
+        raise ProxyError(400, f"invalid request field '{field}.type': must be computer_screenshot", f"{field}.type")
+    return [_image(shot, field)]
 
 
 def _assistant(messages: list[dict]) -> dict:
@@ -68,9 +119,9 @@ def to_messages(req: Request) -> list[dict]:
                 if turn.get("tool_calls"):  # text after a tool call starts a new model turn
                     turn = {"role": "assistant", "content": None}
                     messages.append(turn)
-                turn["content"] = (turn["content"] or "") + _text(item.content)
+                turn["content"] = (turn["content"] or "") + _text(item.content, f"input.{i}.content")
             else:
-                messages.append({"role": role, "content": _content(item.content)})
+                messages.append({"role": role, "content": _content(item.content, f"input.{i}.content")})
         elif kind == "reasoning":
             parts = (item.content if isinstance(item.content, list) else None) or item.summary or []
             turn = _assistant(messages)
@@ -85,13 +136,21 @@ def to_messages(req: Request) -> list[dict]:
                 arguments = item.arguments or "{}"
             call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": arguments}}
             _assistant(messages).setdefault("tool_calls", []).append(call)
+        elif kind == "computer_call":
+            # json.dumps with default separators is how vLLM's tool parsers serialise the arguments generated.
+            arguments = json.dumps(item.action or {}, ensure_ascii=False)
+            call = {"id": item.call_id, "type": "function", "function": {"name": COMPUTER, "arguments": arguments}}
+            _assistant(messages).setdefault("tool_calls", []).append(call)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _output(item, i)})
+        elif kind == "computer_call_output":
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _screenshot(item, i)})
         elif kind == "item_reference":
             raise ProxyError(400, f"input[{i}] is an item_reference: the proxy keeps no server-side state; send items in full", f"input.{i}")
         else:
             raise ProxyError(400, f"input[{i}].type {kind!r} is not supported (message, reasoning, function_call, "
-                                  "function_call_output, custom_tool_call, custom_tool_call_output are)", f"input.{i}.type")
+                                  "function_call_output, custom_tool_call, custom_tool_call_output, computer_call, "
+                                  "computer_call_output are)", f"input.{i}.type")
     return _merge_leading_system(messages)
 
 
@@ -107,7 +166,8 @@ def _merge_leading_system(messages: list[dict]) -> list[dict]:
 
 @functools.lru_cache(maxsize=64)
 def _tool_set(tools: bytes) -> tuple[tuple[dict, ...], frozenset[str]]:
-    """The chat tools for vLLM and the names of the custom tools, from a request's `tools` as sent.
+    """The chat tools for vLLM and the names of the custom tools (and COMPUTER, for a computer tool), from a
+    request's `tools` as sent.
 
     Kept by their bytes: a harness sends the same tools on every call, and decoding Codex's 18 KB of
     them twice a call cost ~30 us, five times what finding them here costs. The tools are shared
@@ -116,6 +176,10 @@ def _tool_set(tools: bytes) -> tuple[tuple[dict, ...], frozenset[str]]:
         return (), frozenset()
     chat_tools, custom = [], set()
     for i, tool in enumerate(decode_part(tools, list[ResponsesTool], "tools")):
+        if tool.type in ("computer", "computer_use_preview"):
+            chat_tools.append(_computer_tool(tool))
+            custom.add(COMPUTER)
+            continue
         if tool.type not in ("function", "custom"):
             continue  # hosted tools (web_search, file_search, ...) run on OpenAI's side; a local model has none
         if not tool.name:
@@ -125,7 +189,20 @@ def _tool_set(tools: bytes) -> tuple[tuple[dict, ...], frozenset[str]]:
         else:
             chat_tools.append(function_tool(tool.name, tool.description, _CUSTOM_PARAMS, None, i, "parameters"))
             custom.add(tool.name)
+    names = [tool["function"]["name"] for tool in chat_tools]
+    if COMPUTER in custom and names.count(COMPUTER) > 1:
+        raise ProxyError(400, "invalid request field 'tools': a computer tool is offered to the model as a function "
+                              f"named {COMPUTER!r}, and another tool has that name", "tools")
     return tuple(chat_tools), frozenset(custom)
+
+
+def _computer_tool(tool: ResponsesTool) -> dict:
+    """The function tool a computer tool is offered to the model as: its arguments are one action."""
+    screen = f" The screen is {tool.display_width}x{tool.display_height} pixels" if tool.display_width else ""
+    where = f" ({tool.environment})" if tool.environment else ""
+    description = (f"Use the computer: one mouse or keyboard action per call, answered with a screenshot.{screen}"
+                   f"{where}. Coordinates are pixels from the top left.")
+    return {"type": "function", "function": {"name": COMPUTER, "description": description, "parameters": COMPUTER_ACTION}}
 
 
 def to_upstream(req: Request, raw: dict) -> dict:
@@ -154,6 +231,14 @@ def to_upstream(req: Request, raw: dict) -> dict:
 
 def _call_item(call: ToolCall, index: int, custom: frozenset[str], response_id: str) -> dict:
     item_id = f"fc_{response_id}_{index}"
+    if call.name == COMPUTER and COMPUTER in custom:
+        action = _action(call.arguments)
+        if action is not None:
+            return {"type": "computer_call", "id": f"cu_{response_id}_{index}", "call_id": call.id, "action": action,
+                    "pending_safety_checks": [], "status": "completed"}
+        # Not an action object: the harness sees the model's text as a function call, as generated.
+        return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
+                "arguments": call.arguments, "status": "completed"}
     if call.name in custom:
         try:
             text = orjson.loads(call.arguments).get("input", "")
@@ -163,6 +248,15 @@ def _call_item(call: ToolCall, index: int, custom: frozenset[str], response_id: 
                 "input": text, "status": "completed"}
     return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
             "arguments": call.arguments, "status": "completed"}
+
+
+def _action(arguments: str) -> dict | None:
+    """A computer call's action: its arguments, if they are a JSON object with a string `type`."""
+    try:
+        action = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return None
+    return action if isinstance(action, dict) and isinstance(action.get("type"), str) else None
 
 
 def output_items(c: Completion, req: Request, response_id: str) -> list[dict]:
@@ -225,6 +319,8 @@ def _item_events(item: dict, index: int) -> list[tuple[str, dict]]:
         text = item["content"][0]["text"]
         middle = [("response.reasoning_text.delta", {**base, "content_index": 0, "delta": text}),
                   ("response.reasoning_text.done", {**base, "content_index": 0, "text": text})]
+    elif item["type"] == "computer_call":  # no deltas: the action arrives whole, in output_item.done
+        middle = []
     elif item["type"] == "function_call":
         opened["arguments"] = ""
         middle = [("response.function_call_arguments.delta", {**base, "delta": item["arguments"]}),
