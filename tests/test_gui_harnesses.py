@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from scripted_gui_model import ScriptedGuiModel
+from scripted_model import ScriptedModel
 
 from proxy_process import ProxyProcess
 from steps.harnesses import GUI_HARNESSES, Endpoint, default_prefix
@@ -158,3 +159,63 @@ def test_browser_use_without_the_oracle_leaves_the_form_unsent(proxy: Callable[.
                            harness.prepare(tmp_path / "home", workdir, endpoint), workdir)
     assert not submitted.exists(), done.stdout[-3000:]
     assert len(model.exchanges) >= 2, done.stdout[-3000:]
+
+
+def element_centres(url: str) -> dict[str, list[int]]:
+    """Where the form's field and button sit on the computer-use loop's display, measured with Playwright on
+    the same page and viewport: the coordinates the oracle's clicks replay."""
+    from playwright.sync_api import sync_playwright
+
+    from steps.harnesses.computer_use import CHROMIUM, DISPLAY
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": DISPLAY[0], "height": DISPLAY[1]})
+        page.goto(url)
+        boxes = {name: page.locator(selector).bounding_box() for name, selector in
+                 (("email", "input[name=email]"), ("button", "button"))}
+        browser.close()
+    return {name: [round(box["x"] + box["width"] / 2), round(box["y"] + box["height"] / 2)] for name, box in boxes.items()}
+
+
+def tool_images(body: dict) -> list[str]:
+    """The image_url strings inside the tool messages of a chat body (what vLLM got)."""
+    return [part["image_url"]["url"] for message in body.get("messages", []) if message.get("role") == "tool"
+            and isinstance(message.get("content"), list)
+            for part in message["content"] if isinstance(part, dict) and part.get("type") == "image_url"]
+
+
+def test_computer_use_fills_a_form_through_the_proxy(proxy: Callable[..., ProxyProcess], form_app, tmp_path: Path):
+    """The Messages path: screenshots go back as tool_result images of the computer_20250124 tool."""
+    url, submitted = form_app
+    at = element_centres(url)
+    actions = [{"action": "left_click", "coordinate": at["email"]}, {"action": "type", "text": EMAIL},
+               {"action": "left_click", "coordinate": at["button"]}]
+    with ScriptedModel(commands=[{"tool": "computer", "arguments": a} for a in actions]) as model:
+        gateway = proxy(model.url)
+        rollout_id = f"computer-use-{uuid.uuid4().hex[:8]}"
+        rollout = gateway.register(rollout_id, {"harness": "computer-use"})
+        endpoint = Endpoint(openai_base_url=rollout["openai_base_url"],
+                            anthropic_base_url=rollout["anthropic_base_url"], api_key=rollout["api_key"], model="tiny")
+        harness = GUI_HARNESSES["computer-use"]
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        done = run_harness(harness.command(f"Open {url} and sign up with the email {EMAIL}.", workdir,
+                                           harness.install(tmp_path)),
+                           harness.prepare(tmp_path / "home", workdir, endpoint), workdir)
+        calls = gateway.calls(rollout_id)
+        exchanges = list(model.exchanges)
+    context = f"exit {done.returncode}, {len(calls)} calls\n{done.stdout[-4000:]}\nproxy:\n{gateway.log_tail()}"
+
+    assert submitted.exists() and json.loads(submitted.read_text()) == {"email": EMAIL}, context
+    assert len(calls) == len(actions) + 1 and {call["status"] for call in calls} == {"ok"}, context
+    assert {call["dialect"] for call in calls} == {"messages"}, context
+    assert all(call["request"]["tools"][0]["type"] == "computer_20250124" for call in calls), context
+    # Each screenshot the harness returned as a tool_result image reached the model inside a tool message.
+    assert [len(tool_images(exchange["request"])) for exchange in exchanges] == [0, 1, 2, 3], context
+    assert all(url.startswith("data:image/png;base64,") for e in exchanges for url in tool_images(e["request"])), context
+    recorded = [[part for block in message["content"] if isinstance(message.get("content"), list)
+                 and isinstance(block, dict) and block.get("type") == "tool_result"
+                 for part in block.get("content") or [] if isinstance(part, dict) and part.get("type") == "image"]
+                for message in calls[-1]["request"]["messages"]]
+    assert sum(len(images) for images in recorded) == 3, context
