@@ -40,7 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def install_one(name: str, version: str, package: str, prefix: Path, install: Callable[[], Path]) -> bool:
     """Run one install and print its line: version, whether it was already there, size, executable."""
-    already = installed_version(prefix, package) == version
+    # A PyPI harness (its own virtualenv) has no npm manifest: its site-packages says what is installed.
+    dist_info = f"lib/python3*/site-packages/{package.replace('-', '_')}-{version}.dist-info"
+    already = installed_version(prefix, package) == version or any(prefix.glob(dist_info))
     started = time.monotonic()
     try:
         exe = install()
