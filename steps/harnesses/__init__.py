@@ -20,7 +20,7 @@ call runs), `exit_code(output) -> int | None` (where its exit code sits in a res
                    stdin=subprocess.DEVNULL)
 """
 
-from steps.harnesses import claude_code, codex, direct, openclaw, opencode, qwen_code
+from steps.harnesses import browser_use, claude_code, codex, computer_use, direct, openclaw, opencode, qwen_code
 from steps.harnesses.base import Endpoint, InstallError, cache_root, default_prefix
 
 HARNESSES = {
@@ -31,5 +31,11 @@ HARNESSES = {
     "opencode": opencode,
     "direct": direct,
 }
+# Harnesses that work a browser instead of a shell (docs/gui.md): same functions, no shell tool; a PyPI package
+# in its own virtualenv at the harness prefix.
+GUI_HARNESSES = {
+    "browser-use": browser_use,
+    "computer-use": computer_use,
+}
 
-__all__ = ["HARNESSES", "Endpoint", "InstallError", "cache_root", "default_prefix"]
+__all__ = ["GUI_HARNESSES", "HARNESSES", "Endpoint", "InstallError", "cache_root", "default_prefix"]

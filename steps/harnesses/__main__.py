@@ -18,7 +18,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from steps.harnesses import HARNESSES, InstallError, default_prefix
+from steps.harnesses import GUI_HARNESSES, HARNESSES, InstallError, default_prefix
 from steps.harnesses.base import NODE_PACKAGE, NODE_VERSION, dir_size, install_node, installed_version, node_bin_dir
 
 
@@ -27,12 +27,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m steps.harnesses", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     install = commands.add_parser("install", help="install pinned harness CLIs")
-    install.add_argument("names", nargs="*", metavar="NAME", help=f"one of: {', '.join(HARNESSES)}")
+    install.add_argument("names", nargs="*", metavar="NAME", help=f"one of: {', '.join([*HARNESSES, *GUI_HARNESSES])}")
     install.add_argument("--all", action="store_true", help="install every harness")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.names if name not in HARNESSES]
+    unknown = [name for name in args.names if name not in HARNESSES and name not in GUI_HARNESSES]
     if unknown:
-        parser.error(f"unknown harness {unknown[0]!r}; choose from {', '.join(HARNESSES)}")
+        parser.error(f"unknown harness {unknown[0]!r}; choose from {', '.join([*HARNESSES, *GUI_HARNESSES])}")
     if not args.names and not args.all:
         parser.error("name at least one harness, or pass --all")
     return args
@@ -40,7 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def install_one(name: str, version: str, package: str, prefix: Path, install: Callable[[], Path]) -> bool:
     """Run one install and print its line: version, whether it was already there, size, executable."""
-    already = installed_version(prefix, package) == version
+    # A PyPI harness (its own virtualenv) has no npm manifest: its site-packages says what is installed.
+    dist_info = f"lib/python3*/site-packages/{package.replace('-', '_')}-{version}.dist-info"
+    already = installed_version(prefix, package) == version or any(prefix.glob(dist_info))
     started = time.monotonic()
     try:
         exe = install()
@@ -59,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     if not install_one("node", NODE_VERSION, NODE_PACKAGE, node_prefix, lambda: install_node() / "node"):
         return 1
     failed = 0
-    for name in list(HARNESSES) if args.all else args.names:
-        harness = HARNESSES[name]
-        if harness.NPM_PACKAGE is None:
+    for name in list(HARNESSES) + list(GUI_HARNESSES) if args.all else args.names:
+        harness = HARNESSES.get(name) or GUI_HARNESSES[name]
+        if harness.NPM_PACKAGE is None and not hasattr(harness, "PIP_PACKAGE"):
             print(f"{name}: built in, nothing to install", flush=True)
             continue
         prefix = default_prefix(name, harness.VERSION)
-        failed += not install_one(name, harness.VERSION, harness.NPM_PACKAGE, prefix,
+        failed += not install_one(name, harness.VERSION, harness.NPM_PACKAGE or harness.PIP_PACKAGE, prefix,
                                   partial(harness.install, prefix))
     return 1 if failed else 0
 

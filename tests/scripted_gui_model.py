@@ -1,0 +1,178 @@
+"""A scripted stand-in for vLLM's chat server that works a browser for browser-use, by the page's element list.
+
+    with ScriptedGuiModel(actions=[{"input": {"element": 'name=email', "text": "a@b.c"}},
+                                   {"click": {"element": "Submit"}}, {"done": {"text": "sent"}}]) as server:
+        ...  # point the proxy at server.url
+
+Why a double: a GUI task needs a model that reads the page and acts on it (fill a field, press a button,
+say it is done) in the exact JSON shape the harness demands; no model that runs here can, let alone solve
+a task. This server replays a task's oracle actions instead, answering in the shape the proxy reads from
+vLLM (`scripted_model.completion`: `prompt_token_ids`, `choices[0].token_ids`, per-token logprobs).
+
+browser-use asks for a strict `response_format` json_schema ("agent_output") and sends, each call, the
+step number (`<step_info>StepN`) and the page's interactive elements as `[INDEX]<tag ...>` lines. Step N
+plays action N: an `element` (text found on an element's line, e.g. `name=email` or a button's label) is
+resolved to that element's index, as a model reading the list would; then the reply is completed to the
+request's schema (every required field present), so it passes the same strict check a real model's
+constrained decoding would. Past the last action it answers `done`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from scripted_model import Reply, completion, error
+
+from steps.net import HOST, free_port
+
+STEP = re.compile(r"<step_info>\s*Step\s*(\d+)")
+ELEMENT = re.compile(r"\[(\d+)\]<")
+ELEMENTS = "Interactive elements:"
+
+
+def user_text(body: dict) -> str:
+    """The text parts of the request's messages, one after another."""
+    texts = []
+    for message in body.get("messages", []):
+        content = message.get("content")
+        parts = [content] if isinstance(content, str) else [p.get("text") for p in content or [] if isinstance(p, dict)]
+        texts += [part for part in parts if isinstance(part, str)]
+    return "\n".join(texts)
+
+
+def element_index(text: str, wanted: str) -> int | None:
+    """The index of the listed element whose tag or text first holds `wanted`: the last `[INDEX]<` before it in
+    the page's element list (an element's text follows its tag on the next lines).
+
+    >>> element_index("Interactive elements:\\n[3]<input name=email />\\n[4]<button />\\n\\tSubmit", "Submit")
+    4
+    """
+    start = text.rfind(ELEMENTS)
+    found = text.find(wanted, start) if start >= 0 else -1
+    indices = ELEMENT.findall(text, start, found) if found >= 0 else []
+    return int(indices[-1]) if indices else None
+
+
+def resolve(schema: dict, defs: dict) -> dict:
+    """`schema` with a `$ref` followed."""
+    while isinstance(schema, dict) and "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[-1]]
+    return schema
+
+
+def conform(value, schema: dict, defs: dict):
+    """`value` completed to `schema`: every required property of an object filled (with a blank of its type).
+
+    >>> conform({}, {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}},
+    ...              "required": ["a", "b"]}, {})
+    {'a': '', 'b': False}
+    """
+    schema = resolve(schema, defs)
+    if "anyOf" in schema:
+        branches = [resolve(b, defs) for b in schema["anyOf"]]
+        if value is None and any(b.get("type") == "null" for b in branches):
+            return None
+        fits = [b for b in branches if isinstance(value, dict) and set(value) <= set(b.get("properties", {}))
+                and b.get("type") == "object"]
+        return conform(value, (fits or [b for b in branches if b.get("type") != "null"] or branches)[0], defs)
+    kind = schema.get("type")
+    if kind == "object":
+        value = dict(value or {})
+        properties = schema.get("properties", {})
+        for name in schema.get("required", list(properties)):
+            value[name] = conform(value.get(name, schema.get("default")), properties.get(name, {}), defs)
+        return value
+    if kind == "array":
+        return [conform(item, schema.get("items", {}), defs) for item in value or []]
+    if value is not None:
+        return value
+    return {"string": "", "boolean": False, "integer": 0, "number": 0}.get(kind, schema.get("default"))
+
+
+def action_for(step: int, actions: list[dict], text: str) -> dict:
+    """The action step `step` (1-based) plays, its `element` resolved to an index; `done` past the end."""
+    if step > len(actions):
+        return {"done": {"text": "done", "success": True}}
+    (name, params), = actions[step - 1].items()
+    params = dict(params)
+    if "element" in params:
+        index = element_index(text, params.pop("element"))
+        if index is None:
+            return {"done": {"text": f"no element holds {actions[step - 1]} on this page", "success": False}}
+        params["index"] = index
+    return {name: params}
+
+
+def agent_output(body: dict, actions: list[dict]) -> str:
+    """The reply's JSON: the step's action, completed to the request's strict agent_output schema."""
+    text = user_text(body)
+    found = STEP.search(text)
+    action = action_for(int(found.group(1)) if found else 1, actions, text)
+    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
+    output = {"thinking": "Following the oracle.", "evaluation_previous_goal": "", "memory": "",
+              "next_goal": f"Run {next(iter(action))}", "action": [action]}
+    return json.dumps(conform(output, schema, schema.get("$defs", {})) if schema else output)
+
+
+def create_app(actions: list[dict], model: str = "tiny") -> FastAPI:
+    """The scripted GUI server; its request log is `app.state.exchanges`."""
+    app = FastAPI(title="scripted GUI model")
+    app.state.actions = list(actions)
+    app.state.exchanges = []
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "openforge",
+                                            "max_model_len": 262144}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        if body.get("stream"):
+            return error(400, "the scripted GUI model answers non-streaming requests only")
+        if body.get("model") != model:
+            return error(404, f"The model `{body.get('model')}` does not exist.")
+        response = completion(body, Reply(content=agent_output(body, app.state.actions)), model)
+        app.state.exchanges.append({"request": body, "response": response})
+        return JSONResponse(response)
+
+    return app
+
+
+class ScriptedGuiModel:
+    """The scripted GUI server on a free loopback port, in a background thread."""
+
+    def __init__(self, actions: list[dict], model: str = "tiny"):
+        self.app = create_app(actions, model)
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host=HOST, port=self.port, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    @property
+    def exchanges(self) -> list[dict]:
+        """Every chat completion served so far: `{"request": ..., "response": ...}`."""
+        return self.app.state.exchanges
+
+    def __enter__(self) -> ScriptedGuiModel:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the scripted GUI model did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
