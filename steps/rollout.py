@@ -33,7 +33,7 @@ import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from steps.harnesses import HARNESSES, Endpoint, InstallError, default_prefix
+from steps.harnesses import ALL_HARNESSES as HARNESSES, Endpoint, InstallError, default_prefix
 from steps.plan import attempt_id
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.sandbox.pod import AGENT_UID, PodSandbox

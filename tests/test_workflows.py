@@ -1180,3 +1180,13 @@ def test_the_local_runner_refuses_a_multi_node_update(tmp_path: Path, capsys) ->
     assert err == ("error: config key 'update_nodes' is 2, but the local runner runs the update on this one machine: "
                    "set update_nodes: 1 (update_gpus processes run here), or run on Argo")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_gui_harness_is_a_run_key_locally_and_refused_on_argo_in_one_sentence():
+    """A GUI harness runs on the embedded default; on Argo its rollout pod lacks the browser and the task's app
+    sidecar, so the run is refused when the config loads, naming the key, before anything is submitted."""
+    from workflows.config import ConfigError, RunConfig, validate
+
+    validate(RunConfig(harness="browser-use"), check_dataset=False)
+    with pytest.raises(ConfigError, match="config key 'harness': browser-use runs on the embedded default only"):
+        validate(RunConfig(harness="browser-use", argo_server="https://argo.example:2746"), check_dataset=False)

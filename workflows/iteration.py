@@ -34,7 +34,7 @@ from hera.workflows import (DAG, Container, EmptyDirVolume, Env, NoneArchiveStra
 from hera.workflows.models import (Backoff, ContainerPort, ContinueOn, ExecutorConfig, HTTPGetAction, PodGC, Probe,
                                    ResourceRequirements, SecretKeySelector, TTLStrategy, ValueFrom, VolumeMount)
 
-from steps.harnesses import HARNESSES
+from steps.harnesses import ALL_HARNESSES as HARNESSES
 from steps.harnesses.base import NODE_VERSION
 from steps.rollout import NO_REWARD
 from workflows import commands, jobset, layout

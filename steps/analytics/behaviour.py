@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from steps.analytics import metrics
 from steps.metrics import SUCCESS
 from steps.analytics.tools import ordered_records, read_calls
-from steps.harnesses import HARNESSES
+from steps.harnesses import ALL_HARNESSES as HARNESSES
 
 EXCLUDED_STATUSES = ("infra_error",)  # not the agent's doing: left out of every mean, as in evaluations
 

@@ -37,5 +37,6 @@ GUI_HARNESSES = {
     "browser-use": browser_use,
     "computer-use": computer_use,
 }
+ALL_HARNESSES = {**HARNESSES, **GUI_HARNESSES}  # every harness a rollout can run
 
-__all__ = ["GUI_HARNESSES", "HARNESSES", "Endpoint", "InstallError", "cache_root", "default_prefix"]
+__all__ = ["ALL_HARNESSES", "GUI_HARNESSES", "HARNESSES", "Endpoint", "InstallError", "cache_root", "default_prefix"]
