@@ -93,7 +93,7 @@ def test_an_image_in_a_tool_message_is_accepted_and_rendered_in_that_turn(vision
     from transformers import AutoTokenizer
 
     messages = [{"role": "user", "content": "Take a screenshot."},
-                {"role": "assistant", "content": "", "tool_calls": [
+                {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "call-1", "type": "function", "function": {"name": "screenshot", "arguments": "{}"}}]},
                 {"role": "tool", "tool_call_id": "call-1", "content": [image_part(png(640, 480))]}]
     counts = image_tokens(vision_vllm.model_dir, [(640, 480)])
