@@ -3,6 +3,8 @@
 - `tiny_model`: the tiny Qwen2-style model + tokenizer, built once (seconds, no download).
 - `vllm_server`: the real vLLM OpenAI server on CPU serving it as "tiny"; its root URL. The session starts
   it at its first test when any selected test uses it (`start_vllm_early`), so that tests before run meanwhile.
+- `tiny_vision_model`, `vision_vllm`: the tiny Qwen2.5-VL model (`python -m steps.tiny_model OUT --vision`),
+  and the real vLLM on CPU serving it as "tiny" (started only when a test asks for it).
 - `s3_server`: a moto S3 server with one bucket; yields its endpoint, bucket and the env for s3fs.
 - `proxy`: a factory that starts the real recording proxy (`python -m steps.proxy`) as a subprocess.
   Each started proxy (`tests/proxy_process.py`) has `.register(rollout_id)`, `.calls(rollout_id)` and
@@ -10,7 +12,7 @@
 - `scripted`, `scripted_proxy` (per module): `tests/scripted_model.py`'s double of vLLM, which plays a model
   that calls the harness's shell tool (`scripted.set_commands([...])`), and a real proxy in front of it.
 
-Markers (pyproject.toml): `vllm`, put on every user of `vllm_server` here; `harness` and `slow`, put on
+Markers (pyproject.toml): `vllm`, put on every user of `vllm_server` or `vision_vllm` here; `harness` and `slow`, put on
 the tests themselves. `make test-fast` leaves all three out.
 """
 
@@ -35,10 +37,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`vllm` on every test that uses `vllm_server`, directly or through another fixture, so that none is
-    forgotten (`make test-fast` leaves them out)."""
+    """`vllm` on every test that uses `vllm_server` or `vision_vllm`, directly or through another fixture, so
+    that none is forgotten (`make test-fast` leaves them out)."""
     for item in items:
-        if "vllm_server" in getattr(item, "fixturenames", ()):
+        if {"vllm_server", "vision_vllm"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.vllm)
 
 
@@ -75,6 +77,33 @@ def vllm_server(vllm_process: VllmServer) -> str:
     """
     wait_ready(vllm_process)
     return vllm_process.base_url
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2.5-VL model's folder (seed 0, `build_tiny_model(..., vision="qwen2_5_vl")`), built once:
+    its `preprocessor_config.json` caps an image at 256 merged patches, its chat template renders an image part
+    in a user or tool turn as `<|vision_start|><|image_pad|><|vision_end|>`."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-vision-model"), seed=0, vision="qwen2_5_vl")
+
+
+@pytest.fixture(scope="session")
+def vision_vllm(tiny_vision_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """The real vLLM server on CPU serving `tiny_vision_model` as "tiny", ready, with the serve step's flags for
+    a vision checkpoint (`ServingOptions()`: at most 4 images per prompt, no video, the checkpoint's template).
+
+    Yields its `VllmServer`: `.base_url` (root URL, without /v1), `.model_dir` (the checkpoint's folder: its
+    tokenizer, `preprocessor_config.json`, `chat_template.jinja`), `.name` ("tiny"), `.log_path`. Started only
+    when a test asks for it (a second vLLM costs a minute or more), once per session, stopped at its end. A test
+    that swaps its weights swaps them back before it ends.
+    """
+    server = spawn_vllm(tiny_vision_model, name=MODEL_NAME,
+                        log_path=tmp_path_factory.mktemp("vision-vllm") / "vllm.log")
+    try:
+        wait_ready(server, timeout_s=600)
+        yield server
+    finally:
+        stop_vllm(server)
 
 
 @pytest.fixture(scope="session")
