@@ -24,9 +24,6 @@ from transformers import AutoTokenizer
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from steps import tiny_model
-from steps.tiny_model import build_tiny_model
-from steps.vllm_server import stop_vllm
-from vllm_process import spawn_vllm, wait_ready
 from steps.proxy import chat, images, messages, responses
 from steps.proxy.config import ProxyConfig
 from steps.proxy.errors import ProxyError
@@ -415,32 +412,15 @@ def screenshots_body(dialect: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def vision_model(tmp_path_factory):
-    """The tiny vision model (Qwen2.5-VL shaped, seed 0), built once for this module."""
-    return build_tiny_model(tmp_path_factory.mktemp("vision-model"), seed=0, vision="qwen2_5_vl")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(vision_model):
+def checkpoint(tiny_vision_model):
     """The tiny vision model's own tokenizer and image processor."""
-    return AutoTokenizer.from_pretrained(vision_model), Qwen2VLImageProcessorPil.from_pretrained(vision_model)
-
-
-@pytest.fixture(scope="module")
-def vision_vllm(vision_model, tmp_path_factory):
-    """Real vLLM on CPU serving the tiny vision model as "tiny" (its image limit, chat template and, without
-    torchvision, the CPU import shim come from `steps.vllm_server`); its root URL."""
-    server = spawn_vllm(vision_model, name="tiny", log_path=tmp_path_factory.mktemp("vision-vllm") / "vllm.log")
-    try:
-        wait_ready(server, timeout_s=600)
-        yield server.base_url
-    finally:
-        stop_vllm(server)
+    return AutoTokenizer.from_pretrained(tiny_vision_model), Qwen2VLImageProcessorPil.from_pretrained(tiny_vision_model)
 
 
 @pytest.fixture(scope="module")
 def vision_proxy(proxy, vision_vllm):
-    return proxy(vision_vllm, extra=["--image-limit", "4"])
+    """The proxy in front of the session's vision vLLM (tests/conftest.py)."""
+    return proxy(vision_vllm.base_url, extra=["--image-limit", "4"])
 
 
 def expected_ids(dialect: str, body: dict, checkpoint) -> list[int]:
