@@ -1,0 +1,274 @@
+"""The update on samples with images: the real veRL worker (FSDP2, CPU) on a tiny Qwen2.5-VL, its images read
+from a run's image folder and run through the checkpoint's own image processor (`steps.update.vision`).
+
+Needs the training environment (verl==0.9.1), like tests/test_update.py; the vLLM comparison also needs the
+serving environment (`OPENFORGE_SERVE_PYTHON`). The tiny vision model is built here with random weights
+(a Qwen2.5-VL config, the project's tokenizer plus the vision tokens, a PIL image processor's
+`preprocessor_config.json`, a chat template that renders image parts) until `steps.tiny_model --vision`
+builds it. The tests that load a model are marked `slow`; the rest are in `make test-fast`.
+"""
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl", reason="verl==0.9.1 is not installed in this environment (the training env)")
+torch = pytest.importorskip("torch")
+
+from steps.update import batch as update_batch, train as update, vision  # noqa: E402
+from steps.update.config import load_config  # noqa: E402
+
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+IMAGE_PART = "<|vision_start|><|image_pad|><|vision_end|>"
+# The pixel cap of the tiny model's image processor (in merged patches of 28x28): a 1280x720 screenshot is
+# 252 image tokens.
+MIN_PATCHES, MAX_PATCHES = 4, 256
+OVERRIDES = ["learning_rate=1e-3", "weight_decay=0.0"]
+
+
+def build_tiny_vision_model(out: Path, seed: int = 0) -> Path:
+    """A random 2-layer Qwen2.5-VL with a 2-block vision tower (~1.6M parameters, seconds), saved as a
+    checkpoint vLLM and the update load: weights, config, tokenizer with the vision tokens, a chat template
+    rendering image parts (user and tool turns) as `IMAGE_PART`, and the PIL image processor's config."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
+
+    from steps import tiny_model
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_model.build_tokenizer(out)
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tokenizer.chat_template = tiny_model.CHAT_TEMPLATE.replace(
+        "{%- if part.text is defined -%}{{- part.text -}}{%- endif -%}",
+        "{%- if part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_PART + "' -}}"
+        "{%- elif part.text is defined -%}{{- part.text -}}{%- endif -%}")
+    tokenizer.save_pretrained(out)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
+    eos, pad = tokenizer.convert_tokens_to_ids(tiny_model.EOS_TOKEN), tokenizer.convert_tokens_to_ids(tiny_model.PAD_TOKEN)
+    text = dict(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=32768,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.2, bos_token_id=pad,
+                eos_token_id=eos, pad_token_id=pad,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]})
+    tower = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128, patch_size=14,
+                 spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1])
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=tower, image_token_id=ids["<|image_pad|>"],
+                              video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                              vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(out)
+    Qwen2VLImageProcessorPil(min_pixels=MIN_PATCHES * 28 * 28, max_pixels=MAX_PATCHES * 28 * 28).save_pretrained(out)
+    return out
+
+
+def screenshot(seed: int = 0, size: tuple[int, int] = (1280, 720), transparent: bool = False) -> bytes:
+    """A synthetic PNG screenshot: a page of coloured boxes and text lines (`transparent`: RGBA, its
+    background fully transparent, as some capture tools write it)."""
+    import random
+
+    from PIL import Image, ImageDraw
+
+    rng = random.Random(seed)
+    image = Image.new("RGBA", size, (0, 0, 0, 0) if transparent else (240, 240, 240, 255))
+    draw = ImageDraw.Draw(image)
+    for _ in range(24):
+        x, y = rng.randrange(max(1, size[0] - 200)), rng.randrange(max(1, size[1] - 60))
+        draw.rectangle([x, y, x + rng.randrange(40, 200), y + rng.randrange(20, 60)],
+                       fill=tuple(rng.randrange(256) for _ in range(3)) + (255,))
+        draw.text((x + 4, y + 4), f"button {rng.randrange(1000)}", fill=(0, 0, 0, 255))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def store_image(folder: Path, data: bytes) -> str:
+    """Stores `data` as the proxy's store does (`<images>/<sha256>`); returns its name."""
+    name = hashlib.sha256(data).hexdigest()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(data)
+    return name
+
+
+def image_prompt(checkpoint: Path, images: list[bytes], text: str = "Click the blue button.") -> list[int]:
+    """The chat template's prompt ids for one user turn with `images` then `text`, each image part expanded to
+    one `<|image_pad|>` per merged patch (what vLLM's prompt ids hold)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    model = vision.load(checkpoint)
+    grids = model.processor(images=[vision.on_white(data) for data in images], return_tensors="pt")["image_grid_thw"]
+    counts = iter(vision.image_tokens(grids, model.merge_size))
+    return [token for token_id in ids
+            for token in ([token_id] * next(counts) if token_id == model.image_token_id else [token_id])]
+
+
+@pytest.fixture(scope="module")
+def vision_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny vision model (seed 0) for this module."""
+    return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vision"))
+
+
+@pytest.fixture(scope="module")
+def run_images(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A run's image folder holding three screenshots (one with a transparent background); their names."""
+    folder = tmp_path_factory.mktemp("run") / "calls" / "images"
+    names = [store_image(folder, screenshot(seed, transparent=seed == 2)) for seed in range(3)]
+    return {"url": str(folder), "names": names, "data": [(folder / name).read_bytes() for name in names]}
+
+
+def image_sample(checkpoint: Path, run_images: dict, which: list[int], rollout: str, reward: float,
+                 response: list[int] | None = None) -> update_batch.Sample:
+    """A sample whose prompt shows the screenshots `which` (indices into `run_images`)."""
+    prompt = image_prompt(checkpoint, [run_images["data"][i] for i in which])
+    response = response or [300 + 7 * i for i in range(12)]
+    return update_batch.Sample(rollout_id=rollout, task="click", prompt_token_ids=prompt, response_token_ids=response,
+                               response_mask=[1] * len(response), response_logprobs=None, reward=reward,
+                               images=[run_images["names"][i] for i in which])
+
+
+def test_the_prompt_holds_one_image_token_per_merged_patch(vision_checkpoint: Path, run_images: dict) -> None:
+    """A 1280x720 screenshot at the tiny model's pixel cap: a 24x42 patch grid, 12x21 merged: 252 tokens; the position ids
+    are the text row then the model's 3 mrope rows, which differ from the text row from the image on."""
+    sample = image_sample(vision_checkpoint, run_images, [0], "r0", 1.0)
+    model = vision.load(vision_checkpoint)
+    (inputs, positions), = vision.batch_inputs([sample], vision_checkpoint, run_images["url"])
+    assert inputs["image_grid_thw"].tolist() == [[1, 24, 42]]
+    assert vision.image_runs(sample.prompt_token_ids, model.image_token_id) == [252]
+    ids = sample.prompt_token_ids + sample.response_token_ids
+    assert positions.shape == (4, len(ids)) and positions[0].tolist() == list(range(len(ids)))
+    first = sample.prompt_token_ids.index(model.image_token_id)
+    assert torch.equal(positions[1:, :first], positions[:1, :first].expand(3, -1))
+    assert not torch.equal(positions[1:, first:], positions[:1, first:].expand(3, -1))
+
+
+def test_transparent_pixels_are_composited_on_white_as_vllm_does(run_images: dict) -> None:
+    """The transparent screenshot's background is white, as vLLM shows it; PIL's plain convert makes it black."""
+    from PIL import Image
+
+    data = run_images["data"][2]
+    assert vision.on_white(data).getpixel((0, 0)) == (255, 255, 255)
+    assert Image.open(io.BytesIO(data)).convert("RGB").getpixel((0, 0)) == (0, 0, 0)  # control
+
+
+@pytest.mark.parametrize("change, message", [
+    ("one token less", "hold image token runs of [251] but its 1 image(s) make [252]"),
+    ("other image size", "hold image token runs of [252] but its 1 image(s) make [4]"),
+    ("image tokens, no images", "its token ids hold image tokens but it names no images"),
+    ("name not a hash", "is not a SHA-256"),
+    ("bytes not of their name", "do not have that SHA-256"),
+    ("missing image", "cannot read image"),
+    ("not an image", "not a decodable image"),
+])
+def test_a_sample_whose_images_do_not_match_is_refused_by_name(change: str, message: str, vision_checkpoint: Path,
+                                                             run_images: dict, tmp_path: Path) -> None:
+    """Never trained on misaligned features: each mismatch is one sentence naming the sample, before any model
+    is loaded; the unchanged sample passes (control)."""
+    sample = image_sample(vision_checkpoint, run_images, [0], "r0", 1.0)
+    assert vision.batch_inputs([sample], vision_checkpoint, run_images["url"])  # control
+    folder = tmp_path / "images"
+    if change == "one token less":
+        sample.prompt_token_ids.remove(vision.load(vision_checkpoint).image_token_id)
+    elif change == "other image size":
+        sample.images = [store_image(folder, screenshot(0, size=(56, 56)))]
+    elif change == "image tokens, no images":
+        sample.images = []
+    elif change == "name not a hash":
+        sample.images = ["../../etc/passwd"]
+    elif change == "bytes not of their name":
+        store_image(folder, b"")
+        (folder / sample.images[0]).write_bytes(screenshot(1))
+    elif change == "missing image":
+        store_image(folder, b"")
+    elif change == "not an image":
+        sample.images = [store_image(folder, b"<html>not a png</html>")]
+    url = str(folder) if folder.exists() else run_images["url"]
+    with pytest.raises(update_batch.SampleError, match="rollout 'r0' sample") as error:
+        vision.batch_inputs([sample], vision_checkpoint, url)
+    assert message in str(error.value)
+
+
+def test_images_on_a_text_checkpoint_or_without_an_image_folder_are_refused(vision_checkpoint: Path,
+                                                                           run_images: dict, tmp_path: Path) -> None:
+    """A text model cannot see the images, and without `--images` there are none to read: both refused."""
+    from steps.tiny_model import build_tiny_model
+
+    sample = image_sample(vision_checkpoint, run_images, [0], "r0", 1.0)
+    text_model = build_tiny_model(tmp_path / "text")
+    with pytest.raises(update_batch.SampleError, match="is a text model"):
+        vision.batch_inputs([sample], text_model, run_images["url"])
+    with pytest.raises(update_batch.SampleError, match="pass --images"):
+        vision.batch_inputs([sample], vision_checkpoint, None)
+    assert vision.batch_inputs([update_batch.Sample("t", "a", [1, 2], [3], [1], None, 1.0)], text_model, None) is None
+
+
+def test_the_images_column_is_read_and_optional(tmp_path: Path) -> None:
+    """`images` comes through `read_samples`; a table without the column (a text run's) reads as no images."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{name: value for name, value in zip(update_batch.SAMPLE_COLUMNS,
+                                                 ["r", "t", [1, 2], [3], [1], None, 1.0, 1.0])}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "samples.parquet")
+    assert update_batch.read_samples(str(tmp_path))[0].images == []
+    pq.write_table(pa.Table.from_pylist([{**rows[0], "images": ["a" * 64]}]), tmp_path / "samples.parquet")
+    assert update_batch.read_samples(str(tmp_path))[0].images == ["a" * 64]
+
+
+@pytest.fixture(scope="module")
+def image_update(vision_checkpoint: Path, run_images: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One real update on 4 samples in one task (two with one screenshot, one with two, one text) through the
+    CLI, as a run calls it, with the images read from the run's image folder."""
+    from update_reference import write_samples
+
+    samples = [image_sample(vision_checkpoint, run_images, [0], "r0", 1.0),
+               image_sample(vision_checkpoint, run_images, [1, 2], "r1", 0.0),
+               image_sample(vision_checkpoint, run_images, [2], "r2", 1.0),
+               update_batch.Sample("r3", "click", [40, 41, 42, 43], [300 + i for i in range(12)], [1] * 12, None, 0.0)]
+    folder = tmp_path_factory.mktemp("image-samples")
+    write_samples(samples, folder)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(folder / "samples.parquet")
+    table = table.append_column("images", pa.array([s.images or [] for s in samples], pa.list_(pa.string())))
+    pq.write_table(table, folder / "samples.parquet")
+    out = tmp_path_factory.mktemp("image-update") / "out"
+    code = update.main(["--trajectories", str(folder), "--checkpoint", str(vision_checkpoint), "--out", str(out),
+                        "--images", run_images["url"], *OVERRIDES])
+    return {"code": code, "out": out, "samples": samples}
+
+
+@pytest.mark.slow
+def test_an_update_with_images_trains_the_model_and_its_vision_tower(image_update: dict,
+                                                                     vision_checkpoint: Path) -> None:
+    """The update runs (exit 0), every weight moved, the vision tower's too (its gradient came through the
+    images' features), and the checkpoint carries the processor files vLLM needs to serve it again."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    assert image_update["code"] == 0
+    out = image_update["out"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["samples"] == 4 and metrics["tokens_trained"] == 48
+    # loaded as a model (the update writes the in-memory names, `model.visual.*`; the builder the saved ones)
+    before, after = (Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).state_dict()
+                     for folder in (vision_checkpoint, out))
+    assert set(before) == set(after)
+    moved = [name for name in before if not torch.equal(before[name], after[name])]
+    assert [name for name in moved if ".visual." in f".{name}"]
+    assert len(moved) == len(before)
+    for name in ("preprocessor_config.json", "chat_template.jinja", "tokenizer.json", "tokenizer_config.json",
+                 "config.json"):
+        assert (out / name).read_bytes() == (vision_checkpoint / name).read_bytes(), name
+
+
+def test_doctests() -> None:
+    """`steps.update.vision`'s doctests (compositing on white, image token runs, grids)."""
+    import doctest
+
+    failures, tried = doctest.testmod(vision)
+    assert tried and not failures
