@@ -4,7 +4,8 @@
         --model-dir /models/current --model-name qwen3-4b --port 8100 --store s3://openforge/runs/demo/calls \
         [--device gpu --gpus 1] [--replicas 1] [--max-tokens-cap 4096] [--weight-version 0] \
         [--tool-call-parser hermes] [--reasoning-parser qwen3] [--max-model-len 32768] \
-        [--gpu-memory-utilization 0.9] [--vllm-arg=--enable-prefix-caching ...] \
+        [--gpu-memory-utilization 0.9] [--image-limit 4] [--max-pixels 0] [--chat-template FILE] \
+        [--vllm-arg=--enable-prefix-caching ...] \
         [--sampling temperature=1.0 ...]
 
 `--model` is a checkpoint folder, a hub name (then name its `--tool-call-parser`) or an `s3://` URL; a URL
@@ -88,6 +89,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     vllm.add_argument("--reasoning-parser", default="", help="default: none")
     vllm.add_argument("--max-model-len", type=int, default=0, help="0: vLLM's default on GPU, 32768 on CPU")
     vllm.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    vllm.add_argument("--image-limit", type=int, default=4, help="images per prompt (a vision checkpoint only)")
+    vllm.add_argument("--max-pixels", type=int, default=0,
+                      help="the image processor's pixel cap (a vision checkpoint only); 0: the checkpoint's")
+    vllm.add_argument("--chat-template", default="",
+                      help="a chat template file for vLLM (a vision checkpoint only); default: the checkpoint's")
     vllm.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                       help="one more argument for vLLM, written --vllm-arg=ARG (repeatable)")
     p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
@@ -119,7 +125,8 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
     """The vLLM options of the command line."""
     return ServingOptions(tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                           max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                          gpus=args.gpus, vllm_args=tuple(args.vllm_arg))
+                          gpus=args.gpus, image_limit=args.image_limit, max_pixels=args.max_pixels,
+                          chat_template=args.chat_template, vllm_args=tuple(args.vllm_arg))
 
 
 def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int]) -> list[str]:

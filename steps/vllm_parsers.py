@@ -32,6 +32,7 @@ REASONING_PARSERS = frozenset({
 # Qwen3's model types but write XML: they must set `tool_call_parser: qwen3_coder`.
 FAMILY_TOOL_CALL_PARSER = {
     "qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes", "qwen3_next": "hermes",
+    "qwen2_vl": "hermes", "qwen2_5_vl": "hermes", "qwen3_vl": "hermes", "qwen3_vl_moe": "hermes",
     "llama": "llama3_json", "llama4": "llama4_pythonic", "mistral": "mistral", "mixtral": "mistral",
     "deepseek_v3": "deepseek_v3", "kimi_k2": "kimi_k2", "glm4_moe": "glm45", "gpt_oss": "openai",
     "granite": "granite", "internlm2": "internlm", "jamba": "jamba", "minimax_m2": "minimax_m2",

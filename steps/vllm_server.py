@@ -9,10 +9,17 @@ the checkpoint's generation_config.json: the run owns sampling), `--max-logprobs
 processed_logprobs` (the recorded logprobs are those of the distribution tokens were sampled from, which
 is what RL needs), the tool-call parser of the model's family (`steps.vllm_parsers`) and loopback only.
 On CPU it adds what `shared/notes/vllm-cpu.md` checked: eager mode, the one-process executor, bfloat16.
+A vision checkpoint (its config.json has a `vision_config`) also gets `--limit-mm-per-prompt` (`image_limit`
+images, no video), `--chat-template` (the `chat_template` file, else the checkpoint's own, passed explicitly
+because vLLM uses the processor's template only for requests without tools) and, where `max_pixels` is set,
+`--mm-processor-kwargs`; where its Python has no torchvision (vllm-cpu), `spawn` puts `steps/vllm_shim` on
+vLLM's PYTHONPATH.
 The run config's `vllm_args` come last; flags this module sets itself are refused there
 (`check_vllm_args`), each with the key that sets it.
 """
 
+import functools
+import json
 import os
 import signal
 import subprocess
@@ -45,7 +52,11 @@ OWNED_FLAGS = {
     "--tool-strict-level": "nothing (a grammar on tool calls changes the distribution the trainer reproduces)",
     "--trust-request-chat-template": "nothing (a harness may not replace the model's chat template)",
     "--api-key": "nothing (vLLM is reachable only on loopback, from the proxy, which holds no key for it)",
+    "--limit-mm-per-prompt": "`image_limit`", "--chat-template": "`chat_template`",
+    "--mm-processor-kwargs": "`max_pixels`",
 }
+SHIM_DIR = Path(__file__).parent / "vllm_shim"  # the CPU import shim: steps/vllm_shim/sitecustomize.py
+CHECKPOINT_TEMPLATE = "chat_template.jinja"  # where transformers saves a checkpoint's chat template
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,9 @@ class ServingOptions:
     gpu_memory_utilization: float = 0.9  # vLLM's default; GPU only
     gpus: int = 1  # tensor parallel size; GPU only
     vllm_args: tuple[str, ...] = ()  # passed through, last
+    image_limit: int = 4  # images per prompt; vision checkpoints only
+    max_pixels: int = 0  # the image processor's pixel cap; 0: the checkpoint's preprocessor_config.json
+    chat_template: str = ""  # a template file; empty: the checkpoint's
 
 
 def check_vllm_args(args: list[str] | tuple[str, ...], where: str = "vllm_args") -> None:
@@ -95,6 +109,8 @@ def vllm_command(model: str | Path, name: str, port: int, options: ServingOption
     ]
     if options.reasoning_parser:
         command += ["--reasoning-parser", options.reasoning_parser]
+    if is_vision(Path(model)):
+        command += vision_flags(Path(model), options)
     if device == "cpu":
         command += ["--dtype", "bfloat16", "--enforce-eager", "--distributed-executor-backend", "uni",
                     "--max-model-len", str(options.max_model_len or CPU_MAX_MODEL_LEN)]
@@ -104,6 +120,49 @@ def vllm_command(model: str | Path, name: str, port: int, options: ServingOption
         if options.max_model_len:
             command += ["--max-model-len", str(options.max_model_len)]
     return command + list(options.vllm_args)
+
+
+def is_vision(model: Path) -> bool:
+    """Whether the checkpoint folder `model` is a vision-language model: its config.json has a `vision_config`
+    (a hub name, or a folder without config.json, is not)."""
+    try:
+        return "vision_config" in json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def vision_flags(model: Path, options: ServingOptions) -> list[str]:
+    """vLLM's flags for serving the vision checkpoint `model`: its image limit (no video), its chat template
+    and, where set, the pixel cap.
+
+    >>> vision_flags(Path("/m"), ServingOptions(image_limit=2, max_pixels=200704, chat_template="/t.jinja"))
+    ['--limit-mm-per-prompt', '{"image": 2, "video": 0}', '--chat-template', '/t.jinja', '--mm-processor-kwargs', '{"max_pixels": 200704}']
+    """
+    flags = ["--limit-mm-per-prompt", json.dumps({"image": options.image_limit, "video": 0})]
+    template = options.chat_template or str(model / CHECKPOINT_TEMPLATE)
+    if options.chat_template or (model / CHECKPOINT_TEMPLATE).is_file():
+        flags += ["--chat-template", template]
+    if options.max_pixels:
+        flags += ["--mm-processor-kwargs", json.dumps({"max_pixels": options.max_pixels})]
+    return flags
+
+
+@functools.cache
+def has_torchvision(python: str) -> bool:
+    """Whether `import torchvision` works in `python` (a CUDA build on a CPU machine fails to import)."""
+    try:
+        return subprocess.run([python, "-c", "import torchvision"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def shim_env(command: list[str]) -> dict[str, str]:
+    """The CPU import shim on PYTHONPATH, for a vision command (`--limit-mm-per-prompt`) whose Python has no
+    torchvision; else nothing. Only vLLM's process gets it: the proxy and the trainer never import it."""
+    if "--limit-mm-per-prompt" not in command or has_torchvision(command[0]):
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(SHIM_DIR), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 @dataclass
@@ -136,7 +195,8 @@ def spawn(command: list[str], model_dir: Path, name: str, port: int, log_path: P
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         # Its own session, so that stopping it also ends the engine-core child process.
-        process = subprocess.Popen(command, env={**vllm_env(kv_cache_gib), **(env or {})}, stdin=subprocess.DEVNULL,
+        process = subprocess.Popen(command, env={**vllm_env(kv_cache_gib), **shim_env(command), **(env or {})},
+                                   stdin=subprocess.DEVNULL,
                                    stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     return VllmServer(process, Path(model_dir), name, port, log_path)

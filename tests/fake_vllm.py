@@ -4,9 +4,9 @@ Why a double: the failures these tests need (a reload that succeeds and then a c
 `/health` that answers slowly three times, a server that dies between two stages of a swap) cannot be
 caused on cue in a real vLLM on CPU, and each real one costs minutes to start. This one speaks real HTTP/1.1
 on a loopback port, so the proxy's own client (`steps.proxy.upstream.Upstream`) talks to it exactly as to
-vLLM: `/health`, `POST /collective_rpc` (reload_weights), `/reset_prefix_cache`, `/update_weight_version`,
-`/weight_info`, `/v1/models` and a non-streaming `/v1/chat/completions` whose answer names the weights
-the server holds ("weights 1") with token ids and logprobs in vLLM's shape. Every answer closes its
+vLLM: `/health`, `POST /collective_rpc` (reload_weights), `/reset_prefix_cache`, `/reset_encoder_cache`,
+`/update_weight_version`, `/weight_info`, `/v1/models` and a non-streaming `/v1/chat/completions` whose answer
+names the weights the server holds ("weights 1") with token ids and logprobs in vLLM's shape. Every answer closes its
 connection, so a stopped server refuses the next request, as a killed vLLM does.
 
     fake = FakeVllm(); await fake.start()      # fake.url
@@ -22,7 +22,7 @@ import time
 from steps.net import free_port
 
 STAGE_PATHS = {"/collective_rpc": "reload_weights", "/reset_prefix_cache": "reset_prefix_cache",
-               "/update_weight_version": "update_weight_version"}
+               "/reset_encoder_cache": "reset_encoder_cache", "/update_weight_version": "update_weight_version"}
 
 
 class FakeVllm:

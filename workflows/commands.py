@@ -59,8 +59,10 @@ def vllm_flags(config: RunConfig, device: str) -> list[str]:
     >>> vllm_flags(RunConfig(reasoning_parser="qwen3", vllm_args=("--enable-prefix-caching",)), "cpu")
     ['--reasoning-parser', 'qwen3', '--vllm-arg=--enable-prefix-caching']
     """
-    flags = [f for key in ("tool_call_parser", "reasoning_parser", "max_model_len") if getattr(config, key)
-             for f in (f"--{key.replace('_', '-')}", str(getattr(config, key)))]
+    flags = [f for key in ("tool_call_parser", "reasoning_parser", "max_model_len", "max_pixels", "chat_template")
+             if getattr(config, key) for f in (f"--{key.replace('_', '-')}", str(getattr(config, key)))]
+    if config.image_limit != RunConfig.image_limit:
+        flags += ["--image-limit", str(config.image_limit)]
     if device == "gpu":
         flags += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     return flags + [f"--vllm-arg={arg}" for arg in config.vllm_args]

@@ -29,6 +29,7 @@ DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 # More update nodes than any cluster this targets, refused at load rather than at run time; the JobSet's pod names
 # are checked against JobSet's 63 characters up to here (workflows.jobset, tests/test_workflows.py).
 MAX_UPDATE_NODES = 1000
+MIN_MAX_PIXELS = 28 * 28  # the smallest pixel cap that still holds one merged patch (Qwen2.5-VL's 2x2 of 14 px)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class RunConfig:
     max_model_len: int = 0  # 0: vLLM's default (the model's own) on GPU, 32768 on CPU
     gpu_memory_utilization: float = 0.9
     vllm_args: tuple[str, ...] = ()  # passed to vLLM last, e.g. ["--enable-prefix-caching"]
+    # how vLLM serves a vision checkpoint (its config.json has a vision_config; docs/serving.md)
+    image_limit: int = 4  # images per prompt: vLLM's --limit-mm-per-prompt (the proxy refuses more)
+    max_pixels: int = 0  # the image processor's pixel cap per image; 0: the checkpoint's preprocessor_config.json
+    chat_template: str = ""  # a chat template file for vLLM's --chat-template; empty: the checkpoint's own
     # how vLLM samples every rollout token (steps/sampling.py): the proxy forces these on every call, whatever
     # the harness sent, and the update computes its logprobs at `temperature`
     temperature: float = 1.0
@@ -234,12 +239,27 @@ def check_serving(config: RunConfig) -> None:
         check_vllm_args(config.vllm_args, where="config key 'vllm_args'")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    check_vision_serving(config)
     model = Path(config.model) if Path(config.model).exists() else REPO_ROOT / config.model
     if not config.tool_call_parser and (model / "config.json").is_file():
         try:
             tool_call_parser_for(model)
         except UnknownFamily as exc:
             raise ConfigError(str(exc)) from None
+
+
+def check_vision_serving(config: RunConfig) -> None:
+    """The vision keys: at least one image per prompt, a pixel cap of 0 (the checkpoint's) or at least one
+    merged patch, and a chat template file that is there."""
+    if config.image_limit < 1:
+        raise ConfigError(f"config key 'image_limit' must be 1 or more (images per prompt), got {config.image_limit}")
+    if config.max_pixels != 0 and config.max_pixels < MIN_MAX_PIXELS:
+        raise ConfigError(f"config key 'max_pixels' must be 0 (the checkpoint's cap) or at least {MIN_MAX_PIXELS} "
+                          f"(one merged patch of 28x28 pixels), got {config.max_pixels}")
+    template = Path(config.chat_template)
+    if config.chat_template and not (template.is_file() or (REPO_ROOT / template).is_file()):
+        raise ConfigError(f"config key 'chat_template' must be empty (the checkpoint's) or a Jinja template file, "
+                          f"and {config.chat_template!r} is not a file")
 
 
 def check_update_config(config: RunConfig) -> None:

@@ -3,9 +3,11 @@
 New calls wait at the gate, in-flight calls finish on the old weights, every replica in service (and every
 one a failed reload left out that answers `/health`) reloads the new checkpoint in place (`collective_rpc
 reload_weights`, needs VLLM_SERVER_DEV_MODE=1), its prefix cache is dropped (cached KV of the old weights
-would be wrong) and its version set; only then do calls resume at the new version.
+would be wrong), then its encoder cache (a vision model's image embeddings of the old weights: `reload_weights`
+clears only the worker's copy, and the same image sent again would then kill the engine with "Encoder cache
+miss"; a text model has none to drop) and its version set; only then do calls resume at the new version.
 
-A reload is three requests, and any of them can fail. A replica that was never reached keeps its old weights.
+A reload is four requests, and any of them can fail. A replica that was never reached keeps its old weights.
 Any other failure (vLLM's error, a timeout, a connection lost mid-request, a cache reset or version update
 failing after the load) leaves it holding weights nobody knows: it is left out ("failed", version unknown)
 until a later swap reloads it. Calls are served only by replicas holding the gate's version
@@ -21,7 +23,7 @@ from steps.proxy.replicas import Replica, Replicas, healthy
 from steps.proxy.sessions import WeightGate
 from steps.proxy.upstream import Unreachable, Upstream
 
-STAGES = ("reload_weights", "reset_prefix_cache", "update_weight_version")
+STAGES = ("reload_weights", "reset_prefix_cache", "reset_encoder_cache", "update_weight_version")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ async def _reload(replica: Replica, weights_path: str, version: str) -> Failure 
     requests = {"reload_weights": ("/collective_rpc", {"method": "reload_weights",
                                                        "kwargs": {"weights_path": weights_path}}),
                 "reset_prefix_cache": ("/reset_prefix_cache", None),
+                "reset_encoder_cache": ("/reset_encoder_cache", None),
                 "update_weight_version": ("/update_weight_version", {"new_version": version})}
     for stage in STAGES:
         path, body = requests[stage]
