@@ -2,10 +2,9 @@
 from a run's image folder and run through the checkpoint's own image processor (`steps.update.vision`).
 
 Needs the training environment (verl==0.9.1), like tests/test_update.py; the vLLM comparison also needs the
-serving environment (`OPENFORGE_SERVE_PYTHON`). The tiny vision model is built here with random weights
-(a Qwen2.5-VL config, the project's tokenizer plus the vision tokens, a PIL image processor's
-`preprocessor_config.json`, a chat template that renders image parts) until `steps.tiny_model --vision`
-builds it. The tests that load a model are marked `slow`; the rest are in `make test-fast`.
+serving environment (`OPENFORGE_SERVE_PYTHON`). The tiny vision model is `steps.tiny_model --vision`'s
+Qwen2.5-VL (random weights, a 1280x720 screenshot is 252 image tokens at its pixel cap). The tests that
+load a model are marked `slow`; the rest are in `make test-fast`.
 """
 
 import hashlib
@@ -18,49 +17,11 @@ import pytest
 pytest.importorskip("verl", reason="verl==0.9.1 is not installed in this environment (the training env)")
 torch = pytest.importorskip("torch")
 
+from steps.tiny_model import build_tiny_model  # noqa: E402
 from steps.update import batch as update_batch, train as update, vision  # noqa: E402
 from steps.update.config import load_config  # noqa: E402
 
-VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
-IMAGE_PART = "<|vision_start|><|image_pad|><|vision_end|>"
-# The pixel cap of the tiny model's image processor (in merged patches of 28x28): a 1280x720 screenshot is
-# 252 image tokens.
-MIN_PATCHES, MAX_PATCHES = 4, 256
 OVERRIDES = ["learning_rate=1e-3", "weight_decay=0.0"]
-
-
-def build_tiny_vision_model(out: Path, seed: int = 0) -> Path:
-    """A random 2-layer Qwen2.5-VL with a 2-block vision tower (~1.6M parameters, seconds), saved as a
-    checkpoint vLLM and the update load: weights, config, tokenizer with the vision tokens, a chat template
-    rendering image parts (user and tool turns) as `IMAGE_PART`, and the PIL image processor's config."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
-
-    from steps import tiny_model
-
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = tiny_model.build_tokenizer(out)
-    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
-    tokenizer.chat_template = tiny_model.CHAT_TEMPLATE.replace(
-        "{%- if part.text is defined -%}{{- part.text -}}{%- endif -%}",
-        "{%- if part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_PART + "' -}}"
-        "{%- elif part.text is defined -%}{{- part.text -}}{%- endif -%}")
-    tokenizer.save_pretrained(out)
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
-    eos, pad = tokenizer.convert_tokens_to_ids(tiny_model.EOS_TOKEN), tokenizer.convert_tokens_to_ids(tiny_model.PAD_TOKEN)
-    text = dict(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=32768,
-                rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.2, bos_token_id=pad,
-                eos_token_id=eos, pad_token_id=pad,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]})
-    tower = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128, patch_size=14,
-                 spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1])
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=tower, image_token_id=ids["<|image_pad|>"],
-                              video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                              vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(out)
-    Qwen2VLImageProcessorPil(min_pixels=MIN_PATCHES * 28 * 28, max_pixels=MAX_PATCHES * 28 * 28).save_pretrained(out)
-    return out
 
 
 def screenshot(seed: int = 0, size: tuple[int, int] = (1280, 720), transparent: bool = False) -> bytes:
@@ -109,8 +70,8 @@ def image_prompt(checkpoint: Path, images: list[bytes], text: str = "Click the b
 
 @pytest.fixture(scope="module")
 def vision_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny vision model (seed 0) for this module."""
-    return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vision"))
+    """The tiny vision model (Qwen2.5-VL, seed 0) for this module."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-vision"), seed=0, vision="qwen2_5_vl")
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +156,6 @@ def test_a_sample_whose_images_do_not_match_is_refused_by_name(change: str, mess
 def test_images_on_a_text_checkpoint_or_without_an_image_folder_are_refused(vision_checkpoint: Path,
                                                                            run_images: dict, tmp_path: Path) -> None:
     """A text model cannot see the images, and without `--images` there are none to read: both refused."""
-    from steps.tiny_model import build_tiny_model
-
     sample = image_sample(vision_checkpoint, run_images, [0], "r0", 1.0)
     text_model = build_tiny_model(tmp_path / "text")
     with pytest.raises(update_batch.SampleError, match="is a text model"):
