@@ -8,8 +8,10 @@ load a model are marked `slow`; the rest are in `make test-fast`.
 """
 
 import hashlib
+import importlib.util
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -231,3 +233,87 @@ def test_doctests() -> None:
 
     failures, tried = doctest.testmod(vision)
     assert tried and not failures
+
+
+@pytest.fixture(scope="module")
+def vision_vllm(vision_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The real vLLM (CPU, bf16) serving the tiny vision model as "tiny", from the serving environment
+    (`OPENFORGE_SERVE_PYTHON`), with the serve step's own vision flags and CPU shim."""
+    from steps.vllm_server import stop_vllm
+    from vllm_process import start_vllm
+
+    server = start_vllm(vision_checkpoint, name="tiny", log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
+                        timeout_s=600)
+    try:
+        yield server.base_url
+    finally:
+        stop_vllm(server)
+
+
+def sampled(url: str, content, seed: int) -> dict:
+    """One chat call to vLLM at temperature 1 with token ids and logprobs: its prompt ids, sampled ids and
+    their logprobs."""
+    import httpx
+
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 16,
+            "temperature": 1.0, "logprobs": True, "return_token_ids": True, "seed": seed, "ignore_eos": True}
+    reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+    reply.raise_for_status()
+    choice = reply.json()["choices"][0]
+    return {"prompt": reply.json()["prompt_token_ids"], "response": choice["token_ids"],
+            "logprobs": [token["logprob"] for token in choice["logprobs"]["content"]]}
+
+
+def trainer_gaps(worker, samples: list, checkpoint: Path, images_url: str, flat: bool = False) -> list[float]:
+    """The mean absolute difference, per sample, of the worker's logprobs (production bf16) from vLLM's on its
+    sampled tokens; `flat`: with 1-D positions (`arange` in all four rows) instead of the model's mrope ones."""
+    inputs = vision.batch_inputs(samples, checkpoint, images_url)
+    if flat:
+        inputs = [(features, vision.text_position_ids(positions.shape[1])) for features, positions in inputs]
+    batch = update_batch.with_images(update_batch.pad(samples, {s.rollout_id: 0.0 for s in samples}), samples, inputs)
+    log_probs, _ = update.trainer_logprobs(worker, batch, 1.0)
+    return [float((log_probs[row] - batch.rollout_log_probs[row])[batch.response_mask[row].bool()].abs().mean())
+            for row in range(len(samples))]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("OPENFORGE_SERVE_PYTHON"),
+                    reason="vLLM is not installed here and OPENFORGE_SERVE_PYTHON names no serving env's Python")
+def test_the_trainer_reproduces_vllms_logprobs_on_screenshots(vision_vllm: str, vision_checkpoint: Path,
+                                                              tmp_path: Path) -> None:
+    """vLLM samples after a screenshot (one opaque, one with a transparent background) and after a text prompt;
+    its prompt ids are the template's expansion. The worker's logprobs on the screenshot samples are as close
+    to vLLM's as on the text sample (within twice its gap); with 1-D positions, or with part of the screenshot
+    blacked out (same size, so the same ids), they are far outside that bound (the controls)."""
+    import base64
+
+    from PIL import ImageDraw
+
+    folder, samples = tmp_path / "images", []
+    for seed in range(2):
+        data = screenshot(seed, transparent=seed == 1)
+        url = "data:image/png;base64," + base64.b64encode(data).decode()
+        call = sampled(vision_vllm, [{"type": "image_url", "image_url": {"url": url}},
+                                     {"type": "text", "text": "Click the blue button."}], seed)
+        assert call["prompt"] == image_prompt(vision_checkpoint, [data])
+        samples.append(update_batch.Sample(f"r{seed}", "click", call["prompt"], call["response"], [1] * 16,
+                                           call["logprobs"], float(seed), images=[store_image(folder, data)]))
+    call = sampled(vision_vllm, "Click the blue button on the page.", 5)
+    samples.append(update_batch.Sample("r2", "click", call["prompt"], call["response"], [1] * 16, call["logprobs"], 0.0))
+    update.prepare_runtime()
+    worker, _ = update.build_worker(vision_checkpoint, load_config(None, []))
+    *image_gaps, text_gap = trainer_gaps(worker, samples, vision_checkpoint, str(folder))
+    flat_gaps = trainer_gaps(worker, samples, vision_checkpoint, str(folder), flat=True)[:2]
+    altered = vision.on_white((folder / samples[0].images[0]).read_bytes())
+    ImageDraw.Draw(altered).rectangle([0, 0, 640, 360], fill=(0, 0, 0))
+    buffer = io.BytesIO()
+    altered.save(buffer, "PNG")
+    samples[0].images = [store_image(folder, buffer.getvalue())]
+    altered_gap = trainer_gaps(worker, samples, vision_checkpoint, str(folder))[0]
+    print(f"logprob gap: text {text_gap:.4f}, screenshots {image_gaps}, 1-D positions {flat_gaps}, "
+          f"blacked-out quarter {altered_gap:.4f}")
+    bound = 2 * text_gap
+    assert 0 < text_gap < 0.08  # bf16 noise, as on the text model (tests/test_update.py)
+    assert max(image_gaps) < bound
+    assert min(flat_gaps) > bound and altered_gap > bound
