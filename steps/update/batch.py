@@ -206,7 +206,15 @@ class Batch:
         if self.rollout_is_weights is not None:
             tensors["rollout_is_weights"] = self.rollout_is_weights
         data = DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={"temperature": temperature})
-        return left_right_2_no_padding(data.to_tensordict())
+        out = left_right_2_no_padding(data.to_tensordict())
+        if self.position_ids is not None:
+            # torch's `as_nested_tensor` (veRL's conversion) takes rows of (4, length) that all have one length
+            # as ragged in their 4: a batch of same-length samples then fails to split into micro-batches
+            from verl.utils.tensordict_utils import nested_tensor_from_tensor_list
+
+            rows = [positions[:, mask.bool()] for positions, mask in zip(position_ids, self.attention_mask)]
+            out["position_ids"] = nested_tensor_from_tensor_list(rows, ragged_idx=2)
+        return out
 
 
 def rollout_advantages(samples: list[Sample], config: UpdateConfig) -> dict[str, float]:
