@@ -317,3 +317,13 @@ def test_the_trainer_reproduces_vllms_logprobs_on_screenshots(vision_vllm: str, 
     assert 0 < text_gap < 0.08  # bf16 noise, as on the text model (tests/test_update.py)
     assert max(image_gaps) < bound
     assert min(flat_gaps) > bound and altered_gap > bound
+
+
+@pytest.mark.slow
+def test_samples_of_one_length_train(vision_checkpoint: Path, run_images: dict) -> None:
+    """Two image samples of the same length (same-size screenshots, same text): torch nests their (4, length)
+    positions as ragged in the 4 unless the batch says otherwise, and veRL's micro-batching then failed."""
+    samples = [image_sample(vision_checkpoint, run_images, [index], f"r{index}", float(index)) for index in (0, 1)]
+    assert len(samples[0].prompt_token_ids) == len(samples[1].prompt_token_ids)
+    worker, metrics = update.run_update(samples, vision_checkpoint, load_config(None, OVERRIDES), run_images["url"])
+    assert worker is not None and metrics["tokens_trained"] == 24
