@@ -130,7 +130,8 @@ UPDATE_MASTER_PORT = 29500
 
 def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, python: str = "python",
            node_rank: str | None = None, master_addr: str | None = None) -> list[str]:
-    """The veRL update from `checkpoint` on `trajectories`, writing the next checkpoint to `out` (`steps.update`).
+    """The veRL update from `checkpoint` on `trajectories` (their images in the run's image folder), writing the
+    next checkpoint to `out` (`steps.update`).
 
     One process when `update_gpus` <= 1 and `update_nodes` is 1; else under torchrun (`steps.update.launch`,
     which keeps the update's exit codes), `update_gpus` processes per node (FSDP2 shards over all of them).
@@ -141,7 +142,8 @@ def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, pyth
     ['python', '-m', 'steps.update.launch', '--standalone', '--nproc-per-node', '2']
     """
     step = ["-m", "steps.update", "--trajectories", trajectories, "--checkpoint", checkpoint,
-            "--out", out, "--config", config.update_config, *update_overrides(config)]
+            "--out", out, "--images", layout.images_url(config.run_url), "--config", config.update_config,
+            *update_overrides(config)]
     per_node = str(max(config.update_gpus, 1))
     if config.update_nodes > 1:
         if node_rank is None or master_addr is None:

@@ -16,6 +16,8 @@ from workflows.layout import table_url
 # The `samples` columns the update reads (written by `steps.trajectories`).
 SAMPLE_COLUMNS = ["rollout_id", "task", "prompt_token_ids", "response_token_ids", "response_mask",
                   "response_logprobs", "reward", "loss_weight"]
+# Read where the table has them: a text run's table (or an older one) may not.
+OPTIONAL_COLUMNS = ["sample_index", "images"]
 
 
 # The estimators whose advantages are relative to the task's group (all but reinforce_plus_plus, which
@@ -40,6 +42,7 @@ class Sample:
     reward: float
     loss_weight: float = 1.0
     sample_index: int | str | None = None  # its position among the rollout's samples ("row N" if unknown)
+    images: list[str] | None = None  # the SHA-256 names of its images in prompt order (`steps.update.vision`)
 
 
 # The empty sample that evens out a mini-batch over the update's ranks (`steps.update.ranks.shard_rows`): one
@@ -133,10 +136,11 @@ def read_samples(url: str) -> list[Sample]:
     missing = [name for name in SAMPLE_COLUMNS if name not in table.column_names]
     if missing:
         raise SampleError(f"{url}: missing column(s) {', '.join(missing)}; needs {', '.join(SAMPLE_COLUMNS)}")
-    columns = SAMPLE_COLUMNS + (["sample_index"] if "sample_index" in table.column_names else [])
+    columns = SAMPLE_COLUMNS + [name for name in OPTIONAL_COLUMNS if name in table.column_names]
     samples = []
     for number, row in enumerate(table.select(columns).to_pylist()):
         row.setdefault("sample_index", f"row {number}")
+        row["images"] = row.get("images") or []
         if not row["response_token_ids"]:
             continue
         if len(row["response_mask"] or []) != len(row["response_token_ids"]):
@@ -169,19 +173,30 @@ class Batch:
     loss_weights: torch.Tensor  # [samples]
     old_log_probs: torch.Tensor | None = None
     rollout_is_weights: torch.Tensor | None = field(default=None)
+    # A vision model's batch (`with_images`): [samples, 4, length] mrope positions, each row's images' features.
+    position_ids: torch.Tensor | None = None
+    multi_modal_inputs: list[dict] | None = None
 
     def rows(self, indices: list[int]) -> "Batch":
         """The batch of these rows (in this order, repeats allowed): a rank's shard."""
         index = torch.tensor(indices, dtype=torch.long)
-        return dataclasses.replace(self, **{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)
+        pick = lambda value: [value[i] for i in indices] if isinstance(value, list) else value[index]  # noqa: E731
+        return dataclasses.replace(self, **{f.name: pick(getattr(self, f.name)) for f in dataclasses.fields(self)
                                             if getattr(self, f.name) is not None})
 
     def to_tensordict(self, temperature: float):
-        """The no-padding TensorDict veRL's worker takes (`left_right_2_no_padding` of the padded batch)."""
+        """The no-padding TensorDict veRL's worker takes (`left_right_2_no_padding` of the padded batch); a
+        vision model's carries each row's `multi_modal_inputs` beside it, which veRL keeps with the row."""
         from verl import DataProto
         from verl.workers.utils.padding import left_right_2_no_padding
 
-        position_ids = (self.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        position_ids = self.position_ids
+        if position_ids is None:
+            position_ids = (self.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        non_tensors = {}
+        if self.multi_modal_inputs is not None:
+            non_tensors["multi_modal_inputs"] = np.empty(len(self.multi_modal_inputs), dtype=object)
+            non_tensors["multi_modal_inputs"][:] = self.multi_modal_inputs
         tensors = {"prompts": self.prompts, "responses": self.responses,
                    "input_ids": torch.cat([self.prompts, self.responses], dim=1),
                    "attention_mask": self.attention_mask, "position_ids": position_ids,
@@ -190,8 +205,16 @@ class Batch:
             tensors["old_log_probs"] = self.old_log_probs
         if self.rollout_is_weights is not None:
             tensors["rollout_is_weights"] = self.rollout_is_weights
-        data = DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
-        return left_right_2_no_padding(data.to_tensordict())
+        data = DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={"temperature": temperature})
+        out = left_right_2_no_padding(data.to_tensordict())
+        if self.position_ids is not None:
+            # torch's `as_nested_tensor` (veRL's conversion) takes rows of (4, length) that all have one length
+            # as ragged in their 4: a batch of same-length samples then fails to split into micro-batches
+            from verl.utils.tensordict_utils import nested_tensor_from_tensor_list
+
+            rows = [positions[:, mask.bool()] for positions, mask in zip(position_ids, self.attention_mask)]
+            out["position_ids"] = nested_tensor_from_tensor_list(rows, ragged_idx=2)
+        return out
 
 
 def rollout_advantages(samples: list[Sample], config: UpdateConfig) -> dict[str, float]:
@@ -271,6 +294,24 @@ def pad(samples: list[Sample], advantages: dict[str, float]) -> Batch:
         has_rollout_log_probs=torch.tensor([s.response_logprobs is not None for s in samples]),
         advantages=advantage[:, None] * response_mask,
         loss_weights=torch.tensor([float(s.loss_weight) for s in samples], dtype=torch.float32))
+
+
+def with_images(batch: Batch, samples: list[Sample], inputs: list[tuple[dict, torch.Tensor]]) -> Batch:
+    """`batch` (of `samples`) as a vision model trains on it: each row's (4, length) position ids (`inputs`,
+    over its prompt then response) laid out as its tokens are, and its `multi_modal_inputs` ({} for a text row).
+
+    >>> rows = [Sample("a", "t", [5, 6], [7], [1], None, 1.0), Sample("b", "t", [5], [7, 8], [1, 1], None, 1.0)]
+    >>> positions = [torch.arange(3).expand(4, 3) + 10 * row for row in range(2)]
+    >>> with_images(pad(rows, {"a": 0.0, "b": 0.0}), rows, [({}, p) for p in positions]).position_ids[:, 0].tolist()
+    [[0, 1, 2, 0], [0, 10, 11, 12]]
+    """
+    prompt_width = batch.prompts.shape[1]
+    out = torch.zeros(len(samples), 4, batch.attention_mask.shape[1], dtype=torch.long)
+    for row, (sample, (_, positions)) in enumerate(zip(samples, inputs, strict=True)):
+        prompt = len(sample.prompt_token_ids)
+        out[row, :, prompt_width - prompt:prompt_width] = positions[:, :prompt]
+        out[row, :, prompt_width:prompt_width + positions.shape[1] - prompt] = positions[:, prompt:]
+    return dataclasses.replace(batch, position_ids=out, multi_modal_inputs=[features for features, _ in inputs])
 
 
 def correct(batch: Batch, trainer_log_probs: torch.Tensor, config: UpdateConfig) -> dict[str, float]:

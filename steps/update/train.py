@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from steps import settings
-from steps.update import batch as update_batch, cpu as update_cpu, ranks as update_ranks, reshard
+from steps.update import batch as update_batch, cpu as update_cpu, ranks as update_ranks, reshard, vision
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish, unmark
 from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
@@ -40,9 +40,11 @@ from steps.update.config import ConfigError, UpdateConfig, load_config
 # `metrics.json`'s "skipped" value when no step was taken: every rollout's advantage was 0.
 NO_ADVANTAGE = "no advantage"
 # Files copied from the input checkpoint so the output folder is a complete model for vLLM.
+# A vision model's processor files come along (its image processor, its processor's and chat template).
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                    "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt",
-                    "added_tokens.json"]
+                    "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "vocab.json",
+                    "merges.txt", "added_tokens.json", "preprocessor_config.json", "processor_config.json",
+                    "video_preprocessor_config.json"]
 # The checkpoint's subfolder `OPTIMIZER_DIR` holds the optimiser state in veRL's own format
 # (`optim_world_size_*_rank_*.pt`: AdamW's moments and step count; `extra_state_*.pt`: lr scheduler and
 # RNG) plus our `state.json`. What veRL's checkpoint manager saves and loads there (the weights travel
@@ -250,10 +252,12 @@ def vocab_size(checkpoint: Path) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
-def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
-    """Advantages, correction and veRL's update on `samples`. Returns (worker, metrics) for saving;
-    the worker is None when there was nothing to train (`no_gradient`)."""
+def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, images_url: str | None = None):
+    """Advantages, correction and veRL's update on `samples` (their images read from `images_url`). Returns
+    (worker, metrics) for saving; the worker is None when there was nothing to train (`no_gradient`)."""
     check_inputs(samples, checkpoint, config)
+    # before any model is loaded: a sample whose images do not match its image tokens is refused here
+    image_inputs = vision.batch_inputs(samples, checkpoint, images_url)
     saved, optimizer_state = saved_optimizer(checkpoint, config)
     check_gpus()
     prepare_runtime()
@@ -276,6 +280,9 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
         reshard.load(worker.engine.optimizer, checkpoint / OPTIMIZER_DIR, saved.get("world_size", 1))
     shards = update_ranks.shard_rows(len(samples), config.mini_batches, ranks.world_size)
     batch = update_batch.pad([*samples, update_batch.FILLER], advantages)
+    if image_inputs is not None:
+        filler = ({}, vision.text_position_ids(2))
+        batch = update_batch.with_images(batch, [*samples, update_batch.FILLER], [*image_inputs, filler])
     trainer_lp, entropy = batch_logprobs(worker, batch, shards, ranks.rank, config.temperature)
     correction = update_batch.correct(batch, trainer_lp, config)
     train_started = time.perf_counter()
@@ -449,6 +456,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--trajectories", required=True, help="samples.parquet file or its partition folder")
     parser.add_argument("--checkpoint", required=True, help="Hugging Face model folder (local or s3://)")
     parser.add_argument("--out", required=True, help="folder for the new checkpoint and metrics.json")
+    parser.add_argument("--images", default="", help="the run's image folder (local or s3://), where the "
+                        "samples' images are stored by SHA-256; needed only when samples name images")
     parser.add_argument("--config", default="configs/update.yaml", help="flat YAML of UpdateConfig fields")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of config fields")
     return parser.parse_args(argv)
@@ -471,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="openforge-update-") as tmp:
         checkpoint = fetch(args.checkpoint, Path(tmp) / "in", progress=say)
         try:
-            worker, metrics = run_update(samples, checkpoint, config)
+            worker, metrics = run_update(samples, checkpoint, config, args.images or None)
         except (ConfigError, update_batch.SampleError) as error:
             return update_ranks.refuse(f"steps.update: {error}")
         metrics = strict_metrics(metrics)
