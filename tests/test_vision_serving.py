@@ -205,3 +205,23 @@ def test_a_bad_vision_key_is_one_sentence_naming_it(override, named):
     with pytest.raises(ConfigError, match=named) as caught:
         load_config(None, [override])
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.slow
+def test_control_without_the_encoder_cache_reset_the_same_image_kills_the_engine(tiny_vision_model, tmp_path):
+    """The control for the swap's `/reset_encoder_cache`: a reload and a prefix-cache reset only, then the same
+    image again, and vLLM answers 500 ("Encoder cache miss") or dies. Its own vLLM: this one is broken after."""
+    from vllm_process import serve_vllm
+
+    messages = [{"role": "user", "content": [image_part(png(320, 240, color=(10, 160, 60)))]}]
+    with serve_vllm(tiny_vision_model, log_path=tmp_path / "vllm.log", timeout_s=600) as server:
+        assert chat(server, messages).status_code == 200
+        reload = {"method": "reload_weights", "kwargs": {"weights_path": str(tiny_vision_model)}}
+        httpx.post(f"{server.base_url}/collective_rpc", json=reload, timeout=120).raise_for_status()
+        httpx.post(f"{server.base_url}/reset_prefix_cache", timeout=60).raise_for_status()
+        try:
+            status = chat(server, messages).status_code
+        except httpx.HTTPError:  # the engine died mid-answer
+            status = None
+        assert status != 200
+        assert "Encoder cache miss" in (tmp_path / "vllm.log").read_text(errors="replace")
