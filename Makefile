@@ -47,7 +47,7 @@ harnesses: setup
 test: setup train-setup harnesses
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	# the update's tests need veRL, which lives in the train environment (vLLM runs from the serving one)
-	OPENFORGE_SERVE_PYTHON=$(abspath $(BIN))/python $(TRAIN_VENV)/bin/python -m pytest -q tests/test_update.py tests/test_update_ranks.py
+	OPENFORGE_SERVE_PYTHON=$(abspath $(BIN))/python $(TRAIN_VENV)/bin/python -m pytest -q tests/test_update.py tests/test_update_ranks.py tests/test_update_vision.py
 
 # Everyday tests, a few minutes on two cores: no vLLM, no harness CLIs, no veRL update run, no task image
 # builds or local run end to end (the markers in pyproject.toml); the update's checks that load no model
@@ -56,7 +56,7 @@ FAST := not vllm and not harness and not slow
 test-fast: setup
 	OPENFORGE_TEST_HARNESS_CLIS=off $(BIN)/python -m pytest -q -m "$(FAST)" $(PYTEST_ARGS)
 	@if test -x $(TRAIN_VENV)/bin/python; then \
-	  $(TRAIN_VENV)/bin/python -m pytest -q -m "$(FAST)" tests/test_update.py; \
+	  $(TRAIN_VENV)/bin/python -m pytest -q -m "$(FAST)" tests/test_update.py tests/test_update_vision.py; \
 	else echo "test-fast: no $(TRAIN_VENV) (make train-setup): the update's checks were not run"; fi
 
 run: setup train-setup harnesses
@@ -67,6 +67,8 @@ bench: setup train-setup
 	$(BIN)/python benchmarks/trajectory_io.py
 	$(BIN)/python benchmarks/sandbox_start.py
 	$(TRAIN_VENV)/bin/python benchmarks/update_throughput.py
+	$(TRAIN_VENV)/bin/python benchmarks/update_images.py
+	$(BIN)/python benchmarks/image_store.py
 
 clean:
 	rm -rf $(VENV) $(TRAIN_VENV) .pytest_cache

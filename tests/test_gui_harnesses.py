@@ -70,11 +70,13 @@ def form_app(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def installed_python(name: str) -> Path:
-    """The harness's own virtualenv Python, or skip when it is not installed."""
+    """The harness's own virtualenv Python, installed if it is not (`make test` installs it first); skipped only
+    when harness installs are off for this run (OPENFORGE_TEST_HARNESS_CLIS=off, `make test-fast`), never
+    silently in the whole suite."""
     harness = GUI_HARNESSES[name]
     prefix = default_prefix(name, harness.VERSION)
-    if not harness.installed(prefix):
-        pytest.skip(f"{name} {harness.VERSION} is not installed; run: python -m steps.harnesses install {name}")
+    if not harness.installed(prefix) and os.environ.get("OPENFORGE_TEST_HARNESS_CLIS") == "off":
+        pytest.skip(f"harness installs are off for this run (OPENFORGE_TEST_HARNESS_CLIS=off): {name}")
     return harness.install(prefix)
 
 

@@ -327,3 +327,22 @@ def test_samples_of_one_length_train(vision_checkpoint: Path, run_images: dict) 
     assert len(samples[0].prompt_token_ids) == len(samples[1].prompt_token_ids)
     worker, metrics = update.run_update(samples, vision_checkpoint, load_config(None, OVERRIDES), run_images["url"])
     assert worker is not None and metrics["tokens_trained"] == 24
+
+
+def test_a_vision_checkpoint_trains_on_samples_without_images(vision_checkpoint: Path, run_images: dict,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls before the first screenshot (the computer-use loop's first call) make samples without images; a
+    micro-batch of only those ran veRL's placeholder image through the tower and failed on its output object.
+    The update trains them; the control, veRL's own embedding step on the same batch, fails."""
+    from verl.models.transformers import qwen2_vl
+
+    text = [update_batch.Sample(rollout_id=f"t{i}", task="click", prompt_token_ids=[11, 12, 13 + i],
+                                response_token_ids=[300 + 7 * j for j in range(12)], response_mask=[1] * 12,
+                                response_logprobs=None, reward=float(i), images=[]) for i in (0, 1)]
+    config = load_config(None, OVERRIDES)
+    worker, metrics = update.run_update(text, vision_checkpoint, config, run_images["url"])
+    assert worker is not None and metrics["tokens_trained"] == 24
+    monkeypatch.setattr(update.vision, "patch_text_only_batches", lambda: None)
+    monkeypatch.setattr(qwen2_vl, "_get_input_embeds", qwen2_vl._get_input_embeds.original)
+    with pytest.raises(AttributeError, match="mean"):
+        update.run_update(text, vision_checkpoint, config, run_images["url"])

@@ -258,6 +258,8 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, im
     check_inputs(samples, checkpoint, config)
     # before any model is loaded: a sample whose images do not match its image tokens is refused here
     image_inputs = vision.batch_inputs(samples, checkpoint, images_url)
+    if image_inputs is not None:  # a vision checkpoint: its micro-batches without images train too
+        vision.patch_text_only_batches()
     saved, optimizer_state = saved_optimizer(checkpoint, config)
     check_gpus()
     prepare_runtime()

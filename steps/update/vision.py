@@ -211,3 +211,36 @@ def batch_inputs(samples: list[Sample], checkpoint: Path, images_url: str | None
         data = [read_image(images_url, name, where) for name in sample.images]
         out.append(sample_inputs(model, ids, data, where))
     return out
+
+
+def patch_text_only_batches() -> None:
+    """Lets veRL train a vision checkpoint on a micro-batch without images (a first call before any screenshot,
+    a rank's filler rows).
+
+    veRL 0.9.1 sends such a micro-batch's placeholder image through the vision tower (so that every rank's tower
+    takes part in the backward pass) and takes `.mean()` of what the tower returns; transformers >= 5 returns an
+    output object there, so the update failed. This wraps veRL's embedding step (Qwen2-VL and Qwen2.5-VL) so that
+    on such a micro-batch the tower's output is unpacked to its tensor first, as veRL does for real images."""
+    from verl.models.transformers import qwen2_vl
+    from verl.utils.transformers_compat import unpack_visual_output
+
+    original = qwen2_vl._get_input_embeds
+    if getattr(original, "text_only_unpacked", False):
+        return
+
+    def get_input_embeds(model, input_ids, attention_mask=None, pixel_values=None, pixel_values_videos=None, *args, **kwargs):
+        if pixel_values is not None or pixel_values_videos is not None:
+            return original(model, input_ids, attention_mask, pixel_values, pixel_values_videos, *args, **kwargs)
+        visual, own = model.visual, model.visual.__dict__.get("forward")
+        forward = visual.forward
+        visual.forward = lambda *args, **kw: unpack_visual_output(forward(*args, **kw))[0]
+        try:
+            return original(model, input_ids, attention_mask, pixel_values, pixel_values_videos, *args, **kwargs)
+        finally:
+            if own is None:
+                del visual.forward
+            else:
+                visual.forward = own
+
+    get_input_embeds.text_only_unpacked, get_input_embeds.original = True, original
+    qwen2_vl._get_input_embeds = get_input_embeds
