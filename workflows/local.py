@@ -280,16 +280,21 @@ def refresh_report(run_url: str) -> None:
         say(f"report not written: {type(exc).__name__}: {exc}")
 
 
+TINY_VISION_MODEL = "runs/tiny-vision-model"  # configs/gui.yaml's model: built here like the tiny model
+
+
 def base_model(config: RunConfig) -> str:
-    """The base checkpoint: built here (the tiny model, no download) when the default folder is missing."""
+    """The base checkpoint: built here (the tiny model, or with `TINY_VISION_MODEL` the tiny vision model; no
+    download) when that default folder is missing."""
     path = Path(config.model)
     if not path.exists():
-        if path != REPO_ROOT / RunConfig.model:
+        vision = path == REPO_ROOT / TINY_VISION_MODEL
+        if path != REPO_ROOT / RunConfig.model and not vision:
             raise StepFailed(f"model {config.model!r} does not exist; give a local checkpoint folder")
         from steps.tiny_model import build_tiny_model
 
-        say(f"building the tiny model in {path} (no download)")
-        build_tiny_model(path)
+        say(f"building the tiny {'vision ' if vision else ''}model in {path} (no download)")
+        build_tiny_model(path, vision="qwen2_5_vl" if vision else "")
     return str(path)
 
 
