@@ -312,6 +312,82 @@ def test_messages_computer_tool_round_trip(proxies, scripted, tool_type, stream)
     assert image_roles(messages) == [("tool", sha(GREY))]
 
 
+ANTHROPIC_DEFINED = [  # (type, name, a call, whether its schema has undo_edit)
+    ("bash_20250124", "bash", {"command": "ls -la"}, None),
+    ("text_editor_20250124", "str_replace_editor", {"command": "undo_edit", "path": "/app/a.py"}, True),
+    ("text_editor_20250429", "str_replace_based_edit_tool", {"command": "view", "path": "/app", "view_range": [1, 9]}, False),
+    ("text_editor_20250728", "str_replace_based_edit_tool",
+     {"command": "str_replace", "path": "/app/a.py", "old_str": "x = 1", "new_str": "x = 2"}, False),
+]
+
+
+@pytest.mark.parametrize("tool_type, name, action, undo", ANTHROPIC_DEFINED, ids=[t[0] for t in ANTHROPIC_DEFINED])
+def test_messages_bash_and_text_editor_tools_are_offered_and_called_back_as_tool_use(proxies, scripted, tool_type,
+                                                                                     name, action, undo):
+    """Were they dropped (as they were), the model would see no such tool and could not call it."""
+    scripted.set_commands([{"tool": name, "arguments": action}])
+    tools = [{"type": tool_type, "name": name, **({"max_characters": 500} if tool_type == "text_editor_20250728" else {})},
+             {"type": "computer_20250124", "name": "computer", "display_width_px": 640, "display_height_px": 480}]
+    body = {"model": "tiny", "max_tokens": 64, "tools": tools, "messages": [{"role": "user", "content": "Fix a.py."}]}
+    stream = tool_type == "text_editor_20250728"
+    status, answer = send(proxies["tool"], "messages", body, stream)
+    assert status == 200
+    offered = {tool["function"]["name"]: tool["function"] for tool in upstream(scripted)["tools"]}
+    assert list(offered) == [name, "computer"]
+    schema = offered[name]["parameters"]
+    if undo is None:
+        assert set(schema["properties"]) == {"command", "restart"} and "required" not in schema
+    else:
+        assert ("undo_edit" in schema["properties"]["command"]["enum"]) == undo and schema["required"] == ["command", "path"]
+        assert ("500 characters" in offered[name]["description"]) == stream
+    if stream:
+        (start,) = [e for e in answer if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use"]
+        use = {**start["content_block"], "input": json.loads(next(
+            e["delta"]["partial_json"] for e in answer if e["type"] == "content_block_delta" and e["index"] == start["index"]))}
+    else:
+        (use,) = [block for block in answer["content"] if block["type"] == "tool_use"]
+    stop = next(e["delta"] for e in answer if e["type"] == "message_delta") if stream else answer
+    assert use["name"] == name and use["input"] == action and stop["stop_reason"] == "tool_use"
+
+    result = {"type": "tool_result", "tool_use_id": use["id"], "content": "total 0"}
+    assert send(proxies["tool"], "messages", {**body, "messages": [
+        *body["messages"], {"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]})[0] == 200
+    call, answered = upstream(scripted)["messages"][-2:]
+    assert call["tool_calls"][0]["function"]["name"] == name and json.loads(call["tool_calls"][0]["function"]["arguments"]) == action
+    assert answered == {"role": "tool", "tool_call_id": use["id"], "content": "total 0"}
+
+
+@pytest.mark.parametrize("tool", [{"type": "web_search_20250305", "name": "web_search"},
+                                  {"type": "code_execution_20250825", "name": "code_execution"},
+                                  {"type": "memory_20250818", "name": "memory"},
+                                  {"type": "bash_20990101", "name": "bash", "input_schema": {"type": "object"}}],
+                         ids=lambda tool: tool["type"])
+def test_a_messages_tool_of_another_type_is_a_400_naming_it_never_dropped(proxies, scripted, tool):
+    """A server tool runs on Anthropic's side and an unknown type has no schema the proxy knows: the request is
+    refused (it was answered 200 with the tool silently missing); the control is the same request without it."""
+    scripted.set_commands(["echo ok"])
+    body = messages_body(None, None)
+    body["tools"] = [*body["tools"], tool]
+    before = len(scripted.exchanges)
+    status, answer = send(proxies["tool"], "messages", body)
+    assert status == 400 and answer["type"] == "error" and "'tools.1.type'" in error_text(answer), answer
+    assert repr(tool["type"]) in error_text(answer) and len(scripted.exchanges) == before
+    body["tools"].pop()
+    assert send(proxies["tool"], "messages", body)[0] == 200
+
+
+def test_two_messages_tools_of_one_name_are_a_400():
+    body = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "bash", "input_schema": {"type": "object"}}, {"type": "bash_20250124", "name": "bash"}]}
+    req, raw = decode(orjson.dumps(body), messages.Request, fields=messages.RAW_FIELDS)
+    with pytest.raises(ProxyError) as err:
+        messages.to_upstream(req, raw)
+    assert err.value.status == 400 and err.value.param == "tools.1.name"
+    body["tools"][1]["name"] = "shell"  # the control
+    req, raw = decode(orjson.dumps(body), messages.Request, fields=messages.RAW_FIELDS)
+    assert [tool["function"]["name"] for tool in messages.to_upstream(req, raw)["tools"]] == ["bash", "shell"]
+
+
 def test_a_request_without_a_computer_tool_offers_none(proxies, scripted):
     """The control of the computer tests: the offered tools are read from what vLLM was sent."""
     scripted.set_commands(["echo ok"])

@@ -157,7 +157,7 @@ def test_messages_tool_use_and_results_become_chat_tool_calls():
                 {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "done"}]},
                 {"type": "text", "text": "thanks"}]},
         ],
-        "tools": [{"name": "Bash", "input_schema": {"type": "object"}}, {"type": "web_search_20250305", "name": "ws"}],
+        "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
         "tool_choice": {"type": "any"}, "stop_sequences": ["END"], "top_k": 5}, {"top_k": 5})
     assert body["messages"] == [
         {"role": "system", "content": "sys\n\nmore sys"},

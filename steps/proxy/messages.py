@@ -3,8 +3,9 @@
 Content blocks become chat messages for vLLM: `tool_use` blocks become the assistant's tool calls
 (arguments serialised the way vLLM's tool parser serialises them), `tool_result` blocks become tool
 messages, `thinking` becomes reasoning content. Image blocks (in user turns and in tool results)
-become data-URL image parts; a `url` or `file` source is a 400 (docs/proxy.md, "Images"). A computer
-tool (`computer_2025*`) becomes a function tool of its name with Anthropic's action schema.
+become data-URL image parts; a `url` or `file` source is a 400 (docs/proxy.md, "Images"). Anthropic's
+schema-less client tools (computer, bash, text editor) become function tools of their names with the input
+schemas Anthropic documents for them; a tool of any other `type` (a server tool) is a 400.
 The answer streams as Claude Code requires: every block opened, filled by `content_block_delta`
 events, and closed.
 """
@@ -15,7 +16,7 @@ import orjson
 
 from steps.proxy.errors import ProxyError, anthropic_error_body as error_body  # noqa: F401 (dialect interface)
 from steps.proxy.images import base64_part
-from steps.proxy.protocol import NULL, AnthropicBlock, AnthropicTool, Raw, decode_part, expect, function_tool, join_text
+from steps.proxy.protocol import AnthropicBlock, AnthropicTool, Raw, decode_part, expect, function_tool, join_text
 from steps.proxy.protocol import MessagesRequest as Request
 from steps.proxy.upstream import Completion
 
@@ -23,6 +24,9 @@ NAME = "messages"
 RAW_FIELDS = False  # to_upstream builds vLLM's body from the checked request alone
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 COMPUTER_TOOLS = ("computer_20241022", "computer_20250124", "computer_20251124")
+BASH_TOOLS = ("bash_20241022", "bash_20250124")
+TEXT_EDITOR_TOOLS = ("text_editor_20241022", "text_editor_20250124", "text_editor_20250429", "text_editor_20250728")
+_CUSTOM_TOOLS = (None, "custom")  # a tool of its own input_schema
 _COORDINATE = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}
 # The computer tool's input, as the function's arguments: Anthropic's actions and their fields.
 COMPUTER_INPUT = {
@@ -40,6 +44,30 @@ COMPUTER_INPUT = {
         "duration": {"type": "number"},
     },
     "required": ["action"],
+}
+# The bash tool's input: a command, or restart (then no command).
+BASH_INPUT = {
+    "type": "object",
+    "properties": {
+        "command": {"type": "string", "description": "The bash command to run. Required unless the tool is being restarted."},
+        "restart": {"type": "boolean", "description": "Specifying true will restart this tool. Otherwise, leave this unspecified."},
+    },
+}
+# The text editor's input: one command on one path, and that command's fields. undo_edit is the older versions'
+# (text_editor_20241022 and _20250124, named str_replace_editor); the later ones (str_replace_based_edit_tool) lack it.
+TEXT_EDITOR_INPUT = {
+    "type": "object",
+    "properties": {
+        "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert"]},
+        "path": {"type": "string", "description": "Absolute path to a file or directory."},
+        "file_text": {"type": "string", "description": "create: the content of the file to be created."},
+        "old_str": {"type": "string", "description": "str_replace: the text to replace, exactly as in the file (once)."},
+        "new_str": {"type": "string", "description": "str_replace: the text replacing old_str; insert: the text to insert."},
+        "insert_line": {"type": "integer", "description": "insert: the line after which to insert (0: the start)."},
+        "view_range": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2,
+                       "description": "view: [first, last] line of the file to show, from 1 (last -1: to the end)."},
+    },
+    "required": ["command", "path"],
 }
 
 
@@ -154,10 +182,7 @@ def to_messages(req: Request) -> list[dict]:
 def to_upstream(req: Request, raw: dict) -> dict:
     """The chat body for vLLM."""
     body = {"messages": to_messages(req), "max_tokens": req.max_tokens}
-    tools = [_computer_tool(t) if t.type in COMPUTER_TOOLS else
-             function_tool(t.name, t.description, t.input_schema, t.strict, i, "input_schema")
-             for i, t in enumerate(req.tools or [])
-             if t.input_schema != NULL or t.type in (None, "custom", *COMPUTER_TOOLS)]
+    tools = _tools(req.tools or [])
     if tools:
         if (req.tool_choice or {}).get("disable_parallel_tool_use"):
             body["parallel_tool_calls"] = False
@@ -177,9 +202,44 @@ def to_upstream(req: Request, raw: dict) -> dict:
     return body
 
 
+def _tools(tools: list[AnthropicTool]) -> list[dict]:
+    """The chat tools for vLLM: a custom tool as a function tool of its schema, an Anthropic-defined client tool
+    (computer, bash, text editor) as a function tool of its name and Anthropic's input schema. 400 naming
+    `tools.N.type` for any other type (a server tool, such as web search or code execution, runs on Anthropic's
+    side and a local model has none: the request is refused rather than the tool dropped), or `tools.N.name`
+    for a name another tool has."""
+    chat_tools, names = [], set()
+    for i, tool in enumerate(tools):
+        if tool.type in _CUSTOM_TOOLS:
+            chat_tools.append(function_tool(tool.name, tool.description, tool.input_schema, tool.strict, i, "input_schema"))
+        elif tool.type in COMPUTER_TOOLS:
+            chat_tools.append(_computer_tool(tool))
+        elif tool.type in BASH_TOOLS:
+            chat_tools.append(_defined_tool(tool.name, "Run commands in a bash shell that keeps its state (working "
+                                            "directory, environment, files) between calls; restart: true restarts it.",
+                                            BASH_INPUT))
+        elif tool.type in TEXT_EDITOR_TOOLS:
+            chat_tools.append(_text_editor_tool(tool))
+        else:
+            raise ProxyError(400, f"invalid request field 'tools.{i}.type': the proxy cannot offer the model a "
+                                  f"{tool.type!r} tool; it offers custom tools (input_schema) and Anthropic's client "
+                                  f"tools ({', '.join(COMPUTER_TOOLS + BASH_TOOLS + TEXT_EDITOR_TOOLS)}), while a server "
+                                  "tool (web search, code execution, ...) runs on Anthropic's side", f"tools.{i}.type")
+        if tool.name in names:
+            raise ProxyError(400, f"invalid request field 'tools.{i}.name': another tool is named {tool.name!r} "
+                                  "(tool names must be unique)", f"tools.{i}.name")
+        names.add(tool.name)
+    return chat_tools
+
+
+def _defined_tool(name: str, description: str, schema: dict) -> dict:
+    """An Anthropic-defined tool as a function tool of its name; its calls come back as tool_use blocks of that
+    name, as Anthropic's do."""
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
+
+
 def _computer_tool(tool: AnthropicTool) -> dict:
-    """The function tool a computer tool (`computer_2025*`) is offered to the model as; its calls come back as
-    tool_use blocks of that name, as Anthropic's do."""
+    """The function tool a computer tool (`computer_2025*`) is offered to the model as."""
     screen = (f" The screen is {tool.display_width_px}x{tool.display_height_px} pixels."
               if tool.display_width_px and tool.display_height_px else "")
     description = ("Use the computer's mouse and keyboard: one action per call, answered with a screenshot."
@@ -189,7 +249,19 @@ def _computer_tool(tool: AnthropicTool) -> dict:
         action = {**schema["properties"]["action"], "enum": [*schema["properties"]["action"]["enum"], "zoom"]}
         region = {"type": "array", "items": {"type": "integer"}, "minItems": 4, "maxItems": 4}
         schema = {**schema, "properties": {**schema["properties"], "action": action, "region": region}}
-    return {"type": "function", "function": {"name": tool.name, "description": description, "parameters": schema}}
+    return _defined_tool(tool.name, description, schema)
+
+
+def _text_editor_tool(tool: AnthropicTool) -> dict:
+    """The function tool a text editor tool (`text_editor_*`) is offered to the model as: the older versions
+    have undo_edit; text_editor_20250728's `max_characters` cuts a file's view."""
+    schema, commands = TEXT_EDITOR_INPUT, "view (a file with line numbers, or a directory), create, str_replace, insert"
+    if tool.type in ("text_editor_20241022", "text_editor_20250124"):
+        command = {**schema["properties"]["command"], "enum": [*schema["properties"]["command"]["enum"], "undo_edit"]}
+        schema = {**schema, "properties": {**schema["properties"], "command": command}}
+        commands += ", undo_edit (the last edit of a file)"
+    cut = f" A file's view is cut at {tool.max_characters} characters." if tool.max_characters else ""
+    return _defined_tool(tool.name, f"View, create and edit text files, one command per call: {commands}.{cut}", schema)
 
 
 def _input(arguments: str) -> dict:

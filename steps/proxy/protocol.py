@@ -343,6 +343,7 @@ class AnthropicTool(Struct, kw_only=True):
     strict: bool | None = None
     display_width_px: int | None = None  # computer_2025*
     display_height_px: int | None = None
+    max_characters: int | None = None  # text_editor_20250728
 
 
 class MessagesRequest(Sampling, kw_only=True):
