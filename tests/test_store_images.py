@@ -232,3 +232,53 @@ def test_an_image_over_the_body_limit_is_a_413_and_nothing_is_stored(upstream, t
     finally:
         stop_proxy(proxy)
     assert len(os.listdir(root / "images")) == 1
+
+
+def _escaped(text: str, payload: str, how: str) -> str:
+    """A request's JSON text with the image payload escaped as some JSON encoders write it."""
+    if how == "slashes":  # PHP's json_encode and others escape every `/` (base64 holds them too)
+        return text.replace("/", "\\/")
+    if how == "unicode-slashes":
+        return text.replace("/", "\\u002F")
+    if how == "unicode":  # every character of the payload as a \u escape
+        return text.replace(f'"{payload}"', '"' + "".join(f"\\u{ord(c):04x}" for c in payload) + '"')
+    return text
+
+
+ESCAPES = ["none", "slashes", "unicode-slashes", "unicode"]
+
+
+def test_an_image_sent_with_json_escapes_is_a_reference_in_the_stored_request(upstream, tmp_path):
+    """However the harness's encoder escaped an image's payload, the stored request holds its name, not its bytes
+    (an escaped payload stayed inline, stored whole with every call); `none` is the control."""
+    png = screenshot(60)
+    payloads = {"chat": data_url(png), "messages": base64.b64encode(png).decode()}
+    bodies = {"chat": chat([user("look", png)]), "messages": {"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                  "data": payloads["messages"]}}]}]}}
+    root = tmp_path / "store"
+    proxy = start_proxy(upstream.url, str(root), ADMIN, log_path=tmp_path / "proxy.log")
+    try:
+        for dialect in bodies:
+            for how in ESCAPES:
+                rollout = proxy.register(f"{dialect}-{how}")
+                url = (f"{rollout['anthropic_base_url']}/v1/messages" if dialect == "messages"
+                       else f"{rollout['openai_base_url']}/chat/completions")
+                text = _escaped(json.dumps(bodies[dialect]), payloads[dialect], how)
+                assert (payloads[dialect] in text) == (how == "none")  # the payload is escaped as asked
+                answer = httpx.post(url, content=text.encode(), timeout=60, headers={
+                    "authorization": f"Bearer {rollout['api_key']}", "x-api-key": rollout["api_key"]})
+                assert answer.status_code == 200, answer.text
+                assert upstream.bodies[-1]["messages"][-1]["content"][-1]["image_url"]["url"] == data_url(png)
+        calls = {(dialect, how): proxy.calls(f"{dialect}-{how}")[0] for dialect in bodies for how in ESCAPES}
+    finally:
+        stop_proxy(proxy)
+    reference = REFERENCE_PREFIX + sha(png)
+    for (dialect, how), call in calls.items():
+        (record,) = local_log(root, f"{dialect}-{how}")
+        plain = orjson.dumps(orjson.loads(record))  # its escapes undone: the image is not in it, in any form
+        assert base64.b64encode(png)[:2000] not in plain and reference.encode() in plain, (dialect, how)
+        part = call["request"]["messages"][0]["content"][-1]
+        assert (part["image_url"]["url"] if dialect == "chat" else part["source"]["data"]) == reference, (dialect, how)
+        assert [ref["sha256"] for ref in call["images"]] == [sha(png)]
+    assert os.listdir(root / "images") == [sha(png)]

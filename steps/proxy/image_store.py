@@ -19,6 +19,8 @@ import re
 import threading
 import uuid
 
+import orjson
+
 from steps.proxy.images import REFERENCE_PREFIX, Image
 
 IMAGES = "images"
@@ -27,6 +29,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # One JSON string token (outside strings a JSON text has no quote but a string's delimiters), unrolled so that
 # a long run of plain characters (an image's base64) is matched in C without backtracking.
 _JSON_STRING = re.compile(rb'"([^"\\]*(?:\\.[^"\\]*)*)"', re.S)
+_OTHER_ESCAPE = re.compile(rb"\\[^/u]")  # an escape no image payload (base64, a data URL) can hold
 
 
 class ImageWriteFailed(Exception):
@@ -35,12 +38,14 @@ class ImageWriteFailed(Exception):
 
 def referenced_request(line: bytes, images: list[Image]) -> bytes:
     """The request as stored: each JSON string that is exactly an image's payload as sent (or, for a data
-    URL, its base64) becomes the image's reference. One pass over the request, however many images it has; a payload sent with JSON
-    escapes in it (`\\/`) is not found and stays (stored whole, still readable).
+    URL, its base64) becomes the image's reference, however the harness's JSON encoder escaped it (`\\/`, as
+    some encoders write every slash, or `\\u` escapes). One pass over the request, however many images it has.
 
     >>> image = Image("5e1f", "image/png", b"", 1, 1, "data:image/png;base64,iVBO")  # a short name, to read
     >>> referenced_request(b'{"url": "data:image/png;base64,iVBO", "text": "data:image/png;base64,iVBOx"}', [image])
     b'{"url": "openforge-image:sha256:5e1f", "text": "data:image/png;base64,iVBOx"}'
+    >>> referenced_request(b'{"url": "data:image\\/png;base64,iVBO", "data": "\\u0069VBO"}', [image])
+    b'{"url": "openforge-image:sha256:5e1f", "data": "openforge-image:sha256:5e1f"}'
     """
     if not images:
         return line
@@ -50,11 +55,20 @@ def referenced_request(line: bytes, images: list[Image]) -> bytes:
         references[image.sent.encode()] = reference
         if image.sent.startswith("data:"):  # a dialect that sends the bare base64 (Messages) and a data URL built from it
             references[image.sent.partition(",")[2].encode()] = reference
-    lengths = {len(sent) for sent in references}
+    lengths, shortest = {len(sent) for sent in references}, min(len(sent) for sent in references)
 
     def swap(match: re.Match) -> bytes:
         inner = match.group(1)
-        return references.get(inner, match.group(0)) if len(inner) in lengths else match.group(0)
+        if len(inner) in lengths and inner in references:
+            return references[inner]
+        # An escaped payload is longer than the payload, and the only escapes one can hold are `\/` and `\u`
+        # (a text's `\n` rules it out at once): only such a string is decoded, to be looked up as sent.
+        if len(inner) > shortest and b"\\" in inner and _OTHER_ESCAPE.search(inner) is None:
+            try:
+                return references.get(orjson.loads(match.group(0)).encode(), match.group(0))
+            except orjson.JSONDecodeError:  # a lone surrogate (`\\ud800`): text, never an image
+                pass
+        return match.group(0)
 
     return _JSON_STRING.sub(swap, line)
 
