@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import boto3
@@ -20,7 +21,9 @@ import pytest
 
 from proxy_process import start_proxy, stop_proxy
 from screenshots import CapturingUpstream, data_url, screenshot, sha
-from steps.proxy.images import REFERENCE_PREFIX
+from steps.proxy.image_store import ImageStore, ImageUnreadable
+from steps.proxy.images import REFERENCE_PREFIX, from_base64
+from steps.proxy.store import CallStore
 
 ADMIN = "test-admin-key"
 
@@ -127,7 +130,8 @@ def test_a_screenshot_sent_with_every_call_is_stored_once_and_records_name_their
     assert all("store_error" not in call for call in calls)
 
 
-def test_a_missing_or_altered_image_is_a_store_error_of_the_calls_that_name_it_never_a_crash(upstream, store, tmp_path):
+def test_a_missing_or_altered_image_is_a_store_error_of_the_calls_that_name_it_never_a_crash(upstream, store, tmp_path,
+                                                                                            monkeypatch):
     pngs = [screenshot(10), screenshot(11), screenshot(12)]
     proxy = start_proxy(upstream.url, store["url"], ADMIN, env=store["env"], log_path=tmp_path / "proxy.log")
     try:
@@ -137,11 +141,14 @@ def test_a_missing_or_altered_image_is_a_store_error_of_the_calls_that_name_it_n
             assert post(url, key, chat([user(f"step {n}", png)]))[0] == 200
         assert post(url, key, chat([user("text only")]))[0] == 200
         assert all("store_error" not in call for call in proxy.calls("bad"))  # control: all whole
-        store["delete"](f"images/{sha(pngs[0])}")
-        store["write"](f"images/{sha(pngs[1])}", pngs[2])  # bytes that do not hash to the name
-        calls = proxy.calls("bad")
     finally:
         stop_proxy(proxy)
+    store["delete"](f"images/{sha(pngs[0])}")
+    store["write"](f"images/{sha(pngs[1])}", pngs[2])  # bytes that do not hash to the name
+    # A reader that starts now (the proxy verified these images once, and keeps them: an image is never replaced).
+    for key, value in store["env"].items():
+        monkeypatch.setenv(key, value)
+    calls = asyncio.run(CallStore(store["url"]).read_calls("bad")).calls
     assert [call["images"] is None for call in calls] == [True, True, False, False]
     assert f"image {sha(pngs[0])} is not in the store" in calls[0]["store_error"]
     assert f"image {sha(pngs[1])} is stored with bytes that do not hash to its name" in calls[1]["store_error"]
@@ -282,3 +289,79 @@ def test_an_image_sent_with_json_escapes_is_a_reference_in_the_stored_request(up
         assert (part["image_url"]["url"] if dialect == "chat" else part["source"]["data"]) == reference, (dialect, how)
         assert [ref["sha256"] for ref in call["images"]] == [sha(png)]
     assert os.listdir(root / "images") == [sha(png)]
+
+
+def counted_reads(fs, monkeypatch) -> list[str]:
+    """The names of the images the filesystem reads from now on: a spy on the real filesystem (a local file's
+    read, or one GET of the moto S3 server), which still does the reading."""
+    reads = []
+    if fs.async_impl:  # s3fs: `cat` gathers one `_cat_file` (a GET) per object
+        original = fs._cat_file
+
+        async def counted(path, *args, **kwargs):
+            reads.append(path.rsplit("/", 1)[-1])
+            return await original(path, *args, **kwargs)
+
+        monkeypatch.setattr(fs, "_cat_file", counted)
+    else:
+        original = fs.cat_file
+
+        def counted(path, *args, **kwargs):
+            reads.append(path.rsplit("/", 1)[-1])
+            return original(path, *args, **kwargs)
+
+        monkeypatch.setattr(fs, "cat_file", counted)
+    return reads
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_reader_downloads_and_hashes_each_image_once_however_many_calls_and_readers_name_it(where, tmp_path,
+                                                                                             request, monkeypatch):
+    if where == "s3":
+        s3 = request.getfixturevalue("s3_server")
+        for key, value in s3["env"].items():
+            monkeypatch.setenv(key, value)
+        url = f"s3://{s3['bucket']}/verified-{uuid.uuid4().hex[:8]}"
+    else:
+        url = str(tmp_path / "store")
+    store = CallStore(url)
+    first, second = (from_base64(base64.b64encode(screenshot(seed)).decode(), "image/png", "f") for seed in (80, 81))
+    store.images.put([first, second])
+
+    def rollouts() -> list[dict]:  # two rollouts' calls naming the same screenshots (a task's first page, say)
+        return [{"images": [first.reference(), second.reference()]}, {"images": [second.reference()]}]
+
+    def reader(**options) -> ImageStore:
+        return ImageStore(store.fs, store.root, store.local, store.create_only, **options)
+
+    reads = counted_reads(store.fs, monkeypatch)
+    images = reader()
+    assert all("store_error" not in call for call in images.check(rollouts()))
+    images.check(rollouts())
+    assert images.read(first.sha256) == screenshot(80)
+    assert sorted(reads) == sorted([first.sha256, second.sha256])  # each downloaded (and hashed) once
+
+    reads.clear()  # the control: a reader that keeps nothing downloads every image at every read
+    blind = reader(cache_bytes=0)
+    for _ in range(2):
+        blind.check(rollouts())
+    blind.read(first.sha256)
+    assert len(reads) == 5
+
+    reads.clear()  # eight readers checking them at once: one download each, the others wait for it
+    images = reader()
+    with ThreadPoolExecutor(8) as pool:
+        checked = list(pool.map(lambda _: images.check(rollouts()), range(8)))
+    assert sorted(reads) == sorted([first.sha256, second.sha256])
+    assert all("store_error" not in call for calls in checked for call in calls)
+
+    # Still hash-checked: a reader finds bytes that do not hash to their name, and keeps nothing of them.
+    store.fs.pipe_file(store.images.path(first.sha256), screenshot(82))
+    reads.clear()
+    altered = reader()
+    for _ in range(2):
+        (call, _other) = altered.check(rollouts())
+        assert call["images"] is None and f"image {first.sha256} is stored with bytes that" in call["store_error"]
+        with pytest.raises(ImageUnreadable, match="do not hash to its name"):
+            altered.read(first.sha256)
+    assert reads.count(first.sha256) == 4 and reads.count(second.sha256) == 1

@@ -10,7 +10,12 @@ and never replaced: a local file is linked into place from a finished temporary 
 same screenshot at once: one link wins, both are whole), an object is put only if its name is free. A local
 file found under an image's name whose bytes do not hash to it (a crash before its data reached the disk) is
 the one thing replaced. Readers check that every image a call names is stored and hashes to its name; a call
-whose images are not is kept with `images` null and `store_error` saying which.
+whose images are not is kept with `images` null and `store_error` saying which. A reader downloads and hashes
+an image once: the bytes it verified stay in memory within a byte budget (`cache_bytes`, least recently used
+out first), so the screenshot that every rollout of a task starts from, or that every later call of a rollout
+names again, is read once per process; readers checking the same image at once wait for one download. An image
+is never replaced, so one found whole stays whole; a reader that starts after an image was removed or altered
+finds that.
 """
 
 import hashlib
@@ -18,13 +23,15 @@ import os
 import re
 import threading
 import uuid
+from collections import OrderedDict
 
 import orjson
 
 from steps.proxy.images import REFERENCE_PREFIX, Image
 
 IMAGES = "images"
-_FETCHED_AT_ONCE = 16  # images an object-store reader holds at once while checking them
+_FETCHED_AT_ONCE = 16  # images a reader holds at once while checking them, beside the verified ones kept
+CACHE_BYTES = 256 * 2**20  # verified images a reader keeps: ~2,500 screenshots of 100 KB
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # One JSON string token (outside strings a JSON text has no quote but a string's delimiters), unrolled so that
 # a long run of plain characters (an image's base64) is matched in C without backtracking.
@@ -83,18 +90,81 @@ def valid_references(images) -> bool:
     False
     """
     return isinstance(images, list) and all(
-        isinstance(ref, dict) and isinstance(ref.get("sha256"), str) and _SHA256.match(ref["sha256"]) is not None
+        isinstance(ref, dict) and isinstance(ref.get("sha256"), str) and _SHA256.fullmatch(ref["sha256"]) is not None
         and isinstance(ref.get("media_type"), str)
         and all(type(ref.get(key)) is int and ref[key] > 0 for key in ("width", "height")) for ref in images)
 
 
-class ImageStore:
-    """Writes images once, create-only, under `{root}/images`, and checks them for readers."""
+class ImageUnreadable(Exception):
+    """An image that is not stored whole under its name; the message says which and why."""
 
-    def __init__(self, fs, root: str, local: bool, create_only: bool, fsync: bool = False):
+
+class VerifiedImages:
+    """Images whose bytes a reader found to hash to their names, kept within `budget` bytes (the least recently
+    used go first; one larger than the budget is not kept), and the names being fetched now, so that readers
+    checking one image at once download it once.
+
+    >>> kept = VerifiedImages(budget=5)
+    >>> kept.add("a", b"123"); kept.add("b", b"45"); kept.get("a"); kept.add("c", b"6")  # "b" is the oldest now
+    b'123'
+    >>> [name for name in "abc" if kept.get(name) is not None], kept.size
+    (['a', 'c'], 4)
+    """
+
+    def __init__(self, budget: int):
+        self.budget, self.size = budget, 0
+        self._bytes: OrderedDict[str, bytes] = OrderedDict()
+        self._fetching: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> bytes | None:
+        with self._lock:
+            data = self._bytes.get(name)
+            if data is not None:
+                self._bytes.move_to_end(name)
+            return data
+
+    def add(self, name: str, data: bytes) -> None:
+        if len(data) > self.budget:
+            return
+        with self._lock:
+            if name in self._bytes:
+                return
+            self._bytes[name], self.size = data, self.size + len(data)
+            while self.size > self.budget:
+                self.size -= len(self._bytes.popitem(last=False)[1])
+
+    def claim(self, names: list[str]) -> tuple[list[str], list[tuple[str, threading.Event]]]:
+        """Of `names` not verified yet: those this reader is to fetch (it must `release` them) and, with the event
+        set when they are released, those another reader is fetching now."""
+        mine, theirs = [], []
+        with self._lock:
+            for name in names:
+                if name in self._bytes:
+                    self._bytes.move_to_end(name)
+                elif name in self._fetching:
+                    theirs.append((name, self._fetching[name]))
+                else:
+                    self._fetching[name] = threading.Event()
+                    mine.append(name)
+        return mine, theirs
+
+    def release(self, names: list[str]) -> None:
+        with self._lock:
+            for name in names:
+                self._fetching.pop(name).set()
+
+
+class ImageStore:
+    """Writes images once, create-only, under `{root}/images`, and checks them for readers, each image read once
+    (`VerifiedImages`, within `cache_bytes`)."""
+
+    def __init__(self, fs, root: str, local: bool, create_only: bool, fsync: bool = False,
+                 cache_bytes: int = CACHE_BYTES):
         self.fs, self.folder, self.local, self.create_only, self.fsync = fs, f"{root}/{IMAGES}", local, create_only, fsync
         self._stored: set[str] = set()  # names this process wrote or found whole: never written again
         self._lock = threading.Lock()
+        self.verified = VerifiedImages(cache_bytes)
 
     def path(self, sha256: str) -> str:
         """Where the image named `sha256` is stored."""
@@ -163,25 +233,55 @@ class ImageStore:
                 _unreadable(record, "image " + "; image ".join(dict.fromkeys(bad)))
         return records
 
+    def read(self, name: str) -> bytes:
+        """The bytes of the image `name` (a SHA-256), checked against it (once per process); ImageUnreadable if
+        they are not stored whole under that name."""
+        data = self.verified.get(name)
+        if data is not None:
+            return data
+        if not _SHA256.fullmatch(name):
+            raise ImageUnreadable(f"image name {name!r} is not a SHA-256 (64 lowercase hex digits)")
+        ((_, data, problem),) = self._fetch([name])
+        if problem is not None:
+            raise ImageUnreadable(f"image {name} {problem} ({self.path(name)})")
+        self.verified.add(name, data)
+        return data
+
     def _problems(self, names: list[str]) -> dict[str, str]:
-        """What is wrong with each named image that is not stored whole under its name."""
+        """What is wrong with each named image that is not stored whole under its name: each is read and hashed
+        unless this reader verified it before (or another reader is verifying it now: then its answer is used)."""
+        mine, theirs = self.verified.claim(names)
         problems = {}
-        if self.local:
-            for name in names:
-                problem = _local_problem(self.path(name), name)
-                if problem is not None:
+        try:
+            for name, data, problem in self._fetch(mine):
+                if problem is None:
+                    self.verified.add(name, data)
+                else:
                     problems[name] = problem
-            return problems
-        for start in range(0, len(names), _FETCHED_AT_ONCE):  # a rollout's images are never all in memory
+        finally:
+            self.verified.release(mine)
+        for name, fetched in theirs:
+            fetched.wait()
+            if self.verified.get(name) is None:  # found not whole (or too large to keep): this reader looks itself
+                problems.update((name, problem) for name, _, problem in self._fetch([name]) if problem is not None)
+        return problems
+
+    def _fetch(self, names: list[str]):
+        """(name, bytes, None) for each named image stored whole under its name, else (name, None, what is wrong);
+        a few at a time (a rollout's images are never all in memory)."""
+        for start in range(0, len(names), _FETCHED_AT_ONCE):
             chunk = names[start:start + _FETCHED_AT_ONCE]
-            contents = self.fs.cat([self.path(name) for name in chunk], on_error="return")
+            contents = self.fs.cat([self.path(name) for name in chunk], on_error="return") if chunk else {}
             for name in chunk:
                 data = contents.get(self.path(name))
-                if not isinstance(data, bytes):
-                    problems[name] = "is not in the store"
+                if isinstance(data, FileNotFoundError) or data is None:
+                    yield name, None, "is not in the store"
+                elif not isinstance(data, bytes):
+                    yield name, None, f"cannot be read from the store ({getattr(data, 'strerror', None) or data})"
                 elif hashlib.sha256(data).hexdigest() != name:
-                    problems[name] = "is stored with bytes that do not hash to its name"
-        return problems
+                    yield name, None, "is stored with bytes that do not hash to its name"
+                else:
+                    yield name, data, None
 
 
 def _hashes_to(path: str, sha256: str) -> bool:
@@ -192,15 +292,6 @@ def _hashes_to(path: str, sha256: str) -> bool:
             return hashlib.file_digest(f, "sha256").hexdigest() == sha256
     except FileNotFoundError:
         return False
-
-
-def _local_problem(path: str, sha256: str) -> str | None:
-    try:
-        if not os.path.lexists(path):
-            return "is not in the store"
-        return None if _hashes_to(path, sha256) else "is stored with bytes that do not hash to its name"
-    except OSError as exc:
-        return f"cannot be read from the store ({exc.strerror or exc})"
 
 
 def _unreadable(record: dict, why: str) -> None:
