@@ -118,17 +118,14 @@ def _size(raw: bytes, field: str) -> tuple[int, int]:
 
 
 def collect(messages) -> list[Image]:
-    """The images of chat `messages` (a list of dicts, or raw JSON as the chat dialect forwards them) in
-    prompt order; 400 naming the part of one that is not a readable base64 data URL."""
+    """The images of chat `messages` in prompt order; 400 naming the part of one that is not a readable base64
+    data URL. Messages kept as raw JSON hold none: the chat dialect forwards them raw only when every content
+    part is text (`chat.to_upstream`), so a text-only call is not read again here."""
     if isinstance(messages, msgspec.Raw):
-        if b"image_url" not in bytes(messages):
-            return []
-        messages = msgspec.json.decode(messages)
+        return []
     images = []
     for i, message in enumerate(messages or []):
         content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, msgspec.Raw):
-            content = msgspec.json.decode(content)
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
