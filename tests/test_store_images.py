@@ -358,7 +358,7 @@ def test_a_reader_downloads_and_hashes_each_image_once_however_many_calls_and_re
     # Still hash-checked: a reader finds bytes that do not hash to their name, and keeps nothing of them.
     store.fs.pipe_file(store.images.path(first.sha256), screenshot(82))
     reads.clear()
-    altered = reader()
+    altered = ImageStore.reader(f"{url}/images")  # as the update would read them, from the run's image folder
     for _ in range(2):
         (call, _other) = altered.check(rollouts())
         assert call["images"] is None and f"image {first.sha256} is stored with bytes that" in call["store_error"]

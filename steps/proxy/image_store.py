@@ -166,6 +166,19 @@ class ImageStore:
         self._lock = threading.Lock()
         self.verified = VerifiedImages(cache_bytes)
 
+    @classmethod
+    def reader(cls, images_url: str, cache_bytes: int = CACHE_BYTES) -> "ImageStore":
+        """A reader of the images in `images_url` (a run's image folder, `workflows.layout.images_url`: a local
+        path or `s3://`), for `read` and `check`."""
+        import fsspec
+
+        fs, folder = fsspec.core.url_to_fs(images_url)
+        root = folder.rstrip("/").removesuffix(f"/{IMAGES}")
+        if f"{root}/{IMAGES}" != folder.rstrip("/"):
+            raise ValueError(f"{images_url} is not an image folder (its last part must be {IMAGES!r})")
+        return cls(fs, root, "file" in ((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol),
+                   create_only=False, cache_bytes=cache_bytes)
+
     def path(self, sha256: str) -> str:
         """Where the image named `sha256` is stored."""
         return f"{self.folder}/{sha256}"
