@@ -526,7 +526,7 @@ def test_the_three_dialects_render_one_conversation_to_the_same_ids(checkpoint):
     assert ids["chat"].count(checkpoint[0].convert_tokens_to_ids("<|image_pad|>")) == 252 + 234
 
 
-@pytest.mark.parametrize("module", ["steps.proxy.images", "steps.proxy.chat"])
+@pytest.mark.parametrize("module", ["steps.proxy.images", "steps.proxy.chat", "steps.proxy.image_store"])
 def test_doctests(module):
     failures, tried = doctest.testmod(importlib.import_module(module))
     assert tried > 0 and failures == 0

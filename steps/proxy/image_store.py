@@ -44,9 +44,9 @@ class ImageWriteFailed(Exception):
 
 
 def referenced_request(line: bytes, images: list[Image]) -> bytes:
-    """The request as stored: each JSON string that is exactly an image's payload as sent (or, for a data
-    URL, its base64) becomes the image's reference, however the harness's JSON encoder escaped it (`\\/`, as
-    some encoders write every slash, or `\\u` escapes). One pass over the request, however many images it has.
+    r"""The request as stored: each JSON string that is exactly an image's payload as sent (or, for a data
+    URL, its base64) becomes the image's reference, however the harness's JSON encoder escaped it (`\/`, as
+    some encoders write every slash, or `\u` escapes). One pass over the request, however many images it has.
 
     >>> image = Image("5e1f", "image/png", b"", 1, 1, "data:image/png;base64,iVBO")  # a short name, to read
     >>> referenced_request(b'{"url": "data:image/png;base64,iVBO", "text": "data:image/png;base64,iVBOx"}', [image])
