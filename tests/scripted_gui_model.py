@@ -1,7 +1,7 @@
 """A scripted stand-in for vLLM's chat server that works a browser for browser-use, by the page's element list.
 
-    with ScriptedGuiModel(actions=[{"input": {"element": 'name=email', "text": "a@b.c"}},
-                                   {"click": {"element": "Submit"}}, {"done": {"text": "sent"}}]) as server:
+    with ScriptedGuiModel(actions=[{"input": {"element": {"id": "email"}, "text": "a@b.c"}},
+                                   {"click": {"element": {"text": "Submit"}}}]) as server:
         ...  # point the proxy at server.url
 
 Why a double: a GUI task needs a model that reads the page and acts on it (fill a field, press a button,
@@ -10,9 +10,11 @@ a task. This server replays a task's oracle actions instead, answering in the sh
 vLLM (`scripted_model.completion`: `prompt_token_ids`, `choices[0].token_ids`, per-token logprobs).
 
 browser-use asks for a strict `response_format` json_schema ("agent_output") and sends, each call, the
-step number (`<step_info>StepN`) and the page's interactive elements as `[INDEX]<tag ...>` lines. Step N
-plays action N: an `element` (text found on an element's line, e.g. `name=email` or a button's label) is
-resolved to that element's index, as a model reading the list would; then the reply is completed to the
+step number (`<step_info>StepN`) and the page's interactive elements as `[INDEX]<tag ...>` lines, each
+followed by its text. Step N plays action N: its `element` describes one the way the oracle's Playwright
+selector does (`{"id": "email"}` for `#email`, `{"text": "Create account"}` for `text=Create account`,
+`"after"` for the row it sits in) and is resolved to that element's index in the list, as a model reading
+the list would (`element_index`); then the reply is completed to the
 request's schema (every required field present), so it passes the same strict check a real model's
 constrained decoding would. Past the last action it answers `done`.
 """
@@ -32,8 +34,11 @@ from scripted_model import Reply, completion, error
 from steps.net import HOST, free_port
 
 STEP = re.compile(r"<step_info>\s*Step\s*(\d+)")
-ELEMENT = re.compile(r"\[(\d+)\]<")
+TAG = re.compile(r"\[(\d+)\]<([^\n]*)")
+ATTRIBUTE = re.compile(r"([\w-]+)=((?:(?! [\w-]+=| ?/>).)*)")
 ELEMENTS = "Interactive elements:"
+STATE_END = "</browser_state>"
+LINE = re.compile(r"[^\n]+")
 
 
 def user_text(body: dict) -> str:
@@ -46,17 +51,49 @@ def user_text(body: dict) -> str:
     return "\n".join(texts)
 
 
-def element_index(text: str, wanted: str) -> int | None:
-    """The index of the listed element whose tag or text first holds `wanted`: the last `[INDEX]<` before it in
-    the page's element list (an element's text follows its tag on the next lines).
+def listed_elements(text: str) -> list[tuple[int, dict[str, str], str, int]]:
+    """The page's element list in the request's last `Interactive elements:` block: for each `[INDEX]<tag ...>`
+    line, (index, its attributes, the text lines under it up to the next element, where its line starts).
 
-    >>> element_index("Interactive elements:\\n[3]<input name=email />\\n[4]<button />\\n\\tSubmit", "Submit")
-    4
+    >>> listed_elements("Interactive elements:\\n[3]<input name=q placeholder=Search />\\n*[4]<button />\\n\\tGo")
+    [(3, {'name': 'q', 'placeholder': 'Search'}, '', 22), (4, {}, 'Go', 61)]
     """
     start = text.rfind(ELEMENTS)
-    found = text.find(wanted, start) if start >= 0 else -1
-    indices = ELEMENT.findall(text, start, found) if found >= 0 else []
-    return int(indices[-1]) if indices else None
+    if start < 0:
+        return []
+    end = text.find(STATE_END, start)
+    found: list[list] = []
+    for line in LINE.finditer(text, start + len(ELEMENTS), end if end >= 0 else len(text)):
+        tag = TAG.search(line.group(0))
+        if tag:
+            found.append([int(tag.group(1)), dict(ATTRIBUTE.findall(tag.group(2))), "", line.start()])
+        elif found and line.group(0).strip():
+            found[-1][2] = f"{found[-1][2]}\n{line.group(0).strip()}".strip()
+    return [tuple(element) for element in found]
+
+
+def element_index(text: str, wanted: dict[str, str]) -> int | None:
+    """The index of the first listed element that `wanted` describes, as a model reading the list would pick
+    it: `text` is found in the element's text, every other key is one of its tag's attributes with that value,
+    and `after` (optional) is text the element's line comes after (the row of a list it belongs to).
+
+    >>> page = ("Interactive elements:\\n[3]<input id=q placeholder=Search />\\n[4]<button />\\n\\tSearch\\n"
+    ...         "Dune\\n[5]<button />\\n\\tBorrow\\nKindred\\n[6]<button />\\n\\tBorrow\\n")
+    >>> element_index(page, {"id": "q"}), element_index(page, {"text": "Search"})
+    (3, 4)
+    >>> element_index(page, {"text": "Borrow", "after": "Kindred"}), element_index(page, {"text": "Nope"})
+    (6, None)
+    """
+    wanted = dict(wanted)
+    after = text.find(wanted.pop("after"), text.rfind(ELEMENTS)) if "after" in wanted else 0
+    words = wanted.pop("text", None)
+    if after < 0:
+        return None
+    for index, attributes, label, position in listed_elements(text):
+        if (position >= after and (words is None or words in label)
+                and all(attributes.get(key) == value for key, value in wanted.items())):
+            return index
+    return None
 
 
 def resolve(schema: dict, defs: dict) -> dict:
@@ -86,13 +123,15 @@ def conform(value, schema: dict, defs: dict):
         value = dict(value or {})
         properties = schema.get("properties", {})
         for name in schema.get("required", list(properties)):
-            value[name] = conform(value.get(name, schema.get("default")), properties.get(name, {}), defs)
+            value[name] = conform(value.get(name), properties.get(name, {}), defs)
         return value
     if kind == "array":
         return [conform(item, schema.get("items", {}), defs) for item in value or []]
     if value is not None:
         return value
-    return {"string": "", "boolean": False, "integer": 0, "number": 0}.get(kind, schema.get("default"))
+    if "default" in schema:
+        return schema["default"]
+    return {"string": "", "boolean": False, "integer": 0, "number": 0}.get(kind)
 
 
 def action_for(step: int, actions: list[dict], text: str) -> dict:
