@@ -1,7 +1,7 @@
 """A scripted stand-in for vLLM's chat server that works a browser for browser-use, by the page's element list.
 
-    with ScriptedGuiModel(actions=[{"input": {"element": {"id": "email"}, "text": "a@b.c"}},
-                                   {"click": {"element": {"text": "Submit"}}}]) as server:
+    with ScriptedGuiModel([[{"input": {"element": {"id": "email"}, "text": "a@b.c"}},
+                            {"click": {"element": {"text": "Submit"}}}]]) as server:
         ...  # point the proxy at server.url
 
 Why a double: a GUI task needs a model that reads the page and acts on it (fill a field, press a button,
@@ -11,12 +11,13 @@ vLLM (`scripted_model.completion`: `prompt_token_ids`, `choices[0].token_ids`, p
 
 browser-use asks for a strict `response_format` json_schema ("agent_output") and sends, each call, the
 step number (`<step_info>StepN`) and the page's interactive elements as `[INDEX]<tag ...>` lines, each
-followed by its text. Step N plays action N: its `element` describes one the way the oracle's Playwright
-selector does (`{"id": "email"}` for `#email`, `{"text": "Create account"}` for `text=Create account`,
-`"after"` for the row it sits in) and is resolved to that element's index in the list, as a model reading
-the list would (`element_index`); then the reply is completed to the
-request's schema (every required field present), so it passes the same strict check a real model's
-constrained decoding would. Past the last action it answers `done`.
+followed by its text. Step N plays script step N: one action, or a list of them in one reply (as a model
+fills a whole form in one step; browser-use skips the rest of a list once the page changes). An action's
+`element` describes one the way the oracle's Playwright selector does (`{"id": "email"}` for `#email`,
+`{"text": "Create account"}` for `text=Create account`, `"after"` for the row it sits in) and is resolved
+to that element's index in the list, as a model reading the list would (`element_index`). The reply is
+completed to the request's schema (every required field present), so it passes the same strict check a
+real model's constrained decoding would. Past the last step it answers `done`.
 """
 
 from __future__ import annotations
@@ -134,35 +135,47 @@ def conform(value, schema: dict, defs: dict):
     return {"string": "", "boolean": False, "integer": 0, "number": 0}.get(kind)
 
 
-def action_for(step: int, actions: list[dict], text: str) -> dict:
-    """The action step `step` (1-based) plays, its `element` resolved to an index; `done` past the end."""
-    if step > len(actions):
-        return {"done": {"text": "done", "success": True}}
-    (name, params), = actions[step - 1].items()
+def resolved(action: dict, text: str) -> dict | None:
+    """`action` with its `element` resolved to that element's index on the page, or None if none fits."""
+    (name, params), = action.items()
     params = dict(params)
     if "element" in params:
         index = element_index(text, params.pop("element"))
         if index is None:
-            return {"done": {"text": f"no element holds {actions[step - 1]} on this page", "success": False}}
+            return None
         params["index"] = index
     return {name: params}
 
 
-def agent_output(body: dict, actions: list[dict]) -> str:
-    """The reply's JSON: the step's action, completed to the request's strict agent_output schema."""
+def actions_for(step: int, steps: list, text: str) -> list[dict]:
+    """The actions step `step` (1-based) plays (a script step is one action or a list of them, played in one
+    reply), each `element` resolved to an index; `done` past the end, or when an element is not on the page."""
+    if step > len(steps):
+        return [{"done": {"text": "done", "success": True}}]
+    wanted = steps[step - 1] if isinstance(steps[step - 1], list) else [steps[step - 1]]
+    actions = [resolved(action, text) for action in wanted]
+    if None in actions:
+        missing = wanted[actions.index(None)]
+        return [{"done": {"text": f"no element fits {missing} on this page", "success": False}}]
+    return actions
+
+
+def agent_output(body: dict, steps: list) -> str:
+    """The reply's JSON: the step's actions, completed to the request's strict agent_output schema."""
     text = user_text(body)
     found = STEP.search(text)
-    action = action_for(int(found.group(1)) if found else 1, actions, text)
+    actions = actions_for(int(found.group(1)) if found else 1, steps, text)
     schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema") or {}
     output = {"thinking": "Following the oracle.", "evaluation_previous_goal": "", "memory": "",
-              "next_goal": f"Run {next(iter(action))}", "action": [action]}
+              "next_goal": "Run " + ", ".join(next(iter(action)) for action in actions), "action": actions}
     return json.dumps(conform(output, schema, schema.get("$defs", {})) if schema else output)
 
 
-def create_app(actions: list[dict], model: str = "tiny") -> FastAPI:
-    """The scripted GUI server; its request log is `app.state.exchanges`."""
+def create_app(steps: list, model: str = "tiny") -> FastAPI:
+    """The scripted GUI server playing `steps` (each an action or a list of them); its request log is
+    `app.state.exchanges`."""
     app = FastAPI(title="scripted GUI model")
-    app.state.actions = list(actions)
+    app.state.steps = list(steps)
     app.state.exchanges = []
 
     @app.get("/health")
@@ -181,7 +194,7 @@ def create_app(actions: list[dict], model: str = "tiny") -> FastAPI:
             return error(400, "the scripted GUI model answers non-streaming requests only")
         if body.get("model") != model:
             return error(404, f"The model `{body.get('model')}` does not exist.")
-        response = completion(body, Reply(content=agent_output(body, app.state.actions)), model)
+        response = completion(body, Reply(content=agent_output(body, app.state.steps)), model)
         app.state.exchanges.append({"request": body, "response": response})
         return JSONResponse(response)
 
@@ -191,8 +204,8 @@ def create_app(actions: list[dict], model: str = "tiny") -> FastAPI:
 class ScriptedGuiModel:
     """The scripted GUI server on a free loopback port, in a background thread."""
 
-    def __init__(self, actions: list[dict], model: str = "tiny"):
-        self.app = create_app(actions, model)
+    def __init__(self, steps: list, model: str = "tiny"):
+        self.app = create_app(steps, model)
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(self.app, host=HOST, port=self.port, log_level="warning"))

@@ -78,11 +78,11 @@ def installed(name: str) -> None:
     harness.install(prefix)
 
 
-def scripted(harness: str, actions: list[dict]):
-    """The double that plays `actions` in the harness's protocol."""
+def scripted(harness: str, steps: list[list[dict]]):
+    """The double that plays `steps` (each one reply's actions) in the harness's protocol."""
     if harness == "browser-use":
-        return ScriptedGuiModel(actions)
-    return ScriptedModel(commands=[{"tool": "computer", "arguments": action} for action in actions])
+        return ScriptedGuiModel(steps)
+    return ScriptedModel(commands=[{"tool": "computer", "arguments": action} for (action,) in steps])
 
 
 def rollouts(proxy: Callable[..., ProxyProcess], task: str, harness: str, out: Path) -> dict[str, Run]:
@@ -90,7 +90,7 @@ def rollouts(proxy: Callable[..., ProxyProcess], task: str, harness: str, out: P
     double and proxy): one playing the oracle's actions, one the control's; {"oracle": run, "wrong": run}."""
     installed(harness)
     script = SCRIPTS[task][harness]
-    scripts = {"oracle": [step["action"] for step in script["oracle"]], "wrong": script["wrong"]["actions"]}
+    scripts = {"oracle": [step["actions"] for step in script["oracle"]], "wrong": script["wrong"]["steps"]}
     with ExitStack() as stack:
         models = {name: stack.enter_context(scripted(harness, actions)) for name, actions in scripts.items()}
         gateways = {name: proxy(model.url) for name, model in models.items()}
@@ -138,9 +138,11 @@ def test_every_scripted_step_replays_a_line_of_its_tasks_oracle(task, harness):
     solve = (GUI / task / "solution" / "solve.sh").read_text()
     script = SCRIPTS[task][harness]
     assert harness in GUI_HARNESSES and script["oracle"] and script["wrong"]["why"]
-    lines = [solve.index(step["replays"]) for step in script["oracle"]]  # each quoted line is in solve.sh ...
+    lines = [solve.index(line) for step in script["oracle"] for line in step["replays"]]  # each line is in solve.sh ...
     assert lines == sorted(lines)  # ... in the oracle's order
-    assert script["wrong"]["actions"] != [step["action"] for step in script["oracle"]]
+    assert script["wrong"]["steps"] != [step["actions"] for step in script["oracle"]]
+    if harness == "computer-use":  # the loop answers one tool call a turn, and the double plays one
+        assert all(len(step) == 1 for step in [*(s["actions"] for s in script["oracle"]), *script["wrong"]["steps"]])
 
 
 @pytest.mark.parametrize("module", ["scripted_gui_model", "steps.harnesses.computer_use"])
@@ -157,10 +159,10 @@ def test_browser_use_completes_a_gui_task_through_the_proxy(proxy, task, tmp_pat
     assert (oracle.result.status, oracle.result.reward) == ("ok", 1.0), oracle.context
     # Control: the same harness doing one thing wrong (the script's "why"), every action played, gets 0.
     assert (wrong.result.status, wrong.result.reward) == ("ok", 0.0), wrong.context
-    assert len(wrong.calls) == len(script["wrong"]["actions"]) + 1, wrong.context
+    assert len(wrong.calls) == len(script["wrong"]["steps"]) + 1, wrong.context
 
     calls = oracle.calls
-    assert len(calls) == len(script["oracle"]) + 1, oracle.context  # each action, then done
+    assert len(calls) == len(script["oracle"]) + 1, oracle.context  # each step, then done
     assert {call["status"] for call in calls} == {"ok"}, oracle.context
     assert {call["dialect"] for call in calls} == {"chat_completions"}, oracle.context
     assert all(call["request"]["response_format"]["type"] == "json_schema" for call in calls), oracle.context
@@ -183,7 +185,7 @@ def test_computer_use_completes_a_gui_task_through_the_proxy(proxy, task, tmp_pa
     assert (oracle.result.status, oracle.result.reward) == ("ok", 1.0), oracle.context
     # Control: the same loop clicking the wrong place (the script's "why"), every action played, gets 0.
     assert (wrong.result.status, wrong.result.reward) == ("ok", 0.0), wrong.context
-    assert len(wrong.calls) == len(script["wrong"]["actions"]) + 1, wrong.context
+    assert len(wrong.calls) == len(script["wrong"]["steps"]) + 1, wrong.context
 
     calls, actions = oracle.calls, script["oracle"]
     assert len(calls) == len(actions) + 1 and {call["status"] for call in calls} == {"ok"}, oracle.context
