@@ -1,26 +1,35 @@
-"""The GUI harnesses complete a browser task through the real recording proxy, their screenshots recorded.
+"""The GUI harnesses complete built-in GUI tasks as a rollout runs them, through the real recording proxy, and
+the task's own verifier grades the app's state; a control doing one thing wrong scores 0.
 
-    python -m steps.harnesses install browser-use     # once: its own virtualenv
+    python -m steps.harnesses install browser-use     # once: its own virtualenv (the tests install it otherwise)
     pytest -m harness tests/test_gui_harnesses.py
 
-The harness is the real pinned browser-use driving the local headless Chromium; the model behind the proxy
-is `tests/scripted_gui_model.py`, a double of vLLM's server that replays the task's oracle actions, because
-no model that runs here can read a page and act on it. The task is a tiny form page served by the test
-on loopback: the submitted form lands in a file, which is what the test grades (a GUI task's verifier
-grades the app's state the same way).
+Real parts throughout: `steps.rollout.run_rollout` on a task of `steps/tasks/gui` (the task's app in its
+sibling sandbox sharing the rollout's loopback, the harness in the rollout sandbox, its only way out the
+tunnel to the proxy), the real pinned browser-use on headless Chromium, the computer-use loop on the desktop
+task's X display, the recording proxy (`python -m steps.proxy`) and the task's verifier.
+
+The model behind the proxy is a double of vLLM's server, because no model that runs here can read a screen and
+act on it, let alone solve a task: it replays the task's oracle in the harness's own protocol, from the actions
+written down once per task in `tests/data/gui_oracle_actions.json` (each naming the solve.sh line it replays).
+For browser-use that is `tests/scripted_gui_model.py` (Chat Completions under its strict json_schema, elements
+picked by index from the page's element list); for the computer-use loop `tests/scripted_model.py` calling
+the `computer` tool (the proxy turns that into Messages `tool_use` blocks of `computer_20250124`, and the
+screenshots the loop returns inside `tool_result` blocks into the tool messages the double receives).
 """
 
 from __future__ import annotations
 
+import doctest
+import hashlib
+import importlib
 import json
 import os
-import signal
-import subprocess
-import threading
-import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,196 +37,173 @@ from scripted_gui_model import ScriptedGuiModel
 from scripted_model import ScriptedModel
 
 from proxy_process import ProxyProcess
-from steps.harnesses import GUI_HARNESSES, Endpoint, default_prefix
-from steps.net import HOST, free_port
+from steps.harnesses import GUI_HARNESSES, default_prefix
 from steps.proxy.images import REFERENCE_PREFIX
+from steps.rollout import RolloutResult, RolloutSpec, run_rollout
 
-pytestmark = pytest.mark.harness
-
-FORM = b"""<!doctype html><html><body><h1>Sign up</h1>
-<form method="post" action="/submit"><label>Email <input name="email" type="text"></label>
-<button type="submit">Sign up now</button></form></body></html>"""
-EMAIL = "ada@example.test"
-HARNESS_TIMEOUT_S = 240
-
-
-@pytest.fixture
-def form_app(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A one-page form app on loopback; a submission is written to `submitted.json`. Yields (URL, that file)."""
-    state = tmp_path / "submitted.json"
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.end_headers()
-            self.wfile.write(FORM)
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            state.write_text(json.dumps(dict(urllib.parse.parse_qsl(self.rfile.read(length).decode()))))
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"<html><body>Thanks</body></html>")
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer((HOST, free_port()), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://{HOST}:{server.server_port}/", state
-    server.shutdown()
+REPO = Path(__file__).resolve().parents[1]
+GUI = REPO / "steps" / "tasks" / "gui"
+SCRIPTS = json.loads((Path(__file__).parent / "data" / "gui_oracle_actions.json").read_text())
+SCRIPTED = [(task, harness) for task, scripts in SCRIPTS.items() if task != "about" for harness in scripts]
+TASKS = {name: [task for task, harness in SCRIPTED if harness == name] for name in GUI_HARNESSES}
+DATA_URL = "data:image/"
 
 
-def installed_python(name: str) -> Path:
-    """The harness's own virtualenv Python, installed if it is not (`make test` installs it first); skipped only
-    when harness installs are off for this run (OPENFORGE_TEST_HARNESS_CLIS=off, `make test-fast`), never
-    silently in the whole suite."""
+@dataclass
+class Run:
+    """One rollout of a task against a scripted model: its result, what the proxy recorded and stored, and what
+    the model was sent."""
+
+    result: RolloutResult
+    calls: list[dict]
+    exchanges: list[dict]
+    store: Path
+    log: str
+
+    @property
+    def context(self) -> str:
+        """What to read when an assertion on this run fails."""
+        harness_log = Path(self.result.paths.get("harness_log", "/nonexistent"))
+        tail = harness_log.read_text(errors="replace")[-3000:] if harness_log.is_file() else "(no harness log)"
+        return f"{self.result}\n{len(self.calls)} calls\n{tail}\nproxy:\n{self.log}"
+
+
+def installed(name: str) -> None:
+    """Installs the harness if it is not (`make test` installs it first); skipped only when harness installs are
+    off for this run (OPENFORGE_TEST_HARNESS_CLIS=off, `make test-fast`), never silently in the whole suite."""
     harness = GUI_HARNESSES[name]
     prefix = default_prefix(name, harness.VERSION)
     if not harness.installed(prefix) and os.environ.get("OPENFORGE_TEST_HARNESS_CLIS") == "off":
         pytest.skip(f"harness installs are off for this run (OPENFORGE_TEST_HARNESS_CLIS=off): {name}")
-    return harness.install(prefix)
+    harness.install(prefix)
 
 
-def run_harness(argv: list[str], env: dict[str, str], workdir: Path) -> subprocess.CompletedProcess:
-    """Run the harness headless; kill its process group (Chromium included) when it ends or times out."""
-    process = subprocess.Popen(argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=HARNESS_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"harness ran past {HARNESS_TIMEOUT_S} s\n{output[-4000:]}")
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(argv, process.returncode, output, "")
+def scripted(harness: str, steps: list[list[dict]]):
+    """The double that plays `steps` (each one reply's actions) in the harness's protocol."""
+    if harness == "browser-use":
+        return ScriptedGuiModel(steps)
+    return ScriptedModel(commands=[{"tool": "computer", "arguments": action} for (action,) in steps])
 
 
-def image_urls(request: dict) -> list[str]:
-    """The image_url strings of a recorded chat request, in prompt order."""
-    return [part["image_url"]["url"] if isinstance(part["image_url"], dict) else part["image_url"]
-            for message in request.get("messages", []) if isinstance(message.get("content"), list)
-            for part in message["content"] if isinstance(part, dict) and part.get("type") == "image_url"]
+def rollouts(proxy: Callable[..., ProxyProcess], task: str, harness: str, out: Path) -> dict[str, Run]:
+    """Two rollouts of `task` with `harness`, side by side, as the rollout step runs them (each against its own
+    double and proxy): one playing the oracle's actions, one the control's; {"oracle": run, "wrong": run}."""
+    installed(harness)
+    script = SCRIPTS[task][harness]
+    scripts = {"oracle": [step["actions"] for step in script["oracle"]], "wrong": script["wrong"]["steps"]}
+    with ExitStack() as stack:
+        models = {name: stack.enter_context(scripted(harness, actions)) for name, actions in scripts.items()}
+        gateways = {name: proxy(model.url) for name, model in models.items()}
+
+        def run(name: str) -> Run:
+            gateway = gateways[name]
+            spec = RolloutSpec(task=GUI / task, harness=harness, proxy_url=gateway.url, out=out / name,
+                               rollout_id=f"{task}-{name}-{uuid.uuid4().hex[:8]}", admin_key=gateway.admin_key)
+            result = run_rollout(spec)
+            return Run(result, gateway.calls(result.rollout_id), list(models[name].exchanges), Path(gateway.store),
+                       gateway.log_tail())
+
+        with ThreadPoolExecutor(len(scripts)) as pool:
+            return dict(zip(scripts, pool.map(run, scripts)))
 
 
-def test_browser_use_fills_a_form_through_the_proxy(proxy: Callable[..., ProxyProcess], form_app, tmp_path: Path):
-    url, submitted = form_app
-    python = installed_python("browser-use")
-    actions = [{"navigate": {"url": url}}, {"input": {"element": "name=email", "text": EMAIL}},
-               {"click": {"element": "Sign up now"}}, {"done": {"text": "Signed up", "success": True}}]
-    with ScriptedGuiModel(actions) as model:
-        gateway = proxy(model.url)
-        rollout_id = f"browser-use-{uuid.uuid4().hex[:8]}"
-        rollout = gateway.register(rollout_id, {"harness": "browser-use"})
-        endpoint = Endpoint(openai_base_url=rollout["openai_base_url"],
-                            anthropic_base_url=rollout["anthropic_base_url"], api_key=rollout["api_key"], model="tiny")
-        harness = GUI_HARNESSES["browser-use"]
-        workdir = tmp_path / "work"
-        workdir.mkdir()
-        instruction = f"Open {url} and sign up with the email {EMAIL}."
-        done = run_harness(harness.command(instruction, workdir, python),
-                           harness.prepare(tmp_path / "home", workdir, endpoint), workdir)
-        calls = gateway.calls(rollout_id)
-        exchanges = list(model.exchanges)
-    context = f"exit {done.returncode}, {len(calls)} calls\n{done.stdout[-4000:]}\nproxy:\n{gateway.log_tail()}"
+def assert_stored_by_reference(run: Run) -> None:
+    """The rollout's stored calls name each screenshot by reference, never inline, and each is stored whole."""
+    log = (run.store / "rollouts" / run.result.rollout_id / "calls.jsonl").read_text()
+    assert REFERENCE_PREFIX in log and DATA_URL not in log, run.context
+    for call in run.calls:
+        for image in call["images"]:
+            stored = run.store / "images" / image["sha256"]
+            assert hashlib.sha256(stored.read_bytes()).hexdigest() == image["sha256"], run.context
 
-    assert submitted.exists() and json.loads(submitted.read_text()) == {"email": EMAIL}, context
-    assert len(calls) >= len(actions) and {call["status"] for call in calls} == {"ok"}, context
-    assert {call["dialect"] for call in calls} == {"chat_completions"}, context
-    assert all(call["request"]["response_format"]["type"] == "json_schema" for call in calls), context
-    # Every call carried the current screenshot, and the proxy recorded it (as sent, or by its stored name).
-    for call in calls:
-        urls = image_urls(call["request"])
-        assert len(urls) == 1, context
-        assert urls[0].startswith(("data:image/", REFERENCE_PREFIX)), context
-    assert all(len(image_urls(exchange["request"])) == 1 for exchange in exchanges), context
-    assert all(image_urls(exchange["request"])[0].startswith("data:image/") for exchange in exchanges), context
-    # Token-exact: each recorded call holds the ids and logprobs the model returned.
-    recorded = sorted((tuple(call["prompt_token_ids"]), tuple(call["response_token_ids"])) for call in calls)
+
+def assert_token_exact(run: Run) -> None:
+    """Each recorded call holds the ids the model returned."""
+    recorded = sorted((tuple(call["prompt_token_ids"]), tuple(call["response_token_ids"])) for call in run.calls)
     upstream = sorted((tuple(e["response"]["prompt_token_ids"]), tuple(e["response"]["choices"][0]["token_ids"]))
-                      for e in exchanges)
-    assert recorded == upstream, context
+                      for e in run.exchanges)
+    assert recorded == upstream, run.context
 
 
-def test_browser_use_without_the_oracle_leaves_the_form_unsent(proxy: Callable[..., ProxyProcess], form_app,
-                                                               tmp_path: Path):
-    """Control: a script that never presses the button leaves no submission, so the check above can fail."""
-    url, submitted = form_app
-    python = installed_python("browser-use")
-    with ScriptedGuiModel([{"navigate": {"url": url}}, {"done": {"text": "gave up", "success": False}}]) as model:
-        gateway = proxy(model.url)
-        rollout = gateway.register(f"browser-use-{uuid.uuid4().hex[:8]}", {"harness": "browser-use"})
-        endpoint = Endpoint(openai_base_url=rollout["openai_base_url"],
-                            anthropic_base_url=rollout["anthropic_base_url"], api_key=rollout["api_key"], model="tiny")
-        harness = GUI_HARNESSES["browser-use"]
-        workdir = tmp_path / "work"
-        workdir.mkdir()
-        done = run_harness(harness.command(f"Open {url} and sign up.", workdir, python),
-                           harness.prepare(tmp_path / "home", workdir, endpoint), workdir)
-    assert not submitted.exists(), done.stdout[-3000:]
-    assert len(model.exchanges) >= 2, done.stdout[-3000:]
-
-
-def element_centres(url: str) -> dict[str, list[int]]:
-    """Where the form's field and button sit on the computer-use loop's display, measured with Playwright on
-    the same page and viewport: the coordinates the oracle's clicks replay."""
-    from playwright.sync_api import sync_playwright
-
-    from steps.harnesses.computer_use import CHROMIUM, DISPLAY
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": DISPLAY[0], "height": DISPLAY[1]})
-        page.goto(url)
-        boxes = {name: page.locator(selector).bounding_box() for name, selector in
-                 (("email", "input[name=email]"), ("button", "button"))}
-        browser.close()
-    return {name: [round(box["x"] + box["width"] / 2), round(box["y"] + box["height"] / 2)] for name, box in boxes.items()}
-
-
-def tool_images(body: dict) -> list[str]:
-    """The image_url strings inside the tool messages of a chat body (what vLLM got)."""
-    return [part["image_url"]["url"] for message in body.get("messages", []) if message.get("role") == "tool"
+def image_urls(body: dict, role: str) -> list[str]:
+    """The image_url strings of the chat body's messages of `role`, in prompt order."""
+    return [part["image_url"]["url"] if isinstance(part["image_url"], dict) else part["image_url"]
+            for message in body.get("messages", []) if message.get("role") == role
             and isinstance(message.get("content"), list)
             for part in message["content"] if isinstance(part, dict) and part.get("type") == "image_url"]
 
 
-def test_computer_use_fills_a_form_through_the_proxy(proxy: Callable[..., ProxyProcess], form_app, tmp_path: Path):
-    """The Messages path: screenshots go back as tool_result images of the computer_20250124 tool."""
-    url, submitted = form_app
-    at = element_centres(url)
-    actions = [{"action": "left_click", "coordinate": at["email"]}, {"action": "type", "text": EMAIL},
-               {"action": "left_click", "coordinate": at["button"]}]
-    with ScriptedModel(commands=[{"tool": "computer", "arguments": a} for a in actions]) as model:
-        gateway = proxy(model.url)
-        rollout_id = f"computer-use-{uuid.uuid4().hex[:8]}"
-        rollout = gateway.register(rollout_id, {"harness": "computer-use"})
-        endpoint = Endpoint(openai_base_url=rollout["openai_base_url"],
-                            anthropic_base_url=rollout["anthropic_base_url"], api_key=rollout["api_key"], model="tiny")
-        harness = GUI_HARNESSES["computer-use"]
-        workdir = tmp_path / "work"
-        workdir.mkdir()
-        done = run_harness(harness.command(f"Open {url} and sign up with the email {EMAIL}.", workdir,
-                                           harness.install(tmp_path)),
-                           harness.prepare(tmp_path / "home", workdir, endpoint), workdir)
-        calls = gateway.calls(rollout_id)
-        exchanges = list(model.exchanges)
-    context = f"exit {done.returncode}, {len(calls)} calls\n{done.stdout[-4000:]}\nproxy:\n{gateway.log_tail()}"
+@pytest.mark.parametrize("task, harness", SCRIPTED)
+def test_every_scripted_step_replays_a_line_of_its_tasks_oracle(task, harness):
+    solve = (GUI / task / "solution" / "solve.sh").read_text()
+    script = SCRIPTS[task][harness]
+    assert harness in GUI_HARNESSES and script["oracle"] and script["wrong"]["why"]
+    lines = [solve.index(line) for step in script["oracle"] for line in step["replays"]]  # each line is in solve.sh ...
+    assert lines == sorted(lines)  # ... in the oracle's order
+    assert script["wrong"]["steps"] != [step["actions"] for step in script["oracle"]]
+    if harness == "computer-use":  # the loop answers one tool call a turn, and the double plays one
+        assert all(len(step) == 1 for step in [*(s["actions"] for s in script["oracle"]), *script["wrong"]["steps"]])
 
-    assert submitted.exists() and json.loads(submitted.read_text()) == {"email": EMAIL}, context
-    assert len(calls) == len(actions) + 1 and {call["status"] for call in calls} == {"ok"}, context
-    assert {call["dialect"] for call in calls} == {"messages"}, context
-    assert all(call["request"]["tools"][0]["type"] == "computer_20250124" for call in calls), context
-    # Each screenshot the harness returned as a tool_result image reached the model inside a tool message.
-    assert [len(tool_images(exchange["request"])) for exchange in exchanges] == [0, 1, 2, 3], context
-    assert all(url.startswith("data:image/png;base64,") for e in exchanges for url in tool_images(e["request"])), context
-    recorded = [[part for block in message["content"] if isinstance(message.get("content"), list)
-                 and isinstance(block, dict) and block.get("type") == "tool_result"
-                 for part in block.get("content") or [] if isinstance(part, dict) and part.get("type") == "image"]
-                for message in calls[-1]["request"]["messages"]]
-    assert sum(len(images) for images in recorded) == 3, context
+
+@pytest.mark.parametrize("module", ["scripted_gui_model", "steps.harnesses.computer_use"])
+def test_doctests(module):
+    failures, tried = doctest.testmod(importlib.import_module(module))
+    assert tried and not failures
+
+
+@pytest.mark.harness
+@pytest.mark.parametrize("task", TASKS["browser-use"])
+def test_browser_use_completes_a_gui_task_through_the_proxy(proxy, task, tmp_path):
+    runs = rollouts(proxy, task, "browser-use", tmp_path)
+    oracle, wrong, script = runs["oracle"], runs["wrong"], SCRIPTS[task]["browser-use"]
+    assert (oracle.result.status, oracle.result.reward) == ("ok", 1.0), oracle.context
+    # Control: the same harness doing one thing wrong (the script's "why"), every action played, gets 0.
+    assert (wrong.result.status, wrong.result.reward) == ("ok", 0.0), wrong.context
+    assert len(wrong.calls) == len(script["wrong"]["steps"]) + 1, wrong.context
+
+    calls = oracle.calls
+    assert len(calls) == len(script["oracle"]) + 1, oracle.context  # each step, then done
+    assert {call["status"] for call in calls} == {"ok"}, oracle.context
+    assert {call["dialect"] for call in calls} == {"chat_completions"}, oracle.context
+    assert all(call["request"]["response_format"]["type"] == "json_schema" for call in calls), oracle.context
+    # Every call carried the current screenshot, sent to the model as a data URL and recorded by its bytes.
+    assert all(len(call["images"]) == 1 for call in calls), oracle.context
+    assert all([url.startswith(DATA_URL) for url in image_urls(e["request"], "user")] == [True]
+               for e in oracle.exchanges), oracle.context
+    assert len({call["images"][0]["sha256"] for call in calls}) > 1, oracle.context  # the page changed
+    assert_stored_by_reference(oracle)
+    assert_token_exact(oracle)
+
+
+@pytest.mark.harness
+@pytest.mark.parametrize("task", TASKS["computer-use"])
+def test_computer_use_completes_a_gui_task_through_the_proxy(proxy, task, tmp_path):
+    """The Messages path: the loop offers `computer_20250124` and returns each screenshot as a tool_result
+    image, which reaches the model inside a tool message."""
+    runs = rollouts(proxy, task, "computer-use", tmp_path)
+    oracle, wrong, script = runs["oracle"], runs["wrong"], SCRIPTS[task]["computer-use"]
+    assert (oracle.result.status, oracle.result.reward) == ("ok", 1.0), oracle.context
+    # Control: the same loop clicking the wrong place (the script's "why"), every action played, gets 0.
+    assert (wrong.result.status, wrong.result.reward) == ("ok", 0.0), wrong.context
+    assert len(wrong.calls) == len(script["wrong"]["steps"]) + 1, wrong.context
+
+    calls, actions = oracle.calls, script["oracle"]
+    assert len(calls) == len(actions) + 1 and {call["status"] for call in calls} == {"ok"}, oracle.context
+    assert {call["dialect"] for call in calls} == {"messages"}, oracle.context
+    assert all(call["request"]["tools"][0]["type"] == "computer_20250124" for call in calls), oracle.context
+    # Call k holds the k screenshots returned so far, as tool_result images; the model got them in tool messages.
+    assert [len(call["images"]) for call in calls] == list(range(len(calls))), oracle.context
+    assert [len(image_urls(e["request"], "tool")) for e in oracle.exchanges] == list(range(len(calls))), oracle.context
+    assert all(url.startswith("data:image/png;base64,") for e in oracle.exchanges
+               for url in image_urls(e["request"], "tool")), oracle.context
+    last = calls[-1]["request"]["messages"]
+    results = [block for message in last if isinstance(message.get("content"), list) for block in message["content"]
+               if isinstance(block, dict) and block.get("type") == "tool_result"]
+    assert [part["type"] for block in results for part in block["content"]] == ["image"] * len(actions), oracle.context
+    tool = calls[0]["request"]["tools"][0]  # offered for the screen's size: the X display's, or the browser's
+    screen = (tool["display_width_px"], tool["display_height_px"])
+    assert {(image["width"], image["height"]) for call in calls for image in call["images"]} == {screen}, oracle.context
+    first, *_, after_click = calls[-1]["images"]
+    assert first["sha256"] != after_click["sha256"], oracle.context  # the click changed the screen
+    assert_stored_by_reference(oracle)
+    assert_token_exact(oracle)
