@@ -615,8 +615,16 @@ def test_images_pin_the_versions_the_code_uses() -> None:
     assert set(images) == {"serve", "train", "harness", "steps"}
     assert "vllm/vllm-openai:v0.33.0" in images["serve"] and '"vllm==0.33.0"' in images["serve"]
     assert '"verl==0.9.1"' in images["train"] and '"torch==2.13.0"' in images["train"]
-    assert f"FROM node:{NODE_VERSION}-" in images["harness"] and "steps.harnesses install --all" in images["harness"]
+    assert f"FROM node:{NODE_VERSION}-" in images["harness"]
+    assert 'steps.harnesses install $(python3 -c "from steps.harnesses import HARNESSES; print(*HARNESSES)")' in \
+        images["harness"]
     assert "FROM python:3.11." in images["steps"]
+    # browser-use's virtualenv is built on the steps image's Python, which is its base in the rollout pod.
+    steps_base = re.search(r"^FROM (\S+)$", images["steps"], re.MULTILINE).group(1)
+    assert f"FROM {steps_base} AS gui" in images["harness"] and "from steps.harnesses import GUI_HARNESSES" in \
+        images["harness"]
+    # computer-use runs on that Python too, with the SDK and Playwright the tests use.
+    assert '"anthropic==2.15.0" "playwright==1.65.2"' in images["steps"]
     assert all(":latest" not in text for text in images.values())
 
 
