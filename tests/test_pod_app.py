@@ -82,6 +82,20 @@ def test_an_app_rollout_pod_runs_the_app_as_a_sidecar_whose_state_the_agent_cann
         {k: v for k, v in plain["container"].items() if k != "volumeMounts"}
 
 
+def test_a_gui_harness_comes_into_the_pod_as_a_shell_harness_does():
+    """browser-use: its virtualenv copied from the harness image (no Node); computer-use: OpenForge's Python (no
+    copy). Control: an npm harness copies its Node too."""
+    def copy(harness: str) -> list[str]:
+        config = load_config(REPO / "configs" / "cluster-example.yaml", ["run=gui", f"harness={harness}"])
+        inits = template(iteration_workflow(config, 0).to_dict()["spec"], "rollout")["initContainers"]
+        return [c["command"][-1] for c in inits if c["name"] == "harness"]
+
+    (browser_use,) = copy("browser-use")
+    assert "/opt/openforge/harnesses/browser-use-0.13.14 " in browser_use and "node-" not in browser_use
+    assert copy("computer-use") == []
+    assert "node-" in copy("codex")[0]
+
+
 def test_app_rollouts_fan_out_from_the_plans_own_output_and_both_feed_the_tables():
     spec = gui_spec("eval_every=1")
     assert template(spec, "plan")["outputs"]["parameters"][0]["name"] == APP_ROLLOUTS
