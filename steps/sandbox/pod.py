@@ -74,9 +74,10 @@ AGENT_LOGS = "/logs/agent"
 # The app sidecar's state volume (its APP_STATE_DIR) as this container mounts it: read-only, root-only.
 APP_LIVE = Path("/var/lib/openforge/app-live")
 APP_STATE = Path(APP_STATE_DIR)  # where the verifier finds the state as it was when the agent's command ended
-# The sidecar starts with this container (after the init containers); on a cold node its browser or X display
-# may take a while, so longer than the local START_TIMEOUT_S.
-APP_START_TIMEOUT_S = 180.0
+# The sidecar starts with this container (after the init containers), so its browser or X display may still be
+# starting on a loaded node: longer than the local START_TIMEOUT_S, well inside the rollout's setup margin
+# (`steps.plan.SETUP_MARGIN_S`, part of the pod's deadline).
+APP_START_TIMEOUT_S = 60.0
 # Never the workspace, whatever the image's WORKDIR says: handing these (or, for the trees, anything inside
 # them) to the agent uid would break the pod or give it OpenForge's own files.
 SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/openforge", "/proc", "/root", "/sbin", "/sys",
