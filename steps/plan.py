@@ -1,15 +1,18 @@
 """Which rollouts one iteration runs: tasks x samples per task, printed as a JSON list.
 
     python -m steps.plan --dataset steps/tasks/builtin --iteration 0 --tasks-per-iteration 4 \
-        --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--image-tag 0.1.0]
+        --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--image-tag 0.1.0] \
+        [--app-rollouts /tmp/app-rollouts.json]
     python -m steps.plan --eval --dataset steps/tasks/builtin --iteration 0 --samples-per-task 3   # an evaluation
 
-Each item is `{"task", "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb"}`: the task folder
+Each item is `{"task", "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb", "app"}`: the task folder
 (relative to the working folder), the sample number, a rollout id unique within the run, the container image
 the rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`), the rollout's
 deadline in seconds (agent + verifier timeouts + setup margin), and the CPUs and memory the task's
-`[environment]` asks for (the rollout pod's requests and limits). The Argo DAG fans out over this list
-(`withParam`); the local runner reads the same list. Each item's `sample` goes to the rollout step
+`[environment]` asks for (the rollout pod's requests and limits), and its `[environment] app` command (null
+without one). The Argo DAG fans out over this list (`withParam`); the local runner reads the same list. With
+`--app-rollouts FILE` the rollouts of tasks with an app go to FILE (a JSON list) instead of stdout: the DAG runs
+those in pods with the app as a sidecar container (`workflows.iteration`). Each item's `sample` goes to the rollout step
 (`--sample`), which writes it into its result, where the trajectory tables take it from. A retried rollout
 runs under `attempt_id(rollout_id, K)`: `ID-a2`, `ID-a3`, ..., with the same sample. Tasks rotate through a
 seeded shuffle of the dataset, so consecutive iterations see different tasks and a rerun plans the same
@@ -46,6 +49,8 @@ class PlannedRollout:
     deadline_s: int
     cpus: int
     memory_mb: int
+    app: str | None = None  # the task's [environment] app: the rollout pod's sidecar runs it
+
 
 
 def attempt_id(rollout_id: str, attempt: int) -> str:
@@ -113,7 +118,8 @@ def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_pe
         for sample in range(samples_per_task):
             planned.append(PlannedRollout(task=folder, sample=sample,
                                           rollout_id=planned_id(task.name, sample, iteration, evaluation), image=image,
-                                          deadline_s=deadline, cpus=resources.cpus, memory_mb=resources.memory_mb))
+                                          deadline_s=deadline, cpus=resources.cpus, memory_mb=resources.memory_mb,
+                                          app=task.config.app))
     return planned
 
 
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--image-prefix", default="openforge-task-")
     p.add_argument("--image-tag", default="latest")
+    p.add_argument("--app-rollouts", type=Path, help="write the rollouts of tasks with an [environment] app to this "
+                   "file (a JSON list) instead of stdout")
     p.add_argument("--eval", action="store_true", help="every task of the dataset, --samples-per-task tries each, "
                    "ids ev<N>-<task>-s<i>")
     args = p.parse_args(argv)
@@ -146,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rollouts = plan(tasks, args.iteration, args.tasks_per_iteration or 0, args.samples_per_task, args.seed,
                     args.image_prefix, args.image_tag, evaluation=args.eval)
+    if args.app_rollouts is not None:
+        args.app_rollouts.write_text(json.dumps([asdict(r) for r in rollouts if r.app]))
+        rollouts = [r for r in rollouts if not r.app]
     print(json.dumps([asdict(r) for r in rollouts]))
     return 0
 

@@ -25,7 +25,7 @@ from steps.tasks import load_dataset
 from workflows import commands, layout, submit
 from workflows.config import load_config
 from workflows.evaluation import evaluation_workflow
-from workflows.iteration import iteration_workflow
+from workflows.iteration import APP_ROLLOUTS_FILE, iteration_workflow
 from workflows.lint import semantic_problems
 from test_workflows import FakeArgoServer, fake_argo, s3_store  # noqa: F401 - the fake Argo Server and its fixtures
 
@@ -355,7 +355,7 @@ def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folder
     assert "update" not in templates and spec["onExit"] == "exit"
     outer = {t["name"]: t.get("depends") for t in templates["evaluation"]["dag"]["tasks"]}
     assert outer == {"collect": None, "evaluate": "collect.Succeeded || collect.Failed"}
-    assert templates["plan"]["container"]["command"] == commands.plan(config, 0, evaluation=True)
+    assert templates["plan"]["container"]["command"] == commands.plan(config, 0, evaluation=True, app_rollouts=APP_ROLLOUTS_FILE)
     assert templates["evaluate"]["container"]["command"] == commands.evaluate(config, 0)
     assert templates["record"]["container"]["command"] == commands.record_eval(config, 0, "{{workflow.name}}",
                                                                                "{{workflow.status}}")

@@ -218,13 +218,15 @@ def test_the_browser_in_the_sandbox_loads_the_site_and_nothing_beyond_loopback(t
 
 
 def test_a_pod_without_the_apps_sidecar_is_an_infrastructure_failure_not_a_silent_zero(tmp_path, monkeypatch):
-    with pytest.raises(SandboxError, match="the task's \\[environment\\] app is not running"):
+    live = tmp_path / "live"  # the sidecar's state volume as the rollout container mounts it
+    live.mkdir(mode=0o700)
+    monkeypatch.setattr(steps.sandbox.pod, "APP_LIVE", live)
+    monkeypatch.setattr(steps.sandbox.pod, "APP_START_TIMEOUT_S", 0.2)
+    with pytest.raises(SandboxError, match="the task's \\[environment\\] app was not ready within"):
         steps.sandbox.pod.PodSandbox.create(tmp_path / "out", load_task(SIGNUP))
     # Control: with the sidecar's ready file there, the pod gets past that check to the next one (a root runner
     # refuses a task folder the agent uid can read, before the pod is touched).
     assert os.geteuid() == 0
-    ready = tmp_path / "ready"
-    ready.touch()
-    monkeypatch.setattr(steps.sandbox.pod, "APP_READY", ready)
+    (live / "ready").touch()
     with pytest.raises(SandboxError, match="is readable by the agent uid"):
         steps.sandbox.pod.PodSandbox.create(tmp_path / "out2", load_task(SIGNUP))

@@ -11,7 +11,8 @@ own script (`workflows.iteration.app_layout`) from a copy of the repository, wit
 cache bound where the init containers copy them. Then
 `chroot` into it and run the exact command and environment of the workflow's rollout template, from the
 image's WORKDIR, as root, with a fake secret in the runner's environment. Only the test's tmp folder is
-written on the host; the network is the host's, so the harness reaches the proxy on 127.0.0.1.
+written on the host; the network is the host's, so the harness reaches the proxy on 127.0.0.1. A GUI task's pod
+also runs its app as the sidecar does, on a loopback of the pod's own (`run_in_pod(with_app=True)`).
 """
 
 import json
@@ -30,6 +31,8 @@ from steps.sandbox.pod import AGENT_UID
 from steps.sandbox import Sandbox
 from steps.tasks import BUILTIN_DATASET, load_task
 from test_harnesses import installed_exe
+from steps.sandbox.app import APP_STATE_KEPT
+from test_gui_tasks import FORGED_SIGNUP, SIGNUP
 from test_rollout import ADMIN_KEY, oracle, tool_outputs
 from workflows.config import load_config
 from workflows.iteration import app_layout, iteration_workflow
@@ -45,7 +48,7 @@ cd "$ROOT"
 # that keeps one, gigabytes of .debs), bound read-only: copying those was most of each test's time.
 tar -C "$IMAGE" --anchored --exclude=./usr --exclude=./etc --exclude=./var/cache/apt/archives -c . | tar -x
 mkdir -p usr etc dev proc opt/openforge tmp/rollout openforge && chmod 777 openforge  # an emptyDir is world-writable
-for system in usr etc; do mount --bind "/$system" "$system"; mount -o remount,bind,ro "$system"; done
+for system in usr etc; do mount --bind "$SYSTEM/$system" "$system"; mount -o remount,bind,ro "$system"; done
 if [ -d "$IMAGE/var/cache/apt/archives" ]; then
   mkdir -p var/cache/apt/archives
   mount --bind "$IMAGE/var/cache/apt/archives" var/cache/apt/archives
@@ -71,6 +74,14 @@ mount --bind "$HARNESSES" openforge/harnesses
 for bound in openforge/python "openforge/python/$SITE_IN_PYTHON" openforge/harnesses; do
   mount -o remount,bind,ro "$bound"
 done
+if [ -n "$APP_CMD" ]; then  # the app sidecar: the same image in a mount namespace of its own, its state volume its own
+  ip link set lo up  # the pod's loopback, which the two share
+  mkdir -p var/lib/openforge/app var/lib/openforge/app-live
+  mount --bind "$APP_STATE" var/lib/openforge/app-live
+  mount -o remount,bind,ro var/lib/openforge/app-live
+  unshare --mount --propagation private sh -c 'mount --bind "$0" var/lib/openforge/app && exec chroot . bash -c "$1"' \
+    "$APP_STATE" "$APP_CMD" >"$APP_LOG" 2>&1 </dev/null &
+fi
 user=""
 if [ -n "$RUNNER_UID" ]; then  # a runner that is not root owns what it must write (/ for /tests) and read
   chown "$RUNNER_UID:$RUNNER_UID" .
@@ -105,11 +116,14 @@ def rollout_pod(config, values: dict[str, str]) -> tuple[list[str], dict[str, st
 
 def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: tuple[str, ...] = (),
                patch_app=None, runner_uid: int | None = None, world_writable: tuple[str, ...] = (),
-               driver: str | None = None) -> tuple[subprocess.CompletedProcess, dict, str]:
+               driver: str | None = None, with_app: bool = False) -> tuple[subprocess.CompletedProcess, dict, str]:
     """One rollout in a fresh simulated pod (see the module docstring); returns the process, result.json, rollout id.
 
     `world_writable`: pod paths the image leaves mode 0777. `driver`: Python run (`python -P -c`, with the task
-    folder and `extra_args` as arguments) instead of the rollout template's command; it writes result.json."""
+    folder and `extra_args` as arguments) instead of the rollout template's command; it writes result.json.
+    `with_app`: the task's app runs as the `rollout-app` pod's sidecar does (its own mount namespace, its state
+    volume root-only, read-only at APP_LIVE in the pod), on a loopback of the pod's own (no proxy then), and with
+    the image's own /usr and /etc (the task's Playwright is there)."""
     task = load_task(task_dir)
     image = Sandbox.create(tmp_path / "image", task)  # the task's image, as the builder lays it out
     app = tmp_path / "app"
@@ -135,11 +149,15 @@ def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: 
              "PYTHON": sys.base_prefix, "SITE": sysconfig.get_path("purelib"),
              "SITE_IN_PYTHON": f"lib/{python_version}/site-packages", "HARNESSES": str(cache_root()),
              "WORKDIR": image.workdir, "PATH": os.environ["PATH"], "RUNNER_UID": str(runner_uid or ""),
-             "WORLD_WRITABLE": " ".join(world_writable)}
+             "WORLD_WRITABLE": " ".join(world_writable), "SYSTEM": "", "APP_CMD": ""}
+    if with_app:
+        (tmp_path / "app-state").mkdir(mode=0o700)  # as the init container leaves the volume
+        setup |= {"SYSTEM": str(image.fs), "APP_CMD": task.config.app, "APP_STATE": str(tmp_path / "app-state"),
+                  "APP_LOG": str(tmp_path / "app.log")}
     command = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv, *extra_args]
     done = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--propagation", "private",
-                           "sh", "-c", POD_SCRIPT, "pod", *command], env=setup, capture_output=True, text=True,
-                          timeout=300)
+                           *(["--net"] if with_app else []), "sh", "-c", POD_SCRIPT, "pod", *command], env=setup,
+                          capture_output=True, text=True, timeout=300)
     result_path = out / "result.json"
     assert result_path.exists(), f"no result.json; exit code {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     return done, json.loads(result_path.read_text()), rollout_id
@@ -388,3 +406,44 @@ def test_a_rollout_closes_the_images_open_path_before_the_agent_runs(closed, scr
     assert any("were closed before it ran" in note for note in result["notes"]) is closed, result["notes"]
     assert ("Permission denied" in tool_outputs(scripted_proxy.calls(rollout_id))[0]) is closed
     print(f"setup {result['durations']['setup_s']} s")
+
+
+# ---- a task's app as the pod's sidecar ----
+
+APP_RUN = r"""
+import json, sys
+from pathlib import Path
+from steps.sandbox.pod import PodSandbox
+from steps.tasks import load_task
+from steps.tasks.verify import run_oracle, run_verifier
+
+task, agent = load_task(Path(sys.argv[1])), sys.argv[2]
+out = Path("/tmp/rollout")
+box = PodSandbox.create(out, task)
+if agent == "oracle":
+    run_oracle(box, task, out / "agent.log")
+else:
+    box.run(["bash", "-c", agent], timeout_s=60, as_agent=True, stdout_path=out / "agent.log")
+verdict = run_verifier(box, task, out / "verifier")
+(out / "result.json").write_text(json.dumps({"reward": verdict.reward, "error": verdict.error, "notes": box.notes,
+                                             "agent_log": (out / "agent.log").read_text()}))
+"""
+FORGE_STATE = f"""for state in /var/lib/openforge/app-live /var/lib/openforge/app; do
+  mkdir -p $state; echo '{FORGED_SIGNUP}' > $state/state.json
+done
+ls /var/lib/openforge/app-live"""
+
+
+@pytest.mark.parametrize("agent", ["oracle", "forge"])
+def test_a_gui_task_in_the_pod_is_graded_on_its_sidecars_state(agent, tmp_path):
+    """The signup form in a simulated `rollout-app` pod: the site runs as the sidecar, the runner waits for it, and
+    the oracle (Playwright and chromium, as the agent uid) earns 1 through the site. The agent writing the state
+    itself, at the sidecar's volume or where the verifier reads it, is denied and earns 0."""
+    done, result, _ = run_in_pod(None, SIGNUP, "direct", tmp_path, driver=APP_RUN, with_app=True,
+                                 extra_args=("oracle" if agent == "oracle" else FORGE_STATE,))
+    assert done.returncode == 0, (done.stderr[-3000:], (tmp_path / "app.log").read_text()[-2000:])
+    assert result["reward"] == (1.0 if agent == "oracle" else 0.0), result
+    if agent == "forge":
+        assert result["agent_log"].count("Permission denied") >= 3, result["agent_log"]
+    assert json.loads((tmp_path / "out" / APP_STATE_KEPT / "state.json").read_text())["signups"] == (
+        json.loads(FORGED_SIGNUP)["signups"] if agent == "oracle" else [])

@@ -35,7 +35,8 @@ from workflows import commands, layout, submit
 from workflows import lint
 from workflows.config import ConfigError, load_config, validate_for_argo
 from workflows.evaluation import evaluation_workflow
-from workflows.iteration import PRIVATE, WORKFLOW_POD_LABEL, app_layout, iteration_workflow, workflow_name
+from workflows.iteration import (APP_ROLLOUTS_FILE, PRIVATE, WORKFLOW_POD_LABEL, app_layout, iteration_workflow,
+                                 workflow_name)
 from workflows.lint import semantic_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +53,7 @@ GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, i
     "evaluation-direct.yaml": (["run=golden-eval", "harness=direct", "eval_k=3"], 0),
     "evaluation-codex-final.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 2),
     "iteration-codex-2nodes-it0.yaml": (["run=golden", "iterations=2", "update_nodes=2", "update_gpus=8"], 0),
+    "iteration-browser-use-it0.yaml": (["run=golden", "harness=browser-use", "dataset=steps/tasks/gui"], 0),
 }
 
 
@@ -136,7 +138,7 @@ def test_semantics_catch_broken_workflows() -> None:
     workflow = iteration_workflow(cluster_config("run=t"), 0).to_dict()
     templates = {t["name"]: t for t in workflow["spec"]["templates"]}
     tasks = {t["name"]: t for t in templates["collect"]["dag"]["tasks"]}
-    tasks["rollout"]["depends"] = "plan"  # uses {{tasks.serve.ip}} without waiting for serve
+    tasks["rollout"]["depends"] = tasks["rollout-app"]["depends"] = "plan"  # they use {{tasks.serve.ip}} before serve
     tasks["plan"]["depends"] = "trajectories"  # plan -> trajectories -> rollout -> plan
     tasks["trajectories"]["template"] = "trajectory"
     del tasks["trajectories"]["arguments"]
@@ -187,7 +189,7 @@ def test_plan_cli_prints_only_json() -> None:
     out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True, timeout=60).stdout
     items = json.loads(out)
     assert len(items) == 6 and set(items[0]) == {"task", "sample", "rollout_id", "image", "deadline_s", "cpus",
-                                                 "memory_mb"}
+                                                 "memory_mb", "app"}
     assert items[0]["image"].startswith("ghcr.io/openforge/task-")
 
 
@@ -196,7 +198,7 @@ def test_commands_are_the_templates_commands() -> None:
     config = cluster_config("run=t")
     spec = iteration_workflow(config, 1).to_dict()["spec"]
     argv = {t["name"]: t["container"]["command"] for t in spec["templates"] if "container" in t}
-    assert argv["plan"] == commands.plan(config, 1)
+    assert argv["plan"] == commands.plan(config, 1, app_rollouts=APP_ROLLOUTS_FILE)
     assert argv["update"] == commands.update(config, layout.run_partition_url(config.run_url, "t", 1), config.checkpoint_url(1),
                                              config.checkpoint_url(2))
     assert argv["trajectories"][:3] == ["python", "-m", "steps.trajectories"]
@@ -613,8 +615,16 @@ def test_images_pin_the_versions_the_code_uses() -> None:
     assert set(images) == {"serve", "train", "harness", "steps"}
     assert "vllm/vllm-openai:v0.33.0" in images["serve"] and '"vllm==0.33.0"' in images["serve"]
     assert '"verl==0.9.1"' in images["train"] and '"torch==2.13.0"' in images["train"]
-    assert f"FROM node:{NODE_VERSION}-" in images["harness"] and "steps.harnesses install --all" in images["harness"]
+    assert f"FROM node:{NODE_VERSION}-" in images["harness"]
+    assert 'steps.harnesses install $(python3 -c "from steps.harnesses import HARNESSES; print(*HARNESSES)")' in \
+        images["harness"]
     assert "FROM python:3.11." in images["steps"]
+    # browser-use's virtualenv is built on the steps image's Python, which is its base in the rollout pod.
+    steps_base = re.search(r"^FROM (\S+)$", images["steps"], re.MULTILINE).group(1)
+    assert f"FROM {steps_base} AS gui" in images["harness"] and "from steps.harnesses import GUI_HARNESSES" in \
+        images["harness"]
+    # computer-use runs on that Python too, with the SDK and Playwright the tests use.
+    assert '"anthropic==2.15.0" "playwright==1.65.2"' in images["steps"]
     assert all(":latest" not in text for text in images.values())
 
 
@@ -1180,13 +1190,3 @@ def test_the_local_runner_refuses_a_multi_node_update(tmp_path: Path, capsys) ->
     assert err == ("error: config key 'update_nodes' is 2, but the local runner runs the update on this one machine: "
                    "set update_nodes: 1 (update_gpus processes run here), or run on Argo")
     assert list(tmp_path.iterdir()) == []
-
-
-def test_a_gui_harness_is_a_run_key_locally_and_refused_on_argo_in_one_sentence():
-    """A GUI harness runs on the embedded default; on Argo its rollout pod lacks the browser and the task's app
-    sidecar, so the run is refused when the config loads, naming the key, before anything is submitted."""
-    from workflows.config import ConfigError, RunConfig, validate
-
-    validate(RunConfig(harness="browser-use"), check_dataset=False)
-    with pytest.raises(ConfigError, match="config key 'harness': browser-use runs on the embedded default only"):
-        validate(RunConfig(harness="browser-use", argo_server="https://argo.example:2746"), check_dataset=False)

@@ -19,6 +19,8 @@ from hera.workflows import Workflow, WorkflowsService
 from hera.workflows.models import (WorkflowCreateRequest, WorkflowLintRequest, WorkflowResubmitRequest,
                                    WorkflowRetryRequest)
 
+from workflows.iteration import ROLLOUT_TEMPLATES
+
 DONE = ("Succeeded", "Failed", "Error")
 RETRY_FAILED_ROLLOUTS = "templateName=rollout,phase=Failed"
 REQUEST_TIMEOUT_S = 30.0
@@ -96,7 +98,7 @@ class ArgoClient:
             raise ArgoError(f"workflow {name} does not exist in namespace {self.namespace} on {self.server}") from None
         status = wf.status
         nodes = [n for n in ((status.nodes or {}).values() if status else [])
-                 if n.template_name == "rollout" and n.type == "Pod"]
+                 if n.template_name in ROLLOUT_TEMPLATES and n.type == "Pod"]
         collect = [n.phase for n in ((status.nodes or {}).values() if status else []) if n.template_name == "collect"]
         return Progress(phase=(status.phase if status else None) or "",
                         rollouts_done=sum(n.phase == "Succeeded" for n in nodes),

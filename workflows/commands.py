@@ -68,9 +68,11 @@ def vllm_flags(config: RunConfig, device: str) -> list[str]:
     return flags + [f"--vllm-arg={arg}" for arg in config.vllm_args]
 
 
-def plan(config: RunConfig, iteration: int | str, python: str = "python", evaluation: bool = False) -> list[str]:
+def plan(config: RunConfig, iteration: int | str, python: str = "python", evaluation: bool = False,
+         app_rollouts: str | None = None) -> list[str]:
     """Prints the iteration's rollouts as a JSON list (`steps.plan`); with `evaluation`, those of the
-    evaluation of its checkpoint: every task of `eval_dataset`, `eval_k` tries each."""
+    evaluation of its checkpoint: every task of `eval_dataset`, `eval_k` tries each. With `app_rollouts`, those
+    of tasks with an `[environment] app` go to that file instead."""
     if evaluation:
         chosen = ["--eval", "--dataset", config.evaluation_dataset, "--iteration", str(iteration),
                   "--samples-per-task", str(config.eval_k)]
@@ -78,7 +80,8 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
         chosen = ["--dataset", config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
                   str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task)]
     return [python, "-m", "steps.plan", *chosen, "--seed", str(config.seed),
-            "--image-prefix", f"{config.image_registry}/task-", "--image-tag", config.image_tag]
+            "--image-prefix", f"{config.image_registry}/task-", "--image-tag", config.image_tag,
+            *(["--app-rollouts", app_rollouts] if app_rollouts else [])]
 
 
 def rollout(config: RunConfig, task: str, rollout_id: str, sample: int | str, proxy_url: str, out: str,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from steps import net, sampling, settings
-from steps.harnesses import ALL_HARNESSES as HARNESSES, GUI_HARNESSES
+from steps.harnesses import ALL_HARNESSES as HARNESSES
 from steps.plan import MAX_EVAL_K
 from steps.settings import ConfigError
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
@@ -171,10 +171,6 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         close = difflib.get_close_matches(config.harness, HARNESSES, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         raise ConfigError(f"unknown harness {config.harness!r}; {hint}choose one of {', '.join(HARNESSES)}")
-    if config.harness in GUI_HARNESSES and config.argo_server:
-        raise ConfigError(f"config key 'harness': {config.harness} runs on the embedded default only for now (its "
-                          "rollout pod needs the browser and the task's app as a sidecar: docs/gui.md); choose a "
-                          "shell harness on Argo or leave argo_server empty")
     for key in ("iterations", "tasks_per_iteration", "samples_per_task", "max_tokens_cap", "parallel_rollouts",
                 "epochs", "eval_k", "update_nodes", "serve_replicas", "update_timeout_s"):
         if getattr(config, key) < 1:

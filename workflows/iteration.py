@@ -7,11 +7,13 @@
 The outer DAG `iteration` runs `collect` then `update`. `collect` is a DAG of its own so that the `serve`
 daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajectories are done, before
 `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's /health answers; reached at
-`{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list), `rollout` (one pod per item of that list,
-given its task, sample and rollout id, in the task's image, with the harness and OpenForge copied in by init
-containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an
-unprivileged uid; the task's CPUs and memory; no service account token; retried only on exit code 3,
-infra_error), `trajectories` (Parquet to S3). Before the rollouts, `isolate-rollouts` and `isolate-serve`
+`{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list, and writes those of tasks with an
+`[environment] app` into its output `app-rollouts`), `rollout` (one pod per item of that list, given its task,
+sample and rollout id, in the task's image, with the harness and OpenForge copied in by init containers, the
+verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an unprivileged uid; the
+task's CPUs and memory; no service account token; retried only on exit code 3, infra_error), `rollout-app` (the
+same, one pod per app rollout, with the app as a sidecar container on the pod's loopback: `rollout_template`),
+`trajectories` (Parquet to S3). Before the rollouts, `isolate-rollouts` and `isolate-serve`
 apply two NetworkPolicies owned by the Workflow (deleted with it): a rollout pod reaches only this Workflow's
 serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with `rollout_dns`, for Argo's executor) and
 accepts no connection; the serve pod's proxy accepts only this Workflow's rollout and trajectories pods.
@@ -31,12 +33,15 @@ from urllib.parse import urlparse
 import yaml
 from hera.workflows import (DAG, Container, EmptyDirVolume, Env, NoneArchiveStrategy, Parameter, Resource,
                             Resources, RetryStrategy, S3Artifact, SecretEnv, Task, UserContainer, Workflow)
-from hera.workflows.models import (Backoff, ContainerPort, ContinueOn, ExecutorConfig, HTTPGetAction, PodGC, Probe,
-                                   ResourceRequirements, SecretKeySelector, TTLStrategy, ValueFrom, VolumeMount)
+from hera.workflows.models import (Backoff, ContainerPort, ContinueOn, EmptyDirVolumeSource, ExecutorConfig,
+                                   HTTPGetAction, PodGC, Probe, ResourceRequirements, SecretKeySelector, TTLStrategy,
+                                   ValueFrom, Volume, VolumeMount)
 
 from steps.harnesses import ALL_HARNESSES as HARNESSES
 from steps.harnesses.base import NODE_VERSION
 from steps.rollout import NO_REWARD
+from steps.sandbox.app import APP_STATE_DIR, APP_STORAGE_MB
+from steps.sandbox.pod import APP_LIVE
 from workflows import commands, jobset, layout
 from workflows.config import RunConfig, egress_cidrs
 
@@ -53,6 +58,14 @@ WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"  # Argo's own label on eve
 UPDATE_WORKFLOW_LABEL = "openforge.dev/workflow"
 RUN_LABEL, ITERATION_LABEL = "openforge.dev/run", "openforge.dev/iteration"  # on the Workflow and the update JobSet
 NO_STATUS = "no_result"  # a rollout node's status when its runner wrote none (the pod died, or hit its deadline)
+ROLLOUT_TEMPLATES = ("rollout", "rollout-app")  # the rollout pods: without and with the task's app as a sidecar
+APP_ROLLOUTS = "app-rollouts"  # the plan's output: the rollouts of tasks with an app, as a JSON list
+APP_ROLLOUTS_FILE = "/tmp/app-rollouts.json"
+APP_STATE_VOLUME = "app-state"  # the app sidecar's state (APP_STATE_DIR there), read-only at APP_LIVE for the runner
+# The app sidecar's own budget beside the task's CPUs and memory (which the agent's container keeps): a site, or
+# for a desktop task an X display with a kiosk browser. Requests and limits alike, as for the agent.
+APP_RESOURCES = {"cpu": "1", "memory": "1536Mi"}
+SHM_SIZE = "1Gi"  # each browser's /dev/shm (the container runtime's default, 64 MiB, makes Chromium crash)
 
 
 def run_label(config: RunConfig) -> str:
@@ -128,9 +141,11 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
 
 def plan_template(config: RunConfig, iteration: int, evaluation: bool = False, name: str = "plan") -> Container:
     """Prints the iteration's rollouts (with `evaluation`, its checkpoint's evaluation's) as a JSON list on
-    stdout: `{{tasks.plan.outputs.result}}`."""
+    stdout, `{{tasks.plan.outputs.result}}`, but for those of tasks with an `[environment] app`, which are the
+    output parameter `app-rollouts` (each list may be empty: its fan-out is then skipped)."""
     return Container(name=name, image=image(config, "steps"), working_dir="/opt/openforge/app",
-                     command=commands.plan(config, iteration, evaluation=evaluation),
+                     command=commands.plan(config, iteration, evaluation=evaluation, app_rollouts=APP_ROLLOUTS_FILE),
+                     outputs=[Parameter(name=APP_ROLLOUTS, value_from=ValueFrom(path=APP_ROLLOUTS_FILE))],
                      resources=Resources(cpu_request=0.5, memory_request="512Mi"))
 
 
@@ -148,7 +163,8 @@ def app_layout(source: str = "/opt/openforge/app") -> str:
 
 
 def init_containers(config: RunConfig) -> list[UserContainer]:
-    """Copy OpenForge (Python and this repository, see `app_layout`) and the pinned harness into the shared emptyDir."""
+    """Copy OpenForge (Python and this repository, see `app_layout`) and the pinned harness into the shared emptyDir:
+    an npm harness with its Node, a PyPI one (browser-use) as its virtualenv, built on that same Python."""
     mount = [VolumeMount(name="openforge", mount_path=SHARED)]
     # The installed package carries the task folders' .py files (verifier checks): not for the agent's eyes.
     copy_openforge = (f"mkdir -p {SHARED}/python && cp -a /usr/local/. {SHARED}/python/"
@@ -156,17 +172,48 @@ def init_containers(config: RunConfig) -> list[UserContainer]:
     copies = [UserContainer(name="openforge", image=image(config, "steps"), volume_mounts=mount,
                             command=["sh", "-c", copy_openforge])]
     harness = HARNESSES[config.harness]
-    if harness.NPM_PACKAGE:  # `direct` runs on OpenForge's Python: nothing to copy
+    # `direct` and `computer-use` run on OpenForge's Python: nothing to copy
+    if harness.NPM_PACKAGE or getattr(harness, "PIP_PACKAGE", None):
         installs = "/opt/openforge/harnesses"
-        copy_harness = (f"mkdir -p {SHARED}/harnesses && cp -a {installs}/{config.harness}-{harness.VERSION}"
-                        f" {installs}/node-{NODE_VERSION} {SHARED}/harnesses/")
+        node = f" {installs}/node-{NODE_VERSION}" if harness.NPM_PACKAGE else ""
+        copy_harness = (f"mkdir -p {SHARED}/harnesses && cp -a {installs}/{config.harness}-{harness.VERSION}{node}"
+                        f" {SHARED}/harnesses/")
         copies.append(UserContainer(name="harness", image=image(config, "harness"), volume_mounts=mount,
                                     command=["sh", "-c", copy_harness]))
     return copies
 
 
-def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False, name: str = "rollout") -> Container:
+def app_sidecar(config: RunConfig) -> tuple[list[UserContainer], UserContainer, list]:
+    """What a rollout pod adds for a task's `[environment] app`: (its init container, the sidecar, the volumes).
+
+    The sidecar runs the app (`bash -c APP`, the plan item's `app`) in the task's image, on the pod's loopback,
+    where the agent reaches it, in no other namespace of the agent's (no shared process namespace). It writes
+    what the verifier grades into the `app-state` volume at `APP_STATE_DIR`, which the init container made root-only
+    (0700) before either started; the rollout container mounts it read-only at `APP_LIVE`, where only the runner
+    (root) reads it: it waits there for the ready file and copies the state when the agent's command ends
+    (`steps.sandbox.pod`). Each container's browser gets a /dev/shm of its own."""
+    state = f"/{APP_STATE_VOLUME}"
+    close_state = UserContainer(name=APP_STATE_VOLUME, image=image(config, "steps"),
+                                command=["sh", "-c", f"chmod 700 {state}"],
+                                volume_mounts=[VolumeMount(name=APP_STATE_VOLUME, mount_path=state)])
+    sidecar = UserContainer(
+        name="app", image="{{inputs.parameters.image}}", command=["bash", "-c", "{{inputs.parameters.app}}"],
+        volume_mounts=[VolumeMount(name=APP_STATE_VOLUME, mount_path=APP_STATE_DIR),
+                       VolumeMount(name="app-shm", mount_path=jobset.SHM_PATH)],
+        resources=ResourceRequirements(requests=APP_RESOURCES, limits=APP_RESOURCES))
+    volumes = [EmptyDirVolume(name=APP_STATE_VOLUME, mount_path=str(APP_LIVE), read_only=True,
+                              size_limit=f"{APP_STORAGE_MB}Mi"),
+               EmptyDirVolume(name="shm", mount_path=jobset.SHM_PATH, medium=jobset.SHM_MEDIUM, size_limit=SHM_SIZE),
+               # the sidecar's alone: a pod volume that the rollout container does not mount
+               Volume(name="app-shm", empty_dir=EmptyDirVolumeSource(medium=jobset.SHM_MEDIUM, size_limit=SHM_SIZE))]
+    return [close_state], sidecar, volumes
+
+
+def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False, name: str = "rollout",
+                     app: bool = False) -> Container:
     """One rollout in the task's image, the pod as its sandbox; retried only on infra_error; result.json to S3.
+    With `app`, for a task with an `[environment] app`, the pod also runs that app as its sidecar (`app_sidecar`)
+    and takes the item's `app` as an input.
 
     No working_dir: the pod starts in the image's WORKDIR, which `--isolation pod` takes as the workspace
     (PYTHONSAFEPATH keeps that folder off the runner's import path). The task's CPUs and memory are both
@@ -181,12 +228,15 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
     result_url = (layout.eval_result_url if evaluation else layout.result_url)(
         config.run_url, iteration, layout.retry_folder("{{inputs.parameters.rollout_id}}", "{{retries}}"))
     quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
+    inits, sidecars, volumes = init_containers(config), [], [EmptyDirVolume(name="openforge", mount_path=SHARED)]
+    if app:
+        app_inits, sidecar, app_volumes = app_sidecar(config)
+        inits, sidecars, volumes = inits + app_inits, [sidecar], volumes + app_volumes
     return Container(
         name=name, image="{{inputs.parameters.image}}", labels={ROLE: "rollout"},
         inputs=[Parameter(name=n) for n in ("task", "sample", "rollout_id", "image", "deadline", "cpus", "memory_mb",
-                                            "proxy_url")],
-        init_containers=init_containers(config),
-        volumes=[EmptyDirVolume(name="openforge", mount_path=SHARED)],
+                                            "proxy_url", *(["app"] if app else []))],
+        init_containers=inits, sidecars=sidecars or None, volumes=volumes,
         command=commands.rollout(config, f"{PRIVATE}/app/{{{{inputs.parameters.task}}}}",
                                  "{{inputs.parameters.rollout_id}}", "{{inputs.parameters.sample}}",
                                  "{{inputs.parameters.proxy_url}}", out,
@@ -207,6 +257,14 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
                                      expression=RETRY_ON_INFRA_ERROR,
                                      backoff=Backoff(duration="15s", factor=2, max_duration="10m")),
     )
+
+
+def rollout_templates(config: RunConfig, iteration: int, evaluation: bool = False, prefix: str = "") -> list[Container]:
+    """`<prefix>rollout` and `<prefix>rollout-app` (`ROLLOUT_TEMPLATES`): the rollout pods of tasks without and with
+    an `[environment] app`."""
+    plain, with_app = (f"{prefix}{name}" for name in ROLLOUT_TEMPLATES)
+    return [rollout_template(config, iteration, evaluation, plain),
+            rollout_template(config, iteration, evaluation, with_app, app=True)]
 
 
 def trajectories_template(config: RunConfig, iteration: int, evaluation: bool = False,
@@ -370,19 +428,31 @@ def report_link(config: RunConfig) -> str:
 
 
 def fanout(prefix: str, isolate: list[str]) -> list[Task]:
-    """plan -> rollout x N -> trajectories, on the templates `<prefix>plan`, `<prefix>rollout`, `<prefix>trajectories`."""
-    plan, rollout, trajectories = (f"{prefix}{step}" for step in ("plan", "rollout", "trajectories"))
+    """plan -> [rollout x N, rollout-app x M] -> trajectories, on the templates `<prefix>plan`, `<prefix>rollout`,
+    `<prefix>rollout-app` (the rollouts of tasks with an app: the plan's `app-rollouts`), `<prefix>trajectories`.
+    Either fan-out may be empty (Argo skips it)."""
+    plan, rollout, app_rollout, trajectories = (f"{prefix}{step}" for step in ("plan", *ROLLOUT_TEMPLATES,
+                                                                               "trajectories"))
     proxy_url = f"http://{{{{tasks.serve.ip}}}}:{commands.PROXY_PORT}"
     item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("sample", "sample"), ("rollout_id", "rollout_id"),
                                                  ("image", "image"), ("deadline", "deadline_s"), ("cpus", "cpus"),
                                                  ("memory_mb", "memory_mb"))}
     # No rollout pod starts before the policies exist: its agent never has the cluster's network.
+    after = " && ".join(["serve", plan, *isolate])
     return [Task(name=plan, template=plan),
-            Task(name=rollout, template=rollout, depends=" && ".join(["serve", plan, *isolate]),
+            Task(name=rollout, template=rollout, depends=after,
                  with_param=f"{{{{tasks.{plan}.outputs.result}}}}", arguments={**item, "proxy_url": proxy_url}),
+            Task(name=app_rollout, template=app_rollout, depends=after,
+                 with_param=f"{{{{tasks.{plan}.outputs.parameters.{APP_ROLLOUTS}}}}}",
+                 arguments={**item, "app": "{{item.app}}", "proxy_url": proxy_url}),
             # A rollout that still fails after its retries is left out of the tables, not fatal to the iteration.
-            Task(name=trajectories, template=trajectories, depends=f"{rollout}.AnySucceeded",
-                 arguments={"proxy_url": proxy_url})]
+            Task(name=trajectories, template=trajectories,
+                 depends=f"{rollout}.AnySucceeded || {app_rollout}.AnySucceeded", arguments={"proxy_url": proxy_url})]
+
+
+def ended(task: str) -> str:
+    """A `depends` term: `task` (a fan-out) has ended, whatever its rollouts' outcome, or was skipped as empty."""
+    return f"({task}.Succeeded || {task}.Failed || {task}.Skipped)"
 
 
 def collect_dag(config: RunConfig, evaluation: bool = False) -> DAG:
@@ -391,7 +461,8 @@ def collect_dag(config: RunConfig, evaluation: bool = False) -> DAG:
     eval-trajectories, and evaluate once every eval rollout has ended. The daemon stops when this DAG ends."""
     isolate = list(isolation_policies(config))
     # A failed evaluation is recorded as failed (the driver's `mark`) and does not stop the iteration's update.
-    evaluate = [Task(name="evaluate", template="evaluate", depends="eval-rollout.Succeeded || eval-rollout.Failed",
+    evaluate = [Task(name="evaluate", template="evaluate",
+                     depends=f"{ended('eval-rollout')} && {ended('eval-rollout-app')}",
                      continue_on=ContinueOn(failed=True, error=True))]
     return DAG(
         name="collect", parallelism=config.parallel_rollouts + 1,  # + 1: the serve daemon holds a slot
@@ -401,10 +472,10 @@ def collect_dag(config: RunConfig, evaluation: bool = False) -> DAG:
 
 
 def evaluation_templates(config: RunConfig, iteration: int, prefix: str) -> list[Container]:
-    """The plan, rollout and trajectories templates of the evaluation of iteration `iteration`'s checkpoint,
-    named `<prefix>plan`, ..., and its evaluate template."""
+    """The plan, rollout (and rollout-app) and trajectories templates of the evaluation of iteration `iteration`'s
+    checkpoint, named `<prefix>plan`, ..., and its evaluate template."""
     return [plan_template(config, iteration, evaluation=True, name=f"{prefix}plan"),
-            rollout_template(config, iteration, evaluation=True, name=f"{prefix}rollout"),
+            *rollout_templates(config, iteration, evaluation=True, prefix=prefix),
             trajectories_template(config, iteration, evaluation=True, name=f"{prefix}trajectories"),
             evaluate_template(config, iteration)]
 
@@ -428,7 +499,7 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
     delete = [delete_update_template("clean-update", update_labels(config, iteration)),
               delete_update_template("delete-update", {UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"})] if nodes else []
     templates = [iteration_dag, collect_dag(config, evaluation), serve_template(config, iteration),
-                 plan_template(config, iteration), rollout_template(config, iteration),
+                 plan_template(config, iteration), *rollout_templates(config, iteration),
                  trajectories_template(config, iteration), update_template(config, iteration), *delete,
                  *([wait_template(config, iteration)] if waits else []), exit_dag(nodes),
                  record_template(config, iteration), report_template(config),

@@ -31,6 +31,17 @@ and returns the verifier's environment with a fresh, empty, root-owned HOME and 
     except VerifierRefused as exc:                 # reward 0, status ok, str(exc) in notes
         ...
 
+A task with an `[environment] app` (a GUI task's site) gets it as the rollout pod's sidecar container
+(`workflows.iteration`), in the same image and on the same loopback: the agent reaches it at 127.0.0.1 only. The
+sidecar writes what the verifier grades on a volume of its own, at `APP_STATE_DIR` there; this container mounts
+that volume read-only at `APP_LIVE`, which the init container made root-only (0700), so the agent uid can
+neither read nor write it. `create` waits until the sidecar's ready file appears there (`SandboxError` after
+`APP_START_TIMEOUT_S`: an infra error, retried, never a 0). When the agent's command ends and its processes are
+gone, `run` keeps a copy of that state as ROOT/`APP_STATE_KEPT`; the verifier grades that copy, placed at
+`APP_STATE_DIR` in this container (`for_verifier`), never the live folder, which the still running app (or
+anything the agent set in motion through it) may change afterwards. This is what `steps.sandbox.app` does
+locally, where the app is stopped at that moment instead.
+
 What the pod does not isolate is in docs/rollouts.md (network, the node's kernel, what the image itself
 leaves readable).
 """
@@ -52,14 +63,21 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from steps.sandbox.app import APP_STATE_DIR, READY_FILE
-from steps.sandbox.common import KILL_GRACE_S, RunResult, SandboxError, VerifierRefused, kill, wait_for
+from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT, READY_FILE
+from steps.sandbox.common import (KILL_GRACE_S, RunResult, SandboxError, VerifierRefused, copy_tree, force_remove,
+                                  kill, wait_for)
 from steps.sandbox.local import Bind, Sandbox
 from steps.tasks import Task
 
 AGENT_UID = 10001
 AGENT_LOGS = "/logs/agent"
-APP_READY = Path(APP_STATE_DIR) / READY_FILE  # the task's app runs as the pod's sidecar, which creates it when ready
+# The app sidecar's state volume (its APP_STATE_DIR) as this container mounts it: read-only, root-only.
+APP_LIVE = Path("/var/lib/openforge/app-live")
+APP_STATE = Path(APP_STATE_DIR)  # where the verifier finds the state as it was when the agent's command ended
+# The sidecar starts with this container (after the init containers), so its browser or X display may still be
+# starting on a loaded node: longer than the local START_TIMEOUT_S, well inside the rollout's setup margin
+# (`steps.plan.SETUP_MARGIN_S`, part of the pod's deadline).
+APP_START_TIMEOUT_S = 60.0
 # Never the workspace, whatever the image's WORKDIR says: handing these (or, for the trees, anything inside
 # them) to the agent uid would break the pod or give it OpenForge's own files.
 SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/openforge", "/proc", "/root", "/sbin", "/sys",
@@ -93,6 +111,7 @@ class PodSandbox(Sandbox):
 
     agent_uid: int | None = AGENT_UID
     verifier_paths: VerifierPaths = field(default_factory=lambda: VerifierPaths((), ()))
+    app_live: Path | None = None  # the app sidecar's state, read-only here (`APP_LIVE`); None without an app
 
     @property
     def fs(self) -> Path:
@@ -104,8 +123,8 @@ class PodSandbox(Sandbox):
         """The pod as `task`'s sandbox; `root` (the rollout's output folder) becomes root-only.
 
         Raises `SandboxError` when the workspace is a system folder, when the task has an app (a GUI task's
-        site) and its sidecar is not ready, or, with a root runner, when the task folder (its verifier and
-        oracle) is readable by the agent uid.
+        site) and its sidecar is not ready within `APP_START_TIMEOUT_S`, or, with a root runner, when the task
+        folder (its verifier and oracle) or the app's state is reachable by the agent uid.
         """
         root = Path(root).absolute()
         root.mkdir(parents=True, exist_ok=True)
@@ -114,10 +133,10 @@ class PodSandbox(Sandbox):
         if workdir in SYSTEM_FOLDERS or any(workdir == tree or workdir.startswith(tree + "/") for tree in SYSTEM_TREES):
             raise SandboxError(f"the workspace would be {workdir}, a system folder the agent must not own; give the "
                                "image a WORKDIR such as /app or set [environment] workdir")
-        if task.config.app and not APP_READY.exists():  # else every rollout of it would silently score 0
-            raise SandboxError(f"the task's [environment] app is not running: in a pod it is the rollout pod's sidecar, "
-                               f"which creates {APP_READY} once it listens (docs/tasks.md#gui-tasks)")
-        box = cls(root=root, workdir=workdir, agent_uid=agent_uid if os.geteuid() == 0 else None)
+        if task.config.app:  # else every rollout of it would silently score 0
+            wait_for_app(APP_LIVE, APP_START_TIMEOUT_S)
+        box = cls(root=root, workdir=workdir, agent_uid=agent_uid if os.geteuid() == 0 else None,
+                  app_live=APP_LIVE if task.config.app else None)
         box.apply_task_env(task)
         box.notes.append("pod mode: the pod's image is the environment (environment/Dockerfile is not replayed, "
                          "its ENV is not passed to the agent)")
@@ -129,12 +148,19 @@ class PodSandbox(Sandbox):
             raise SandboxError(f"the task folder {task.path} (verifier and oracle) is readable by the agent uid "
                                f"{box.agent_uid}; keep tasks in a root-only folder (mode 0700), as the rollout pod's "
                                "init container does")
+        elif box.app_live is not None and not hidden_from(box.app_live, box.agent_uid):
+            raise SandboxError(f"the app's state {box.app_live} is reachable by the agent uid {box.agent_uid}; mount "
+                               "the sidecar's state volume read-only there, made root-only (mode 0700) before the app "
+                               "starts, as the rollout pod's init container does")
         Path(workdir).mkdir(parents=True, exist_ok=True)
         for folder in (AGENT_LOGS, "/logs/verifier", "/logs/artifacts"):
             Path(folder).mkdir(parents=True, exist_ok=True)
         box.home = tempfile.mkdtemp(prefix="openforge-agent-home-", dir="/tmp")
+        if box.app_live is not None:  # the verifier reads the app's state there: the agent must not own the way
+            APP_STATE.parent.mkdir(parents=True, exist_ok=True)
         if box.agent_uid is not None:
-            box.verifier_paths = verifier_paths({**box.env, **task.config.verifier_env}, agent_areas(box))
+            also = (str(APP_STATE.parent),) if box.app_live is not None else ()
+            box.verifier_paths = verifier_paths({**box.env, **task.config.verifier_env}, agent_areas(box), also=also)
             closed = close(box.verifier_paths, box.agent_uid)
             if closed:
                 box.notes.append(f"pod mode: {len(closed)} paths the verifier loads were open to the agent uid and "
@@ -151,7 +177,8 @@ class PodSandbox(Sandbox):
         stderr go together to `stdout_path` (appended); stdin is empty; the environment is only the
         sandbox's plus `env`. `extra_binds`, `network` and `init` mean nothing here: the pod already holds
         the harness and has one network. A program that cannot be executed gives exit code 127/126,
-        as in a shell.
+        as in a shell. With a task's app, the agent's command is followed, once everything it left is
+        killed, by a copy of the app's state (`keep_app_state`): what the verifier grades.
         """
         cwd = cwd or self.workdir
         if not Path(cwd).is_dir():
@@ -172,11 +199,29 @@ class PodSandbox(Sandbox):
                 return RunResult(exit_code=127 if isinstance(exc, FileNotFoundError) else 126, timed_out=False,
                                  duration_s=round(time.monotonic() - started, 3))
         timed_out = wait_for(process, timeout_s, lambda: _stop(process, uid))
+        if as_agent and self.app_live is not None:
+            self.keep_app_state()
         return RunResult(exit_code=process.returncode, timed_out=timed_out,
                          duration_s=round(time.monotonic() - started, 3))
 
+    def keep_app_state(self) -> None:
+        """Copy the app sidecar's live state to ROOT/`APP_STATE_KEPT` (root-only), replacing an earlier copy."""
+        kept = self.root / APP_STATE_KEPT
+        if kept.exists():
+            shutil.rmtree(kept, onerror=force_remove)
+        try:
+            copy_tree(self.app_live, kept)
+        except OSError as exc:  # the volume is the sidecar's, never the agent's: not the agent's fault
+            raise SandboxError(f"the app's state {self.app_live} could not be copied ({exc.strerror or exc})") from None
+
     def for_verifier(self, task: Task) -> PodSandbox:
-        """The pod itself: the agent uid's processes are gone and it could write only its own places."""
+        """The pod itself: the agent uid's processes are gone and it could write only its own places. With a
+        task's app, its state as it was when the agent's command ended (ROOT/`APP_STATE_KEPT`) is put at
+        `APP_STATE_DIR`, replacing whatever is there (empty if the agent never ran)."""
+        if self.app_live is not None:
+            target = self._replace(str(APP_STATE))
+            kept = self.root / APP_STATE_KEPT
+            copy_tree(kept, target) if kept.is_dir() else target.mkdir()
         return self
 
     def close(self) -> None:
@@ -224,6 +269,17 @@ class PodSandbox(Sandbox):
         """Nothing to delete: the pod goes away with its files."""
 
 
+def wait_for_app(live: Path, timeout_s: float) -> None:
+    """Return once the app sidecar's ready file is in `live`; `SandboxError` (an infra error) after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (live / READY_FILE).exists():
+        if time.monotonic() >= deadline:
+            raise SandboxError(f"the task's [environment] app was not ready within {timeout_s:g} s: in a pod it runs "
+                               f"as the rollout pod's sidecar container `app`, which creates {live / READY_FILE} once "
+                               "it listens (see that container's log; docs/tasks.md#gui-tasks)")
+        time.sleep(0.2)
+
+
 def give(path: Path, uid: int) -> None:
     """Make `path` and everything under it owned by `uid` (links themselves, never their targets)."""
     os.lchown(path, uid, uid)
@@ -253,17 +309,19 @@ def python_path(python: str, env: dict[str, str]) -> list[str]:
         return []
 
 
-def verifier_paths(env: dict[str, str], agent_owned: Sequence[str], probe_python: bool = True) -> VerifierPaths:
+def verifier_paths(env: dict[str, str], agent_owned: Sequence[str], probe_python: bool = True,
+                   also: Sequence[str] = ()) -> VerifierPaths:
     """What the verifier would execute or load, as trees and folders (see `VerifierPaths`).
 
     Trees: every folder on `env`'s PATH, with the real targets of the programs linked there; `sys.path`
-    of each `python3`/`python` on that PATH (when `probe_python`); `VERIFIER_TREES`. Folders: `/`, `/tests`'s
+    of each `python3`/`python` on that PATH (when `probe_python`); `VERIFIER_TREES`; `also` (what else it
+    reads as given: the folder of the app's state). Folders: `/`, `/tests`'s
     and `/logs`'s parents (where pytest looks for `conftest.py`, `pytest.ini`, ...), and every folder above
     a tree (renaming one swaps everything below it). Paths inside `agent_owned` (the workspace: what is
     graded) are left out.
     """
     search = [folder for folder in env.get("PATH", "").split(":") if folder.startswith("/")]
-    trees = [*search, *VERIFIER_TREES]
+    trees = [*search, *VERIFIER_TREES, *also]
     for folder in search:
         for entry in _entries(folder):
             if entry.is_symlink():
