@@ -2,11 +2,15 @@
 from a run's image folder and run through the checkpoint's own image processor (`steps.update.vision`).
 
 Needs the training environment (verl==0.9.1), like tests/test_update.py; the vLLM comparison also needs the
-serving environment (`OPENFORGE_SERVE_PYTHON`). The tiny vision model is `steps.tiny_model --vision`'s
+serving environment (`OPENFORGE_SERVE_PYTHON`): samples recorded from the module's vLLM, the trainer's logprobs
+on them, and after an update on them the proxy's weight swap, the same prompts again and the updated trainer's
+logprobs. The tiny vision model is `steps.tiny_model --vision`'s
 Qwen2.5-VL (random weights, a 1280x720 screenshot is 252 image tokens at its pixel cap). The tests that
 load a model are marked `slow`; the rest are in `make test-fast`.
 """
 
+import asyncio
+import dataclasses
 import hashlib
 import importlib.util
 import io
@@ -276,31 +280,53 @@ def trainer_gaps(worker, samples: list, checkpoint: Path, images_url: str, flat:
             for row in range(len(samples))]
 
 
+NEEDS_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("OPENFORGE_SERVE_PYTHON"),
+                                reason="vLLM is not installed here and OPENFORGE_SERVE_PYTHON names no serving env's Python")
+TEXT_PROMPT = "Click the blue button on the page."
+
+
+def screenshot_content(data: bytes) -> list[dict]:
+    """A user turn's content: the screenshot `data` as a data URL, then the instruction."""
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    return [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Click the blue button."}]
+
+
+def record(url: str, folder: Path) -> list[update_batch.Sample]:
+    """vLLM's samples at temperature 1 as a rollout records them (prompt ids, sampled ids, their logprobs): after
+    screenshot 0 (opaque) and screenshot 1 (transparent background), stored in `folder`, then after a text
+    prompt; rewards 0, 1, 0 in one task."""
+    samples = []
+    for seed in range(2):
+        data = screenshot(seed, transparent=seed == 1)
+        call = sampled(url, screenshot_content(data), seed)
+        samples.append(update_batch.Sample(f"r{seed}", "click", call["prompt"], call["response"], [1] * 16,
+                                           call["logprobs"], float(seed), images=[store_image(folder, data)]))
+    call = sampled(url, TEXT_PROMPT, 5)
+    samples.append(update_batch.Sample("r2", "click", call["prompt"], call["response"], [1] * 16, call["logprobs"], 0.0))
+    return samples
+
+
+@pytest.fixture(scope="module")
+def recorded(vision_vllm: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """`record` on the module's vLLM serving the base checkpoint: the samples and their image folder."""
+    folder = tmp_path_factory.mktemp("recorded") / "images"
+    return {"samples": record(vision_vllm, folder), "images": str(folder)}
+
+
 @pytest.mark.slow
-@pytest.mark.vllm
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("OPENFORGE_SERVE_PYTHON"),
-                    reason="vLLM is not installed here and OPENFORGE_SERVE_PYTHON names no serving env's Python")
-def test_the_trainer_reproduces_vllms_logprobs_on_screenshots(vision_vllm: str, vision_checkpoint: Path,
-                                                              tmp_path: Path) -> None:
+@NEEDS_VLLM
+def test_the_trainer_reproduces_vllms_logprobs_on_screenshots(recorded: dict, vision_checkpoint: Path) -> None:
     """vLLM samples after a screenshot (one opaque, one with a transparent background) and after a text prompt;
     its prompt ids are the template's expansion. The worker's logprobs on the screenshot samples are as close
     to vLLM's as on the text sample (within twice its gap); with 1-D positions, or with part of the screenshot
     blacked out (same size, so the same ids), they are far outside that bound (the controls)."""
-    import base64
-
     from PIL import ImageDraw
 
-    folder, samples = tmp_path / "images", []
-    for seed in range(2):
-        data = screenshot(seed, transparent=seed == 1)
-        url = "data:image/png;base64," + base64.b64encode(data).decode()
-        call = sampled(vision_vllm, [{"type": "image_url", "image_url": {"url": url}},
-                                     {"type": "text", "text": "Click the blue button."}], seed)
-        assert call["prompt"] == image_prompt(vision_checkpoint, [data])
-        samples.append(update_batch.Sample(f"r{seed}", "click", call["prompt"], call["response"], [1] * 16,
-                                           call["logprobs"], float(seed), images=[store_image(folder, data)]))
-    call = sampled(vision_vllm, "Click the blue button on the page.", 5)
-    samples.append(update_batch.Sample("r2", "click", call["prompt"], call["response"], [1] * 16, call["logprobs"], 0.0))
+    folder, samples = Path(recorded["images"]), [dataclasses.replace(s) for s in recorded["samples"]]
+    for sample in samples[:2]:
+        assert sample.prompt_token_ids == image_prompt(vision_checkpoint, [(folder / sample.images[0]).read_bytes()])
     update.prepare_runtime()
     worker, _ = update.build_worker(vision_checkpoint, load_config(None, []))
     *image_gaps, text_gap = trainer_gaps(worker, samples, vision_checkpoint, str(folder))
@@ -317,6 +343,56 @@ def test_the_trainer_reproduces_vllms_logprobs_on_screenshots(vision_vllm: str, 
     assert 0 < text_gap < 0.08  # bf16 noise, as on the text model (tests/test_update.py)
     assert max(image_gaps) < bound
     assert min(flat_gaps) > bound and altered_gap > bound
+
+
+async def swap(url: str, weights: Path, version: str) -> None:
+    """The proxy's own weight swap (`steps.proxy.weights.swap_weights`: reload, prefix and encoder cache resets,
+    version) on the vLLM at `url`, its one replica."""
+    from steps.proxy.replicas import Replicas
+    from steps.proxy.sessions import WeightGate
+    from steps.proxy.upstream import Upstream
+    from steps.proxy.weights import swap_weights
+
+    upstream = Upstream(url)
+    await upstream.start()
+    try:
+        assert await swap_weights(WeightGate("0"), Replicas([upstream], "0"), str(weights), version) == []
+    finally:
+        await upstream.close()
+
+
+@pytest.mark.slow
+@NEEDS_VLLM
+def test_after_an_update_and_a_swap_vllm_serves_the_updated_trainers_logprobs(recorded: dict, vision_vllm: str,
+                                                                             vision_checkpoint: Path,
+                                                                             tmp_path: Path) -> None:
+    """The recorded samples (two screenshots, one text) train one real update (one AdamW step at lr 1e-3 moves
+    their logprobs by 1.5-4 nats, far past bf16 noise), saved as the update step saves it; the proxy's swap serves it and
+    the same prompts are sent again: 200 (no encoder cache miss), the same prompt ids, and vLLM's logprobs
+    match the updated trainer's within twice the text gap (the new weights' text gap). The control: vLLM's
+    logprobs before the swap are outside that bound of the updated trainer's, so stale weights served after a
+    swap would fail the check. The module's server is swapped back after."""
+    import httpx
+
+    worker, metrics = update.run_update([dataclasses.replace(s) for s in recorded["samples"]], vision_checkpoint,
+                                        load_config(None, OVERRIDES), recorded["images"])
+    assert worker is not None and metrics["tokens_trained"] == 48
+    updated = update.save_checkpoint(worker, vision_checkpoint, tmp_path / "updated")
+    asyncio.run(swap(vision_vllm, updated, "1"))
+    try:
+        again = record(vision_vllm, Path(recorded["images"]))
+        assert httpx.get(f"{vision_vllm}/health", timeout=10).status_code == 200
+    finally:
+        asyncio.run(swap(vision_vllm, vision_checkpoint, "2"))
+    assert [s.prompt_token_ids for s in again] == [s.prompt_token_ids for s in recorded["samples"]]
+    *image_gaps, text_gap = trainer_gaps(worker, again, updated, recorded["images"])
+    stale_gaps = trainer_gaps(worker, recorded["samples"], updated, recorded["images"])
+    print(f"after the swap, updated trainer vs vLLM: text {text_gap:.4f}, screenshots {image_gaps}; "
+          f"vs vLLM before the swap (stale): {stale_gaps}")
+    bound = 2 * text_gap
+    assert 0 < text_gap < 0.08
+    assert max(image_gaps) < bound
+    assert min(stale_gaps) > bound
 
 
 @pytest.mark.slow
