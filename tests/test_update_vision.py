@@ -1,13 +1,13 @@
-"""The update on samples with images: the real veRL worker (FSDP2, CPU) on a tiny Qwen2.5-VL, its images read
+"""The update on samples with images: the real veRL worker (FSDP2, CPU) on a tiny Qwen-VL model, its images read
 from a run's image folder and run through the checkpoint's own image processor (`steps.update.vision`).
 
 Needs the training environment (verl==0.9.1), like tests/test_update.py; the vLLM comparison also needs the
 serving environment (`OPENFORGE_SERVE_PYTHON`): samples recorded from the module's vLLM, the trainer's logprobs
 on them, and after an update on them the proxy's weight swap, the same prompts again and the updated trainer's
-logprobs. The tiny vision model is `steps.tiny_model --vision`'s
-Qwen2.5-VL (random weights, a 1280x720 screenshot is 252 image tokens at its pixel cap). The tests that
-load a model are marked `slow`; the rest are in `make test-fast`.
-"""
+logprobs. The module's model is `steps.tiny_model --vision qwen3_vl`'s Qwen3-VL, the production target (random
+weights, a 1280x720 screenshot is 252 image tokens at its pixel cap); `OPENFORGE_TEST_VISION_FAMILY=qwen2_5_vl`
+runs it on the Qwen2.5-VL the session's vision vLLM and the GUI loop serve. The tests that load a model are
+marked `slow`; the rest are in `make test-fast`."""
 
 import asyncio
 import dataclasses
@@ -28,6 +28,7 @@ from steps.update import batch as update_batch, train as update, vision  # noqa:
 from steps.update.config import load_config  # noqa: E402
 
 OVERRIDES = ["learning_rate=1e-3", "weight_decay=0.0"]
+FAMILY = os.environ.get("OPENFORGE_TEST_VISION_FAMILY", "qwen3_vl")
 
 
 def screenshot(seed: int = 0, size: tuple[int, int] = (1280, 720), transparent: bool = False) -> bytes:
@@ -76,8 +77,8 @@ def image_prompt(checkpoint: Path, images: list[bytes], text: str = "Click the b
 
 @pytest.fixture(scope="module")
 def vision_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny vision model (Qwen2.5-VL, seed 0) for this module."""
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-vision"), seed=0, vision="qwen2_5_vl")
+    """The tiny vision model of `FAMILY` (seed 0) for this module."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-vision"), seed=0, vision=FAMILY)
 
 
 @pytest.fixture(scope="module")
@@ -213,14 +214,14 @@ def test_an_update_with_images_trains_the_model_and_its_vision_tower(image_updat
                                                                      vision_checkpoint: Path) -> None:
     """The update runs (exit 0), every weight moved, the vision tower's too (its gradient came through the
     images' features), and the checkpoint carries the processor files vLLM needs to serve it again."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
     assert image_update["code"] == 0
     out = image_update["out"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["samples"] == 4 and metrics["tokens_trained"] == 48
     # loaded as a model (the update writes the in-memory names, `model.visual.*`; the builder the saved ones)
-    before, after = (Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).state_dict()
+    before, after = (AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).state_dict()
                      for folder in (vision_checkpoint, out))
     assert set(before) == set(after)
     moved = [name for name in before if not torch.equal(before[name], after[name])]
@@ -405,20 +406,23 @@ def test_samples_of_one_length_train(vision_checkpoint: Path, run_images: dict) 
     assert worker is not None and metrics["tokens_trained"] == 24
 
 
-def test_a_vision_checkpoint_trains_on_samples_without_images(vision_checkpoint: Path, run_images: dict,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """Calls before the first screenshot (the computer-use loop's first call) make samples without images; a
-    micro-batch of only those ran veRL's placeholder image through the tower and failed on its output object.
-    The update trains them; the control, veRL's own embedding step on the same batch, fails."""
+def test_a_vision_checkpoint_trains_on_samples_without_images(vision_checkpoint: Path, tiny_vision_model: Path,
+                                                              run_images: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls before the first screenshot (the computer-use loop's first call) make samples without images; on
+    Qwen2-VL and Qwen2.5-VL (the session's `tiny_vision_model`) a micro-batch of only those ran veRL's placeholder
+    image through the tower and failed on its output object. The update trains them on both families; the
+    control, veRL's own Qwen2.5-VL embedding step on the same batch, fails (veRL's Qwen3-VL step unpacks the
+    tower's output itself)."""
     from verl.models.transformers import qwen2_vl
 
     text = [update_batch.Sample(rollout_id=f"t{i}", task="click", prompt_token_ids=[11, 12, 13 + i],
                                 response_token_ids=[300 + 7 * j for j in range(12)], response_mask=[1] * 12,
                                 response_logprobs=None, reward=float(i), images=[]) for i in (0, 1)]
     config = load_config(None, OVERRIDES)
-    worker, metrics = update.run_update(text, vision_checkpoint, config, run_images["url"])
-    assert worker is not None and metrics["tokens_trained"] == 24
+    for checkpoint in dict.fromkeys([vision_checkpoint, tiny_vision_model]):
+        worker, metrics = update.run_update(text, checkpoint, config, run_images["url"])
+        assert worker is not None and metrics["tokens_trained"] == 24
     monkeypatch.setattr(update.vision, "patch_text_only_batches", lambda: None)
     monkeypatch.setattr(qwen2_vl, "_get_input_embeds", qwen2_vl._get_input_embeds.original)
     with pytest.raises(AttributeError, match="mean"):
-        update.run_update(text, vision_checkpoint, config, run_images["url"])
+        update.run_update(text, tiny_vision_model, config, run_images["url"])
