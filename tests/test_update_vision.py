@@ -160,6 +160,22 @@ def test_a_sample_whose_images_do_not_match_is_refused_by_name(change: str, mess
     assert message in str(error.value)
 
 
+def test_images_served_at_a_pixel_cap_are_gridded_at_that_cap(vision_checkpoint: Path, run_images: dict) -> None:
+    """A screenshot served with the run config's `max_pixels` at a quarter of the checkpoint's cap is 60 image
+    tokens in vLLM's prompt (`tests/test_vision_serving.py`); at that cap the update grids it so and trains on
+    it. Control: at the checkpoint's own cap (252 tokens) the same sample is refused, naming both counts."""
+    model = vision.load(vision_checkpoint)
+    cap = model.processor.size["longest_edge"] // 4
+    sample = image_sample(vision_checkpoint, run_images, [0], "r0", 1.0)
+    capped = [token for token in sample.prompt_token_ids if token != model.image_token_id]
+    first = sample.prompt_token_ids.index(model.image_token_id)
+    sample.prompt_token_ids = capped[:first] + [model.image_token_id] * 60 + capped[first:]
+    (inputs, positions), = vision.batch_inputs([sample], vision_checkpoint, run_images["url"], max_pixels=cap)
+    assert inputs["image_grid_thw"].tolist() == [[1, 12, 20]] and positions.shape[1] == len(sample.prompt_token_ids) + 12
+    with pytest.raises(update_batch.SampleError, match=r"runs of \[60\] but its 1 image\(s\) make \[252\]"):
+        vision.batch_inputs([sample], vision_checkpoint, run_images["url"])
+
+
 def test_images_on_a_text_checkpoint_or_without_an_image_folder_are_refused(vision_checkpoint: Path,
                                                                            run_images: dict, tmp_path: Path) -> None:
     """A text model cannot see the images, and without `--images` there are none to read: both refused."""
