@@ -7,7 +7,8 @@ reads them: 9 samples in 3 mini-batches (3 samples each: a filler evens each out
 The second updates correct with `tis` (the trainer's logprobs as PPO's old ones): with the sampler's, the
 first update's lr 1e-3 moved every token out of the clip range and their gradient would be 0.
 The second 2-rank update reads and writes its checkpoints in S3 (moto on loopback), as on a cluster.
-The tolerance (`WEIGHTS`, `METRICS`) is the one docs/update.md states.
+The tolerance (`WEIGHTS`, `METRICS`) is the one docs/update.md states. With images (`vision_runs`, the tiny
+Qwen2.5-VL): one 2-rank update against the same step run as 1 rank in this process, and its control.
 """
 
 import dataclasses
@@ -25,9 +26,9 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
 
 from steps.tiny_model import build_tiny_model  # noqa: E402
-from steps.update import ranks as update_ranks  # noqa: E402
+from steps.update import ranks as update_ranks, train as update_train  # noqa: E402
 from update_reference import craft_samples, write_samples  # noqa: E402
-from workflows import commands  # noqa: E402
+from workflows import commands, layout  # noqa: E402
 from workflows.config import RunConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -198,3 +199,80 @@ def test_a_skipped_update_on_two_ranks_copies_the_checkpoint_once(runs: dict) ->
         assert (skipped["out"] / name).read_bytes() == (source / name).read_bytes(), name
     assert skipped["stderr"].count("steps.update: no advantage: ") == 1
     assert (runs["two_again"]["out"] / "model.safetensors").read_bytes() != (source / "model.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def vision_runs(tiny_vision_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Updates on the tiny Qwen2.5-VL, each the run's command with the run's image folder: 4 samples whose ids are
+    all the same (same-size screenshots, same text), each with its own screenshot, and a text sample, in one
+    mini-batch (rank 0 trains rows 0-2, rank 1 rows 3-4 and the filler). On 1 and 2 ranks, and on 1 rank with
+    the screenshots rotated one sample on (the control: the same ids, each image with another sample)."""
+    from steps.update.batch import Sample
+    from test_update_vision import image_prompt, screenshot, store_image
+
+    root = tmp_path_factory.mktemp("vision-ranks")
+    run = RunConfig(store=str(root), run="run", update_gpus=1, learning_rate=1e-3)
+    folder = Path(layout.images_url(run.run_url))
+    names = [store_image(folder, screenshot(seed)) for seed in range(4)]
+    prompt = image_prompt(tiny_vision_model, [screenshot(0)])
+    assert all(image_prompt(tiny_vision_model, [screenshot(seed)]) == prompt for seed in range(1, 4))
+    response = [300 + 7 * i for i in range(12)]
+    samples = [Sample(f"r{i}", "click", prompt, response, [1] * 12, None, float(i % 2), images=[names[i]])
+               for i in range(4)]
+    samples.append(Sample("r4", "click", [40, 41, 42, 43], response, [1] * 12, None, 1.0))
+    rotated = [dataclasses.replace(s, images=[names[(i + 1) % 4]]) if s.images else s for i, s in enumerate(samples)]
+    config = root / "update.yaml"
+    config.write_text((REPO / "configs" / "update.yaml").read_text()
+                      + "\n".join(["compute_dtype: fp32", "weight_decay: 0.0", "mini_batches: 1"]) + "\n")
+
+    def update(name: str, gpus: int, rows: list) -> dict:
+        trajectories = write_vision_samples(rows, root / f"{name}-samples")
+        argv = commands.update(dataclasses.replace(run, update_gpus=gpus, update_config=str(config)),
+                               str(trajectories), str(tiny_vision_model), str(root / name), python=sys.executable)
+        if gpus == 1:  # `python -m steps.update ...` in this process: no second import of veRL (seconds on 2 cores)
+            assert argv[1:3] == ["-m", "steps.update"]
+            return {"code": update_train.main(argv[3:]), "stderr": "", "out": root / name}
+        done = subprocess.run(argv, cwd=REPO, env={**launcher_free_env(), "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, timeout=900)
+        return {"code": done.returncode, "stderr": done.stderr, "stdout": done.stdout, "out": root / name}
+
+    two = update("two", 2, samples)  # first: the 1-rank updates in this process set a process group's env
+    return {"base": tiny_vision_model, "two": two, "one": update("one", 1, samples),
+            "rotated": update("rotated", 1, rotated)}
+
+
+def write_vision_samples(samples: list, folder: Path) -> Path:
+    """`write_samples` plus the samples' `images` column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    write_samples(samples, folder)
+    table = pq.read_table(folder / "samples.parquet")
+    table = table.append_column("images", pa.array([s.images or [] for s in samples], pa.list_(pa.string())))
+    pq.write_table(table, folder / "samples.parquet")
+    return folder
+
+
+def test_two_ranks_keep_each_image_with_its_sample(vision_runs: dict) -> None:
+    """Images across ranks: the 2-rank update on samples that differ only by their screenshot makes the 1-rank
+    update (loss, grad norm, every weight, vision tower included, within the text test's tolerance). Control: 1
+    rank with each screenshot moved to the next sample (same ids) is far off, so images that left their sample
+    on the way to a rank would be caught."""
+    from transformers import AutoModelForImageTextToText
+
+    def state(folder: Path) -> dict:
+        return AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).state_dict()
+
+    for name in ("one", "two", "rotated"):
+        assert vision_runs[name]["code"] == 0, vision_runs[name]["stderr"][-3000:]
+    base, one, two, rotated = (state(vision_runs[name]["out"] if name != "base" else vision_runs["base"])
+                               for name in ("base", "one", "two", "rotated"))
+    print(f"2 ranks vs 1: {relative_difference(one, two, base):.2e}; rotated images: "
+          f"{relative_difference(one, rotated, base):.2e}")
+    assert relative_difference(one, two, base) < WEIGHTS
+    assert relative_difference(one, rotated, base) > 100 * WEIGHTS
+    m1, m2, m3 = (metrics(vision_runs[name]) for name in ("one", "two", "rotated"))
+    for key in ("loss", "grad_norm"):
+        assert m2[key] == pytest.approx(m1[key], rel=METRICS), key
+    assert m3["grad_norm"] != pytest.approx(m1["grad_norm"], rel=100 * METRICS)
+    assert m1["samples"] == m2["samples"] == 5 and m1["tokens_trained"] == m2["tokens_trained"] == 60

@@ -1,12 +1,16 @@
-"""The update on samples with images: the real veRL worker (FSDP2, CPU) on a tiny Qwen2.5-VL, its images read
+"""The update on samples with images: the real veRL worker (FSDP2, CPU) on a tiny Qwen-VL model, its images read
 from a run's image folder and run through the checkpoint's own image processor (`steps.update.vision`).
 
 Needs the training environment (verl==0.9.1), like tests/test_update.py; the vLLM comparison also needs the
-serving environment (`OPENFORGE_SERVE_PYTHON`). The tiny vision model is `steps.tiny_model --vision`'s
-Qwen2.5-VL (random weights, a 1280x720 screenshot is 252 image tokens at its pixel cap). The tests that
-load a model are marked `slow`; the rest are in `make test-fast`.
-"""
+serving environment (`OPENFORGE_SERVE_PYTHON`): samples recorded from the module's vLLM, the trainer's logprobs
+on them, and after an update on them the proxy's weight swap, the same prompts again and the updated trainer's
+logprobs. The module's model is `steps.tiny_model --vision qwen3_vl`'s Qwen3-VL, the production target (random
+weights, a 1280x720 screenshot is 252 image tokens at its pixel cap); `OPENFORGE_TEST_VISION_FAMILY=qwen2_5_vl`
+runs it on the Qwen2.5-VL the session's vision vLLM and the GUI loop serve. The tests that load a model are
+marked `slow`; the rest are in `make test-fast`."""
 
+import asyncio
+import dataclasses
 import hashlib
 import importlib.util
 import io
@@ -24,6 +28,7 @@ from steps.update import batch as update_batch, train as update, vision  # noqa:
 from steps.update.config import load_config  # noqa: E402
 
 OVERRIDES = ["learning_rate=1e-3", "weight_decay=0.0"]
+FAMILY = os.environ.get("OPENFORGE_TEST_VISION_FAMILY", "qwen3_vl")
 
 
 def screenshot(seed: int = 0, size: tuple[int, int] = (1280, 720), transparent: bool = False) -> bytes:
@@ -72,8 +77,8 @@ def image_prompt(checkpoint: Path, images: list[bytes], text: str = "Click the b
 
 @pytest.fixture(scope="module")
 def vision_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny vision model (Qwen2.5-VL, seed 0) for this module."""
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-vision"), seed=0, vision="qwen2_5_vl")
+    """The tiny vision model of `FAMILY` (seed 0) for this module."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-vision"), seed=0, vision=FAMILY)
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +160,22 @@ def test_a_sample_whose_images_do_not_match_is_refused_by_name(change: str, mess
     assert message in str(error.value)
 
 
+def test_images_served_at_a_pixel_cap_are_gridded_at_that_cap(vision_checkpoint: Path, run_images: dict) -> None:
+    """A screenshot served with the run config's `max_pixels` at a quarter of the checkpoint's cap is 60 image
+    tokens in vLLM's prompt (`tests/test_vision_serving.py`); at that cap the update grids it so and trains on
+    it. Control: at the checkpoint's own cap (252 tokens) the same sample is refused, naming both counts."""
+    model = vision.load(vision_checkpoint)
+    cap = model.processor.size["longest_edge"] // 4
+    sample = image_sample(vision_checkpoint, run_images, [0], "r0", 1.0)
+    capped = [token for token in sample.prompt_token_ids if token != model.image_token_id]
+    first = sample.prompt_token_ids.index(model.image_token_id)
+    sample.prompt_token_ids = capped[:first] + [model.image_token_id] * 60 + capped[first:]
+    (inputs, positions), = vision.batch_inputs([sample], vision_checkpoint, run_images["url"], max_pixels=cap)
+    assert inputs["image_grid_thw"].tolist() == [[1, 12, 20]] and positions.shape[1] == len(sample.prompt_token_ids) + 12
+    with pytest.raises(update_batch.SampleError, match=r"runs of \[60\] but its 1 image\(s\) make \[252\]"):
+        vision.batch_inputs([sample], vision_checkpoint, run_images["url"])
+
+
 def test_images_on_a_text_checkpoint_or_without_an_image_folder_are_refused(vision_checkpoint: Path,
                                                                            run_images: dict, tmp_path: Path) -> None:
     """A text model cannot see the images, and without `--images` there are none to read: both refused."""
@@ -209,14 +230,14 @@ def test_an_update_with_images_trains_the_model_and_its_vision_tower(image_updat
                                                                      vision_checkpoint: Path) -> None:
     """The update runs (exit 0), every weight moved, the vision tower's too (its gradient came through the
     images' features), and the checkpoint carries the processor files vLLM needs to serve it again."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
     assert image_update["code"] == 0
     out = image_update["out"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["samples"] == 4 and metrics["tokens_trained"] == 48
     # loaded as a model (the update writes the in-memory names, `model.visual.*`; the builder the saved ones)
-    before, after = (Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).state_dict()
+    before, after = (AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).state_dict()
                      for folder in (vision_checkpoint, out))
     assert set(before) == set(after)
     moved = [name for name in before if not torch.equal(before[name], after[name])]
@@ -276,31 +297,53 @@ def trainer_gaps(worker, samples: list, checkpoint: Path, images_url: str, flat:
             for row in range(len(samples))]
 
 
+NEEDS_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("OPENFORGE_SERVE_PYTHON"),
+                                reason="vLLM is not installed here and OPENFORGE_SERVE_PYTHON names no serving env's Python")
+TEXT_PROMPT = "Click the blue button on the page."
+
+
+def screenshot_content(data: bytes) -> list[dict]:
+    """A user turn's content: the screenshot `data` as a data URL, then the instruction."""
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    return [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Click the blue button."}]
+
+
+def record(url: str, folder: Path) -> list[update_batch.Sample]:
+    """vLLM's samples at temperature 1 as a rollout records them (prompt ids, sampled ids, their logprobs): after
+    screenshot 0 (opaque) and screenshot 1 (transparent background), stored in `folder`, then after a text
+    prompt; rewards 0, 1, 0 in one task."""
+    samples = []
+    for seed in range(2):
+        data = screenshot(seed, transparent=seed == 1)
+        call = sampled(url, screenshot_content(data), seed)
+        samples.append(update_batch.Sample(f"r{seed}", "click", call["prompt"], call["response"], [1] * 16,
+                                           call["logprobs"], float(seed), images=[store_image(folder, data)]))
+    call = sampled(url, TEXT_PROMPT, 5)
+    samples.append(update_batch.Sample("r2", "click", call["prompt"], call["response"], [1] * 16, call["logprobs"], 0.0))
+    return samples
+
+
+@pytest.fixture(scope="module")
+def recorded(vision_vllm: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """`record` on the module's vLLM serving the base checkpoint: the samples and their image folder."""
+    folder = tmp_path_factory.mktemp("recorded") / "images"
+    return {"samples": record(vision_vllm, folder), "images": str(folder)}
+
+
 @pytest.mark.slow
-@pytest.mark.vllm
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("OPENFORGE_SERVE_PYTHON"),
-                    reason="vLLM is not installed here and OPENFORGE_SERVE_PYTHON names no serving env's Python")
-def test_the_trainer_reproduces_vllms_logprobs_on_screenshots(vision_vllm: str, vision_checkpoint: Path,
-                                                              tmp_path: Path) -> None:
+@NEEDS_VLLM
+def test_the_trainer_reproduces_vllms_logprobs_on_screenshots(recorded: dict, vision_checkpoint: Path) -> None:
     """vLLM samples after a screenshot (one opaque, one with a transparent background) and after a text prompt;
     its prompt ids are the template's expansion. The worker's logprobs on the screenshot samples are as close
     to vLLM's as on the text sample (within twice its gap); with 1-D positions, or with part of the screenshot
     blacked out (same size, so the same ids), they are far outside that bound (the controls)."""
-    import base64
-
     from PIL import ImageDraw
 
-    folder, samples = tmp_path / "images", []
-    for seed in range(2):
-        data = screenshot(seed, transparent=seed == 1)
-        url = "data:image/png;base64," + base64.b64encode(data).decode()
-        call = sampled(vision_vllm, [{"type": "image_url", "image_url": {"url": url}},
-                                     {"type": "text", "text": "Click the blue button."}], seed)
-        assert call["prompt"] == image_prompt(vision_checkpoint, [data])
-        samples.append(update_batch.Sample(f"r{seed}", "click", call["prompt"], call["response"], [1] * 16,
-                                           call["logprobs"], float(seed), images=[store_image(folder, data)]))
-    call = sampled(vision_vllm, "Click the blue button on the page.", 5)
-    samples.append(update_batch.Sample("r2", "click", call["prompt"], call["response"], [1] * 16, call["logprobs"], 0.0))
+    folder, samples = Path(recorded["images"]), [dataclasses.replace(s) for s in recorded["samples"]]
+    for sample in samples[:2]:
+        assert sample.prompt_token_ids == image_prompt(vision_checkpoint, [(folder / sample.images[0]).read_bytes()])
     update.prepare_runtime()
     worker, _ = update.build_worker(vision_checkpoint, load_config(None, []))
     *image_gaps, text_gap = trainer_gaps(worker, samples, vision_checkpoint, str(folder))
@@ -319,6 +362,56 @@ def test_the_trainer_reproduces_vllms_logprobs_on_screenshots(vision_vllm: str, 
     assert min(flat_gaps) > bound and altered_gap > bound
 
 
+async def swap(url: str, weights: Path, version: str) -> None:
+    """The proxy's own weight swap (`steps.proxy.weights.swap_weights`: reload, prefix and encoder cache resets,
+    version) on the vLLM at `url`, its one replica."""
+    from steps.proxy.replicas import Replicas
+    from steps.proxy.sessions import WeightGate
+    from steps.proxy.upstream import Upstream
+    from steps.proxy.weights import swap_weights
+
+    upstream = Upstream(url)
+    await upstream.start()
+    try:
+        assert await swap_weights(WeightGate("0"), Replicas([upstream], "0"), str(weights), version) == []
+    finally:
+        await upstream.close()
+
+
+@pytest.mark.slow
+@NEEDS_VLLM
+def test_after_an_update_and_a_swap_vllm_serves_the_updated_trainers_logprobs(recorded: dict, vision_vllm: str,
+                                                                             vision_checkpoint: Path,
+                                                                             tmp_path: Path) -> None:
+    """The recorded samples (two screenshots, one text) train one real update (one AdamW step at lr 1e-3 moves
+    their logprobs by 1.5-4 nats, far past bf16 noise), saved as the update step saves it; the proxy's swap serves it and
+    the same prompts are sent again: 200 (no encoder cache miss), the same prompt ids, and vLLM's logprobs
+    match the updated trainer's within twice the text gap (the new weights' text gap). The control: vLLM's
+    logprobs before the swap are outside that bound of the updated trainer's, so stale weights served after a
+    swap would fail the check. The module's server is swapped back after."""
+    import httpx
+
+    worker, metrics = update.run_update([dataclasses.replace(s) for s in recorded["samples"]], vision_checkpoint,
+                                        load_config(None, OVERRIDES), recorded["images"])
+    assert worker is not None and metrics["tokens_trained"] == 48
+    updated = update.save_checkpoint(worker, vision_checkpoint, tmp_path / "updated")
+    asyncio.run(swap(vision_vllm, updated, "1"))
+    try:
+        again = record(vision_vllm, Path(recorded["images"]))
+        assert httpx.get(f"{vision_vllm}/health", timeout=10).status_code == 200
+    finally:
+        asyncio.run(swap(vision_vllm, vision_checkpoint, "2"))
+    assert [s.prompt_token_ids for s in again] == [s.prompt_token_ids for s in recorded["samples"]]
+    *image_gaps, text_gap = trainer_gaps(worker, again, updated, recorded["images"])
+    stale_gaps = trainer_gaps(worker, recorded["samples"], updated, recorded["images"])
+    print(f"after the swap, updated trainer vs vLLM: text {text_gap:.4f}, screenshots {image_gaps}; "
+          f"vs vLLM before the swap (stale): {stale_gaps}")
+    bound = 2 * text_gap
+    assert 0 < text_gap < 0.08
+    assert max(image_gaps) < bound
+    assert min(stale_gaps) > bound
+
+
 @pytest.mark.slow
 def test_samples_of_one_length_train(vision_checkpoint: Path, run_images: dict) -> None:
     """Two image samples of the same length (same-size screenshots, same text): torch nests their (4, length)
@@ -329,20 +422,23 @@ def test_samples_of_one_length_train(vision_checkpoint: Path, run_images: dict) 
     assert worker is not None and metrics["tokens_trained"] == 24
 
 
-def test_a_vision_checkpoint_trains_on_samples_without_images(vision_checkpoint: Path, run_images: dict,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """Calls before the first screenshot (the computer-use loop's first call) make samples without images; a
-    micro-batch of only those ran veRL's placeholder image through the tower and failed on its output object.
-    The update trains them; the control, veRL's own embedding step on the same batch, fails."""
+def test_a_vision_checkpoint_trains_on_samples_without_images(vision_checkpoint: Path, tiny_vision_model: Path,
+                                                              run_images: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls before the first screenshot (the computer-use loop's first call) make samples without images; on
+    Qwen2-VL and Qwen2.5-VL (the session's `tiny_vision_model`) a micro-batch of only those ran veRL's placeholder
+    image through the tower and failed on its output object. The update trains them on both families; the
+    control, veRL's own Qwen2.5-VL embedding step on the same batch, fails (veRL's Qwen3-VL step unpacks the
+    tower's output itself)."""
     from verl.models.transformers import qwen2_vl
 
     text = [update_batch.Sample(rollout_id=f"t{i}", task="click", prompt_token_ids=[11, 12, 13 + i],
                                 response_token_ids=[300 + 7 * j for j in range(12)], response_mask=[1] * 12,
                                 response_logprobs=None, reward=float(i), images=[]) for i in (0, 1)]
     config = load_config(None, OVERRIDES)
-    worker, metrics = update.run_update(text, vision_checkpoint, config, run_images["url"])
-    assert worker is not None and metrics["tokens_trained"] == 24
+    for checkpoint in dict.fromkeys([vision_checkpoint, tiny_vision_model]):
+        worker, metrics = update.run_update(text, checkpoint, config, run_images["url"])
+        assert worker is not None and metrics["tokens_trained"] == 24
     monkeypatch.setattr(update.vision, "patch_text_only_batches", lambda: None)
     monkeypatch.setattr(qwen2_vl, "_get_input_embeds", qwen2_vl._get_input_embeds.original)
     with pytest.raises(AttributeError, match="mean"):
-        update.run_update(text, vision_checkpoint, config, run_images["url"])
+        update.run_update(text, tiny_vision_model, config, run_images["url"])

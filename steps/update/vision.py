@@ -48,9 +48,10 @@ class VisionModel:
     merge_size: int
 
 
-def load(checkpoint: Path) -> VisionModel | None:
+def load(checkpoint: Path, max_pixels: int = 0) -> VisionModel | None:
     """The checkpoint's `VisionModel`, or None when it is a text model (no `vision_config` or no
-    `preprocessor_config.json`)."""
+    `preprocessor_config.json`). `max_pixels` > 0: the pixel cap serving gave vLLM's image processor (the run
+    config's `max_pixels`) instead of the checkpoint's, so that the grids are the ones vLLM made."""
     import transformers
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
@@ -76,6 +77,9 @@ def load(checkpoint: Path) -> VisionModel | None:
     if hasattr(model_class, "get_vision_position_ids"):
         rope.get_vision_position_ids = types.MethodType(model_class.get_vision_position_ids, rope)
     processor = kind.from_pretrained(checkpoint)
+    if max_pixels:
+        size = {"shortest_edge": processor.size["shortest_edge"], "longest_edge": max_pixels}
+        processor = kind.from_pretrained(checkpoint, size=size)
     return VisionModel(processor=processor, rope=rope, image_token_id=int(config.image_token_id),
                        merge_size=int(processor.merge_size))
 
@@ -184,12 +188,13 @@ def sample_inputs(model: VisionModel, ids: list[int], images: list[bytes], where
     return inputs, position_ids(model, ids, grid)
 
 
-def batch_inputs(samples: list[Sample], checkpoint: Path, images_url: str | None) -> list | None:
+def batch_inputs(samples: list[Sample], checkpoint: Path, images_url: str | None, max_pixels: int = 0) -> list | None:
     """Each sample's (`multi_modal_inputs`, (4, length) position ids) for a vision checkpoint ({} and `arange`
-    rows for a text sample); None for a text checkpoint, whose batch stays as it was. Refuses (an `ImageError`)
-    a sample with images that a text checkpoint or a missing image folder cannot train on."""
+    rows for a text sample), its images gridded at `max_pixels` where serving set it (`load`); None for a text
+    checkpoint, whose batch stays as it was. Refuses (an `ImageError`) a sample with images that a text
+    checkpoint or a missing image folder cannot train on."""
     with_images = next((sample for sample in samples if sample.images), None)
-    model = load(checkpoint)
+    model = load(checkpoint, max_pixels)
     if with_images is not None and model is None:
         raise ImageError(f"{describe(with_images)} has images but --checkpoint {checkpoint} is a text model (no "
                          "vision_config or preprocessor_config.json); train it on a vision-language checkpoint")

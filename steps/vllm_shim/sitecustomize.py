@@ -30,9 +30,33 @@ class NoVideoKwargs(TypedDict):
 
 class NoVideoProcessor(dict):
     """The video processor of a processor without torchvision: it takes no option and processes no video.
-    A dict, so that the processor's repr (its JSON) shows it as {}."""
+    A dict, so that the processor's repr (its JSON) shows it as {}.
+
+    Its attributes are the checkpoint's image processor's: vLLM's Qwen3-VL sizes its largest video item from
+    the video processor's `size` and `temporal_patch_size` at start-up even when video is limited to 0 (the
+    number is then unused), and failed there without them."""
 
     valid_kwargs = NoVideoKwargs
+    size = {"shortest_edge": 4 * 32 * 32, "longest_edge": 256 * 32 * 32}
+    patch_size, merge_size, temporal_patch_size = 16, 2, 2
+    fps, min_frames, max_frames = 2.0, 4, 768
+
+    @classmethod
+    def from_pretrained(cls, path=None, *args, **kwargs) -> "NoVideoProcessor":
+        """One with the image processor's sizes from `path`'s `preprocessor_config.json` where it has one."""
+        import json
+        import os
+
+        processor = cls()
+        try:
+            with open(os.path.join(str(path), "preprocessor_config.json")) as config:
+                saved = json.load(config)
+        except (OSError, ValueError, TypeError):
+            return processor
+        for name in ("size", "patch_size", "merge_size", "temporal_patch_size"):
+            if name in saved:
+                setattr(processor, name, saved[name])
+        return processor
 
     def __call__(self, *args, **kwargs):
         raise ValueError("this server takes no video (vLLM on CPU without torchvision)")
@@ -40,7 +64,8 @@ class NoVideoProcessor(dict):
 
 def _no_video_processor(module) -> None:
     """AutoVideoProcessor builds a NoVideoProcessor, instead of a class that raises for want of torchvision."""
-    module.AutoVideoProcessor.from_pretrained = classmethod(lambda cls, *args, **kwargs: NoVideoProcessor())
+    module.AutoVideoProcessor.from_pretrained = classmethod(
+        lambda cls, *args, **kwargs: NoVideoProcessor.from_pretrained(*args, **kwargs))
 
 
 def _accept_missing_video_processor(module) -> None:
