@@ -143,10 +143,12 @@ def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, pyth
 
     >>> update(RunConfig(update_gpus=2), "t", "c", "o")[:6]
     ['python', '-m', 'steps.update.launch', '--standalone', '--nproc-per-node', '2']
+    >>> update(RunConfig(max_pixels=200704), "t", "c", "o")[13:15]  # images gridded at serving's cap
+    ['--max-pixels', '200704']
     """
     step = ["-m", "steps.update", "--trajectories", trajectories, "--checkpoint", checkpoint,
             "--out", out, "--images", layout.images_url(config.run_url), "--config", config.update_config,
-            *update_overrides(config)]
+            *(["--max-pixels", str(config.max_pixels)] if config.max_pixels else []), *update_overrides(config)]
     per_node = str(max(config.update_gpus, 1))
     if config.update_nodes > 1:
         if node_rank is None or master_addr is None:

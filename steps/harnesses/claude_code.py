@@ -84,6 +84,8 @@ def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
     return [
         str(exe), "-p",
         "--dangerously-skip-permissions",  # The rollout sandbox is the isolation.
+        # A rollout is offline: its web tools could only fail (the proxy refuses their server tools with a 400).
+        "--disallowedTools", "WebSearch,WebFetch",
         "--output-format", "stream-json", "--verbose",  # stream-json requires --verbose with -p.
         "--", instruction,  # An instruction may start with "-" (a Markdown list).
     ]

@@ -252,12 +252,13 @@ def vocab_size(checkpoint: Path) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
-def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, images_url: str | None = None):
+def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, images_url: str | None = None,
+               max_pixels: int = 0):
     """Advantages, correction and veRL's update on `samples` (their images read from `images_url`). Returns
     (worker, metrics) for saving; the worker is None when there was nothing to train (`no_gradient`)."""
     check_inputs(samples, checkpoint, config)
     # before any model is loaded: a sample whose images do not match its image tokens is refused here
-    image_inputs = vision.batch_inputs(samples, checkpoint, images_url)
+    image_inputs = vision.batch_inputs(samples, checkpoint, images_url, max_pixels)
     if image_inputs is not None:  # a vision checkpoint: its micro-batches without images train too
         vision.patch_text_only_batches()
     saved, optimizer_state = saved_optimizer(checkpoint, config)
@@ -460,6 +461,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="folder for the new checkpoint and metrics.json")
     parser.add_argument("--images", default="", help="the run's image folder (local or s3://), where the "
                         "samples' images are stored by SHA-256; needed only when samples name images")
+    parser.add_argument("--max-pixels", type=int, default=0, help="the pixel cap serving gave vLLM (the run's "
+                        "max_pixels); 0: the checkpoint's own image processor's")
     parser.add_argument("--config", default="configs/update.yaml", help="flat YAML of UpdateConfig fields")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of config fields")
     return parser.parse_args(argv)
@@ -482,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="openforge-update-") as tmp:
         checkpoint = fetch(args.checkpoint, Path(tmp) / "in", progress=say)
         try:
-            worker, metrics = run_update(samples, checkpoint, config, args.images or None)
+            worker, metrics = run_update(samples, checkpoint, config, args.images or None, args.max_pixels)
         except (ConfigError, update_batch.SampleError) as error:
             return update_ranks.refuse(f"steps.update: {error}")
         metrics = strict_metrics(metrics)
