@@ -44,8 +44,11 @@ system:
 harnesses: setup
 	$(BIN)/python -m steps.harnesses install --all
 
+# Two workers, each taking whole modules (their module fixtures stay one per module): most of the suite waits
+# on subprocesses (vLLM, harness CLIs, sandboxes), so two share two cores well; `-n 0` runs it in one process.
+XDIST := -n 2 --dist loadfile
 test: setup train-setup harnesses
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 	# the update's tests need veRL, which lives in the train environment (vLLM runs from the serving one)
 	OPENFORGE_SERVE_PYTHON=$(abspath $(BIN))/python $(TRAIN_VENV)/bin/python -m pytest -q tests/test_update.py tests/test_update_ranks.py tests/test_update_vision.py
 
@@ -54,7 +57,7 @@ test: setup train-setup harnesses
 # run in the train environment when it is there. `make test` is the whole suite.
 FAST := not vllm and not harness and not slow
 test-fast: setup
-	OPENFORGE_TEST_HARNESS_CLIS=off $(BIN)/python -m pytest -q -m "$(FAST)" $(PYTEST_ARGS)
+	OPENFORGE_TEST_HARNESS_CLIS=off $(BIN)/python -m pytest -q $(XDIST) -m "$(FAST)" $(PYTEST_ARGS)
 	@if test -x $(TRAIN_VENV)/bin/python; then \
 	  $(TRAIN_VENV)/bin/python -m pytest -q -m "$(FAST)" tests/test_update.py tests/test_update_vision.py; \
 	else echo "test-fast: no $(TRAIN_VENV) (make train-setup): the update's checks were not run"; fi

@@ -38,10 +38,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`vllm` on every test that uses `vllm_server` or `vision_vllm`, directly or through another fixture, so
-    that none is forgotten (`make test-fast` leaves them out)."""
+    that none is forgotten (`make test-fast` leaves them out). Then the modules with a `slow` test go first,
+    the others keeping their order: `make test` hands whole modules to two workers (pytest-xdist's
+    `--dist loadfile`), and a run of minutes started last would leave the other worker idle at the end."""
     for item in items:
         if {"vllm_server", "vision_vllm"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.vllm)
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each group stays
 
 
 @pytest.fixture(scope="session")
