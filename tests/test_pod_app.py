@@ -205,10 +205,8 @@ def test_the_verifier_grades_the_state_as_it_was_when_the_agents_command_ended(t
                    as_agent=True)
     assert done.exit_code == 0
     assert (tmp_path / "out" / APP_STATE_KEPT / "state.json").read_text().strip() == '{"signups": ["ada"]}'
-    deadline = time.monotonic() + 10
-    while (live / "state.json").read_text().strip() != "forged":  # the control: the late write happened
-        assert time.monotonic() < deadline, "the left-behind process never wrote"
-        time.sleep(0.05)
+    time.sleep(1)  # the left-behind process's write, if the runner let it live; the state changes after in any case
+    (live / "state.json").write_text("forged")  # the control: the live state is not what the agent left
     assert box.for_verifier(load_task(SIGNUP)) is box
     assert sorted(p.name for p in graded.iterdir()) == ["state.json"]
     assert (graded / "state.json").read_text().strip() == '{"signups": ["ada"]}'

@@ -67,6 +67,9 @@ def install(prefix: Path) -> Path:
     return python
 
 
+BROWSER_START_TIMEOUT_S = 120
+
+
 def installed(prefix: Path) -> bool:
     """Whether the pinned version is installed in the virtualenv at `prefix`."""
     found = list((prefix / "lib").glob(f"python3*/site-packages/browser_use-{VERSION}.dist-info"))
@@ -82,6 +85,8 @@ def prepare(home: Path, workdir: Path, endpoint: Endpoint) -> dict[str, str]:
         "BROWSER_USE_CONFIG_DIR": str(home / ".config" / "browseruse"),
         "OPENAI_BASE_URL": endpoint.openai_base_url, "OPENAI_API_KEY": endpoint.api_key,
         "OPENAI_MODEL": endpoint.model, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+        # browser-use gives Chromium 30 s to start; on a loaded node it takes longer, and the rollout is lost
+        **{f"TIMEOUT_{event}": str(BROWSER_START_TIMEOUT_S) for event in ("BrowserStartEvent", "BrowserLaunchEvent")},
         **QUIET_ENV,
     }
 
