@@ -284,7 +284,7 @@ class ImageStore:
         a few at a time (a rollout's images are never all in memory)."""
         for start in range(0, len(names), _FETCHED_AT_ONCE):
             chunk = names[start:start + _FETCHED_AT_ONCE]
-            contents = self.fs.cat([self.path(name) for name in chunk], on_error="return") if chunk else {}
+            contents = self.fs.cat([self.path(name) for name in chunk], on_error="return")
             for name in chunk:
                 data = contents.get(self.path(name))
                 if isinstance(data, FileNotFoundError) or data is None:
