@@ -93,6 +93,22 @@ class RolloutResult:
     notes: list = field(default_factory=list)
     sample: int | None = None  # the plan's sample number, as the step was given it
     metadata: dict = field(default_factory=dict)
+    # What a limit killed: [{"process": "harness" | "agent", "by": "memory" | "pids" | "time", "count": N}]; a
+    # rollout whose harness was killed is still graded (docs/reliability.md, "A harness killed by a limit").
+    killed: list = field(default_factory=list)
+
+
+def harness_killed(result: dict) -> str | None:
+    """What killed a rollout's harness, from its result.json as read back: "memory", "pids" or "time"; None if
+    nothing did (or the result predates the field).
+
+    >>> harness_killed({"killed": [{"process": "agent", "by": "memory", "count": 2},
+    ...                            {"process": "harness", "by": "memory", "count": 1}]})
+    'memory'
+    >>> harness_killed({"status": "ok"}) is None
+    True
+    """
+    return next((kill["by"] for kill in result.get("killed") or () if kill.get("process") == "harness"), None)
 
 
 def proxy_client(spec: RolloutSpec) -> ProxyClient:

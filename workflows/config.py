@@ -98,6 +98,15 @@ class RunConfig:
     update_nodes: int = 1  # more than 1: the update runs as a JobSet across that many pods (docs/workflows.md)
     update_timeout_s: int = 6 * 3600  # update_nodes > 1: the JobSet fails this long after it started, Pending included
     rollout_retries: int = 3
+    # what one rollout may take and leave behind (docs/reliability.md, "Limits")
+    harness_memory_mb: int = 0  # the harness's own memory beside the task's memory_mb; 0: the harness's own allowance
+    rollout_log_mb: int = 16  # each log a rollout keeps (the harness's output, its session logs, the verifier's output)
+    graded_max_files: int = 100_000  # files (and folders) of the graded paths copied to the verifier; more: reward 0
+    graded_copy_s: int = 120  # seconds that copy may take; longer: reward 0
+    store_quota_mb: int = 128  # bytes the proxy stores for one rollout (call records, new images); past it: refused
+    store_quota_calls: int = 2048  # calls the proxy stores for one rollout; past it: refused
+    image_pixel_limit: int = 40_000_000  # decoded pixels (width x height) of one image a harness sends; more: a 400
+    request_image_mb: int = 32  # image bytes in one request; more: a 400
     memo_max_age: str = "72h"
     # network isolation of the rollout pods (docs/workflows.md, "Network isolation")
     network_policy: bool = True  # the Workflow applies NetworkPolicies: rollout pods reach only the proxy
@@ -185,7 +194,13 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if config.upstream_model and not config.upstream:
         raise ConfigError("config key 'upstream_model' names the model an upstream serves; give the upstream too "
                           "(--upstream URL, the key 'upstream'), or leave it out")
-    for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed", "eval_every", "max_staleness"):
+    for key in ("rollout_log_mb", "graded_max_files", "graded_copy_s", "store_quota_mb", "store_quota_calls",
+                "image_pixel_limit", "request_image_mb"):
+        if getattr(config, key) < 1:
+            raise ConfigError(f"config key {key!r} must be at least 1 (a limit; docs/reliability.md), "
+                              f"got {getattr(config, key)}")
+    for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed", "eval_every", "max_staleness",
+                "harness_memory_mb"):
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
     check_serving(config)

@@ -2,7 +2,8 @@
 
 Each module has `NPM_PACKAGE`, `VERSION` (pinned), `DIALECT` (the API it speaks to the proxy:
 `responses`, `messages` or `chat_completions`), `KEY_IN_TOOL_ENV` (whether the processes its tools start,
-the agent's commands, find the rollout's key in their environment), and the functions
+the agent's commands, find the rollout's key in their environment), `MEMORY_MB` and `CPUS` (the budget of its
+own processes beside the task's, which bounds the agent's commands), and the functions
 `install(prefix) -> exe`, `prepare(home, workdir, endpoint) -> env`,
 `command(instruction, workdir, exe) -> argv`, `log_paths(home) -> [Path]` and
 `binds() -> [(host path, sandbox path, read-only)]` (what it needs inside a rollout sandbox). For behaviour

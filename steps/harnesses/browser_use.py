@@ -31,6 +31,10 @@ VERSION = "0.13.14"
 DIALECT = "chat_completions"
 BINARY = "bin/python"
 KEY_IN_TOOL_ENV = False  # it runs no commands: its actions are browser actions
+# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs
+# (docs/rollouts.md, "What each harness takes"): its processes' memory in MiB and CPUs.
+MEMORY_MB = 2048
+CPUS = 1.0
 CHROMIUM = "/usr/bin/chromium"
 MAX_STEPS = 20
 

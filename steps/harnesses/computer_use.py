@@ -38,6 +38,10 @@ VERSION = "builtin"
 DIALECT = "messages"
 BINARY = "python"
 KEY_IN_TOOL_ENV = False  # it runs no commands: its actions are mouse and keyboard events
+# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs
+# (docs/rollouts.md, "What each harness takes"): its processes' memory in MiB and CPUs.
+MEMORY_MB = 1024
+CPUS = 1.0
 CHROMIUM = "/usr/bin/chromium"
 BROWSER_SIZE = (1280, 720)
 KEEP_IMAGES = 3  # the most recent screenshots kept in the prompt

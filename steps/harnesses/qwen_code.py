@@ -23,6 +23,10 @@ DIALECT = "chat_completions"
 BINARY = "qwen"
 # Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
 KEY_IN_TOOL_ENV = False
+# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs
+# (docs/rollouts.md, "What each harness takes"): its processes' memory in MiB and CPUs.
+MEMORY_MB = 1024
+CPUS = 1.0
 
 # Behaviour analytics (steps/analytics, docs/analytics.md): the tools that run commands, change files, read
 # files back, and keep a plan.
