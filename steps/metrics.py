@@ -10,16 +10,25 @@ with c passes, as in the Codex paper (pass@k) and tau-bench (pass^k):
 
 Overall numbers are macro averages: every task weighs the same, whatever its number of tries.
 
+A rollout whose harness a limit killed (its memory or its processes; `result.json`'s `killed`) is still graded
+and counted as a try, so the kills are counted beside these numbers (`harness_kills`), and an iteration or an
+evaluation with more than a few percent of them says so in one line (`harness_killed_warning`).
+
     python -m pytest --doctest-modules steps/metrics.py
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from math import comb
 
 SUCCESS = 1.0  # the verifier's full reward: a pass
+# The limits whose kills of a harness are counted, each always (0 when none). The agent timeout ("time") is not one:
+# each such rollout has the status agent_timeout already, and running out of time is the agent's own doing.
+HARNESS_LIMITS = ("memory", "pids")
+AGENT_TIMEOUT = "time"
+KILLED_WARNING_SHARE = 0.05  # of an iteration's (or evaluation's) rollouts: more whose harness was killed is said
 
 
 def mean_reward(rewards: Sequence[float | None]) -> float | None:
@@ -138,3 +147,38 @@ def iteration_metrics(rewards_by_task: Mapping[str, Sequence[float | None]],
     tries = [n for rewards in rewards_by_task.values() if (n := sum(r is not None for r in rewards))]
     k = min(tries, default=1)
     return k, dataset_metrics(rewards_by_task, k, success)[1]
+
+
+def harness_kills(causes: Iterable[str | None]) -> dict[str, int]:
+    """Rollouts whose harness a limit killed, by limit: `causes` holds each rollout's `steps.rollout.harness_killed`
+    (None: not killed, or a result that predates the field). Every limit of `HARNESS_LIMITS` is there, 0 when none;
+    a cause the runner may add later is counted under its own name; the agent timeout is left out.
+
+    >>> harness_kills(["memory", None, "memory", "time", "pids"])
+    {'memory': 2, 'pids': 1}
+    >>> harness_kills([None, None])
+    {'memory': 0, 'pids': 0}
+    """
+    counts = dict.fromkeys(HARNESS_LIMITS, 0)
+    for cause in causes:
+        if cause is not None and cause != AGENT_TIMEOUT:
+            counts[str(cause)] = counts.get(str(cause), 0) + 1
+    return counts
+
+
+def harness_killed_warning(kills: Mapping[str, int], rollouts: int, what: str) -> str | None:
+    """One line when more than `KILLED_WARNING_SHARE` of `what`'s `rollouts` had their harness killed by a limit
+    (`harness_kills`), naming the config key that raises the harness's allowance; None otherwise.
+
+    >>> print(harness_killed_warning({"memory": 3, "pids": 0}, 16, "iteration 2"))
+    warning: iteration 2: a limit killed the harness in 3 of 16 rollouts (memory 3, pids 0); each was graded as the harness left it (most score 0): raise harness_memory_mb, the harness's memory beside the task's memory_mb (docs/reliability.md#limits)
+    >>> harness_killed_warning({"memory": 1, "pids": 0}, 100, "iteration 2") is None
+    True
+    """
+    killed = sum(kills.values())
+    if not killed or killed <= KILLED_WARNING_SHARE * rollouts:
+        return None
+    causes = ", ".join(f"{cause} {n}" for cause, n in kills.items())
+    return (f"warning: {what}: a limit killed the harness in {killed} of {rollouts} rollouts ({causes}); each was "
+            "graded as the harness left it (most score 0): raise harness_memory_mb, the harness's memory beside the "
+            "task's memory_mb (docs/reliability.md#limits)")
