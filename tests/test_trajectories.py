@@ -444,3 +444,63 @@ def test_an_attempt_that_finished_and_was_retried_anyway_is_trained_on_once(tmp_
     tables = collect(load_results(str(tmp_path)), calls, "run", 0)[0].tables()
     assert sorted(s["rollout_id"] for s in tables["samples"].to_pylist()) == ["r-0-a2", "r-1"]
     assert len(tables["rollouts"]) == 3  # the superseded attempt is still a row of the rollouts table
+
+
+# --- what a limit killed --------------------------------------------------------------------------------
+
+def killed_results() -> list[dict]:
+    """result.json files of one iteration: harnesses killed by memory (twice) and by pids, one whose agent's own
+    processes were killed (its harness was not), one killed at the agent timeout, one clean, and one written
+    before result.json had a `killed` list."""
+    def result(rollout_id: str, killed: list | None, status: str = "ok", reward: float = 0.0) -> dict:
+        return {"rollout_id": rollout_id, "task": "t", "harness": "openclaw", "status": status, "reward": reward,
+                "sample": 0, "harness_exit_code": 137 if killed else 0, **({} if killed is None else {"killed": killed})}
+
+    harness = lambda by: [{"process": "harness", "by": by, "count": 1}]  # noqa: E731
+    return [result("mem-0", harness("memory")), result("mem-1", harness("memory")), result("pids-0", harness("pids")),
+            result("agent-0", [{"process": "agent", "by": "memory", "count": 3}]),
+            result("late-0", harness("time"), status="agent_timeout"), result("clean-0", [], reward=1.0),
+            result("older-0", None, reward=1.0)]
+
+
+def test_the_rollouts_table_names_what_killed_each_harness_and_the_step_counts_them(tmp_path, capsys):
+    """Before: the table had `harness_exit_code` 137 and nothing else, and the step's summary said nothing."""
+    from steps.trajectories.__main__ import main
+
+    for result in killed_results():
+        (tmp_path / "results" / result["rollout_id"]).mkdir(parents=True)
+        (tmp_path / "results" / result["rollout_id"] / "result.json").write_text(json.dumps(result))
+    (tmp_path / "store" / "rollouts").mkdir(parents=True)  # a proxy store that holds no calls
+    assert main(["--store", str(tmp_path / "store"), "--results", str(tmp_path / "results"),
+                 "--out", str(tmp_path / "traj"), "--run", "r", "--iteration", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["harness_killed"] == {"memory": 2, "pids": 1}  # not the agent's kill, not the timeout
+    assert "trajectories: warning: iteration 3: a limit killed the harness in 3 of 7 rollouts (memory 2, pids 1)" in err
+    assert "raise harness_memory_mb" in err
+    rows = read_table(partition_url(str(tmp_path / "traj"), "r", 3), "rollouts").to_pylist()
+    assert {r["rollout_id"]: r["harness_killed"] for r in rows} == {
+        "agent-0": None, "clean-0": None, "late-0": "time", "mem-0": "memory", "mem-1": "memory", "older-0": None,
+        "pids-0": "pids"}
+
+
+def test_an_iteration_without_a_killed_harness_counts_zero_and_warns_nothing(tmp_path, capsys):
+    """Control: the same step on the clean and the older results alone."""
+    from steps.trajectories.__main__ import main
+
+    for result in killed_results()[-2:]:
+        (tmp_path / "results" / result["rollout_id"]).mkdir(parents=True)
+        (tmp_path / "results" / result["rollout_id"] / "result.json").write_text(json.dumps(result))
+    (tmp_path / "store" / "rollouts").mkdir(parents=True)
+    assert main(["--store", str(tmp_path / "store"), "--results", str(tmp_path / "results"),
+                 "--out", str(tmp_path / "traj"), "--run", "r", "--iteration", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["harness_killed"] == {"memory": 0, "pids": 0} and "killed" not in err
+
+
+def test_a_rollouts_table_written_before_the_harness_killed_column_reads_with_nulls_there(tmp_path):
+    """An older run's rollouts.parquet stays readable; its rows name no kill."""
+    table = collect(killed_results(), {}, "r", 0)[0].tables()["rollouts"]
+    (tmp_path / "p").mkdir()
+    pq.write_table(table.drop_columns(["harness_killed"]), tmp_path / "p" / "rollouts.parquet")
+    read = read_table(str(tmp_path / "p"), "rollouts")
+    assert read.schema == table.schema and read.column("harness_killed").null_count == table.num_rows

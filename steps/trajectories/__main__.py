@@ -11,7 +11,8 @@ continuity rate and samples per rollout, the records `skipped`, each named with 
 tokens do not match their images' grids under `--model`'s config), kept in `calls` only, and the
 `staleness`, also written as `_staleness.json` beside the tables: how many versions behind the one trained,
 the iteration's, the samples' calls were served, and with `--max-staleness S` how many samples, more than S
-behind, were left out);
+behind, were left out), and `harness_killed`: the rollouts whose harness a limit killed, by limit
+(`steps.metrics.harness_kills`; graded all the same, so said on stderr in one line when more than a few percent);
 progress and a warning per skipped record go to stderr. A bad record never stops the iteration
 (docs/trajectories.md, "Bad records"). Exit code 2 on a usage error or results or calls that cannot be
 gathered at all.
@@ -31,6 +32,8 @@ from steps.trajectories.collect import (
     load_results,
 )
 from steps.manifest import write_json
+from steps.metrics import harness_killed_warning, harness_kills
+from steps.rollout import harness_killed
 from steps.trajectories.io import partition_url, write_tables
 from steps.trajectories.vision import load_grid
 from workflows.layout import staleness_url
@@ -82,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trajectories: warning: rollout {bad['rollout_id']}: stored record {bad['record']} skipped: "
                   f"{bad['error']}", file=sys.stderr, flush=True)
         rows, harnesses = collect(results, calls, args.run, args.iteration, args.max_staleness, grid)
+        killed = harness_kills(harness_killed(result) for result in results)
+        if warning := harness_killed_warning(killed, len(results), f"iteration {args.iteration}"):
+            print(f"trajectories: {warning}", file=sys.stderr, flush=True)
         if rows.untrainable_calls:
             print(f"trajectories: {rows.untrainable_calls} answered calls are in no training sample (no token ids, or "
                   f"image tokens that do not match their images): kept in the calls table, each with why in "
@@ -100,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     summary = {"partition": partition, "files": files, "staleness": staleness,
                "rows": {name: table.num_rows for name, table in tables.items()},
-               "harnesses": harnesses, "skipped": skipped + rows.skipped, "untrainable_calls": rows.untrainable_calls,
+               "harnesses": harnesses, "harness_killed": killed, "skipped": skipped + rows.skipped,
+               "untrainable_calls": rows.untrainable_calls,
                "seconds": round(time.monotonic() - started, 3)}
     print(json.dumps(summary))
     return 0

@@ -28,6 +28,7 @@ from steps.analytics import behaviour_row
 from steps.plan import attempt_of
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.proxy.store import CallStore
+from steps.rollout import harness_killed
 from steps.trajectories.samples import RolloutSamples, build_samples, image_names
 from steps.trajectories.vision import ImageGrid
 from steps.trajectories.staleness import Staleness, versions_behind
@@ -223,7 +224,8 @@ def add_rollout(rows: Rows, keys: dict, result: dict, built: RolloutSamples | No
     values = {**keys, "status": result.get("status"), "reward": result.get("reward"),
               "rewards": json.dumps(result.get("rewards") or {}, sort_keys=True), "error": result.get("error"),
               **{name: durations.get(name) for name in ROLLOUT_DURATIONS},
-              "harness_exit_code": result.get("harness_exit_code"), "num_calls": result.get("num_calls"),
+              "harness_exit_code": result.get("harness_exit_code"), "harness_killed": harness_killed(result),
+              "num_calls": result.get("num_calls"),
               "response_tokens": result.get("response_tokens"), "weight_versions": result.get("weight_versions") or [],
               "num_samples": 0 if built is None else len(built.samples)}
     for name in ROLLOUTS.names:

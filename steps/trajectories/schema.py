@@ -60,6 +60,7 @@ ROLLOUTS = _with_meta("rollouts", _KEYS + [
     pa.field("error", pa.string()),
     *[pa.field(name, pa.float64()) for name in ROLLOUT_DURATIONS],
     pa.field("harness_exit_code", pa.int32()),
+    pa.field("harness_killed", pa.string()),  # the limit that killed its harness (memory, pids, time); null if none
     pa.field("num_calls", pa.int32()),
     pa.field("response_tokens", pa.int64()),
     pa.field("weight_versions", pa.list_(pa.string())),
@@ -108,7 +109,8 @@ BEHAVIOUR = _with_meta("behaviour", _KEYS + [
 ])
 
 # Columns a table gained after schema version 1 was first written: an older file reads with nulls there.
-ADDED_LATER = {"calls": ("temperature", "top_p", "top_k", "replica", "images", "untrainable"), "samples": ("images",)}
+ADDED_LATER = {"calls": ("temperature", "top_p", "top_k", "replica", "images", "untrainable"), "samples": ("images",),
+               "rollouts": ("harness_killed",)}
 
 TABLES: dict[str, pa.Schema] = {"calls": CALLS, "rollouts": ROLLOUTS, "samples": SAMPLES, "behaviour": BEHAVIOUR}
 
