@@ -589,6 +589,31 @@ def test_status_shows_each_iteration(fake_argo: FakeArgoServer, s3_store: str, c
     assert "iteration 0: Succeeded" in out and f"{fake_argo.url}/workflows/openforge/openforge-st-it0" in out
 
 
+def killed_results(iteration: int, killed_by: list[str | None]) -> list[dict]:
+    """An iteration's result.json dicts, one per entry: the limit that killed its harness, "" for a result whose
+    `killed` list is empty, None for one written before the list existed."""
+    def killed(by):
+        return {} if by is None else {"killed": [{"process": "harness", "by": by, "count": 1}] if by else []}
+    return [{"rollout_id": f"it{iteration}-t-s{n}", "task": "t", "sample": n, "harness": "openclaw", "status": "ok",
+             "reward": 0.0 if by else 1.0, **killed(by)} for n, by in enumerate(killed_by)]
+
+
+def test_the_local_summary_counts_the_harnesses_a_limit_killed_and_warns_past_a_few_percent(tmp_path, capsys) -> None:
+    """The local runner's iteration line: `harness_killed` by limit, and one warning line on the driver's progress
+    output; the control iteration (no kill, and results older than the `killed` list) says nothing."""
+    from workflows.local import summarize
+
+    killed = summarize(4, killed_results(4, ["memory", "memory", "pids", "time", "", None]), str(tmp_path / "none"), {})
+    assert killed["harness_killed"] == {"memory": 2, "pids": 1} and killed["rollouts"] == 6
+    err = capsys.readouterr().err
+    assert "warning: iteration 4: a limit killed the harness in 3 of 6 rollouts (memory 2, pids 1)" in err
+    assert "raise harness_memory_mb" in err and len(err.splitlines()) == 1
+    clean = summarize(5, killed_results(5, ["", None, "time"]), str(tmp_path / "none"), {})
+    assert clean["harness_killed"] == {"memory": 0, "pids": 0} and capsys.readouterr().err == ""
+    few = summarize(6, killed_results(6, ["memory"] + [""] * 39), str(tmp_path / "none"), {})
+    assert few["harness_killed"]["memory"] == 1 and capsys.readouterr().err == ""  # 1 of 40: not past a few percent
+
+
 def test_unreachable_server_is_one_sentence(s3_store: str, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """A server that does not answer: exit code 2 and one sentence before anything is created or recorded."""
     monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from steps import manifest
 from steps.evaluate import cell, format_table
-from steps.metrics import iteration_metrics
+from steps.metrics import harness_killed_warning, harness_kills, iteration_metrics
 from steps.net import free_port
 from steps.plan import attempt_id
 from steps.proxy.client import ProxyClient, ProxyClientError
-from steps.rollout import INFRA_ERROR
+from steps.rollout import INFRA_ERROR, harness_killed
 from steps.report import write_report
 from workflows import commands, layout
 from workflows.config import REPO_ROOT, RunConfig
@@ -256,14 +256,18 @@ def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: 
 
 def summarize(iteration: int, results: list[dict], next_checkpoint: str, times: dict,
               staleness: dict | None = None) -> dict:
-    """The iteration's line in the run summary: rewards, pass rates, infra errors, the update's metrics, the
+    """The iteration's line in the run summary: rewards, pass rates, infra errors, the rollouts whose harness a limit
+    killed (`harness_killed`, by limit; said in one line when more than a few percent), the update's metrics, the
     staleness of what it trained, each phase's seconds (`timings_s`) and [start, end] (`phase_times`)."""
     by_task: dict[str, list] = {}
     for result in results:
         by_task.setdefault(result["task"], []).append(result["reward"] if result["status"] != "infra_error" else None)
     k, overall = iteration_metrics(by_task)
+    killed = harness_kills(harness_killed(result) for result in results)
+    if warning := harness_killed_warning(killed, len(results), f"iteration {iteration}"):
+        say(warning)
     return {"iteration": iteration, "rollouts": len(results),
-            "infra_errors": sum(r["status"] == "infra_error" for r in results),
+            "infra_errors": sum(r["status"] == "infra_error" for r in results), "harness_killed": killed,
             "k": k, "metrics": asdict(overall),
             "update": manifest.read_metrics(next_checkpoint), "staleness": staleness,
             "timings_s": {f"{phase}_s": round(end - start, 1) for phase, (start, end) in times.items()},
