@@ -11,9 +11,10 @@ finished attempt counts); one with no finished attempt (every attempt an infra e
 wrote nothing) is `missing` and counts as a failed try (reward 0), so that no try that ends badly or vanishes
 can raise a number; every `infra_error` attempt is counted as an infra error. Broken tasks the plan skipped
 are listed in `skipped_tasks`. Per task and overall: tries, passes, pass@1, pass@k, pass^k (unbiased
-estimators, `steps.metrics`), mean reward, infra errors, mean model calls, response tokens and seconds per try
-(over the finished tries). The overall pass rates and mean reward are macro averages (each task weighs the
-same); calls, tokens and seconds are per try over all tasks. The table goes to stderr, the summary as one JSON
+estimators, `steps.metrics`), mean reward, infra errors, the tries whose harness a limit killed (`harness_killed`:
+graded all the same, so counted, and by limit in the summary's `harness_killed`; the agent timeout is not one),
+mean model calls, response tokens and seconds per try (over the finished tries). The overall pass rates and mean
+reward are macro averages (each task weighs the same); calls, tokens and seconds are per try over all tasks. The table goes to stderr, the summary as one JSON
 line to stdout and to `--out`. Exit code 2 for a bad `--k` (1 to `steps.plan.MAX_EVAL_K`, 100) or when there
 are no results to read.
 """
@@ -27,12 +28,12 @@ from collections.abc import Sequence
 from steps import metrics
 from steps.manifest import write_json
 from steps.plan import MAX_EVAL_K, attempt_of, planned_id
-from steps.rollout import INFRA_ERROR
+from steps.rollout import INFRA_ERROR, harness_killed
 from steps.tasks import DatasetError, load_dataset
 from steps.trajectories.collect import CollectError, load_results
 
 COLUMNS = ("tries", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "missing", "infra_errors",
-           "mean_calls", "mean_tokens", "mean_duration_s")
+           "harness_killed", "mean_calls", "mean_tokens", "mean_duration_s")
 
 
 def mean(values: Sequence[float | None]) -> float | None:
@@ -96,10 +97,11 @@ def planned_tries(results: list[dict], k: int, planned: dict[str, str] | None) -
 
 
 def summarize(results: list[dict], k: int, planned: dict[str, str] | None = None) -> dict:
-    """The numbers of summary.json (`k`, `tasks`, `overall`, `missing`) from rollout results (result.json
-    dicts) and the plan (`planned`: planned rollout id -> task; see `planned_tries` without one). A planned
-    try with no finished attempt (every attempt an infra error, or none wrote a result) is `missing` and
-    scores as a failed try (reward 0): a try that ends as an infra error or vanishes never raises a number.
+    """The numbers of summary.json (`k`, `tasks`, `overall`, `missing`, `harness_killed`) from rollout results
+    (result.json dicts) and the plan (`planned`: planned rollout id -> task; see `planned_tries` without one). A
+    planned try with no finished attempt (every attempt an infra error, or none wrote a result) is `missing` and
+    scores as a failed try (reward 0): a try that ends as an infra error or vanishes never raises a number. A try
+    whose harness a limit killed is graded like any other and counted (`harness_killed`, per task and overall).
 
     >>> ok = lambda task, s, reward: {"rollout_id": f"ev0-{task}-s{s}", "task": task, "status": "ok", "reward": reward,
     ...                               "num_calls": 1, "response_tokens": 5, "durations": {"total_s": 2.0}}
@@ -112,6 +114,8 @@ def summarize(results: list[dict], k: int, planned: dict[str, str] | None = None
     {'tries': 6, 'passes': 3, 'missing': 2, 'infra_errors': 1}
     >>> summary["missing"]
     ['ev0-a-s2', 'ev0-b-s2']
+    >>> summary["overall"]["harness_killed"], summary["harness_killed"]
+    (0, {'memory': 0, 'pids': 0})
     """
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
@@ -129,13 +133,23 @@ def summarize(results: list[dict], k: int, planned: dict[str, str] | None = None
             missed: list[str]) -> dict:
         return {"tries": m.tries, "passes": m.passes, "pass_at_1": at_1.pass_at_k, "pass_at_k": m.pass_at_k,
                 "pass_hat_k": m.pass_hat_k, "mean_reward": m.mean_reward, "missing": len(missed),
-                "infra_errors": len(infra_rows), **costs(rows)}
+                "infra_errors": len(infra_rows), "harness_killed": sum(killed(rows).values()), **costs(rows)}
 
     return {"k": k,
             "tasks": {task: row(per_task[task], per_task_1[task], [r for r in finished if r["task"] == task],
                                 [r for r in infra if r["task"] == task], [m for m in missing if planned[m] == task])
                       for task in tasks},
-            "overall": row(overall, overall_1, finished, infra, missing), "missing": missing}
+            "overall": row(overall, overall_1, finished, infra, missing), "missing": missing,
+            "harness_killed": killed(finished)}
+
+
+def killed(tries: list[dict]) -> dict[str, int]:
+    """The tries whose harness a limit killed, by limit (`steps.metrics.harness_kills`).
+
+    >>> killed([{"killed": [{"process": "harness", "by": "memory", "count": 1}]}, {"status": "ok"}])
+    {'memory': 1, 'pids': 0}
+    """
+    return metrics.harness_kills(harness_killed(result) for result in tries)
 
 
 def printable(text: str) -> str:
@@ -161,10 +175,11 @@ def cell(value: object) -> str:
 def format_table(summary: dict) -> str:
     """The summary as an aligned text table: one row per task, then the overall row."""
     k = summary["k"]
-    header = ["task", "tries", "pass@1", f"pass@{k}", f"pass^{k}", "reward", "missing", "infra", "calls", "tokens",
-              "seconds"]
-    rows = [[printable(task), *(cell(numbers[c]) for c in COLUMNS)] for task, numbers in summary["tasks"].items()]
-    rows.append(["overall", *(cell(summary["overall"][c]) for c in COLUMNS)])
+    header = ["task", "tries", "pass@1", f"pass@{k}", f"pass^{k}", "reward", "missing", "infra", "killed", "calls",
+              "tokens", "seconds"]
+    # .get: a summary.json written before a column (harness_killed) shows '-' there
+    rows = [[printable(task), *(cell(numbers.get(c)) for c in COLUMNS)] for task, numbers in summary["tasks"].items()]
+    rows.append(["overall", *(cell(summary["overall"].get(c)) for c in COLUMNS)])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
@@ -175,6 +190,9 @@ def format_table(summary: dict) -> str:
     if summary.get("missing"):
         table.append(f"warning: {len(summary['missing'])} planned tries have no finished attempt (every attempt an "
                      "infra error, or none wrote a result); each counts as a failed try")
+    if warning := metrics.harness_killed_warning(summary.get("harness_killed") or {}, summary["overall"]["tries"],
+                                                 "evaluation"):
+        table.append(warning)
     if summary.get("skipped_tasks"):
         names = ", ".join(printable(name) for name in summary["skipped_tasks"])
         table.append(f"warning: {len(summary['skipped_tasks'])} broken tasks were skipped (not evaluated): {names}")

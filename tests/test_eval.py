@@ -61,6 +61,46 @@ def test_an_infra_error_retried_to_a_finish_is_counted_and_changes_no_number() -
     assert unretried["missing"] == 1 and unretried["pass_at_1"] < without["overall"]["pass_at_1"]
 
 
+def killed(result: dict, process: str, by: str) -> dict:
+    """`result` with a limit's kill in its `killed` list, as the runner writes it."""
+    return dict(result, harness_exit_code=137, killed=[{"process": process, "by": by, "count": 1}])
+
+
+def test_tries_whose_harness_a_limit_killed_are_counted_per_task_and_overall_and_the_table_warns() -> None:
+    """Before: a memory-killed harness scored a plain 0 and nothing in the summary or the table said so. Counted:
+    a harness killed by memory or pids in a try. Not counted: the agent's own processes killed, the agent timeout
+    (an `agent_timeout` already), an infra error's kill (not a try), a result written before `killed` existed."""
+    results = [killed(result("a", 0, 0.0), "harness", "memory"), dict(result("a", 1, 1.0), killed=[]),
+               killed(result("b", 0, 0.0), "harness", "pids"), result("b", 1, 1.0),  # an older result: no `killed`
+               killed(result("c", 0, 0.0), "agent", "memory"), killed(result("c", 1, 0.0, status="agent_timeout"),
+                                                                      "harness", "time"),
+               killed(result("c", 1, None, status="infra_error"), "harness", "memory")]
+    summary = evaluate.summarize(results, k=2)
+    assert {task: numbers["harness_killed"] for task, numbers in summary["tasks"].items()} == {"a": 1, "b": 1, "c": 0}
+    assert summary["overall"]["harness_killed"] == 2 and summary["harness_killed"] == {"memory": 1, "pids": 1}
+    assert summary["overall"]["pass_at_1"] == 1 / 3  # each killed try is still a graded try
+    lines = evaluate.format_table(summary).splitlines()
+    header = lines[0].split()
+    assert [line.split()[header.index("killed")] for line in lines[2:5]] == ["1", "1", "0"]
+    assert lines[6].split()[header.index("killed")] == "2"
+    (warning,) = [line for line in lines if "harness" in line]
+    assert warning.startswith("warning: evaluation: a limit killed the harness in 2 of 6 rollouts (memory 1, pids 1)")
+    assert "raise harness_memory_mb" in warning
+
+
+def test_an_evaluation_without_a_killed_harness_counts_zero_and_warns_nothing() -> None:
+    """Control: the same tries without a kill; and a summary.json written before the column shows '-' there."""
+    summary = evaluate.summarize([result(task, s, 1.0) for task in "ab" for s in range(2)], k=2)
+    assert summary["overall"]["harness_killed"] == 0 and summary["harness_killed"] == {"memory": 0, "pids": 0}
+    table = evaluate.format_table(summary)
+    assert "harness" not in table
+    older = {**summary, "tasks": {t: {k: v for k, v in n.items() if k != "harness_killed"} for t, n in summary["tasks"].items()},
+             "overall": {k: v for k, v in summary["overall"].items() if k != "harness_killed"}}
+    del older["harness_killed"]
+    lines = evaluate.format_table(older).splitlines()
+    assert lines[-1].split()[lines[0].split().index("killed")] == "-"
+
+
 @pytest.mark.parametrize("b_results", [
     [result("b", 0, None, status="infra_error"), result("b", 1, None, status="infra_error"), result("b", 2, 0.0)],
     [result("b", s, None, status="infra_error") for s in range(3)]], ids=["two-infra-errors", "only-infra-errors"])
@@ -148,8 +188,8 @@ def test_the_table_is_aligned_and_a_task_name_cannot_break_it() -> None:
     """One row per task and the overall row, columns aligned; a control character is shown escaped."""
     summary = evaluate.summarize([result("hello-file", 0, 1.0), result("evil\x1b[2J\nname", 0, 0.0)], k=3)
     lines = evaluate.format_table(summary).splitlines()
-    assert lines[0].split() == ["task", "tries", "pass@1", "pass@3", "pass^3", "reward", "missing", "infra", "calls",
-                                "tokens", "seconds"]
+    assert lines[0].split() == ["task", "tries", "pass@1", "pass@3", "pass^3", "reward", "missing", "infra", "killed",
+                                "calls", "tokens", "seconds"]
     lines = lines[:-1]  # the warning: each task has 2 missing tries of its 3
     assert len(lines) == 6 and len({len(line) for line in lines}) == 1  # header, rule, 2 tasks, rule, overall
     assert "\x1b" not in "".join(lines) and "evil\\x1b[2J\\nname" in lines[2] and lines[-1].startswith("overall")
@@ -170,9 +210,10 @@ def test_the_cli_writes_summary_json_prints_the_table_and_one_json_line(tmp_path
     summary = json.loads(line)
     assert summary == json.loads(out.read_text())
     assert set(summary) == {"k", "harness", "dataset", "checkpoint", "model", "iteration", "tasks", "overall",
-                            "missing", "skipped_tasks"}
+                            "missing", "harness_killed", "skipped_tasks"}
     assert set(summary["overall"]) == {"tries", "passes", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward",
-                                       "missing", "infra_errors", "mean_calls", "mean_tokens", "mean_duration_s"}
+                                       "missing", "infra_errors", "harness_killed", "mean_calls", "mean_tokens",
+                                       "mean_duration_s"}
     a = summary["tasks"]["a"]  # not a builtin task: counted beside the plan's, each of which has no result
     assert (a["tries"], a["missing"], a["infra_errors"], a["pass_at_k"]) == (2, 0, 1, 1.0)
     assert summary["overall"]["missing"] == 2 * len(load_dataset(BUILTIN)[0])
