@@ -24,6 +24,9 @@ from dataclasses import asdict, dataclass, fields
 
 import fsspec
 
+from steps.metrics import harness_kills
+from steps.trajectories.io import TrajectoryFileError, read_table
+from steps.trajectories.schema import SchemaError
 from workflows import layout
 
 DONE = ("Succeeded", "Failed", "Error")
@@ -167,6 +170,20 @@ def read_staleness(run_url: str, iteration: int) -> dict | None:
     if not config.get("run"):
         return None
     return read_json(layout.staleness_url(layout.run_partition_url(run_url, config["run"], iteration)))
+
+
+def read_harness_killed(run_url: str, iteration: int) -> tuple[int, dict[str, int]] | None:
+    """The iteration's rollouts (every attempt) and those whose harness a limit killed, by limit
+    (`steps.metrics.harness_kills`), from its rollouts table; None before the table is written (or when it cannot
+    be read). A table written before the column reads with no kill."""
+    config = read_run_config(run_url) or {}
+    if not config.get("run"):
+        return None
+    try:
+        table = read_table(layout.run_partition_url(run_url, config["run"], iteration), "rollouts")
+    except (TrajectoryFileError, SchemaError):
+        return None
+    return table.num_rows, harness_kills(table.column("harness_killed").to_pylist())
 
 
 def read_metrics(checkpoint_url: str) -> dict | None:

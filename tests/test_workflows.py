@@ -598,6 +598,28 @@ def killed_results(iteration: int, killed_by: list[str | None]) -> list[dict]:
              "reward": 0.0 if by else 1.0, **killed(by)} for n, by in enumerate(killed_by)]
 
 
+def test_status_counts_the_harnesses_a_limit_killed_in_each_iteration(tmp_path, monkeypatch, capsys) -> None:
+    """Before: status showed each iteration's phase only, so a run whose harnesses were killed looked normal.
+    Iteration 0: 3 of 6 harnesses killed (a warning line); iteration 1: none (control); iteration 2: no table yet."""
+    from steps.trajectories.collect import collect
+    from steps.trajectories.io import write_tables
+
+    monkeypatch.delenv("ARGO_SERVER", raising=False)
+    config = load_config(None, ["run=ks", f"store={tmp_path}", "iterations=3", "harness=openclaw"])
+    manifest.write_run_config(config.run_url, config.to_dict())
+    for iteration, killed_by in ((0, ["memory", "memory", "pids", "time", "", None]), (1, ["", None])):
+        write_tables(collect(killed_results(iteration, killed_by), {}, "ks", iteration)[0].tables(),
+                     layout.run_partition_url(config.run_url, "ks", iteration))
+        manifest.record(config.run_url, manifest.IterationRecord(iteration, "local", status="Succeeded"))
+    assert submit.main(["status", "--run", "ks", f"store={tmp_path}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].endswith("local  6 rollouts, 3 harnesses killed (memory 2, pids 1)")
+    assert lines[2].startswith("warning: iteration 0: a limit killed the harness in 3 of 6 rollouts") and \
+        "harness_memory_mb" in lines[2]
+    assert lines[3].endswith("local  2 rollouts, 0 harnesses killed (memory 0, pids 0)")
+    assert lines[4].startswith("iteration 2: Pending") and lines[4].endswith("-") and len(lines) == 5
+
+
 def test_the_local_summary_counts_the_harnesses_a_limit_killed_and_warns_past_a_few_percent(tmp_path, capsys) -> None:
     """The local runner's iteration line: `harness_killed` by limit, and one warning line on the driver's progress
     output; the control iteration (no kill, and results older than the `killed` list) says nothing."""

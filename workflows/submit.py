@@ -41,6 +41,7 @@ if __package__ in (None, ""):  # run as `python workflows/submit.py`: make the r
 from steps import manifest, sampling  # noqa: E402
 from steps.evaluate import cell, format_table  # noqa: E402
 from steps.manifest import EvalRecord, IterationRecord  # noqa: E402
+from steps.metrics import harness_killed_warning  # noqa: E402
 from steps.plan import MAX_EVAL_K  # noqa: E402
 from workflows import commands, layout  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
@@ -471,9 +472,23 @@ def phase_of(client: ArgoClient | None, entry: IterationRecord | EvalRecord) -> 
     return entry.status
 
 
+def killed_of(config: RunConfig, iteration: int) -> tuple[str, str | None]:
+    """An iteration's rollouts and the harnesses a limit killed among them, from its rollouts table
+    (`manifest.read_harness_killed`), as the status line's end; and the warning when more than a few percent
+    were killed. ("", None) before the table is written."""
+    found = manifest.read_harness_killed(config.run_url, iteration)
+    if found is None:
+        return "", None
+    rollouts, kills = found
+    causes = ", ".join(f"{cause} {n}" for cause, n in kills.items())
+    return (f"  {rollouts} rollouts, {sum(kills.values())} harnesses killed ({causes})",
+            harness_killed_warning(kills, rollouts, f"iteration {iteration}"))
+
+
 def show_status(config: RunConfig, evaluates: dict | None) -> int:
     """One line per iteration and per evaluation: recorded phase, live phase from Argo where a server is set,
-    UI link; an evaluation's overall numbers once it succeeded."""
+    UI link; an iteration's rollouts and harnesses killed by a limit once its trajectories are written (and a
+    warning line when they are more than a few percent); an evaluation's overall numbers once it succeeded."""
     client = argo_client(config) if config.argo_server else None
     if evaluates is None:
         print(f"run {config.run} ({config.harness}, {config.iterations} iterations) in {config.run_url}")
@@ -481,7 +496,10 @@ def show_status(config: RunConfig, evaluates: dict | None) -> int:
         for iteration in range(config.iterations):
             entry = records.get(iteration) or IterationRecord(iteration=iteration)
             link = f"  {client.ui_link(entry.workflow)}" if client and entry.workflow else ""
-            print(f"iteration {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}")
+            killed, warning = killed_of(config, iteration)
+            print(f"iteration {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}{killed}")
+            if warning:
+                print(warning)
     else:
         print(f"eval {config.run} ({evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
               f"k={config.eval_k}) in {config.run_url}")
@@ -492,7 +510,7 @@ def show_status(config: RunConfig, evaluates: dict | None) -> int:
         numbers = entry.overall or {}
         scores = (f"  pass@1 {cell(numbers.get('pass_at_1'))}, pass@{numbers.get('k')} {cell(numbers.get('pass_at_k'))}, "
                   f"pass^{numbers.get('k')} {cell(numbers.get('pass_hat_k'))}, {numbers.get('missing', 0)} missing, "
-                  f"{numbers.get('infra_errors')} infra errors"
+                  f"{numbers.get('infra_errors')} infra errors, {cell(numbers.get('harness_killed'))} harnesses killed"
                   if numbers else "")
         print(f"eval {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}{scores}")
     return 0
