@@ -180,7 +180,7 @@ def test_plan_is_deterministic_and_covers_the_dataset() -> None:
     assert {r.task for r in first}.isdisjoint({r.task for r in second})
     hello = next(r for r in plan.plan(tasks, 0, len(tasks), 1, root=REPO) if r.task.endswith("hello-file"))
     assert hello.task == "steps/tasks/builtin/hello-file" and hello.deadline_s == 300 + 60 + plan.SETUP_MARGIN_S
-    assert (hello.cpus, hello.memory_mb) == (1, 1024)  # hello-file's [environment]
+    assert (hello.cpus, hello.memory_mb, hello.storage_mb, hello.gpus) == (1, 1024, 1024, 0)  # hello-file's
 
 
 def test_plan_cli_prints_only_json() -> None:
@@ -189,7 +189,7 @@ def test_plan_cli_prints_only_json() -> None:
     out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True, timeout=60).stdout
     items = json.loads(out)
     assert len(items) == 6 and set(items[0]) == {"task", "sample", "rollout_id", "image", "deadline_s", "cpus",
-                                                 "memory_mb", "app"}
+                                                 "memory_mb", "storage_mb", "gpus", "app"}
     assert items[0]["image"].startswith("ghcr.io/openforge/task-")
 
 
