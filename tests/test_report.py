@@ -627,3 +627,89 @@ def test_a_hostile_rollout_id_stays_in_the_report_folder(tmp_path):
     assert outside == []
     pages = list((reports / "rollouts").rglob("*.html"))
     assert [p.parent.name for p in pages] == ["train-0"] and pages[0].name == f"{html.file_name('../../../outside')}.html"
+
+
+HOSTILE_LIMIT = '<img src=x onerror="window.__pwned=1">'
+
+
+def killed_run(tmp_path: Path) -> Path:
+    """A run with three iterations as result.json files: iteration 0's harnesses killed by memory (twice), by pids and
+    by a limit with a hostile name, one whose agent (not its harness) was killed, one clean and one written before
+    result.json had a `killed` list; iteration 1 only clean and older ones, its rollouts table written (the
+    control); and an evaluation with a memory-killed try."""
+    from steps import evaluate
+    from steps.trajectories.collect import collect
+    from steps.trajectories.io import write_tables
+
+    run = tmp_path / "store" / "killed"
+    manifest.write_run_config(str(run), {"run": "killed", "harness": "openclaw", "model": ""})
+
+    def result(rollout_id: str, by: str | None, process: str = "harness", reward: float = 0.0, **more) -> dict:
+        killed = {} if by is None else {"killed": [{"process": process, "by": by, "count": 1}] if by else []}
+        return {"rollout_id": rollout_id, "task": "t", "sample": 0, "harness": "openclaw", "status": "ok",
+                "reward": reward, "num_calls": 1, **killed, **more}
+
+    iterations = {0: [result("it0-t-s0", "memory"), result("it0-t-s1", "memory"), result("it0-t-s2", "pids"),
+                      result("it0-t-s3", HOSTILE_LIMIT), result("it0-t-s4", "memory", process="agent"),
+                      result("it0-t-s5", "", reward=1.0), result("it0-t-s6", None, reward=1.0)],
+                  1: [result("it1-t-s0", "", reward=1.0), result("it1-t-s1", None, reward=1.0)]}
+    for n, results in iterations.items():
+        for r in results:
+            folder = Path(layout.rollout_url(str(run), n, r["rollout_id"]))
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps(r))
+    write_tables(collect(iterations[1], {}, "killed", 1)[0].tables(), layout.run_partition_url(str(run), "killed", 1))
+    tries = [result("ev0-t-s0", "memory"), result("ev0-t-s1", "", reward=1.0)]
+    for r in tries:
+        folder = Path(layout.eval_results_url(str(run), 0)) / r["rollout_id"]
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps(r))
+    manifest.write_json(layout.eval_summary_url(str(run), 0), {"harness": "openclaw", **evaluate.summarize(tries, k=2)})
+    return run
+
+
+def html_table(text: str, after: str) -> list[list[str]]:
+    """The cells of the first table after `after` in a page, header row first."""
+    body = text.split(after, 1)[1].split("</table>", 1)[0]
+    return [re.findall(r"<t[hd]>(.*?)</t[hd]>", row) for row in re.findall(r"<tr>(.*?)</tr>", body)]
+
+
+def test_the_report_counts_killed_harnesses_per_iteration_and_names_the_limit_per_rollout(tmp_path):
+    """Before: a rollout whose harness was killed read as a plain reward 0 everywhere in the report."""
+    run = killed_run(tmp_path)
+    index = Path(write_report(str(run))).read_text()
+    header, *rows = html_table(index, 'id="iterations">')
+    by_iteration = {row[0]: dict(zip(header, row)) for row in rows}
+    assert (by_iteration["0"]["harness killed: memory"], by_iteration["0"]["harness killed: pids"]) == ("2", "1")
+    assert (by_iteration["1"]["harness killed: memory"], by_iteration["1"]["harness killed: pids"]) == ("0", "0")
+    assert by_iteration["0"][f"harness killed: {html.esc(HOSTILE_LIMIT)}"] == "1"  # a limit the runner may add later
+    warnings = re.findall(r'<p class="warning">(.*?)</p>', index)
+    assert len(warnings) == 2 and "warning: iteration 0: a limit killed the harness in 4 of 7 rollouts" in warnings[0]
+    assert "raise harness_memory_mb" in warnings[0]
+    assert "warning: evaluation 0: a limit killed the harness in 1 of 2 rollouts (memory 1, pids 0)" in warnings[1]
+    header, *rows = html_table(index, 'id="evals">')
+    assert dict(zip(header, rows[0]))["harness_killed"] == "1"
+    data = json.loads(index.split('id="rollout-data">', 1)[1].split("</script>", 1)[0])
+    column = data["columns"].index("harness killed by")
+    killed = {row["cells"][0]: row["cells"][column] for row in data["rows"]}
+    assert {k: v for k, v in killed.items() if v} == {"it0-t-s0": "memory", "it0-t-s1": "memory", "it0-t-s2": "pids",
+                                                       "it0-t-s3": HOSTILE_LIMIT, "ev0-t-s0": "memory"}
+    assert "<img" not in index
+    page = (run / "reports" / "rollouts" / "train-0" / f"{html.file_name('it0-t-s0')}.html").read_text()
+    assert dict(html_table(page, "<h1>")[1:])["harness killed by"] == "memory"
+    agent = (run / "reports" / "rollouts" / "train-0" / f"{html.file_name('it0-t-s4')}.html").read_text()
+    facts = dict(html_table(agent, "<h1>")[1:])
+    assert facts["harness killed by"] == "" and "agent" in facts["killed by a limit"]
+    hostile = (run / "reports" / "rollouts" / "train-0" / f"{html.file_name('it0-t-s3')}.html").read_text()
+    assert "<img" not in hostile and dict(html_table(hostile, "<h1>")[1:])["harness killed by"] == html.esc(HOSTILE_LIMIT)
+
+
+def test_a_run_without_a_killed_harness_counts_zero_and_warns_nothing(tmp_path):
+    """Control: iteration 1 of the same run alone (clean and older results, its rollouts table written)."""
+    run = killed_run(tmp_path)
+    shutil.rmtree(layout.results_url(str(run), 0))
+    shutil.rmtree(layout.eval_url(str(run), 0))
+    index = Path(write_report(str(run))).read_text()
+    header, *rows = html_table(index, 'id="iterations">')
+    assert [dict(zip(header, row))["harness killed: memory"] for row in rows] == ["0"]
+    assert 'class="warning"' not in index

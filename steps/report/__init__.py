@@ -29,7 +29,7 @@ from workflows import layout
 CONTENT_TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8",
                  "json": "application/json"}
 WRITTEN_FILE = "written.json"  # each page group's fingerprint when its pages were last written
-PAGE_FORMAT = 2  # raised when rollout pages change shape: every page is written again
+PAGE_FORMAT = 3  # raised when rollout pages change shape: every page is written again
 
 
 class Site:

@@ -15,6 +15,7 @@ th{background:#f4f4f4}th.sortable{cursor:pointer}td{font-variant-numeric:tabular
 .plots{display:flex;flex-wrap:wrap;gap:8px}.plot{width:570px;height:330px}
 pre{white-space:pre-wrap;word-break:break-word;background:#f8f8f8;border:1px solid #eee;padding:6px;margin:4px 0;max-height:30em;overflow:auto}
 .note{color:#666}.turn{border-left:4px solid #ccc;padding-left:8px;margin:6px 0}
+.warning{background:#fde2e1;border-left:4px solid #c33;padding:4px 8px}
 .role-system{border-color:#999}.role-user{border-color:#3a7}.role-assistant{border-color:#37c}.role-tool{border-color:#c83}
 .kind{font-weight:600;font-size:.9em}.call{border:1px solid #ddd;border-radius:4px;padding:6px 10px;margin:10px 0}
 .tokens{font-family:ui-monospace,monospace;font-size:12px;line-height:1.9;white-space:pre-wrap;word-break:break-all}

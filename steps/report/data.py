@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import fsspec
 
 from steps import manifest
+from steps.rollout import harness_killed
 from steps.trajectories.collect import CollectError, fetch_calls_store
 from steps.trajectories.io import TrajectoryFileError, read_table
 from steps.trajectories.schema import SchemaError
@@ -124,7 +125,7 @@ def rollout_row(result: dict) -> dict:
     durations = result.get("durations") or {}
     return {"rollout_id": result.get("rollout_id"), "task": result.get("task"), "sample": result.get("sample"),
             "harness": result.get("harness"), "status": result.get("status"), "reward": result.get("reward"),
-            "error": result.get("error"), "num_calls": result.get("num_calls"),
+            "harness_killed": harness_killed(result), "error": result.get("error"), "num_calls": result.get("num_calls"),
             "response_tokens": result.get("response_tokens"), **{k: durations.get(k) for k in
                                                                   ("setup_s", "agent_s", "verifier_s", "total_s")}}
 

@@ -3,13 +3,14 @@
 import json
 
 from steps.analytics import summarize_behaviour
+from steps.metrics import harness_killed_warning, harness_kills
 from steps.report import figures, series
 from steps.report.assets import NO_STATUS
 from steps.report.data import Run
 from steps.report.html import esc, json_script, page, table
 
-EVAL_KEYS = ["tries", "passes", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "infra_errors", "missing", "mean_calls",
-             "mean_tokens", "mean_duration_s"]
+EVAL_KEYS = ["tries", "passes", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "infra_errors", "harness_killed",
+             "missing", "mean_calls", "mean_tokens", "mean_duration_s"]
 ITERATION_COLUMNS = [("status", "status"), ("rollouts", "rollouts"), ("infra_errors", "infra errors"),
                      ("mean_reward", "mean reward"), ("k", "k"), ("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k"),
                      ("calls", "calls / rollout"), ("tokens", "tokens / rollout"), ("logprob_gap", "logprob gap"),
@@ -77,7 +78,9 @@ def iteration_section(subjects: list[tuple[str, dict[int, dict]]], figs: Figures
                               "share of calls"),
         figures.series_figure("Rollout vs trainer logprob gap", subjects, [("logprob_gap", "mean |gap|")], "nats"),
         figures.series_figure("Tokens and calls per rollout", subjects, [("tokens", "response tokens"), ("calls", "calls")]),
-        figures.series_figure("Infra errors", subjects, [("infra_errors", "infra errors")], "rollouts"),
+        figures.series_figure("Infra errors and harnesses killed by a limit", subjects,
+                              [("infra_errors", "infra errors"), *figures.prefixed_keys(subjects, series.KILLED)],
+                              "rollouts"),
         figures.series_figure("Time per phase of the iteration (s)", subjects, figures.prefixed_keys(subjects, "phase "),
                               "seconds"),
         figures.rollout_time_figure(subjects),
@@ -101,9 +104,12 @@ def config_section(run: Run) -> str:
 def iterations_table(numbers: dict[int, dict]) -> str:
     """One row per iteration: outcome, rewards, pass rates, sizes, the update."""
     harness_keys = sorted({k for n in numbers.values() for k in n if k.startswith("continuity ")})
+    killed_keys = sorted({k for n in numbers.values() for k in n if k.startswith(series.KILLED)})
     stale_keys = [f"staleness {name}" for _, name in STALENESS_COLUMNS
                   if any(f"staleness {name}" in n for n in numbers.values())]
-    columns = ITERATION_COLUMNS + [(k, k) for k in harness_keys + stale_keys]
+    after_infra = [key for key, _ in ITERATION_COLUMNS].index("infra_errors") + 1
+    columns = ITERATION_COLUMNS[:after_infra] + [(k, k) for k in killed_keys] + ITERATION_COLUMNS[after_infra:] + \
+        [(k, k) for k in harness_keys + stale_keys]
     rows = [[n] + [numbers[n].get(k) for k, _ in columns] for n in sorted(numbers)]
     return table(["iteration"] + [name for _, name in columns], rows)
 
@@ -192,7 +198,7 @@ def compare_section(compared: list[tuple[str, Run, int | None]]) -> str:
 
 
 ROLLOUT_COLUMNS = ["rollout", "kind", "iteration", "task", "sample", "harness", "status", "reward", "calls", "tokens",
-                   "duration (s)"]
+                   "duration (s)", "harness killed by"]
 
 
 def rollout_table(entries: list[dict]) -> str:
@@ -200,7 +206,8 @@ def rollout_table(entries: list[dict]) -> str:
     rows = [{"href": e["href"], "cells": [e["row"].get("rollout_id"), e["kind"], e["iteration"], e["row"].get("task"),
                                           e["row"].get("sample"), e["row"].get("harness"), e["row"].get("status"),
                                           e["row"].get("reward"), e["row"].get("num_calls"),
-                                          e["row"].get("response_tokens"), e["row"].get("total_s")]} for e in entries]
+                                          e["row"].get("response_tokens"), e["row"].get("total_s"),
+                                          e["row"].get("harness_killed")]} for e in entries]
     statuses = sorted({NO_STATUS if r["cells"][6] is None else str(r["cells"][6]) for r in rows})
     options = "".join(f'<option value="{esc(s)}">{esc(s)}</option>' for s in statuses)
     return (f'<p><input id="filter" placeholder="filter: task, rollout, status..."> <select id="status-filter">'
@@ -209,13 +216,24 @@ def rollout_table(entries: list[dict]) -> str:
             + json_script("rollout-data", {"columns": ROLLOUT_COLUMNS, "rows": rows, "link": 0, "status": 6}))
 
 
+def killed_warnings(run: Run) -> list[str]:
+    """One line per iteration and per evaluation whose harness kills are more than a few percent of its rollouts
+    (`steps.metrics.harness_killed_warning`): the scores there are of killed harnesses, not of the agent."""
+    lines = [harness_killed_warning(harness_kills(r.get("harness_killed") for r in it.rollouts), len(it.rollouts),
+                                    f"iteration {n}") for n, it in sorted(run.iterations.items())]
+    lines += [harness_killed_warning(summary.get("harness_killed") or {}, (summary.get("overall") or {}).get("tries") or 0,
+                                     f"evaluation {i}") for i, summary in sorted(run.evals.items())]
+    return [line for line in lines if line]
+
+
 def index_page(run: Run, entries: list[dict], compared: list[tuple[str, Run, int | None]]) -> str:
     """The whole front page."""
     figs = Figures()
     numbers = summaries(run)
     whole_runs = [(name, summaries(other)) for name, other, only in compared if only is None and other is not run]
     kind = "evaluation" if run.is_eval else "training run"
-    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in run.notes)
+    notes = "".join(f'<p class="warning">{esc(w)}</p>' for w in killed_warnings(run)) + \
+        "".join(f'<p class="note">{esc(n)}</p>' for n in run.notes)
     compare_link = '<a href="#compare">comparison</a> · ' if compared else ""
     body = (f"<h1>{esc(run.name)}: {kind} report</h1>{notes}"
             f'<p><a href="#config">config</a> · <a href="#iterations">iterations</a> · <a href="#behaviour">behaviour</a> · '

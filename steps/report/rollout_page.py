@@ -10,6 +10,7 @@ import fsspec
 
 from steps.report.exchange import exchange
 from steps.report.html import clip, esc, number, page, table
+from steps.rollout import harness_killed
 
 MAX_FILE_BYTES = 200_000  # of a log or verifier file shown (its end, where the outcome is)
 MAX_VERIFIER_FILES = 20
@@ -243,7 +244,10 @@ def rollout_page(row: dict, result: dict | None, records: list[dict] | None, cal
     records_by_index = {r.get("call_index"): r for r in records or []}
     facts = [["rollout", row.get("rollout_id")], ["kind", kind], ["iteration", row.get("iteration")],
              ["task", row.get("task")], ["sample", row.get("sample")], ["harness", row.get("harness")],
-             ["status", row.get("status")], ["reward", row.get("reward")], ["rewards", row.get("rewards") or result.get("rewards")],
+             ["status", row.get("status")],
+             ["harness killed by", row.get("harness_killed") or harness_killed(result)],
+             ["killed by a limit", result.get("killed") or None],
+             ["reward", row.get("reward")], ["rewards", row.get("rewards") or result.get("rewards")],
              ["error", row.get("error")], ["calls", row.get("num_calls")], ["response tokens", row.get("response_tokens")],
              ["duration (s)", row.get("total_s")], ["weight versions", row.get("weight_versions") or result.get("weight_versions")],
              ["notes", result.get("notes")]]

@@ -1,17 +1,19 @@
 """The report's numbers per iteration, as pure functions of table rows (docs/report.md defines each).
 
 pass@k and pass^k come from `steps.metrics.iteration_metrics`, as the local runner's summary line: k = the
-fewest real tries of a task that has one; infra errors are no tries and are counted apart.
+fewest real tries of a task that has one; infra errors are no tries and are counted apart. A rollout whose harness
+a limit killed is a try (it was graded), and is counted apart too (`killed_counts`).
 """
 
 from collections import defaultdict
 from dataclasses import asdict
 
-from steps.metrics import iteration_metrics
+from steps.metrics import harness_kills, iteration_metrics
 from steps.trajectories.collect import HarnessStats
 from steps.trajectories.samples import RolloutSamples
 
 DURATIONS = ["setup_s", "agent_s", "verifier_s", "total_s"]
+KILLED = "harness killed: "  # before a limit's name: the rollouts whose harness it killed
 
 
 def _mean(values) -> float | None:
@@ -32,6 +34,16 @@ def reward_metrics(rollouts: list[dict]) -> dict:
         by_task[str(row.get("task"))].append(None if row.get("status") == "infra_error" else row.get("reward"))
     k, overall = iteration_metrics(by_task)
     return {"k": k, **asdict(overall), "infra_errors": sum(r.get("status") == "infra_error" for r in rollouts)}
+
+
+def killed_counts(rollouts: list[dict]) -> dict:
+    """The rollouts whose harness a limit killed, by limit (`steps.metrics.harness_kills`, from each row's
+    `harness_killed`; every attempt counts, as for infra errors; a row without it, none).
+
+    >>> killed_counts([{"harness_killed": "memory"}, {"harness_killed": "time"}, {"harness_killed": None}, {}])
+    {'harness killed: memory': 1, 'harness killed: pids': 0}
+    """
+    return {f"{KILLED}{limit}": n for limit, n in harness_kills(r.get("harness_killed") for r in rollouts).items()}
 
 
 def continuity_by_harness(calls: list[dict]) -> dict[str, float | None]:
@@ -84,5 +96,5 @@ def update_metrics(update: dict | None) -> dict:
 def iteration_summary(rollouts: list[dict], calls: list[dict], update: dict | None) -> dict:
     """One iteration's numbers in one flat dict: what the tables and the comparison show side by side."""
     continuity = continuity_by_harness(calls)
-    return {**reward_metrics(rollouts), "rollouts": len(rollouts), **rollout_means(rollouts),
+    return {**reward_metrics(rollouts), **killed_counts(rollouts), "rollouts": len(rollouts), **rollout_means(rollouts),
             **{f"continuity {h}": rate for h, rate in continuity.items()}, **update_metrics(update)}
