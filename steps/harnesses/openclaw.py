@@ -83,6 +83,15 @@ def config(endpoint: Endpoint) -> dict:
         "models": {"mode": "replace", "providers": {PROVIDER: provider}},
         "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{endpoint.model}"}}},
         "update": {"checkOnStart": False},
+        # The rollout sandbox is the boundary, not the workspace. `agent exec` fences the file tools (read, write,
+        # edit, ls, apply_patch) into --cwd unless the config says otherwise (the pinned dist's agent-exec-input
+        # module, buildExecConfigDefaults: `tools.fs.workspaceOnly: true`), and apply_patch is fenced on its own
+        # (src/agents/apply-patch-policy.ts: `tools.exec.applyPatch.workspaceOnly`, default true). Commands run
+        # with no approval ("full": security full, ask off, that module's default too) and no extra approval for
+        # inline scripts such as `python -c` (`strictInlineEval`, docs/tools/exec.md): with no one to ask, an
+        # approval falls back to deny.
+        "tools": {"fs": {"workspaceOnly": False},
+                  "exec": {"mode": "full", "strictInlineEval": False, "applyPatch": {"workspaceOnly": False}}},
     }
 
 

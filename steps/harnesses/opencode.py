@@ -67,8 +67,13 @@ def config(endpoint: Endpoint) -> dict:
         "small_model": f"{PROVIDER}/{endpoint.model}",  # Titles, otherwise a hosted default.
         "autoupdate": False,
         "share": "disabled",
-        # Headless: a permission prompt would wait forever.
-        "permission": {"bash": "allow", "edit": "allow", "webfetch": "deny"},
+        # Headless, `opencode run` rejects whatever asks ("permission requested: ...; auto-rejecting"), and the
+        # session ends. The pinned version's default agent asks (its agent.ts defaults, as built into the binary)
+        # for `external_directory` (any path outside --dir but its own temp folder, in every file tool and in a
+        # command's path arguments or workdir), `doom_loop` (a call repeated 3 times) and `read` of `*.env` files:
+        # all allowed, since the rollout sandbox is the boundary. The web stays off: a rollout is offline.
+        "permission": {"bash": "allow", "edit": "allow", "read": "allow", "external_directory": "allow",
+                       "doom_loop": "allow", "webfetch": "deny"},
     }
 
 

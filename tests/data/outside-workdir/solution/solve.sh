@@ -1,0 +1,4 @@
+#!/bin/bash
+set -euo pipefail
+echo openforge-shell-ok > /etc/openforge-check
+echo openforge-tool-ok > /etc/openforge-tool-check
