@@ -87,7 +87,11 @@ def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
     """The headless command line; run it in `workdir` with stdin from /dev/null."""
     return [
         str(exe), "-p",
-        "--dangerously-skip-permissions",  # The rollout sandbox is the isolation.
+        # bypassPermissions: every tool call is allowed, on any path, outside the working folder too (no --add-dir
+        # needed); the pinned version's fences outside the working directories are settings left off here
+        # (`permissions.blockReadsOutsideWorkingDirectories`, `blockWritesOutsideWorkingDirectories`). The rollout
+        # sandbox is the isolation.
+        "--dangerously-skip-permissions",
         # A rollout is offline: its web tools could only fail (the proxy refuses their server tools with a 400).
         "--disallowedTools", "WebSearch,WebFetch",
         "--output-format", "stream-json", "--verbose",  # stream-json requires --verbose with -p.

@@ -99,7 +99,10 @@ def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
     return [
         str(exe), "exec",
         "--skip-git-repo-check",  # Task workspaces are not git repositories.
-        "--dangerously-bypass-approvals-and-sandbox",  # The rollout sandbox is the isolation.
+        # No approvals and no sandbox of its own, so a command may touch any path the rollout sandbox allows
+        # (the pinned binary's help: "Skip all confirmation prompts and execute commands without sandboxing ...
+        # intended solely for running in environments that are externally sandboxed"); the config says the same.
+        "--dangerously-bypass-approvals-and-sandbox",
         "--cd", str(workdir),
         # Without these it looks up plugins, apps and models on outside hosts.
         "--disable", "plugins", "--disable", "remote_plugin",

@@ -83,7 +83,13 @@ def command(instruction: str, workdir: Path, exe: Path) -> list[str]:
     """The headless command line; run it in `workdir` with stdin from /dev/null."""
     return [
         str(exe), "--auth-type", "openai",
-        "--yolo",  # Approve every tool call: the rollout sandbox is the isolation.
+        # Approve every tool call: the rollout sandbox is the isolation. Its file tools ask for a path outside the
+        # workspace and for every write (packages/core/src/tools/file-read-permission.ts, write-file.ts), which
+        # YOLO never puts to anyone (core/permissionFlow.ts, needsConfirmation). One fence stays: run_shell_command
+        # refuses a `directory` argument outside the workspace (tools/shell.ts, validateToolParamValues; the
+        # command itself may `cd` anywhere). Lifting it takes `--include-directories /`, which would put a listing
+        # of / in the first prompt and have every search without a path walk the whole root.
+        "--yolo",
         "--output-format", "stream-json",
         # Not positional: qwen ignores a prompt after "--", and one starting with "-" (a Markdown
         # list) would be read as flags. `--prompt=` is deprecated but unambiguous.
