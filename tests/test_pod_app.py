@@ -22,18 +22,22 @@ from steps.sandbox import SandboxError
 from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT, READY_FILE
 from steps.tasks import load_task
 from workflows.config import load_config
-from workflows.iteration import APP_ROLLOUTS, iteration_workflow
+from workflows.iteration import APP_ROLLOUTS, iteration_workflow, rollout_pod_patch, rollout_resources
 
 REPO = Path(__file__).resolve().parents[1]
 GUI = REPO / "steps" / "tasks" / "gui"
 SIGNUP = GUI / "gui-signup-form"
 
 
+def gui_config(*overrides: str):
+    """The run config of a browser-use run on the GUI tasks, on Argo."""
+    return load_config(REPO / "configs" / "cluster-example.yaml",
+                       ["run=gui", "harness=browser-use", "dataset=steps/tasks/gui", *overrides])
+
+
 def gui_spec(*overrides: str) -> dict:
     """The iteration-0 Workflow spec of a browser-use run on the GUI tasks, on Argo."""
-    config = load_config(REPO / "configs" / "cluster-example.yaml",
-                         ["run=gui", "harness=browser-use", "dataset=steps/tasks/gui", *overrides])
-    return iteration_workflow(config, 0).to_dict()["spec"]
+    return iteration_workflow(gui_config(*overrides), 0).to_dict()["spec"]
 
 
 def template(spec: dict, name: str) -> dict:
@@ -71,15 +75,19 @@ def test_an_app_rollout_pod_runs_the_app_as_a_sidecar_whose_state_the_agent_cann
     assert [c["name"] for c in app["initContainers"]][-1] == closing["name"]  # after the copies, before the app
     assert "shareProcessNamespace" not in app and app["automountServiceAccountToken"] is False
     assert "app" in {p["name"] for p in app["inputs"]["parameters"]}
-    # Everything else is the plain rollout template's.
+    # Everything else is the plain rollout template's, but for the ephemeral storage, which has room for the state
+    # volume (tests/test_workflows.py models both pods' resources).
     plain = template(spec, "rollout")
     assert "sidecars" not in plain and {v["name"] for v in plain["volumes"]} == {"openforge"}
+    config = gui_config()
+    assert app["podSpecPatch"] == rollout_pod_patch(config, app=True) != plain["podSpecPatch"]
+    assert app["container"]["resources"] == rollout_resources(config, app=True, task=False)
     same = {k: v for k, v in app.items() if k not in ("name", "sidecars", "volumes", "initContainers", "inputs",
-                                                      "container")}
+                                                      "container", "podSpecPatch")}
     assert same == {k: v for k, v in plain.items() if k not in ("name", "volumes", "initContainers", "inputs",
-                                                                "container")}
-    assert {k: v for k, v in app["container"].items() if k != "volumeMounts"} == \
-        {k: v for k, v in plain["container"].items() if k != "volumeMounts"}
+                                                                "container", "podSpecPatch")}
+    assert {k: v for k, v in app["container"].items() if k not in ("volumeMounts", "resources")} == \
+        {k: v for k, v in plain["container"].items() if k not in ("volumeMounts", "resources")}
 
 
 def test_a_gui_harness_comes_into_the_pod_as_a_shell_harness_does():

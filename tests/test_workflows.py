@@ -13,6 +13,7 @@ small HTTP server on 127.0.0.1 that speaks the Argo Server routes Hera's Workflo
 phases. The run manifest goes to a real S3 endpoint on loopback (moto, the `s3_server` fixture).
 """
 
+import ast
 import copy
 import json
 import os
@@ -20,8 +21,10 @@ import re
 import subprocess
 import sys
 import threading
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 from jsonschema.protocols import Validator
@@ -30,13 +33,14 @@ import yaml
 from hera.workflows.models import Workflow as WorkflowModel
 
 from steps import manifest, plan, sampling
-from steps.tasks import load_dataset
+from steps.harnesses import ALL_HARNESSES
+from steps.tasks import load_dataset, load_task
 from workflows import commands, layout, submit
 from workflows import lint
 from workflows.config import ConfigError, load_config, validate_for_argo
 from workflows.evaluation import evaluation_workflow
-from workflows.iteration import (APP_ROLLOUTS_FILE, PRIVATE, WORKFLOW_POD_LABEL, app_layout, iteration_workflow,
-                                 workflow_name)
+from workflows.iteration import (APP_ROLLOUTS_FILE, KEPT_LOGS, PRIVATE, RUNNER_STORAGE_MB, WORKFLOW_POD_LABEL,
+                                 app_layout, iteration_workflow, rollout_pod_patch, rollout_resources, workflow_name)
 from workflows.lint import semantic_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,22 +223,175 @@ def test_rollout_retries_only_infra_errors() -> None:
 
 def test_rollout_pod_is_the_sandbox() -> None:
     """The rollout pod: pod isolation on the task read from the root-only copy, the task's own resources from
-    the plan item, no service account token, the image's WORKDIR kept, the layout from `app_layout`."""
-    spec = iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"]
+    the plan item (the patch, beside the runner's share in the container), no service account token, the image's
+    WORKDIR kept, the layout from `app_layout`."""
+    config = cluster_config("run=t")
+    spec = iteration_workflow(config, 0).to_dict()["spec"]
     rollout = next(t for t in spec["templates"] if t["name"] == "rollout")
     argv = rollout["container"]["command"]
     assert argv[argv.index("--isolation") + 1] == "pod" and "--agent-uid" not in argv
     assert argv[argv.index("--task") + 1] == f"{PRIVATE}/app/{{{{inputs.parameters.task}}}}"
     assert rollout["automountServiceAccountToken"] is False and "workingDir" not in rollout["container"]
-    quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
-    assert rollout["container"]["resources"] == {"requests": quantities, "limits": quantities}
+    assert rollout["container"]["resources"] == rollout_resources(config, task=False)
+    assert rollout["podSpecPatch"] == rollout_pod_patch(config)
     assert {"name": "PYTHONSAFEPATH", "value": "1"} in rollout["container"]["env"]
     assert app_layout() in rollout["initContainers"][0]["command"][-1]
     collect = next(t for t in spec["templates"] if t["name"] == "collect")
     fanout = next(t for t in collect["dag"]["tasks"] if t["name"] == "rollout")
     passed = {p["name"]: p["value"] for p in fanout["arguments"]["parameters"]}
-    assert (passed["cpus"], passed["memory_mb"]) == ("{{item.cpus}}", "{{item.memory_mb}}")
+    assert [passed[n] for n in ("cpus", "memory_mb", "storage_mb", "gpus")] == [
+        "{{item.cpus}}", "{{item.memory_mb}}", "{{item.storage_mb}}", "{{item.gpus}}"]
     assert set(passed) - {"proxy_url"} <= set(plan.PlannedRollout.__dataclass_fields__) | {"deadline"}
+
+
+# ---- the rollout pod's resources, as Argo and Kubernetes make them ----
+
+ARGO_TAG = re.compile(r"\{\{(=?)(.+?)\}\}")
+ITEM = re.compile(r"\{\{item\.(\w+)\}\}")
+# The expressions the rollout templates use: a subset of Argo's expression language (expr-lang) that reads the same
+# in Python (calls, names, attributes, whole numbers and strings, +, *, !=). An expression outside it fails
+# `argo_substitute`: check what Argo makes of it first (its JSON encoding escapes <, > and &, for one).
+EXPRESSION_NODES = (ast.Expression, ast.Call, ast.Name, ast.Attribute, ast.Load, ast.Constant, ast.BinOp, ast.Add,
+                    ast.Mult, ast.Compare, ast.NotEq)
+# kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/ (and apimachinery's ParseQuantity)
+QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+
+
+def argo_substitute(text: str, inputs: dict[str, str]) -> str:
+    """`text` as Argo's controller substitutes a template for one node: `{{inputs.parameters.X}}` is the input's
+    value, `{{=EXPR}}` the expression's value over the inputs, printed as Go's `%v` prints it (Argo's `asInt` and
+    `sprig.ternary` as they behave on these strings)."""
+    env = {"inputs": SimpleNamespace(parameters=SimpleNamespace(**inputs)), "asInt": int,
+           "sprig": SimpleNamespace(ternary=lambda if_true, if_false, test: if_true if test else if_false)}
+
+    def replace(tag: re.Match) -> str:
+        expression, body = tag.groups()
+        if not expression:
+            return inputs[body.removeprefix("inputs.parameters.")]
+        tree = ast.parse(body, mode="eval")
+        assert all(isinstance(node, EXPRESSION_NODES) for node in ast.walk(tree)), f"not modelled here: {body}"
+        return str(eval(compile(tree, "argo", "eval"), {"__builtins__": {}}, env))
+
+    return ARGO_TAG.sub(replace, text)
+
+
+def strategic_merge(original: dict, patch: dict) -> dict:
+    """A strategic merge patch on maps as Kubernetes applies it (apimachinery's `mergeMap`, unmatched nulls
+    ignored): a null removes its key, a map the original has is merged into, anything else (a map the original
+    lacks included, nulls and all) replaces the original's value."""
+    for key, value in patch.items():
+        if value is None:
+            original.pop(key, None)
+        elif isinstance(value, dict) and isinstance(original.get(key), dict):
+            original[key] = strategic_merge(original[key], value)
+        else:
+            original[key] = value
+    return original
+
+
+def rollout_pod_resources(config, task_toml: str, tmp_path: Path, app: bool = False) -> dict:
+    """The resources of the rollout pod's main container for a task declaring `task_toml`'s [environment], as the
+    cluster gets them: the plan's item, passed by the fan-out task (`{{item.X}}`, a JSON number as its digits), the
+    template's podSpecPatch substituted with those inputs and merged into the container (Argo's `ApplyPodSpecPatch`),
+    then the API server's defaulting (a limit without a request gives its request:
+    kubernetes.io/docs/concepts/configuration/manage-resources-containers/#requests-and-limits)."""
+    folder = tmp_path / "sized"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "environment").mkdir()
+    (folder / "task.toml").write_text(f"[environment]\n{task_toml}\n")
+    (folder / "instruction.md").write_text("Say hello.\n")
+    (folder / "tests" / "test.sh").write_text("exit 0\n")
+    (folder / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\n")
+    (item,) = plan.plan([load_task(folder)], 0, 1, 1, root=tmp_path)
+    spec = iteration_workflow(config, 0).to_dict()["spec"]
+    name = "rollout-app" if app else "rollout"
+    fanout = next(t for t in template(spec, "collect")["dag"]["tasks"] if t["name"] == name)
+    values = {key: value if isinstance(value, str) else json.dumps(value) for key, value in asdict(item).items()}
+    inputs = {p["name"]: ITEM.sub(lambda field: values[field.group(1)], p["value"])
+              for p in fanout["arguments"]["parameters"] if p["name"] != "proxy_url"}
+    rollout = template(spec, name)
+    assert set(inputs) <= {p["name"] for p in rollout["inputs"]["parameters"]}
+    main = {"name": "main", "resources": copy.deepcopy(rollout["container"]["resources"])}
+    (patched,) = json.loads(argo_substitute(rollout["podSpecPatch"], inputs))["containers"]
+    assert patched["name"] == "main"
+    resources = strategic_merge(main, patched)["resources"]
+    resources["requests"] = {**resources["limits"], **resources["requests"]}
+    return resources
+
+
+@pytest.mark.parametrize("harness", ["codex", "openclaw"])
+def test_the_rollout_pod_gets_the_tasks_resources_and_the_harness_budget(harness: str, tmp_path: Path) -> None:
+    """A task declaring memory_mb=1024, storage_mb=2048, gpus=1 gets a rollout pod whose limits are 1024 Mi plus
+    the harness's allowance, its CPUs plus the harness's, 2048 Mi of ephemeral storage plus the runner's, and one
+    GPU; each request equals its limit. Control: the same task with gpus = 0 names no GPU at all."""
+    config = cluster_config("run=t", f"harness={harness}")
+    module = ALL_HARNESSES[harness]
+    runner_mb = RUNNER_STORAGE_MB + KEPT_LOGS * config.rollout_log_mb
+    expected = {"cpu": f"{round((2 + module.CPUS) * 1000)}m", "memory": f"{1024 + module.MEMORY_MB}Mi",
+                "ephemeral-storage": f"{2048 + runner_mb}Mi"}
+    gpu = rollout_pod_resources(config, "cpus = 2\nmemory_mb = 1024\nstorage_mb = 2048\ngpus = 1", tmp_path)
+    assert gpu == {"limits": {**expected, "nvidia.com/gpu": 1}, "requests": {**expected, "nvidia.com/gpu": 1}}
+    for quantity in [*gpu["limits"].values(), *gpu["requests"].values()]:
+        assert QUANTITY.match(str(quantity)), quantity
+    none = rollout_pod_resources(config, "cpus = 2\nmemory_mb = 1024\nstorage_mb = 2048\ngpus = 0",
+                                 tmp_path / "control")
+    assert none == {"limits": expected, "requests": expected}
+
+
+def test_the_harness_allowance_is_the_runs_when_it_sets_one(tmp_path: Path) -> None:
+    """`harness_memory_mb` replaces the harness module's MEMORY_MB in the pod's memory; a task that declares
+    nothing gets Harbor's defaults (1 CPU, 2048 MiB, 10240 MiB of disk, no GPU) plus the harness's share; logs
+    cut at a larger `rollout_log_mb` get more room."""
+    config = cluster_config("run=t", "harness=codex", "harness_memory_mb=3000", "rollout_log_mb=64")
+    resources = rollout_pod_resources(config, "", tmp_path)
+    cpus = round((1 + ALL_HARNESSES["codex"].CPUS) * 1000)
+    assert resources["limits"] == {"cpu": f"{cpus}m", "memory": f"{2048 + 3000}Mi",
+                                   "ephemeral-storage": f"{10240 + RUNNER_STORAGE_MB + KEPT_LOGS * 64}Mi"}
+
+
+def test_the_app_rollout_pod_has_room_for_the_apps_state(tmp_path: Path) -> None:
+    """rollout-app: the same CPUs and memory (the app sidecar has its own), and room in the ephemeral storage for
+    the size limit of the app's state volume, since every disk-backed emptyDir counts against the pod's limit."""
+    from steps.sandbox.app import APP_STORAGE_MB
+    config = cluster_config("run=t", "harness=browser-use", "dataset=steps/tasks/gui")
+    plain = rollout_pod_resources(config, "memory_mb = 1024\nstorage_mb = 2048", tmp_path)
+    app = rollout_pod_resources(config, 'memory_mb = 1024\nstorage_mb = 2048\napp = "true"', tmp_path / "app",
+                                app=True)
+    storage = f"{2048 + RUNNER_STORAGE_MB + KEPT_LOGS * config.rollout_log_mb + APP_STORAGE_MB}Mi"
+    for kind in ("requests", "limits"):
+        assert app[kind] == {**plain[kind], "ephemeral-storage": storage}
+
+
+def test_a_gpu_count_left_to_a_map_the_container_lacks_would_be_a_zero_gpu_request(tmp_path: Path) -> None:
+    """Why the container keeps its own limits: without them, the strategic merge copies the patch's limits whole,
+    and the task without GPUs would name `nvidia.com/gpu` (null, which Kubernetes reads as a quantity of 0), enough
+    for GPU tolerations and quotas to apply to it. The model catches that."""
+    config = cluster_config("run=t")
+    rollout = template(iteration_workflow(config, 0).to_dict()["spec"], "rollout")
+    inputs = {"cpus": "1", "memory_mb": "1024", "storage_mb": "1024", "gpus": "0"}
+    (patched,) = json.loads(argo_substitute(rollout["podSpecPatch"], inputs))["containers"]
+    kept = strategic_merge({"name": "main", "resources": copy.deepcopy(rollout["container"]["resources"])}, patched)
+    assert "nvidia.com/gpu" not in kept["resources"]["limits"]
+    bare = strategic_merge({"name": "main", "resources": {}}, copy.deepcopy(patched))
+    assert bare["resources"]["limits"]["nvidia.com/gpu"] is None
+
+
+def test_every_expression_in_the_rollout_templates_reads_declared_inputs() -> None:
+    """The `{{=...}}` expressions (which `workflows/lint.py` does not read) name only inputs their template
+    declares, in every golden workflow. Control: a misspelt input is caught."""
+    def undeclared(template: dict) -> set[str]:
+        declared = {p["name"] for p in template.get("inputs", {}).get("parameters", [])}
+        used = set()
+        for expression in re.findall(r"\{\{=(.+?)\}\}", json.dumps(template)):
+            used |= set(re.findall(r"inputs\.parameters\.([A-Za-z0-9_]+)", expression))
+        return used - declared
+
+    for name in GOLDEN_CASES:
+        templates = yaml.safe_load((GOLDEN / name).read_text())["spec"]["templates"]
+        assert [t["name"] for t in templates if undeclared(t)] == []
+    rollout = template(iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"], "rollout")
+    rollout["podSpecPatch"] = rollout["podSpecPatch"].replace("parameters.memory_mb", "parameters.memory")
+    assert undeclared(rollout) == {"memory"}
 
 
 def template(spec: dict, name: str) -> dict:

@@ -11,12 +11,13 @@ daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajec
 `[environment] app` into its output `app-rollouts`), `rollout` (one pod per item of that list, given its task,
 sample and rollout id, in the task's image, with the harness and OpenForge copied in by init containers, the
 verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an unprivileged uid; the
-task's CPUs and memory; no service account token; retried only on exit code 3, infra_error), `rollout-app` (the
-same, one pod per app rollout, with the app as a sidecar container on the pod's loopback: `rollout_template`),
-`trajectories` (Parquet to S3). Before the rollouts, `isolate-rollouts` and `isolate-serve`
-apply two NetworkPolicies owned by the Workflow (deleted with it): a rollout pod reaches only this Workflow's
-serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with `rollout_dns`, for Argo's executor) and
-accepts no connection; the serve pod's proxy accepts only this Workflow's rollout and trajectories pods.
+task's CPUs, memory, disk and GPUs with the harness's own budget added (`rollout_resources`); no service account
+token; retried only on exit code 3, infra_error), `rollout-app` (the same, one pod per app rollout, with the app as
+a sidecar container on the pod's loopback: `rollout_template`), `trajectories` (Parquet to S3). Before the
+rollouts, `isolate-rollouts` and `isolate-serve` apply two NetworkPolicies owned by the Workflow (deleted with it):
+a rollout pod reaches only this Workflow's serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with
+`rollout_dns`, for Argo's executor) and accepts no connection; the serve pod's proxy accepts only this Workflow's
+rollout and trajectories pods.
 `update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs no
 output from this workflow to chain the next one; with `update_nodes` > 1 it creates a JobSet of that many pods
 (`workflows.jobset`, owned by the Workflow) and waits for it, after `clean-update` deleted any earlier JobSet of the
@@ -27,6 +28,7 @@ the Argo UI. Every container command comes from
 `workflows.commands`; credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
 """
 
+import json
 import re
 from urllib.parse import urlparse
 
@@ -59,6 +61,7 @@ UPDATE_WORKFLOW_LABEL = "openforge.dev/workflow"
 RUN_LABEL, ITERATION_LABEL = "openforge.dev/run", "openforge.dev/iteration"  # on the Workflow and the update JobSet
 NO_STATUS = "no_result"  # a rollout node's status when its runner wrote none (the pod died, or hit its deadline)
 ROLLOUT_TEMPLATES = ("rollout", "rollout-app")  # the rollout pods: without and with the task's app as a sidecar
+RESOURCE_INPUTS = ("cpus", "memory_mb", "storage_mb", "gpus")  # the plan item's task resources, rollout inputs alike
 APP_ROLLOUTS = "app-rollouts"  # the plan's output: the rollouts of tasks with an app, as a JSON list
 APP_ROLLOUTS_FILE = "/tmp/app-rollouts.json"
 APP_STATE_VOLUME = "app-state"  # the app sidecar's state (APP_STATE_DIR there), read-only at APP_LIVE for the runner
@@ -66,6 +69,28 @@ APP_STATE_VOLUME = "app-state"  # the app sidecar's state (APP_STATE_DIR there),
 # for a desktop task an X display with a kiosk browser. Requests and limits alike, as for the agent.
 APP_RESOURCES = {"cpu": "1", "memory": "1536Mi"}
 SHM_SIZE = "1Gi"  # each browser's /dev/shm (the container runtime's default, 64 MiB, makes Chromium crash)
+# A rollout pod's local ephemeral storage beyond the task's storage_mb: what the runner's side of the pod writes
+# to the node's disk, which counts against the pod's limit as the agent's files do (disk-backed emptyDirs, container
+# layers and the kubelet's container logs: kubernetes.io/docs/concepts/configuration/manage-resources-containers/
+# #local-ephemeral-storage). The init containers' copies in /openforge: OpenForge's Python with its packages (about
+# 0.7 GiB, pyarrow and Playwright the largest) and the pinned harness with its Node (0.35 to 0.85 GiB, openclaw's
+# the largest, measured on the installs of 2026-12); the container logs the kubelet keeps (rotated at 5 x 10 MiB by
+# default) of the rollout, app and Argo's wait containers. 2.25 GiB holds them with about 0.4 GiB to spare.
+RUNNER_STORAGE_MB = 2304
+# The logs the runner keeps with the result, each cut at the run's `rollout_log_mb` (the harness's output, its
+# session logs, the verifier's output and /logs/verifier, the app's log): room for this many of them.
+KEPT_LOGS = 8
+# The rollout container's quantities: resource -> (the plan item's task resource it adds to, that input's factor to
+# the unit, the unit).
+ROLLOUT_QUANTITIES = {"cpu": ("cpus", 1000, "m"), "memory": ("memory_mb", 1, "Mi"),
+                      "ephemeral-storage": ("storage_mb", 1, "Mi")}
+GPU = "nvidia.com/gpu"
+# The task's GPU count, or JSON null for none, which the strategic merge patch reads as "no such key": a pod that
+# asks for no GPU names none (a count of 0 would still get it the GPU nodes' tolerations from Kubernetes'
+# ExtendedResourceToleration admission plugin, which adds one for every extended resource a pod names). It stands
+# unquoted in the patch (a bare number is a valid quantity), and has no `>`, which Go's JSON encoding of the template
+# escapes (argoproj/argo-workflows#12709).
+GPUS_OR_NULL = "{{=sprig.ternary(inputs.parameters.gpus, 'null', inputs.parameters.gpus != '0')}}"
 
 
 def run_label(config: RunConfig) -> str:
@@ -209,6 +234,57 @@ def app_sidecar(config: RunConfig) -> tuple[list[UserContainer], UserContainer, 
     return [close_state], sidecar, volumes
 
 
+def harness_budget(config: RunConfig) -> tuple[int, float]:
+    """The harness's own memory (MiB) and CPUs, beside the task's: the run's `harness_memory_mb`, else its module's
+    `MEMORY_MB`; its module's `CPUS`. The same for every rollout of the run."""
+    harness = HARNESSES[config.harness]
+    return config.harness_memory_mb or harness.MEMORY_MB, harness.CPUS
+
+
+def runner_share(config: RunConfig, app: bool = False) -> dict[str, int]:
+    """What a rollout container needs whatever its task, by resource in `ROLLOUT_QUANTITIES`' units: the harness's
+    CPUs and memory (`harness_budget`), and the runner's ephemeral storage (`RUNNER_STORAGE_MB`, `KEPT_LOGS` logs of
+    `rollout_log_mb`, and with `app` the app's state volume, which counts against the pod's limit too)."""
+    memory_mb, cpus = harness_budget(config)
+    storage_mb = RUNNER_STORAGE_MB + KEPT_LOGS * config.rollout_log_mb + (APP_STORAGE_MB if app else 0)
+    return {"cpu": round(cpus * 1000), "memory": memory_mb, "ephemeral-storage": storage_mb}
+
+
+def rollout_resources(config: RunConfig, app: bool = False, task: bool = True) -> dict[str, dict[str, str]]:
+    """The rollout container's requests and limits: each the task's (the plan item's, a template input) plus
+    `runner_share`, written as an Argo expression over the inputs; without `task`, the runner's share alone. Each
+    request equals its limit: the node reserves all the container may use, as a container runtime gives a Harbor
+    task's container what it declares. The task's GPUs are a limit alone (`GPUS_OR_NULL`): Kubernetes takes an
+    extended resource's request from its limit, and refuses a request that differs from it or a fraction
+    (kubernetes.io/docs/tasks/manage-gpus/scheduling-gpus/).
+
+    Every value is a Kubernetes quantity once Argo has evaluated it: a whole number with the suffix `m` (thousandths
+    of a CPU) or `Mi` (MiB), which matches `^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$`
+    (kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/); a GPU count is a bare whole number."""
+    share = runner_share(config, app)
+    quantities = {}
+    for name, (task_input, factor, unit) in ROLLOUT_QUANTITIES.items():
+        scaled = f"asInt(inputs.parameters.{task_input})" + (f" * {factor}" if factor != 1 else "")
+        quantities[name] = f"{{{{={scaled} + {share[name]}}}}}{unit}" if task else f"{share[name]}{unit}"
+    return {"requests": quantities, "limits": {**quantities, **({GPU: GPUS_OR_NULL} if task else {})}}
+
+
+def rollout_pod_patch(config: RunConfig, app: bool = False) -> str:
+    """The rollout template's podSpecPatch: `rollout_resources` on Argo's main container, whose own `resources`
+    are the runner's share (`rollout_resources(task=False)`).
+
+    A patch, not the container's `resources`: Argo reads a template's container as a Kubernetes Container, whose
+    quantities must parse before any parameter is substituted, so a `{{...}}` there fails the whole Workflow
+    ("quantities must match the regular expression", argoproj/argo-workflows#6939); a podSpecPatch is a string,
+    substituted (expressions included) and then merged into the pod (Argo's examples/pod-spec-patch.yaml; its
+    TestRetriesVariableInPodSpecPatch computes a memory limit this way). The strategic merge drops a null (the GPU
+    count of a task without GPUs) only inside a map the container already has, and copies a map it lacks whole,
+    nulls and all (k8s.io/apimachinery strategicpatch `mergeMap`), which a null quantity then reads as 0: so the
+    container's own limits are never empty."""
+    patch = json.dumps({"containers": [{"name": "main", "resources": rollout_resources(config, app)}]})
+    return patch.replace(json.dumps(GPUS_OR_NULL), GPUS_OR_NULL)
+
+
 def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False, name: str = "rollout",
                      app: bool = False) -> Container:
     """One rollout in the task's image, the pod as its sandbox; retried only on infra_error; result.json to S3.
@@ -216,10 +292,11 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
     and takes the item's `app` as an input.
 
     No working_dir: the pod starts in the image's WORKDIR, which `--isolation pod` takes as the workspace
-    (PYTHONSAFEPATH keeps that folder off the runner's import path). The task's CPUs and memory are both
-    requests and limits, as a container runtime enforces them for Harbor. Its `status` and `reward` are output
-    parameters, which the Argo UI shows per node: files the runner writes into OUT after the agent stopped (OUT
-    is root-only, 0700, and the agent a separate uid: `PodSandbox.create`), with defaults for a pod that died.
+    (PYTHONSAFEPATH keeps that folder off the runner's import path). Its resources are the task's with the
+    harness's budget and the runner's storage added (`rollout_resources`, set by `rollout_pod_patch`). Its `status`
+    and `reward` are output parameters, which the Argo UI shows per node: files the runner writes into OUT after
+    the agent stopped (OUT is root-only, 0700, and the agent a separate uid: `PodSandbox.create`), with defaults
+    for a pod that died.
     An evaluation's rollout writes its result into the evaluation's folder.
     """
     out = "/tmp/rollout"
@@ -227,14 +304,13 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
     # folder, so that a retry never overwrites the infra error before it: every attempt is counted.
     result_url = (layout.eval_result_url if evaluation else layout.result_url)(
         config.run_url, iteration, layout.retry_folder("{{inputs.parameters.rollout_id}}", "{{retries}}"))
-    quantities = {"cpu": "{{inputs.parameters.cpus}}", "memory": "{{inputs.parameters.memory_mb}}Mi"}
     inits, sidecars, volumes = init_containers(config), [], [EmptyDirVolume(name="openforge", mount_path=SHARED)]
     if app:
         app_inits, sidecar, app_volumes = app_sidecar(config)
         inits, sidecars, volumes = inits + app_inits, [sidecar], volumes + app_volumes
     return Container(
         name=name, image="{{inputs.parameters.image}}", labels={ROLE: "rollout"},
-        inputs=[Parameter(name=n) for n in ("task", "sample", "rollout_id", "image", "deadline", "cpus", "memory_mb",
+        inputs=[Parameter(name=n) for n in ("task", "sample", "rollout_id", "image", "deadline", *RESOURCE_INPUTS,
                                             "proxy_url", *(["app"] if app else []))],
         init_containers=inits, sidecars=sidecars or None, volumes=volumes,
         command=commands.rollout(config, f"{PRIVATE}/app/{{{{inputs.parameters.task}}}}",
@@ -249,7 +325,8 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
         outputs=[s3_artifact(config, "result", result_url, f"{out}/{layout.RESULT_FILE}", single_file=True, optional=True),
                  Parameter(name="status", value_from=ValueFrom(path=f"{out}/{layout.STATUS_FILE}", default=NO_STATUS)),
                  Parameter(name="reward", value_from=ValueFrom(path=f"{out}/{layout.REWARD_FILE}", default=NO_REWARD))],
-        resources=ResourceRequirements(requests=quantities, limits=quantities),
+        resources=ResourceRequirements(**rollout_resources(config, app, task=False)),
+        pod_spec_patch=rollout_pod_patch(config, app),
         automount_service_account_token=False,  # the agent has no business with the Kubernetes API
         executor=ExecutorConfig(service_account_name=config.service_account),  # Argo's wait container does
         active_deadline_seconds="{{inputs.parameters.deadline}}",
@@ -435,8 +512,8 @@ def fanout(prefix: str, isolate: list[str]) -> list[Task]:
                                                                                "trajectories"))
     proxy_url = f"http://{{{{tasks.serve.ip}}}}:{commands.PROXY_PORT}"
     item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("sample", "sample"), ("rollout_id", "rollout_id"),
-                                                 ("image", "image"), ("deadline", "deadline_s"), ("cpus", "cpus"),
-                                                 ("memory_mb", "memory_mb"))}
+                                                 ("image", "image"), ("deadline", "deadline_s"),
+                                                 *((r, r) for r in RESOURCE_INPUTS))}
     # No rollout pod starts before the policies exist: its agent never has the cluster's network.
     after = " && ".join(["serve", plan, *isolate])
     return [Task(name=plan, template=plan),
