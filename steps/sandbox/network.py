@@ -10,23 +10,33 @@ and its dev-mode routes, the S3 endpoint, other services) and the outside networ
 no route out of the namespace. The namespace is owned by the host's user namespace, so the agent, root only
 in a user namespace of its own, cannot reconfigure it. At most `max_connections` are forwarded at once;
 more are closed as they arrive.
+
+Each tunnel connects to a proxy on loopback from a loopback address of its own (`loopback_source`: all of
+127.0.0.0/8 is loopback on Linux), so the proxy, which caps the connections of each client address
+(`--max-connections-per-client`, steps/proxy/connections.py), caps each rollout on its own: one rollout
+holding all it may cannot take another's share, as it could when every tunnel connected from 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
+import ipaddress
 import os
 import re
 import socket
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
-MAX_CONNECTIONS = 64
+MAX_CONNECTIONS = 64  # one rollout's connections to the proxy at once (a harness uses a few)
 _libc = ctypes.CDLL(None, use_errno=True)
+T = TypeVar("T")
 
 
 class NetworkError(RuntimeError):
@@ -66,13 +76,27 @@ class Loopback:
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
 
 
+def loopback_source(name: str) -> str:
+    """The loopback address the tunnel named `name` connects to the proxy from: derived from the name (a rollout's
+    is unique), outside 127.0.x.x, where the host's own services are (127.0.0.1, 127.0.0.53, 127.0.1.1). Two of
+    256 rollouts share one with a chance of about 1 in 500; they then share one cap of the proxy's.
+
+    >>> loopback_source("of-4242-17"), loopback_source("of-4242-18")
+    ('127.27.99.216', '127.117.205.137')
+    """
+    digest = hashlib.sha256(name.encode()).digest()
+    return f"127.{1 + digest[0] % 254}.{digest[1]}.{1 + digest[2] % 254}"
+
+
 class ProxyTunnel(Loopback):
-    """A network namespace whose 127.0.0.1:`listen_port` is forwarded to `target_host:target_port` on the host."""
+    """A network namespace whose 127.0.0.1:`listen_port` is forwarded to `target_host:target_port` on the host,
+    from `source` (default: a proxy on loopback is reached from the tunnel's own `loopback_source`)."""
 
     def __init__(self, name: str, target_host: str, target_port: int, listen_port: int | None = None,
-                 max_connections: int = MAX_CONNECTIONS):
+                 max_connections: int = MAX_CONNECTIONS, source: str | None = None):
         super().__init__(name)
         self.target = (target_host, target_port)
+        self.source = source
         self.listen_port = listen_port or target_port
         self.max_connections = max_connections
         self._listener: socket.socket | None = None
@@ -81,6 +105,7 @@ class ProxyTunnel(Loopback):
         self._connections: set[socket.socket] = set()
 
     def __enter__(self) -> ProxyTunnel:
+        self._bind_source()
         super().__enter__()
         self._listener = _listen_inside(self.netns, self.listen_port)
         threading.Thread(target=self._accept, name=f"tunnel-{self.name}", daemon=True).start()
@@ -97,6 +122,26 @@ class ProxyTunnel(Loopback):
                 connection.shutdown(socket.SHUT_RDWR)
         self._delete()
 
+    def _bind_source(self) -> None:
+        """Resolves the target once and, for a proxy on loopback, takes the tunnel's own source address; checks
+        that the host lets it be bound (Linux routes all of 127.0.0.0/8 to loopback)."""
+        try:
+            address = socket.getaddrinfo(self.target[0], self.target[1], socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        except OSError:  # not resolvable now: connecting fails later, as it would have
+            return
+        self.target = (address, self.target[1])
+        if self.source is None and ipaddress.ip_address(address).is_loopback:
+            self.source = loopback_source(self.name)
+        if self.source is None:
+            return
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((self.source, 0))
+            except OSError as exc:
+                raise NetworkError(f"cannot connect to the proxy from the rollout's own loopback address "
+                                   f"{self.source} ({exc.strerror or exc}); this host does not route 127.0.0.0/8 "
+                                   "to loopback") from None
+
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
@@ -111,7 +156,8 @@ class ProxyTunnel(Loopback):
     def _forward(self, inside: socket.socket) -> None:
         self._connections.add(inside)
         try:
-            outside = socket.create_connection(self.target, timeout=10)
+            outside = socket.create_connection(self.target, timeout=10,
+                                               source_address=None if self.source is None else (self.source, 0))
         except OSError:
             self._connections.discard(inside)
             inside.close()
@@ -152,30 +198,39 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
         pass
 
 
-def _listen_inside(netns: Path, port: int) -> socket.socket:
-    """A socket listening on 127.0.0.1:`port` inside `netns`, made by a thread that enters the namespace.
-
-    A socket belongs to the namespace it was made in, whichever thread uses it later; only that short-lived
-    thread ever enters the namespace.
-    """
+def inside(netns: Path, make: Callable[[], T]) -> T:
+    """What `make()` returns, run by a thread that enters `netns` (its OSError raised here). A socket belongs to the
+    namespace it was made in, whichever thread uses it later; only that short-lived thread ever enters the
+    namespace."""
     made: dict = {}
 
-    def enter_and_listen() -> None:
+    def enter_and_make() -> None:
         try:
             with open(netns) as handle:
                 if _libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
                     raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(("127.0.0.1", port))
-            listener.listen(128)
-            made["socket"] = listener
+            made["result"] = make()
         except OSError as exc:
             made["error"] = exc
 
-    thread = threading.Thread(target=enter_and_listen)
+    thread = threading.Thread(target=enter_and_make)
     thread.start()
     thread.join()
     if "error" in made:
-        raise NetworkError(f"cannot listen for the proxy inside the rollout's network namespace: {made['error']}")
-    return made["socket"]
+        raise made["error"]
+    return made["result"]
+
+
+def _listen_inside(netns: Path, port: int) -> socket.socket:
+    """A socket listening on 127.0.0.1:`port` inside `netns`."""
+    def listen() -> socket.socket:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(128)
+        return listener
+
+    try:
+        return inside(netns, listen)
+    except OSError as exc:
+        raise NetworkError(f"cannot listen for the proxy inside the rollout's network namespace: {exc}") from None
