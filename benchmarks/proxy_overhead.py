@@ -421,9 +421,11 @@ async def run(args, workload: Workload, pool) -> list[dict]:
     tmp = Path(tempfile.mkdtemp(prefix="openforge-bench-", dir=args.store_dir))
     upstream, proxy = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
     fake = start([sys.executable, "benchmarks/fake_vllm.py", "--port", upstream.rsplit(":", 1)[1]], tmp / "fake.log")
+    # A session sends thousands of calls where a rollout sends dozens: the store quotas, which would refuse them
+    # past 2048 calls, are off. Every other limit stays at the run's default.
     prox = start([sys.executable, "-m", "steps.proxy", "--upstream", upstream, "--port", proxy.rsplit(":", 1)[1],
-                  "--store", str(tmp / "store"), "--admin-key", ADMIN_KEY, *args.proxy_arg], tmp / "proxy.log",
-                 args.proxy_cpus)
+                  "--store", str(tmp / "store"), "--admin-key", ADMIN_KEY, "--store-quota-calls", "0",
+                  "--store-quota-mb", "0", *args.proxy_arg], tmp / "proxy.log", args.proxy_cpus)
     levels = [(c, 0.0) for c in args.levels] + ([(GOAL_C, args.paced_ms)] if args.paced_ms > 0 else [])
     try:
         async with aiohttp.ClientSession() as http:

@@ -6,7 +6,8 @@
         [--tool-call-parser hermes] [--reasoning-parser qwen3] [--max-model-len 32768] \
         [--gpu-memory-utilization 0.9] [--image-limit 4] [--max-pixels 0] [--chat-template FILE] \
         [--vllm-arg=--enable-prefix-caching ...] \
-        [--sampling temperature=1.0 ...]
+        [--sampling temperature=1.0 ...] [--store-quota-mb 128] [--store-quota-calls 2048] \
+        [--image-pixel-limit 40000000] [--request-image-mb 32]
 
 `--model` is a checkpoint folder, a hub name (then name its `--tool-call-parser`) or an `s3://` URL; a URL
 is fetched to `--model-dir` first, without what only training reads (`optimizer/`, AdamW's state: twice
@@ -15,7 +16,8 @@ with the tool-call parser of the checkpoint's family unless `--tool-call-parser`
 without one is one line and exit code 1), waits until it answers `/health`, then runs the proxy on
 `--host` (0.0.0.0 in a pod) until stopped. The proxy only listens once vLLM is ready, so a readiness
 probe on the proxy's `/health` means the whole server is ready; that is what the Argo daemon step waits
-for before any rollout starts. vLLM is stopped when the proxy exits.
+for before any rollout starts. vLLM is stopped when the proxy exits. What one rollout may take (`--store-quota-mb`,
+`--store-quota-calls`, `--image-pixel-limit`, `--request-image-mb`: the run config's keys) is passed on to the proxy.
 
 `--replicas R` starts R vLLM servers on loopback (each `--gpus` GPUs of the pod, or on CPU its share of the
 cores: `steps.vllm_server.replica_env`; logs `vllm.log`, `vllm-1.log`, ...) and one proxy in front of them all,
@@ -47,8 +49,8 @@ from steps import net, sampling
 from steps.checkpoint import TRAINING_ONLY, fetch
 from steps.follow import start_follower
 from steps.net import HOST, free_port
+from steps.proxy.__main__ import add_rollout_limits, check_rollout_limits, forced_sampling
 from steps.proxy.__main__ import command_line as proxy_command_line
-from steps.proxy.__main__ import forced_sampling
 from steps.proxy.__main__ import main as proxy_main
 from steps.proxy.images import renders_tool_images
 from steps.vllm_parsers import UnknownFamily
@@ -107,7 +109,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--follow-until", type=int, help="the last checkpoint to follow")
     p.add_argument("--log", type=Path, default=Path("vllm.log"), help="vLLM's log file")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds vLLM may take to start")
+    add_rollout_limits(p)  # passed on to the proxy
     args = p.parse_args(argv)
+    args.limits = check_rollout_limits(p, args)
     if args.replicas < 1 or (args.upstream is not None and args.replicas != 1):
         p.error("--replicas takes a number >= 1 of vLLM servers to start (with --upstream: 1, none is started)")
     if (args.model is None) == (args.upstream is None):
@@ -142,7 +146,7 @@ def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int], model: str
     return proxy_command_line([f"http://{HOST}:{port}" for port in ports], args.store, args.port, host=args.host,
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
                               weight_version=args.weight_version, sampling=args.sampling,
-                              image_limit=args.image_limit if vision else 0,
+                              image_limit=args.image_limit if vision else 0, limits=args.limits,
                               tool_images=vision and template.is_file() and renders_tool_images(template.read_text()))
 
 
@@ -187,7 +191,7 @@ def upstream_proxy_argv(args: argparse.Namespace) -> list[str]:
     return proxy_command_line(upstream_base(args.upstream), args.store, args.port, host=args.host,
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
                               weight_version=args.weight_version, sampling=args.sampling,
-                              upstream_model=args.upstream_model or args.model_name, external=True)
+                              upstream_model=args.upstream_model or args.model_name, external=True, limits=args.limits)
 
 
 def serve_upstream(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ are real values; the command is the same `python -m steps.X ...` line either way
 """
 
 from steps import sampling
+from steps.proxy.config import ROLLOUT_LIMITS, limit_flag
 from workflows import layout
 from workflows.config import RunConfig
 
@@ -35,22 +36,39 @@ def serve(config: RunConfig, model: str, store: str, weight_version: str | int, 
     `config.upstream`, only the proxy, in front of that server (no `model`, no vLLM options: `upstream_model`,
     empty for `model_name`, is what it is sent).
 
+    What one rollout may take (`steps.proxy.config.ROLLOUT_LIMITS`) is passed only where the run changes it.
+
     >>> serve(RunConfig(upstream="http://10.0.0.5:8000", model_name="m"), "unused", "calls", 0)[:7]
     ['python', '-m', 'steps.serve', '--upstream', 'http://10.0.0.5:8000', '--upstream-model', 'm']
+    >>> serve(RunConfig(store_quota_mb=64), "m", "calls", 0)[-2:]
+    ['--store-quota-mb', '64']
     """
     proxy = ["--model-name", config.model_name, "--port", str(port), "--store", store, "--host", host]
     if config.upstream:
         return [python, "-m", "steps.serve", "--upstream", config.upstream,
                 "--upstream-model", config.upstream_model or config.model_name, *proxy,
                 "--max-tokens-cap", str(config.max_tokens_cap), "--weight-version", str(weight_version),
-                *sampling.as_flags(sampling.settings(config))]
+                *sampling.as_flags(sampling.settings(config)), *limit_flags(config)]
     return [python, "-m", "steps.serve", "--model", model, *(["--model-dir", model_dir] if model_dir else []),
             *proxy, "--device", device, "--gpus", str(config.serve_gpus),
             *(["--replicas", str(config.serve_replicas)] if config.serve_replicas > 1 else []),
             "--max-tokens-cap", str(config.max_tokens_cap),
             "--generation-config", "vllm",
             "--weight-version", str(weight_version), *vllm_flags(config, device),
-            *sampling.as_flags(sampling.settings(config))]
+            *sampling.as_flags(sampling.settings(config)), *limit_flags(config)]
+
+
+def limit_flags(config: RunConfig) -> list[str]:
+    """The run's limits of what one rollout may take, as the serve step's flags (the proxy's); each left at its
+    default is left out (the proxy's default is the run's).
+
+    >>> limit_flags(RunConfig(request_image_mb=8)), limit_flags(RunConfig())
+    (['--request-image-mb', '8'], [])
+    """
+    return [word for key in ROLLOUT_LIMITS if getattr(config, key) != getattr(RunConfig, key)
+            for word in (limit_flag(key), str(getattr(config, key)))]
+
+
 
 
 def vllm_flags(config: RunConfig, device: str) -> list[str]:

@@ -23,7 +23,7 @@ import yaml
 
 from steps import logs, sampling
 from steps.proxy.app import create_app
-from steps.proxy.config import ProxyConfig
+from steps.proxy.config import ROLLOUT_LIMITS, ProxyConfig, limit_flag
 from steps.proxy.connections import connection_cap, raise_open_file_limit
 from steps.proxy.http_server import protocol_factory
 from steps.proxy.replicas import AFFINITY, POLICIES
@@ -33,12 +33,13 @@ def command_line(upstream: str | list[str], store: str, port: int, host: str | N
                  model_name: str | None = None, max_tokens_cap: int | None = None, weight_version: str | None = None,
                  sampling: list[str] | tuple[str, ...] = (), extra: list[str] | tuple[str, ...] = (),
                  upstream_model: str | None = None, external: bool = False, image_limit: int | None = None,
-                 tool_images: bool = True) -> list[str]:
+                 tool_images: bool = True, limits: dict[str, int] | None = None) -> list[str]:
     """The proxy's flags, as `parse_args` reads them: what the serve step runs in-process and the tests'
     launcher runs as `python -m steps.proxy`; `upstream` is one URL or each replica's; `sampling` holds `KEY=VALUE`
     items (`steps.sampling`). The admin key travels in the environment, never here; so does an external upstream's
     key (`external`: `--external-upstream`). `image_limit` is the run's; `tool_images` whether the served model's chat
-template renders images in tool turns (`steps.proxy.images.renders_tool_images`).
+template renders images in tool turns (`steps.proxy.images.renders_tool_images`); `limits` the run's values of
+`ROLLOUT_LIMITS` (a key left out: the proxy's default, which is the run's).
 
     >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, model_name="tiny")
     ['--upstream', 'http://127.0.0.1:8000', '--port', '8100', '--store', 'runs/calls', '--model-name', 'tiny']
@@ -46,6 +47,8 @@ template renders images in tool turns (`steps.proxy.images.renders_tool_images`)
     ['--image-limit', '4', '--tool-images', 'user']
     >>> command_line(["http://127.0.0.1:8000", "http://127.0.0.1:8001"], "runs/calls", 8100)[:4]
     ['--upstream', 'http://127.0.0.1:8000', '--upstream', 'http://127.0.0.1:8001']
+    >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, limits={"store_quota_mb": 64})[-2:]
+    ['--store-quota-mb', '64']
     """
     argv = [word for url in ([upstream] if isinstance(upstream, str) else upstream) for word in ("--upstream", url)]
     argv += ["--port", str(port), "--store", store]
@@ -58,7 +61,25 @@ template renders images in tool turns (`steps.proxy.images.renders_tool_images`)
         argv.append("--external-upstream")
     if not tool_images:
         argv += ["--tool-images", "user"]
+    argv += [word for key, value in (limits or {}).items() for word in (limit_flag(key), str(value))]
     return argv + [word for item in sampling for word in ("--sampling", item)] + list(extra)
+
+
+def add_rollout_limits(parser: argparse.ArgumentParser) -> None:
+    """The flags of `ROLLOUT_LIMITS` (0 turns one off), defaulting to the run's; the serve step passes them on."""
+    group = parser.add_argument_group("what one rollout may take", "the run config's keys of the same names "
+                                      "(docs/proxy.md, Limits); 0 turns one off")
+    for key, meaning in ROLLOUT_LIMITS.items():
+        group.add_argument(limit_flag(key), dest=key, type=int, default=getattr(ProxyConfig, key),
+                           help=f"{meaning} (default {getattr(ProxyConfig, key)})")
+
+
+def check_rollout_limits(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, int]:
+    """The values of `ROLLOUT_LIMITS` given; exits with one sentence on a negative one."""
+    for key in ROLLOUT_LIMITS:
+        if getattr(args, key) < 0:
+            p.error(f"{limit_flag(key)} takes a number >= 0 (0 turns the limit off), got {getattr(args, key)}")
+    return {key: getattr(args, key) for key in ROLLOUT_LIMITS}
 
 
 def parse_args(argv: list[str] | None = None) -> ProxyConfig:
@@ -107,7 +128,9 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
                         help="open client connections (503); default: half the open files the process may have")
     limits.add_argument("--max-connections-per-client", type=int, default=1024,
                         help="open connections from one client address (503)")
+    add_rollout_limits(p)
     args = p.parse_args(argv)
+    rollout_limits = check_rollout_limits(p, args)
     for name in ("max_head_bytes", "max_headers", "head_timeout", "body_timeout", "keep_alive_timeout",
                  "max_connections", "max_connections_per_client"):
         if (value := getattr(args, name) or 0) < 0:
@@ -136,6 +159,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         http_server=args.http_server, max_head_bytes=args.max_head_bytes, max_headers=args.max_headers,
         head_timeout_s=args.head_timeout, body_timeout_s=args.body_timeout, keep_alive_s=args.keep_alive_timeout,
         max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
+        **rollout_limits,
     )
 
 

@@ -41,7 +41,7 @@ from steps.proxy.serving import (
     until_disconnect,
 )
 from steps.proxy.replicas import Replicas
-from steps.proxy.sessions import Sessions, WeightGate
+from steps.proxy.sessions import Sessions, StoreQuota, WeightGate
 from steps.proxy.store import CallStore
 from steps.proxy.upstream import Upstream
 from steps.proxy.weights import initial_version, swap_weights
@@ -260,7 +260,7 @@ def create_app(config: ProxyConfig) -> ModelCalls:
     async def lifespan(app: FastAPI):
         app.state.config = config
         app.state.store = CallStore(config.store, fsync=config.fsync)
-        app.state.sessions = Sessions(app.state.store)
+        app.state.sessions = Sessions(app.state.store, StoreQuota(config.store_quota_mb, config.store_quota_calls))
         upstreams = [Upstream(url, timeout_s=config.upstream_timeout_s, model=config.upstream_model or config.model,
                               external=config.external_upstream, api_key=config.upstream_api_key)
                      for url in config.upstreams]

@@ -9,6 +9,28 @@ from steps.proxy.protocol import plain
 from steps.sampling import RESHAPING, unsent_to_external
 
 
+# What one rollout may take, as the run config's keys of these names (docs/reliability.md, "Limits"): each is a flag
+# of the proxy and of the serve step (`--store-quota-mb`, ...) and a field of ProxyConfig below, whose default is
+# the run's.
+ROLLOUT_LIMITS = {
+    "store_quota_mb": "MiB the store keeps of one rollout: its call records as written and the images its calls "
+                      "stored first; at it, the rollout's further calls are refused (400)",
+    "store_quota_calls": "calls the store keeps of one rollout; at it, its further calls are refused (400)",
+    "image_pixel_limit": "pixels (width x height) of one image, read from its header before anything decodes it; "
+                         "more is a 400",
+    "request_image_mb": "MiB of images in one request; more is a 400",
+}
+
+
+def limit_flag(key: str) -> str:
+    """The flag of a key of `ROLLOUT_LIMITS`, the proxy's and the serve step's alike.
+
+    >>> limit_flag("store_quota_mb")
+    '--store-quota-mb'
+    """
+    return f"--{key.replace('_', '-')}"
+
+
 @dataclass
 class ProxyConfig:
     """Everything the proxy needs to start; flags of `python -m steps.proxy` map 1:1 onto fields."""
@@ -46,6 +68,11 @@ class ProxyConfig:
     keep_alive_s: float = 75.0
     max_connections: int | None = None  # None: half the open files the process may have (connections.py)
     max_connections_per_client: int = 1024
+    # What one rollout may take (docs/proxy.md, "Limits"), the run config's keys of the same names; 0 turns one off.
+    store_quota_mb: int = 128  # bytes the store keeps of one rollout: its records as written, the images it stored first
+    store_quota_calls: int = 2048  # calls the store keeps of one rollout
+    image_pixel_limit: int = 40_000_000  # pixels of one image (width x height), read from its header
+    request_image_mb: int = 32  # bytes of the images of one request
 
     @property
     def upstreams(self) -> tuple[str, ...]:

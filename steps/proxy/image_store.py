@@ -188,22 +188,26 @@ class ImageStore:
         with self._lock:
             return list({image.sha256: image for image in images if image.sha256 not in self._stored}.values())
 
-    def put(self, images: list[Image]) -> None:
-        """Stores each image unless it is stored already; raises ImageWriteFailed naming the first that could
-        not be (the images written before it stay: whole, and named by their bytes)."""
+    def put(self, images: list[Image]) -> int:
+        """Stores each image unless it is stored already and returns the bytes written; raises ImageWriteFailed
+        naming the first that could not be (the images written before it stay: whole, and named by their bytes)."""
+        written = 0
         for image in images:
             try:
-                self._put_local(image) if self.local else self._put_object(image)
+                wrote = self._put_local(image) if self.local else self._put_object(image)
             except OSError as exc:
                 raise ImageWriteFailed(f"image {image.sha256} could not be written to {self.path(image.sha256)}: "
                                        f"{exc.strerror or exc}") from None
+            written += len(image.data) if wrote else 0
             with self._lock:
                 self._stored.add(image.sha256)
+        return written
 
-    def _put_local(self, image: Image) -> None:
+    def _put_local(self, image: Image) -> bool:
+        """Writes the image unless a file holding it is there; whether this call wrote it."""
         path = self.path(image.sha256)
         if _hashes_to(path, image.sha256):
-            return
+            return False
         os.makedirs(self.folder, exist_ok=True)
         tmp = f"{self.folder}/.{image.sha256}.{uuid.uuid4().hex}.tmp"
         try:
@@ -215,20 +219,25 @@ class ImageStore:
             try:
                 os.link(tmp, path)  # never replaces: a concurrent writer's link of the same bytes wins
             except FileExistsError:
-                if not _hashes_to(path, image.sha256):  # a torn leftover (or a directory: then this fails)
-                    os.replace(tmp, path)
+                if _hashes_to(path, image.sha256):
+                    return False
+                os.replace(tmp, path)  # a torn leftover (or a directory: then this fails)
+            return True
         finally:
             if os.path.lexists(tmp):
                 os.remove(tmp)
 
-    def _put_object(self, image: Image) -> None:
+    def _put_object(self, image: Image) -> bool:
+        """Puts the image unless its name is taken; whether this call put it."""
         try:
             self.fs.pipe_file(self.path(image.sha256), image.data, **({"mode": "create"} if self.create_only else {}))
         except FileExistsError:
-            pass  # stored by another call or proxy: an object is put whole, so it holds these bytes
+            return False  # stored by another call or proxy: an object is put whole, so it holds these bytes
         except OSError as exc:
             if "PreconditionFailed" not in str(exc) and "412" not in str(exc):
                 raise
+            return False
+        return True
 
     def check(self, records: list[dict]) -> list[dict]:
         """Gives each record `images` (in place; [] for records older than images) and, for one whose

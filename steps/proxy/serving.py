@@ -9,7 +9,9 @@ that took one is stored, whatever happens after: answered, failed upstream, abor
 proxy itself. If the store cannot write it (a full disk), the harness gets a 503 in its dialect's shape
 and the index is handed back when no later call took one. A call's images are stored (once each, by the
 SHA-256 of their bytes: steps.proxy.image_store) before its upstream call, so every record that names an
-image finds it stored; one that cannot be stored is a 503 the same way.
+image finds it stored; one that cannot be stored is a 503 the same way. A rollout at its store quota
+(steps.proxy.sessions.StoreQuota) has its further calls refused before they take an index: a 400 in the
+dialect's shape, nothing stored, nothing sent upstream.
 """
 
 import asyncio
@@ -29,7 +31,7 @@ from steps.proxy import images as call_images
 from steps.proxy.errors import ProxyError
 from steps.proxy.image_store import referenced_request
 from steps.proxy.protocol import Raw, decode, one_line
-from steps.proxy.sessions import Rollout
+from steps.proxy.sessions import MIB, Rollout
 from steps.sampling import RESHAPING
 from steps.proxy.store import CallIndexTaken, StoreWriteFailed, share_prompt, share_request
 
@@ -171,20 +173,35 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
 
     `read()` gives the request body, after the key was accepted; `guard(work)` awaits the upstream call
     and raises ClientGone if the harness hangs up meanwhile (the server that carries the call knows how
-    it learns of that). Raises ProxyError, or ClientGone if the harness hung up before its request was read."""
+    it learns of that). A call of a rollout at its store quota is refused (400) once the request is found
+    valid, before it takes an index. Raises ProxyError, or ClientGone if the harness hung up before its
+    request was read."""
     rollout = await state.sessions.authorize(rollout_id, key)
     data = await read()
     req, raw = decode(data, dialect.Request, fields=dialect.RAW_FIELDS)
     upstream_body = dialect.to_upstream(req, raw)
-    images = call_images.collect(upstream_body.get("messages"))  # what vLLM is sent, in prompt order
+    config = state.config
+    images = call_images.collect(upstream_body.get("messages"), config.image_pixel_limit,  # what vLLM is sent,
+                                 config.request_image_mb * MIB)  # in prompt order
     requested = _settings(upstream_body)  # the harness's own, before the run's are forced
-    state.config.sampling(upstream_body)
+    config.sampling(upstream_body)
     line = referenced_request(one_line(data), images)  # the request as stored: images by name
-    record = _new_record(rollout, dialect.NAME, req.stream, line, requested, _settings(upstream_body))
-    record["images"] = [image.reference() for image in images]
+    state.sessions.quota.admit(rollout, len(line))
+    try:
+        record = _new_record(rollout, dialect.NAME, req.stream, line, requested, _settings(upstream_body))
+        record["images"] = [image.reference() for image in images]
+        return await _record_call(state, rollout, dialect, req, line, record, upstream_body, images, guard)
+    finally:
+        state.sessions.quota.release(rollout, len(line))
+
+
+async def _record_call(state, rollout: Rollout, dialect: ModuleType, req, line: bytes, record: dict,
+                       upstream_body: dict, images: list, guard) -> tuple[int, list, bytes]:
+    """Stores the call's new images, makes the upstream call and stores the call with its outcome (see
+    `serve_call`)."""
     if images:
         try:
-            await state.store.put_images(images)
+            rollout.stored_bytes += await state.store.put_images(images)
         except StoreWriteFailed as exc:
             raise _unstored(rollout, record, exc) from None
     try:
@@ -300,9 +317,9 @@ def _stored(value):
 
 
 async def _finish(state, rollout: Rollout, record: dict, status: str, response=None, error: dict | None = None) -> None:
-    """Stores the call with its outcome. A 503 if the store cannot write it (nothing of it is stored, the
-    harness is not answered); an object store's index that another writer holds is replaced by the next
-    free one."""
+    """Stores the call with its outcome and counts it against the rollout's quota. A 503 if the store cannot
+    write it (nothing of it is stored, the harness is not answered); an object store's index that another
+    writer holds is replaced by the next free one."""
     timings = record["timings"]
     timings["responded_at"] = now()
     timings["total_s"] = round(timings["responded_at"] - timings["received_at"], 6)
@@ -311,11 +328,14 @@ async def _finish(state, rollout: Rollout, record: dict, status: str, response=N
     record.update(status=status, response=response, error=error)
     for _ in range(INDEX_RETRIES):
         try:
-            return await state.store.put_call(record)
+            rollout.stored_bytes += await state.store.put_call(record)
+            rollout.stored_calls += 1
+            return
         except CallIndexTaken:
             log.warning("call index taken by another writer", extra={"rollout_id": rollout.rollout_id,
                                                                      "call_index": record["call_index"]})
-            rollout.next_index = max(rollout.next_index, await state.store.resume_calls(rollout.rollout_id))
+            stored = await state.store.resume_calls(rollout.rollout_id)
+            rollout.next_index = max(rollout.next_index, stored.next_index)
             record["call_index"] = rollout.take_index()
         except StoreWriteFailed as exc:
             raise _unstored(rollout, record, exc) from None

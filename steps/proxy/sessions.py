@@ -4,7 +4,8 @@ A rollout's API key is random and known only to whoever registered it; the store
 so a restarted proxy still accepts the harness that holds it. Every call takes the next index of its
 rollout. Open rollouts stay in memory; a closed one leaves it (the store keeps it), except the last
 `closed_kept` closed ones, so that a harness still calling after its close gets its 403 without a store
-read. The weight gate holds new calls while weights are swapped and lets in-flight ones finish.
+read. What the store keeps of a rollout is bounded by its quota (`StoreQuota`): a rollout at it makes no
+further call. The weight gate holds new calls while weights are swapped and lets in-flight ones finish.
 """
 
 import asyncio
@@ -22,6 +23,7 @@ from steps.proxy.store import CallStore, PromptBase, RequestBase
 
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CLOSED_KEPT = 1024
+MIB = 1 << 20
 
 
 def key_digest(api_key: str) -> str:
@@ -44,6 +46,12 @@ class Rollout:
     prompt_base: PromptBase | None = None
     request_base: RequestBase | None = None
     replica: int | None = None  # the replica serving its calls (steps.proxy.replicas); not stored: given again after a restart
+    # Held against its quota (`StoreQuota`): what the store keeps of it (read back from the store after a restart)
+    # and its calls admitted but not stored yet, each with its request's size as it would be stored unshared.
+    stored_calls: int = 0
+    stored_bytes: int = 0  # its records as written, and the images its calls stored first
+    calls_in_flight: int = 0
+    bytes_in_flight: int = 0
 
     def take_index(self) -> int:
         """Reserves the next call index (calls are numbered in arrival order)."""
@@ -61,11 +69,46 @@ class Rollout:
         }
 
 
+@dataclass(frozen=True)
+class StoreQuota:
+    """What the store keeps of one rollout at most (the run's `store_quota_mb` and `store_quota_calls`; 0 turns
+    one off): bytes (its call records as written, after the sharing of prompts and requests, and the images
+    its calls stored first) and calls (every call stored: answered, failed or aborted)."""
+
+    mb: int = 0
+    calls: int = 0
+
+    def admit(self, rollout: Rollout, request_bytes: int) -> None:
+        """Counts a call of `rollout` in before it takes an index, holding `request_bytes` (its request as it
+        would be stored unshared) against the quota until `release`. A 400 if the rollout is at a quota already,
+        its calls in flight counted, so that calls sent at once cannot pass it together: the call takes no index
+        and nothing of it is stored. A 400 because no harness retries one (Claude Code retries a 403 as an
+        expired key, and 429s and 5xx with backoff: docs/proxy.md, "Limits"), so the harness ends its turn and
+        the rollout is graded on what its answered calls did."""
+        if self.calls and rollout.stored_calls + rollout.calls_in_flight >= self.calls:
+            raise ProxyError(400, f"rollout {rollout.rollout_id!r} has made {self.calls} calls, the most the proxy "
+                                  "stores for one rollout (store_quota_calls), so it answers no further call of it",
+                             code="store_quota_exceeded")
+        if self.mb and rollout.stored_bytes + rollout.bytes_in_flight >= self.mb * MIB:
+            raise ProxyError(400, f"rollout {rollout.rollout_id!r} has reached the {self.mb} MiB the proxy stores for "
+                                  "one rollout (store_quota_mb), so it answers no further call of it",
+                             code="store_quota_exceeded")
+        rollout.calls_in_flight += 1
+        rollout.bytes_in_flight += request_bytes
+
+    @staticmethod
+    def release(rollout: Rollout, request_bytes: int) -> None:
+        """Counts an admitted call out, stored or not (what was stored is in `stored_calls` and `stored_bytes`)."""
+        rollout.calls_in_flight -= 1
+        rollout.bytes_in_flight -= request_bytes
+
+
 @dataclass
 class Sessions:
-    """Registered rollouts, backed by the store so that a restart loses none."""
+    """Registered rollouts, backed by the store so that a restart loses none, and their store quota."""
 
     store: CallStore
+    quota: StoreQuota = field(default_factory=StoreQuota)
     rollouts: dict[str, Rollout] = field(default_factory=dict)  # open ones
     closed: OrderedDict[str, Rollout] = field(default_factory=OrderedDict)  # the last closed_kept closed ones
     closed_kept: int = CLOSED_KEPT
@@ -105,7 +148,8 @@ class Sessions:
         info = await self.store.get_rollout(rollout_id)
         if info is None:
             return None
-        rollout = Rollout(**info, next_index=await self.store.resume_calls(rollout_id))
+        stored = await self.store.resume_calls(rollout_id)
+        rollout = Rollout(**info, next_index=stored.next_index, stored_calls=stored.calls, stored_bytes=stored.bytes)
         if rollout.closed_at is not None:
             return self._keep_closed(rollout)
         return self.rollouts.setdefault(rollout_id, rollout)

@@ -69,6 +69,17 @@ class StoredCalls:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """What a proxy takes a rollout up with after a restart: its next call index, and how many call records
+    and bytes of them the store holds (its store quota's counts; the images its calls stored before are not
+    counted again)."""
+
+    next_index: int
+    calls: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class PromptBase:
     """The prompt of a rollout's last stored call: its index, its ids as vLLM's JSON, how many (vLLM's
     count: told to readers, never used to cut)."""
@@ -365,9 +376,9 @@ class CallStore:
         data = await asyncio.to_thread(self._read, path)
         return None if data is None else orjson.loads(data)
 
-    async def put_call(self, record: dict) -> None:
-        """Durably writes one call record; returns once it is readable by a restarted proxy. Raises
-        StoreWriteFailed if it could not be written (nothing of it is left readable) and, on an object
+    async def put_call(self, record: dict) -> int:
+        """Durably writes one call record; returns the bytes written once it is readable by a restarted proxy.
+        Raises StoreWriteFailed if it could not be written (nothing of it is left readable) and, on an object
         store, CallIndexTaken if another writer holds its index.
 
         A local append without fsync is a page-cache copy, cheaper than a hop to a worker thread, so it
@@ -375,20 +386,21 @@ class CallStore:
         """
         data = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
         if self.local and not self.fsync:
-            self._append(record["rollout_id"], data)
-        elif self.local:
-            await asyncio.to_thread(self._append, record["rollout_id"], data)
-        else:
-            await asyncio.to_thread(self._put_object, self._object_path(record["rollout_id"], record["call_index"]), data)
+            return self._append(record["rollout_id"], data)
+        if self.local:
+            return await asyncio.to_thread(self._append, record["rollout_id"], data)
+        await asyncio.to_thread(self._put_object, self._object_path(record["rollout_id"], record["call_index"]), data)
+        return len(data)
 
-    async def put_images(self, images: list[Image]) -> None:
-        """Durably stores each of a call's images not stored yet, before the record that names them; raises
-        StoreWriteFailed if one could not be (the call must not be stored then)."""
+    async def put_images(self, images: list[Image]) -> int:
+        """Durably stores each of a call's images not stored yet, before the record that names them, and returns
+        the bytes written (an image found stored already costs none); raises StoreWriteFailed if one could not
+        be (the call must not be stored then)."""
         new = self.images.new(images)
         if not new:
-            return
+            return 0
         try:
-            await asyncio.to_thread(self.images.put, new)
+            return await asyncio.to_thread(self.images.put, new)
         except ImageWriteFailed as exc:
             raise StoreWriteFailed(str(exc)) from None
 
@@ -401,14 +413,16 @@ class CallStore:
         """Every readable call of a rollout, in call order."""
         return (await self.read_calls(rollout_id)).calls
 
-    async def resume_calls(self, rollout_id: str) -> int:
-        """The next call index when a restarted proxy takes the rollout up again: one past the highest
-        index the store holds, so an index taken by a call that was never stored leaves a gap, never a
-        repeat. A local log loses its torn last record here, before anything is appended."""
+    async def resume_calls(self, rollout_id: str) -> Resumed:
+        """What a restarted proxy takes the rollout up again with: the next call index, one past the highest
+        index the store holds (so an index taken by a call that was never stored leaves a gap, never a
+        repeat), and the records and bytes held (a local log's size; an object listing's sizes: nothing more
+        is read). A local log loses its torn last record here, before anything is appended."""
         if self.local:
             return await asyncio.to_thread(self._resume_log, rollout_id)
-        paths = await asyncio.to_thread(self._object_paths, rollout_id)
-        return max((_object_index(path) for path in paths), default=-1) + 1
+        objects = await asyncio.to_thread(self._objects, rollout_id)
+        return Resumed(max((_object_index(path) for path, _ in objects), default=-1) + 1, len(objects),
+                       sum(size for _, size in objects))
 
     def list_rollouts(self) -> list[str]:
         """Ids of every rollout in the store."""
@@ -425,7 +439,7 @@ class CallStore:
     def _lock(self, path: str) -> threading.Lock:
         return self._appending.get(path) or self._appending.setdefault(path, threading.Lock())
 
-    def _append(self, rollout_id: str, data: bytes) -> None:
+    def _append(self, rollout_id: str, data: bytes) -> int:
         path = self._log_path(rollout_id)
         with self._lock(path):
             try:
@@ -448,11 +462,12 @@ class CallStore:
                     raise StoreWriteFailed(f"the call could not be written to {path}: {exc.strerror}") from None
             finally:
                 os.close(fd)
+        return len(data)
 
-    def _resume_log(self, rollout_id: str) -> int:
+    def _resume_log(self, rollout_id: str) -> Resumed:
         with self._lock(self._log_path(rollout_id)):  # never while one of this proxy's appends is half done
-            _cut_torn_tail(self._log_path(rollout_id))
-        highest = -1
+            size = _cut_torn_tail(self._log_path(rollout_id))
+        highest, calls = -1, 0
         for _, data in self._log_lines(rollout_id):
             try:
                 head = _HEAD.decode(data)
@@ -460,8 +475,8 @@ class CallStore:
             except (msgspec.DecodeError, RecursionError):
                 record = parse_record(rollout_id, data)[0]
                 index = -1 if record is None else record["call_index"]
-            highest = max(highest, index)
-        return highest + 1
+            highest, calls = max(highest, index), calls + (index >= 0)
+        return Resumed(highest + 1, calls, size)
 
     def _log_lines(self, rollout_id: str) -> list[tuple[str, bytes]]:
         """The log's complete lines, named by number (a torn last line, never answered, is left out)."""
@@ -477,12 +492,13 @@ class CallStore:
     def _object_path(self, rollout_id: str, call_index: int) -> str:
         return f"{self._rollout_dir(rollout_id)}/calls/{call_index:06d}.json"
 
-    def _object_paths(self, rollout_id: str) -> list[str]:
+    def _objects(self, rollout_id: str) -> list[tuple[str, int]]:
+        """(path, size) of each of the rollout's call objects, in index order: one listing."""
         try:
-            names = self.fs.ls(f"{self._rollout_dir(rollout_id)}/calls", detail=False, refresh=True)
+            entries = self.fs.ls(f"{self._rollout_dir(rollout_id)}/calls", detail=True, refresh=True)
         except FileNotFoundError:
             return []
-        return sorted(name for name in names if _object_index(name) >= 0)
+        return sorted((entry["name"], entry.get("size") or 0) for entry in entries if _object_index(entry["name"]) >= 0)
 
     def _put_object(self, path: str, data: bytes) -> None:
         """Creates the call's object, never replacing one on S3, which keeps a PUT whole or not at all."""
@@ -499,7 +515,7 @@ class CallStore:
         if self.local:
             stored = self._log_lines(rollout_id)
         else:
-            paths = self._object_paths(rollout_id)
+            paths = [path for path, _ in self._objects(rollout_id)]
             contents = self.fs.cat(paths, on_error="omit") if paths else {}
             stored = [(path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1], contents[path])
                       for path in paths if path in contents]
@@ -549,20 +565,21 @@ def _undo_append(fd: int, start: int, written: int) -> None:
         pass
 
 
-def _cut_torn_tail(path: str) -> None:
-    """Cuts a record that a crash left without its final newline, so the next append starts a line."""
+def _cut_torn_tail(path: str) -> int:
+    """Cuts a record that a crash left without its final newline, so the next append starts a line; returns
+    the log's size then (0 without a log)."""
     try:
         with open(path, "rb+") as f:
             size = f.seek(0, os.SEEK_END)
             if size == 0:
-                return
+                return 0
             f.seek(size - 1)
             if f.read(1) == b"\n":
-                return
+                return size
             f.seek(0)
-            f.truncate(f.read().rfind(b"\n") + 1)
+            return f.truncate(f.read().rfind(b"\n") + 1)
     except FileNotFoundError:
-        pass
+        return 0
 
 
 def _protocols(fs) -> tuple[str, ...]:
