@@ -69,8 +69,6 @@ def limit_flags(config: RunConfig) -> list[str]:
             for word in (limit_flag(key), str(getattr(config, key)))]
 
 
-
-
 def vllm_flags(config: RunConfig, device: str) -> list[str]:
     """The run's serving options as `steps.serve` flags; what is left at its default is left out.
 
