@@ -1,7 +1,8 @@
 #!/bin/bash
 # Verifier: runs /tests/check.py and writes 1 (pass) or 0 (fail) to /logs/verifier/reward.txt.
 # check.py exits 0 on pass and 1 on a wrong or missing answer; any other exit means the verifier
-# itself broke, so no reward is written and the run counts as an infrastructure error, not a 0.
+# itself broke, so no reward is written: the rollout scores 0 and its error says why (a pristine root leaves only the
+# agent's work to blame; `python -m steps.tasks check` finds a task whose own checker breaks).
 mkdir -p /logs/verifier
 python3 /tests/check.py
 status=$?
