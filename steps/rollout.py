@@ -26,22 +26,24 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import sys
 import time
 import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from steps.harnesses import ALL_HARNESSES as HARNESSES, Endpoint, InstallError, default_prefix
+from steps.harnesses import ALL_HARNESSES as HARNESSES, Endpoint, InstallError, allowance, default_prefix
+from steps.harnesses.base import SYSTEM_PATH
 from steps.plan import attempt_id
 from steps.proxy.client import ProxyClient, ProxyClientError
-from steps.sandbox.pod import AGENT_UID, PodSandbox
+from steps.sandbox.common import MIB, Bounds, copy_logs
+from steps.sandbox.limits import Budget
+from steps.sandbox.pod import AGENT_UID, PodSandbox, protect_runner
 from steps.sandbox import Sandbox, SandboxError
 from steps.sandbox.network import NetworkError, ProxyTunnel
 from steps.tasks import Task, TaskError, load_task
 from steps.tasks.verify import run_verifier
-from workflows.layout import RESULT_FILE, REWARD_FILE, STATUS_FILE  # in OUT: the step's output
+from workflows.layout import PHASE_FILE, RESULT_FILE, REWARD_FILE, STATUS_FILE  # in OUT: the step's output
 
 INFRA_EXIT_CODE = 3
 INFRA_ERROR = "infra_error"  # the status of an attempt that failed for a reason other than the agent
@@ -71,6 +73,8 @@ class RolloutSpec:
     metadata: dict = field(default_factory=dict)
     isolation: str = "bwrap"  # one of ISOLATIONS
     agent_uid: int = AGENT_UID  # pod mode, root runner: the uid the harness runs as
+    bounds: Bounds = field(default_factory=Bounds)  # what the rollout may leave on the host (logs, the graded copy)
+    harness_memory_mb: int = 0  # the harness's own memory beside the task's; 0: its module's MEMORY_MB
 
 
 @dataclass
@@ -96,6 +100,7 @@ class RolloutResult:
     # What a limit killed: [{"process": "harness" | "agent", "by": "memory" | "pids" | "time", "count": N}]; a
     # rollout whose harness was killed is still graded (docs/reliability.md, "A harness killed by a limit").
     killed: list = field(default_factory=list)
+    peak_memory_mb: dict = field(default_factory=dict)  # {"harness": MiB, "agent": MiB}: the most each held at once
 
 
 def harness_killed(result: dict) -> str | None:
@@ -168,6 +173,7 @@ def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result
             for key in ("openai_base_url", "anthropic_base_url")}
     endpoint = Endpoint(**urls, api_key=rollout["api_key"], model=spec.model_name)
     env = in_sandbox(harness.prepare(box.host_path(box.home), Path(box.workdir), endpoint), box)
+    env["PATH"] = harness_path(env.get("PATH", ""), box.env.get("PATH", ""))
     log = spec.out / "harness.log"
     result.paths["harness_log"] = str(log)
     timeout_s = spec.agent_timeout_s or task.config.agent_timeout_s
@@ -178,21 +184,40 @@ def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result
         else:
             with ProxyTunnel(f"of-{os.getpid()}-{time.monotonic_ns() % 10**9}", proxy.hostname, port) as tunnel:
                 run = box.run(command, timeout_s=timeout_s, env=env, cwd=box.workdir, stdout_path=log,
-                              extra_binds=harness.binds(), network=tunnel, as_agent=True)
+                              extra_binds=harness.binds(), network=tunnel, as_agent=True,
+                              harness_programs=harness.programs(exe))
     except (SandboxError, NetworkError) as exc:
         raise InfraError(f"the harness could not be started in the sandbox: {exc}") from None
     result.harness_exit_code = run.exit_code
-    kept = spec.out / "harness-logs"
-    for path in harness.log_paths(box.host_path(box.home)):  # the harness's own event logs, kept with the result
-        if path.is_symlink() or not path.is_file():  # the agent's link to a host file, a FIFO, a device: not a log
-            continue
-        kept.mkdir(exist_ok=True)
-        shutil.copy2(path, kept / path.name)
-        result.paths.setdefault("harness_logs", []).append(str(kept / path.name))
+    result.killed = (box.limit_hits(None if run.timed_out else run.exit_code) +
+                     ([{"process": "harness", "by": "time", "count": 1}] if run.timed_out else []))
+    result.peak_memory_mb = box.peaks_mb()
+    if run.output_dropped:
+        box.notes.append(f"harness.log: the harness's output was cut at {spec.bounds.log_bytes} bytes "
+                         f"({run.output_dropped} more were dropped)")
+    kept = spec.out / "harness-logs"  # the harness's own event logs, kept with the result, as logs (bounded)
+    written, cuts = copy_logs(((path, kept / path.name) for path in harness.log_paths(box.host_path(box.home))),
+                              spec.bounds.log_bytes)
+    if written:
+        result.paths["harness_logs"] = [str(path) for path in written]
+    box.notes.extend(f"harness-logs: {cut}" for cut in cuts)
+    result.notes = list(box.notes)
     result.durations["agent_s"] = round(run.duration_s, 3)
     if run.exit_code in (126, 127) and not run.timed_out:
         raise InfraError(f"the harness could not start (exit code {run.exit_code}); see {log}")
     return run.timed_out
+
+
+def harness_path(harness: str, image: str) -> str:
+    """The harness's PATH inside the sandbox: its own folders first (Node's), then the image's PATH as its
+    Dockerfile's ENV left it (as `docker exec` keeps a container's), then the rest of the harness's.
+
+    >>> harness_path("/opt/node/bin:/usr/bin:/bin", "/opt/venv/bin:/usr/local/bin:/usr/bin:/bin")
+    '/opt/node/bin:/opt/venv/bin:/usr/local/bin:/usr/bin:/bin'
+    """
+    system = set(SYSTEM_PATH.split(":"))
+    parts = [p for p in harness.split(":") if p and p not in system] + image.split(":") + harness.split(":")
+    return ":".join(dict.fromkeys(p for p in parts if p))
 
 
 def record_calls(spec: RolloutSpec, result: RolloutResult) -> None:
@@ -229,6 +254,18 @@ def grade(spec: RolloutSpec, task: Task, box: Sandbox, result: RolloutResult, ti
     result.status, result.reward = ("agent_timeout" if timed_out else "ok"), reward
 
 
+def harness_budget(spec: RolloutSpec) -> Budget:
+    """The harness's own budget beside the task's (`steps.harnesses.allowance`)."""
+    return Budget(*allowance(spec.harness, spec.harness_memory_mb))
+
+
+def enter(out: Path, phase: str) -> None:
+    """Writes the rollout's phase (`PHASES`) to `OUT/phase`, for a runner that has to stop it at its deadline and
+    write its result (`workflows.local`): OUT is the runner's folder, which the agent cannot reach."""
+    with contextlib.suppress(OSError):  # a full disk: the result says so later
+        (out / PHASE_FILE).write_text(phase)
+
+
 def run_rollout(spec: RolloutSpec) -> RolloutResult:
     """Runs one rollout end to end and writes `OUT/result.json`; never raises for a failed rollout.
 
@@ -241,6 +278,7 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
                            metadata=spec.metadata)
     try:
         spec.out.mkdir(parents=True, exist_ok=True)
+        enter(spec.out, "setup")
         if spec.harness not in HARNESSES:
             raise InfraError(f"unknown harness {spec.harness!r}; choose from {', '.join(HARNESSES)}")
         task = load_task(spec.task)
@@ -249,13 +287,17 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
                                          "sample": spec.sample})
         spec = replace(spec, rollout_id=taken)
         result.rollout_id = taken
-        box = (PodSandbox.create(spec.out, task, agent_uid=spec.agent_uid) if spec.isolation == "pod"
-               else Sandbox.create(spec.out / "sandbox", task))
+        box = (PodSandbox.create(spec.out, task, agent_uid=spec.agent_uid, bounds=spec.bounds)
+               if spec.isolation == "pod" else
+               Sandbox.create(spec.out / "sandbox", task, spec.bounds, harness_budget(spec)))
         result.notes = list(box.notes)
         result.durations["setup_s"] = round(time.monotonic() - started, 3)
         try:
+            enter(spec.out, "agent")
             timed_out = run_agent(spec, task, box, rollout, result)
+            enter(spec.out, "calls")
             record_calls(spec, result)
+            enter(spec.out, "grading")
             grade(spec, task, box, result, timed_out)
         finally:
             box.close()  # unmounted; ROOT/upper keeps what the agent changed
@@ -267,6 +309,7 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
         result.status, result.reward = INFRA_ERROR, None
         result.error = f"the rollout runner crashed ({type(exc).__name__}: {exc})"
     result.durations["total_s"] = round(time.monotonic() - started, 3)
+    enter(spec.out, "done")
     unwritten = write_result(spec.out, result)
     if unwritten:
         earlier = f"; before that: {result.error}" if result.error else ""
@@ -339,6 +382,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isolation", choices=ISOLATIONS, default="bwrap",
                    help="bwrap: a bubblewrap sandbox from the task's Dockerfile (default); pod: this Kubernetes pod")
     p.add_argument("--agent-uid", type=int, default=AGENT_UID, help="pod mode: the unprivileged uid the harness runs as")
+    limits = p.add_argument_group("limits", "what the rollout may take and leave behind (docs/reliability.md, Limits)")
+    limits.add_argument("--harness-memory-mb", type=int, default=0,
+                        help="the harness's own memory beside the task's memory_mb (0: its module's MEMORY_MB)")
+    limits.add_argument("--log-mb", type=int, default=Bounds.log_bytes // MIB, help="each log the rollout keeps, MiB")
+    limits.add_argument("--graded-max-files", type=int, default=Bounds.graded_files,
+                        help="files and folders of the graded paths brought to the verifier; more scores 0")
+    limits.add_argument("--graded-copy-s", type=float, default=Bounds.graded_seconds,
+                        help="seconds that copy may take; longer scores 0")
     args = p.parse_args(argv)
     admin_key = os.environ.get("OPENFORGE_ADMIN_KEY")
     if not admin_key:
@@ -347,13 +398,20 @@ def main(argv: list[str] | None = None) -> int:
         args.attempt = args.retry + 1
     if args.attempt < 1 or (args.sample is not None and args.sample < 0):
         p.error("--attempt must be 1 or more (--retry 0 or more) and --sample 0 or more")
+    if min(args.log_mb, args.graded_max_files, args.graded_copy_s) <= 0 or args.harness_memory_mb < 0:
+        p.error("--log-mb, --graded-max-files and --graded-copy-s must be more than 0, --harness-memory-mb 0 or more")
     if args.isolation == "pod" and not sys.flags.safe_path:
         p.error("run pod mode with python -P (or PYTHONSAFEPATH=1): the working folder is the agent's workspace "
                 "and must not be on the runner's import path")
+    if args.isolation == "pod":
+        protect_runner()  # PodSandbox.create notes it when the container does not allow it
     spec = RolloutSpec(task=args.task, harness=args.harness, proxy_url=args.proxy_url, rollout_id=args.rollout_id,
                        out=args.out, model_name=args.model_name, sample=args.sample, attempt=args.attempt,
                        admin_key=admin_key, agent_timeout_s=args.agent_timeout,
-                       metadata=args.metadata, isolation=args.isolation, agent_uid=args.agent_uid)
+                       metadata=args.metadata, isolation=args.isolation, agent_uid=args.agent_uid,
+                       bounds=Bounds(log_bytes=args.log_mb * MIB, graded_files=args.graded_max_files,
+                                     graded_seconds=args.graded_copy_s),
+                       harness_memory_mb=args.harness_memory_mb)
     try:
         result = run_rollout(spec)
     except Exception as exc:  # noqa: BLE001 - run_rollout catches its own; this is a bug outside its guard

@@ -324,6 +324,12 @@ class ScriptedModel:
         self.app.state.commands = list(commands)
         self.app.state.exchanges.clear()
 
+    def set_scripts(self, by_instruction: dict[str, str] | None) -> None:
+        """Play one shell command per task instruction (as `--oracle` plays each task's oracle): rollouts of different
+        tasks running at once each get their own; None goes back to the commands. Clears the request log."""
+        self.app.state.oracle = None if by_instruction is None else {k.strip(): v for k, v in by_instruction.items()}
+        self.app.state.exchanges.clear()
+
     def __enter__(self) -> ScriptedModel:
         self._thread.start()
         deadline = time.monotonic() + 10

@@ -87,7 +87,7 @@ def config():
 def local_commands(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
     """The argv of each step the local runner starts for iteration 1, one planned rollout, nothing actually run."""
     seen: dict[str, list[str]] = {}
-    planned = '[{"task": "steps/tasks/builtin/hello-file", "sample": 1, "rollout_id": "it1-hello-file-s1"}]'
+    planned = '[{"task": "steps/tasks/builtin/hello-file", "sample": 1, "rollout_id": "it1-hello-file-s1", "deadline_s": 480}]'
 
     def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
         seen[name] = argv

@@ -13,7 +13,8 @@ from steps.trajectories.collect import collect, load_results
 from workflows import layout, local
 from workflows.config import load_config
 
-PLANNED = [{"task": "steps/tasks/builtin/hello-file", "sample": s, "rollout_id": f"it0-hello-file-s{s}"} for s in (0, 1)]
+PLANNED = [{"task": "steps/tasks/builtin/hello-file", "sample": s, "rollout_id": f"it0-hello-file-s{s}", "deadline_s": 480}
+           for s in (0, 1)]
 
 
 def fake_rollout_step(argv: list[str], **kwargs) -> subprocess.CompletedProcess:

@@ -244,6 +244,17 @@ def test_rollout_pod_is_the_sandbox() -> None:
     assert set(passed) - {"proxy_url"} <= set(plan.PlannedRollout.__dataclass_fields__) | {"deadline"}
 
 
+def test_the_rollout_runner_may_keep_the_oom_killer_off_itself_unless_the_namespace_forbids_it() -> None:
+    """SYS_RESOURCE lets the runner set its own oom_score_adj to -1000 (`steps.sandbox.pod.protect_runner`), so that
+    Kubernetes' group OOM kill of the container spares it; `rollout_oom_guard: false` (Pod Security baseline refuses
+    the capability) leaves the container without it (the control: no capability, no security context at all)."""
+    for guard, expected in (("true", {"capabilities": {"add": ["SYS_RESOURCE"]}}), ("false", None)):
+        spec = iteration_workflow(cluster_config("run=t", f"rollout_oom_guard={guard}"), 0).to_dict()["spec"]
+        for name in ("rollout", "rollout-app"):
+            rollout = next(t for t in spec["templates"] if t["name"] == name)
+            assert rollout["container"].get("securityContext") == expected, (guard, name)
+
+
 # ---- the rollout pod's resources, as Argo and Kubernetes make them ----
 
 ARGO_TAG = re.compile(r"\{\{(=?)(.+?)\}\}")

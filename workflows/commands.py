@@ -111,7 +111,21 @@ def rollout(config: RunConfig, task: str, rollout_id: str, sample: int | str, pr
             "--rollout-id", rollout_id, "--sample", str(sample), *(["--attempt", str(attempt)] if attempt != 1 else []),
             *(["--retry", retry] if retry is not None else []),
             "--out", out, "--model-name", config.model_name,
-            *(["--isolation", isolation] if isolation != "bwrap" else [])]
+            *(["--isolation", isolation] if isolation != "bwrap" else []), *rollout_limits(config)]
+
+
+def rollout_limits(config: RunConfig) -> list[str]:
+    """The run's limits on what a rollout may take and leave behind, as the rollout step's flags; those at the step's
+    own default are left out, so a plain run's command reads as before.
+
+    >>> rollout_limits(RunConfig(rollout_log_mb=4, harness_memory_mb=3072))
+    ['--harness-memory-mb', '3072', '--log-mb', '4']
+    """
+    flags = {"--harness-memory-mb": "harness_memory_mb", "--log-mb": "rollout_log_mb",
+             "--graded-max-files": "graded_max_files", "--graded-copy-s": "graded_copy_s"}
+    default = RunConfig()
+    return [arg for flag, key in flags.items() if getattr(config, key) != getattr(default, key)
+            for arg in (flag, str(getattr(config, key)))]
 
 
 def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int | str,

@@ -18,6 +18,7 @@ from pathlib import Path
 from steps import net, sampling, settings
 from steps.harnesses import ALL_HARNESSES as HARNESSES
 from steps.plan import MAX_EVAL_K
+from steps.sandbox.common import MIB, Bounds
 from steps.settings import ConfigError
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
 from steps.vllm_server import check_vllm_args
@@ -100,9 +101,9 @@ class RunConfig:
     rollout_retries: int = 3
     # what one rollout may take and leave behind (docs/reliability.md, "Limits")
     harness_memory_mb: int = 0  # the harness's own memory beside the task's memory_mb; 0: the harness's own allowance
-    rollout_log_mb: int = 16  # each log a rollout keeps (the harness's output, its session logs, the verifier's output)
-    graded_max_files: int = 100_000  # files (and folders) of the graded paths copied to the verifier; more: reward 0
-    graded_copy_s: int = 120  # seconds that copy may take; longer: reward 0
+    rollout_log_mb: int = Bounds.log_bytes // MIB  # each log a rollout keeps (its output, session logs, the verifier's)
+    graded_max_files: int = Bounds.graded_files  # files (and folders) of the graded paths copied to the verifier; more: 0
+    graded_copy_s: int = int(Bounds.graded_seconds)  # seconds that copy may take; longer: reward 0
     store_quota_mb: int = 128  # bytes the proxy stores for one rollout (call records, new images); past it: refused
     store_quota_calls: int = 2048  # calls the proxy stores for one rollout; past it: refused
     image_pixel_limit: int = 40_000_000  # decoded pixels (width x height) of one image a harness sends; more: a 400
@@ -113,6 +114,7 @@ class RunConfig:
     rollout_egress_cidrs: str = ""  # comma-separated CIDRs rollout pods may reach too: Argo's executor needs the
     # Kubernetes API server and the S3 endpoint (the preflight names the API server's addresses)
     rollout_dns: bool = False  # let rollout pods ask kube-dns (the executor reaching S3 by name needs it)
+    rollout_oom_guard: bool = True  # the rollout container gets SYS_RESOURCE so its runner outlives an OOM kill
 
     def with_run_name(self) -> "RunConfig":
         """This config with `run` filled in when it was left empty."""

@@ -35,11 +35,11 @@ from urllib.parse import urlparse
 import yaml
 from hera.workflows import (DAG, Container, EmptyDirVolume, Env, NoneArchiveStrategy, Parameter, Resource,
                             Resources, RetryStrategy, S3Artifact, SecretEnv, Task, UserContainer, Workflow)
-from hera.workflows.models import (Backoff, ContainerPort, ContinueOn, EmptyDirVolumeSource, ExecutorConfig,
-                                   HTTPGetAction, PodGC, Probe, ResourceRequirements, SecretKeySelector, TTLStrategy,
-                                   ValueFrom, Volume, VolumeMount)
+from hera.workflows.models import (Backoff, Capabilities, ContainerPort, ContinueOn, EmptyDirVolumeSource,
+                                   ExecutorConfig, HTTPGetAction, PodGC, Probe, ResourceRequirements,
+                                   SecretKeySelector, SecurityContext, TTLStrategy, ValueFrom, Volume, VolumeMount)
 
-from steps.harnesses import ALL_HARNESSES as HARNESSES
+from steps.harnesses import ALL_HARNESSES as HARNESSES, allowance
 from steps.harnesses.base import NODE_VERSION
 from steps.rollout import NO_REWARD
 from steps.sandbox.app import APP_STATE_DIR, APP_STORAGE_MB
@@ -235,10 +235,9 @@ def app_sidecar(config: RunConfig) -> tuple[list[UserContainer], UserContainer, 
 
 
 def harness_budget(config: RunConfig) -> tuple[int, float]:
-    """The harness's own memory (MiB) and CPUs, beside the task's: the run's `harness_memory_mb`, else its module's
-    `MEMORY_MB`; its module's `CPUS`. The same for every rollout of the run."""
-    harness = HARNESSES[config.harness]
-    return config.harness_memory_mb or harness.MEMORY_MB, harness.CPUS
+    """The harness's own memory (MiB) and CPUs beside the task's (`steps.harnesses.allowance`): the same for every
+    rollout of the run."""
+    return allowance(config.harness, config.harness_memory_mb)
 
 
 def runner_share(config: RunConfig, app: bool = False) -> dict[str, int]:
@@ -327,6 +326,11 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
                  Parameter(name="reward", value_from=ValueFrom(path=f"{out}/{layout.REWARD_FILE}", default=NO_REWARD))],
         resources=ResourceRequirements(**rollout_resources(config, app, task=False)),
         pod_spec_patch=rollout_pod_patch(config, app),
+        # The runner keeps the OOM killer off itself (steps.sandbox.pod.protect_runner), which needs SYS_RESOURCE; the
+        # agent runs as another uid and never holds it. Pod Security's baseline level refuses the capability:
+        # `rollout_oom_guard: false` leaves it out there (the runner then notes that it is not protected).
+        security_context=(SecurityContext(capabilities=Capabilities(add=["SYS_RESOURCE"]))
+                          if config.rollout_oom_guard else None),
         automount_service_account_token=False,  # the agent has no business with the Kubernetes API
         executor=ExecutorConfig(service_account_name=config.service_account),  # Argo's wait container does
         active_deadline_seconds="{{inputs.parameters.deadline}}",

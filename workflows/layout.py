@@ -43,6 +43,9 @@ from urllib.parse import quote
 RESULT_FILE = "result.json"  # the rollout step's output, in its OUT folder
 # Beside it, its status and reward as one-word files: the rollout node's Argo output parameters.
 STATUS_FILE, REWARD_FILE = "status", "reward"
+# Beside them, the phase a rollout is in (setup, agent, calls, grading, done): what its runner reads when it has to
+# stop the rollout at its deadline (workflows/local.py).
+PHASE_FILE = "phase"
 METRICS_FILE = "metrics.json"  # the update's metrics, in the checkpoint folder it wrote
 
 

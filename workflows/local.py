@@ -32,7 +32,9 @@ from steps.metrics import harness_killed_warning, harness_kills, iteration_metri
 from steps.net import free_port
 from steps.plan import attempt_id
 from steps.proxy.client import ProxyClient, ProxyClientError
-from steps.rollout import INFRA_ERROR, harness_killed
+from steps.rollout import (INFRA_ERROR, INFRA_EXIT_CODE, RolloutResult, harness_killed, write_outputs,
+                           write_result)
+from steps.tasks import load_task
 from steps.report import write_report
 from workflows import commands, layout
 from workflows.config import REPO_ROOT, RunConfig
@@ -130,14 +132,13 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
             out = Path(folder(config.run_url, iteration, rollout_id))
             argv = commands.rollout(config, item["task"], item["rollout_id"], item["sample"], proxy_url, str(out),
                                     python=sys.executable, attempt=attempt)
-            # A rollout dies with the driver too (its sandbox dies with it): none writes into a restarted iteration.
-            done = subprocess.run(argv, env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-                                  preexec_fn=_die_with_driver)
+            returncode, stderr = run_rollout_step(argv, env, deadline_s(config, item), out, rollout_id, item,
+                                                  config.harness)
             result_file = out / layout.RESULT_FILE
             result = json.loads(result_file.read_text()) if result_file.exists() else \
                 {"rollout_id": rollout_id, "task": item["task"], "sample": item["sample"], "status": INFRA_ERROR,
-                 "error": done.stderr[-500:]}
-            if done.returncode != 3:
+                 "error": stderr[-500:]}
+            if returncode != INFRA_EXIT_CODE:
                 break
         counts["done"] += 1
         counts["failed"] += result["status"] == INFRA_ERROR
@@ -150,6 +151,45 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
 
     with ThreadPoolExecutor(max_workers=config.parallel_rollouts) as pool:
         return list(pool.map(one, planned))
+
+
+def deadline_s(config: RunConfig, item: dict) -> float:
+    """Seconds one local rollout may take in all: the plan's deadline (the agent's and verifier's timeouts and a
+    setup margin, as a rollout pod's), and here also the task's build timeout (its layer may be built first) and
+    the graded copy's time."""
+    return item["deadline_s"] + load_task(REPO_ROOT / item["task"]).config.build_timeout_s + config.graded_copy_s
+
+
+def run_rollout_step(argv: list[str], env: dict, deadline: float, out: Path, rollout_id: str, item: dict,
+                     harness: str) -> tuple[int, str]:
+    """Runs one rollout step; returns its exit code and stderr. Past its deadline it is killed (its sandbox dies
+    with it: bubblewrap's --die-with-parent) and its result written here (`past_deadline`). It dies with the driver
+    too: none writes into a restarted iteration."""
+    try:
+        done = subprocess.run(argv, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=deadline,
+                              preexec_fn=_die_with_driver)
+        return done.returncode, done.stderr
+    except subprocess.TimeoutExpired:
+        result = past_deadline(out, rollout_id, item, harness, deadline)
+    say(f"rollout {rollout_id}: stopped at its deadline of {deadline:g} s ({result.status})")
+    return (INFRA_EXIT_CODE if result.status == INFRA_ERROR else 0), result.error
+
+
+def past_deadline(out: Path, rollout_id: str, item: dict, harness: str, deadline: float) -> RolloutResult:
+    """The result of a rollout stopped at its deadline, by the phase it was in (`OUT/phase`, which only the rollout
+    step writes): its agent's or its grading's is the agent's doing (a harness outliving its timeout, graded files
+    too slow to bring over): reward 0, never retried; any other phase (setup, reading the calls) is an infra error."""
+    phase = (out / layout.PHASE_FILE).read_text().strip() if (out / layout.PHASE_FILE).is_file() else "setup"
+    why = f"the rollout was stopped at its deadline of {deadline:g} s, in its {phase} phase"
+    result = RolloutResult(rollout_id=rollout_id, task=Path(item["task"]).name, harness=harness, status=INFRA_ERROR,
+                           reward=None, sample=item["sample"], error=why)
+    if phase in ("agent", "grading"):
+        result.status, result.reward = ("agent_timeout" if phase == "agent" else "ok"), 0.0
+        result.killed = [{"process": "harness" if phase == "agent" else "verifier", "by": "time", "count": 1}]
+    out.mkdir(parents=True, exist_ok=True)
+    write_result(out, result)
+    write_outputs(out, result)
+    return result
 
 
 def set_aside_earlier_results(config: RunConfig, iteration: int, attempt: int, evaluation: bool = False) -> None:

@@ -6,7 +6,8 @@ the agent's commands, find the rollout's key in their environment), `MEMORY_MB` 
 own processes beside the task's, which bounds the agent's commands), and the functions
 `install(prefix) -> exe`, `prepare(home, workdir, endpoint) -> env`,
 `command(instruction, workdir, exe) -> argv`, `log_paths(home) -> [Path]` and
-`binds() -> [(host path, sandbox path, read-only)]` (what it needs inside a rollout sandbox). For behaviour
+`binds() -> [(host path, sandbox path, read-only)]` (what it needs inside a rollout sandbox) and
+`programs(exe) -> (path prefix, ...)` (the programs whose processes are its own, not the agent's). For behaviour
 analytics (`steps.analytics`, docs/analytics.md) each also names its tools, `SHELL_TOOLS`, `EDIT_TOOLS`,
 `READ_TOOLS`, `PLAN_TOOLS`, and reads them: `shell_command(arguments) -> str | None` (the command a shell
 call runs), `exit_code(output) -> int | None` (where its exit code sits in a result's text) and
@@ -40,4 +41,18 @@ GUI_HARNESSES = {
 }
 ALL_HARNESSES = {**HARNESSES, **GUI_HARNESSES}  # every harness a rollout can run
 
-__all__ = ["ALL_HARNESSES", "GUI_HARNESSES", "HARNESSES", "Endpoint", "InstallError", "cache_root", "default_prefix"]
+
+
+def allowance(name: str, memory_mb: int = 0) -> tuple[int, float]:
+    """A harness's own budget beside the task's: memory in MiB (`memory_mb`, the run's `harness_memory_mb`, or else its
+    module's `MEMORY_MB`) and CPUs (its module's `CPUS`).
+
+    >>> allowance("codex", 3072)[0], allowance("codex")[0] == codex.MEMORY_MB
+    (3072, True)
+    """
+    harness = ALL_HARNESSES[name]
+    return memory_mb or harness.MEMORY_MB, harness.CPUS
+
+
+__all__ = ["ALL_HARNESSES", "GUI_HARNESSES", "HARNESSES", "Endpoint", "InstallError", "allowance", "cache_root",
+           "default_prefix"]

@@ -103,6 +103,12 @@ def npm_binds() -> list[tuple[Path, str, bool]]:
     return [(cache_root(), str(cache_root()), True)]
 
 
+def npm_programs() -> tuple[str, ...]:
+    """The programs of an npm harness's own processes: everything under the harness cache (Node, the harness and
+    the native binaries its package carries), as a path prefix."""
+    return (f"{cache_root()}/",)
+
+
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
     """A minimal environment for a harness: no inherited credentials or proxies, HOME is the throwaway one."""
     env = {

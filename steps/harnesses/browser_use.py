@@ -31,9 +31,9 @@ VERSION = "0.13.14"
 DIALECT = "chat_completions"
 BINARY = "bin/python"
 KEY_IN_TOOL_ENV = False  # it runs no commands: its actions are browser actions
-# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs
-# (docs/rollouts.md, "What each harness takes"): its processes' memory in MiB and CPUs.
-MEMORY_MB = 2048
+# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs: its processes'
+# memory in MiB (about twice their peak on a built-in task: docs/rollouts.md, "The harness's own budget") and CPUs.
+MEMORY_MB = 512
 CPUS = 1.0
 CHROMIUM = "/usr/bin/chromium"
 MAX_STEPS = 20
@@ -158,3 +158,9 @@ def plan_items(arguments: dict | None) -> list[bool] | None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def programs(exe: Path) -> tuple[str, ...]:
+    """The programs whose processes are the harness's own: its Python (as the kernel names it, links resolved);
+    anything else it starts is the agent's (`steps.sandbox.limits`), Chromium included: the browser is the agent's tool."""
+    return (os.path.realpath(exe),)

@@ -30,8 +30,8 @@ DIALECT = "chat_completions"
 BINARY = "python"
 # Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
 KEY_IN_TOOL_ENV = False
-# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs
-# (docs/rollouts.md, "What each harness takes"): its processes' memory in MiB and CPUs.
+# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs: its processes'
+# memory in MiB (about twice their peak on a built-in task: docs/rollouts.md, "The harness's own budget") and CPUs.
 MEMORY_MB = 256
 CPUS = 1.0
 
@@ -185,3 +185,9 @@ def plan_items(arguments: dict | None) -> list[bool] | None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def programs(exe: Path) -> tuple[str, ...]:
+    """The programs whose processes are the harness's own: its Python (as the kernel names it, links resolved);
+    anything else it starts is the agent's (`steps.sandbox.limits`)."""
+    return (os.path.realpath(exe),)

@@ -16,7 +16,7 @@ import json
 import re
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, argument_text, clean_env, npm_binds, npm_install
+from steps.harnesses.base import Endpoint, npm_programs, argument_text, clean_env, npm_binds, npm_install
 
 NPM_PACKAGE = "openclaw"
 VERSION = "2026.9.6"
@@ -24,8 +24,8 @@ DIALECT = "chat_completions"
 BINARY = "openclaw"
 # Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
 KEY_IN_TOOL_ENV = False
-# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs
-# (docs/rollouts.md, "What each harness takes"): its processes' memory in MiB and CPUs.
+# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs: its processes'
+# memory in MiB (about twice their peak on a built-in task: docs/rollouts.md, "The harness's own budget") and CPUs.
 MEMORY_MB = 2048
 CPUS = 1.0
 
@@ -145,3 +145,9 @@ def exit_code(output: str) -> int | None:
 def plan_items(arguments: dict | None) -> list[bool] | None:
     """None: OpenClaw has no plan or todo tool."""
     return None
+
+
+def programs(exe: Path) -> tuple[str, ...]:
+    """The programs whose processes are the harness's own (path prefixes as the sandbox sees them): Node and every
+    harness install; anything else it starts is the agent's (`steps.sandbox.limits`)."""
+    return npm_programs()

@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from steps.harnesses.base import Endpoint, argument_text, clean_env, npm_binds, npm_install, todo_items
+from steps.harnesses.base import Endpoint, npm_programs, argument_text, clean_env, npm_binds, npm_install, todo_items
 
 NPM_PACKAGE = "@qwen-code/qwen-code"
 VERSION = "0.24.4"
@@ -23,8 +23,8 @@ DIALECT = "chat_completions"
 BINARY = "qwen"
 # Whether the agent's tool processes find the rollout's key in their environment (docs/rollouts.md).
 KEY_IN_TOOL_ENV = False
-# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs
-# (docs/rollouts.md, "What each harness takes"): its processes' memory in MiB and CPUs.
+# The harness's own budget beside the task's cpus and memory_mb, which bound what the agent runs: its processes'
+# memory in MiB (about twice their peak on a built-in task: docs/rollouts.md, "The harness's own budget") and CPUs.
 MEMORY_MB = 1024
 CPUS = 1.0
 
@@ -128,3 +128,9 @@ def plan_items(arguments: dict | None) -> list[bool] | None:
     """Whether each item of the plan a call of PLAN_TOOLS sets is done: `todo_write` takes `{"todos": [{"id",
     "content", "status"}]}` (0.24 offers none)."""
     return todo_items(arguments, "todos")
+
+
+def programs(exe: Path) -> tuple[str, ...]:
+    """The programs whose processes are the harness's own (path prefixes as the sandbox sees them): Node and every
+    harness install; anything else it starts is the agent's (`steps.sandbox.limits`)."""
+    return npm_programs()

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from steps.sandbox.common import SandboxError, copy_tree, force_remove
+from steps.sandbox.common import MIB, CopyLimitReached, CopyLimits, SandboxError, copy_tree, force_remove
 from steps.sandbox.network import Loopback
 
 APP_STATE_DIR = "/var/lib/openforge/app"  # the app's own folder for what the verifier grades
@@ -64,10 +64,22 @@ def app_beside(box, network, timeout_s: float) -> Iterator[Loopback]:
         finally:
             stop.set()
             thread.join()
-            kept = box.root / APP_STATE_KEPT
-            if kept.exists():
-                shutil.rmtree(kept, onerror=force_remove)
-            copy_tree(state, kept)
+            keep_state(box, state)
+
+
+def keep_state(box, state) -> None:
+    """Copy the app's state to ROOT/`APP_STATE_KEPT` for the verifier, within the bounds of a graded copy (its files,
+    its seconds, the app's disk in apparent bytes); past them nothing is kept (the verifier finds the state empty,
+    the rollout is graded on that) and the note says why: what the app was made to write is the agent's doing."""
+    kept = box.root / APP_STATE_KEPT
+    if kept.exists():
+        shutil.rmtree(kept, onerror=force_remove)
+    limits = CopyLimits(files=box.bounds.graded_files, bytes=APP_STORAGE_MB * MIB, seconds=box.bounds.graded_seconds)
+    try:
+        copy_tree(state, kept, limits)
+    except CopyLimitReached as exc:
+        shutil.rmtree(kept, onerror=force_remove)
+        box.notes.append(f"the app's state was not kept for the verifier: it holds {exc}")
 
 
 def _wait_ready(ready, thread: threading.Thread, log) -> None:

@@ -51,25 +51,26 @@ What local mode does NOT isolate, unlike a real container:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import posixpath
 import shutil
 import signal
-import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
 from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT, app_beside
 from steps.sandbox.build import apply_dockerfile
-from steps.sandbox.common import (KILL_GRACE_S, WHEELS_DIR, RunResult, SandboxError, VerifierRefused, copy_tree,
+from steps.sandbox.common import (KILL_GRACE_S, MIB, WHEELS_DIR, Bounds, CopyLimitReached, CopyLimits, Output,
+                                   RunResult, SandboxError, VerifierRefused, copy_logs, copy_tree, files_under,
                                    force_remove, kill, links_under, wait_for)
-from steps.sandbox.limits import Limits, attach_disk, detach_disk
+from steps.sandbox.limits import Budget, HarnessSplit, Limits, attach_disk, detach_disk
 from steps.sandbox.network import Loopback, sweep_namespaces
 from steps.sandbox.root import (OWNER_FILE, LayerError, ensure_layer, layer_key, make_mask, make_skeleton, mount_root,
                                 sweep_leftovers, unmount)
@@ -110,9 +111,11 @@ class Sandbox:
     home: str = "/root"  # the agent's HOME, where its harness keeps config and session logs
     layer: Path | None = None  # the task's built layer; None while it is being built
     limits: Limits = field(default_factory=Limits)
+    owns_limits: bool = True  # False for a view or sibling sharing another sandbox's cgroups: they outlive it
     image_env: dict[str, str] = field(default_factory=lambda: dict(BASE_ENV))  # + the Dockerfile's ENV: the verifier's base
     build: dict | None = None  # build_settings() while this sandbox builds a layer
     app: str | None = None  # [environment] app: the task's server, run beside the agent (`steps.sandbox.app`)
+    bounds: Bounds = field(default_factory=Bounds)  # what it may leave on the host besides its disk
 
     @property
     def fs(self) -> Path:
@@ -120,8 +123,11 @@ class Sandbox:
         return self.root / "merged"
 
     @classmethod
-    def create(cls, root: Path, task: Task) -> Sandbox:
+    def create(cls, root: Path, task: Task, bounds: Bounds = Bounds(), harness: Budget | None = None) -> Sandbox:
         """Make a fresh sandbox under `root` (which must not exist or be empty) from the task's layer.
+
+        `bounds`: what its commands may leave on the host (logs, the graded copy); `harness`: the budget of a harness's
+        own processes beside the task's (`steps.sandbox.limits`), for `run(..., harness_programs=...)`.
 
         The layer is built from `environment/Dockerfile` (see module docstring) under the task's build
         timeout when the cache has none for it; its RUN output goes to `root/build.log`. Raises
@@ -142,7 +148,7 @@ class Sandbox:
         if not built:
             log.write_text(f"# the task's layer {key} was built before; reused from {layer}\n")
         box = cls(root=root, workdir=meta["workdir"], env=dict(meta["env"]), notes=list(meta["notes"]), layer=layer,
-                  image_env=dict(meta["env"]), app=task.config.app)
+                  image_env=dict(meta["env"]), app=task.config.app, bounds=bounds)
         try:
             box.notes.extend(attach_disk(root / "disk.img", root / "upper", task.config.resources.storage_mb))
             box._mount()
@@ -152,7 +158,7 @@ class Sandbox:
                 box.host_path(box.workdir).mkdir(parents=True, exist_ok=True)
             resources = task.config.resources
             box.limits = Limits.create(f"{root.name}-{os.getpid()}-{time.monotonic_ns()}", cpus=resources.cpus,
-                                       memory_mb=resources.memory_mb)
+                                       memory_mb=resources.memory_mb, harness=harness)
             box.notes.extend(box.limits.notes)
         except BaseException:
             box.close()
@@ -185,11 +191,19 @@ class Sandbox:
         them, except symlinks that lead where only the verifier writes or reads (`GRADED_LINKS_MAY_NOT_REACH`), which are
         removed and noted. Everything else the agent changed (site dirs, HOME, /tmp, PATH folders, /etc, a
         conftest.py above /tests...) is simply not there. Call only after the agent's processes are gone.
+
+        The copy is bounded (`Bounds`: files and seconds; bytes: the task's storage_mb, counted as apparent sizes, so
+        a sparse file is refused before it is written out): past a bound the rollout is not graded, reward 0 with
+        the reason (`VerifierRefused`), never a hang and never an infra error, since only the agent made those files.
         """
         view = Sandbox(root=_fresh_root(self.root.parent / f"{self.root.name}-verifier"), workdir=self.workdir,
-                       env=dict(self.image_env), layer=self.layer, limits=self.limits, image_env=dict(self.image_env))
+                       env=dict(self.image_env), layer=self.layer, limits=self.limits, owns_limits=False,
+                       image_env=dict(self.image_env),
+                       bounds=self.bounds)
+        storage_mb = task.config.resources.storage_mb
+        limits = CopyLimits(files=self.bounds.graded_files, bytes=storage_mb * MIB, seconds=self.bounds.graded_seconds)
         try:  # on a disk of the task's storage_mb too: a sparse file the agent made cannot fill the host's
-            view.notes.extend(attach_disk(view.root / "disk.img", view.root / "upper", task.config.resources.storage_mb))
+            view.notes.extend(attach_disk(view.root / "disk.img", view.root / "upper", storage_mb))
             view._mount()
             for path in graded_paths(task, self.workdir):
                 source = self.host_path(posixpath.dirname(path)) / posixpath.basename(path)
@@ -198,10 +212,16 @@ class Sandbox:
                     if source.is_symlink():
                         target.symlink_to(os.readlink(source))
                     elif source.is_dir():
-                        copy_tree(source, target)
+                        copy_tree(source, target, limits)
                     elif source.is_file():
+                        limits.charge(source.lstat().st_size)
                         shutil.copy2(source, target)
                     view._drop_escaping_links(path)
+                except CopyLimitReached as exc:
+                    raise VerifierRefused(f"not graded (reward 0): the graded paths hold {exc} (at {path}); the "
+                                          f"verifier is given at most {self.bounds.graded_files} files and "
+                                          f"{storage_mb} MiB (the task's storage_mb), copied within "
+                                          f"{self.bounds.graded_seconds:g} s") from None
                 except OSError as exc:  # what the agent left does not fit the task's disk (or cannot be copied)
                     raise VerifierRefused(f"not graded (reward 0): the graded path {path} cannot be brought to the "
                                           f"verifier ({exc.strerror or exc})") from None
@@ -218,7 +238,9 @@ class Sandbox:
         """A pristine sandbox of this one's layer beside it (`ROOT-suffix`), mounted, on a disk of `storage_mb`:
         the task's app runs in one (`steps.sandbox.app`)."""
         box = Sandbox(root=_fresh_root(self.root.parent / f"{self.root.name}-{suffix}"), workdir=self.workdir,
-                      env=dict(self.env), layer=self.layer, limits=self.limits, image_env=dict(self.image_env))
+                      env=dict(self.env), layer=self.layer, limits=self.limits, owns_limits=False,
+                      image_env=dict(self.image_env),
+                      bounds=self.bounds)
         try:
             box.notes.extend(attach_disk(box.root / "disk.img", box.root / "upper", storage_mb))
             box._mount()
@@ -256,29 +278,33 @@ class Sandbox:
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
             cwd: str | None = None, stdout_path: Path | None = None, extra_binds: Sequence[Bind] = (),
             network: Network = "none", as_agent: bool = False, init: bool = False,
-            until: threading.Event | None = None) -> RunResult:
+            until: threading.Event | None = None, harness_programs: tuple[str, ...] = ()) -> RunResult:
         """Run `argv` inside the sandbox; kill its whole process tree at `timeout_s`.
 
-        stdout and stderr go together to the host file `stdout_path` (appended; `root/run.log` when
-        None); stdin is empty. `env` is added to the sandbox's environment, `cwd` defaults to the
+        stdout and stderr go together, through a pipe, to the host file `stdout_path` (appended, at most
+        `bounds.log_bytes` in all, `common.Output`; `root/run.log` when None); stdin is empty. `env` is added to the sandbox's environment, `cwd` defaults to the
         Dockerfile's WORKDIR. `network`: "none" (loopback only), a `ProxyTunnel` (loopback plus the proxy),
         or "host" (only while building a layer). `as_agent` marks the agent's own command; it changes nothing
         here, where every command is uid 0 of its own user namespace (in a pod it selects the agent uid, see
         `steps.sandbox.pod`), and, for a task with an `[environment] app`, starts that app beside it first, in the
         same network, and keeps its state for the verifier (`steps.sandbox.app`). `init`: the command is its PID
         namespace's init (pid 1), which nothing inside can kill (the verifier's supervisor). `until`: stop the
-        command early once this event is set. Returns after every process the command started has exited. Raises
+        command early once this event is set. `harness_programs`: the command is a harness, run in the harness's
+        cgroups, and every process it starts that is not one of these programs (path prefixes) is the agent's, moved
+        into the task's (`steps.sandbox.limits.HarnessSplit`). Returns after every process the command started has
+        exited. Raises
         `SandboxError` when bubblewrap cannot set the sandbox up (an infrastructure failure, unlike the command's own
         exit code, which is returned).
         """
         if as_agent and self.app and self.build is None:
             with app_beside(self, network, timeout_s) as shared:
-                return self._run(argv, timeout_s, env, cwd, stdout_path, extra_binds, shared, init, until)
-        return self._run(argv, timeout_s, env, cwd, stdout_path, extra_binds, network, init, until)
+                return self._run(argv, timeout_s, env, cwd, stdout_path, extra_binds, shared, init, until,
+                                 harness_programs)
+        return self._run(argv, timeout_s, env, cwd, stdout_path, extra_binds, network, init, until, harness_programs)
 
     def _run(self, argv: Sequence[str], timeout_s: float, env: dict[str, str] | None, cwd: str | None,
              stdout_path: Path | None, extra_binds: Sequence[Bind], network: Network, init: bool,
-             until: threading.Event | None) -> RunResult:
+             until: threading.Event | None, harness_programs: tuple[str, ...] = ()) -> RunResult:
         """`run` without the task's app (its arguments as they are)."""
         cwd = cwd or self.workdir
         if not self.host_path(cwd).is_dir():
@@ -294,11 +320,16 @@ class Sandbox:
         try:
             mounted = self._mount_read_only([bind for bind in binds if bind[2] and Path(bind[0]).is_dir()])
             args = self._bwrap_args(argv, cwd, [bind for bind in binds if not (bind[2] and Path(bind[0]).is_dir())],
-                                    network, info_write, init)
-            with open(stdout_path, "ab") as output:
+                                    network, info_write, init, harness=bool(harness_programs))
+            output = Output(stdout_path, self.bounds.log_bytes).__enter__()
+            try:
                 process = subprocess.Popen(args, env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
-                                           stdout=output, stderr=errors_write, pass_fds=(info_write,),
+                                           stdout=output.fd, stderr=errors_write, pass_fds=(info_write,),
                                            start_new_session=True)
+            except BaseException:
+                output.__exit__()
+                raise
+            output.started()
         except BaseException:
             for target in reversed(mounted):
                 unmount(target)
@@ -310,6 +341,7 @@ class Sandbox:
             os.close(errors_write)
         init_pid, namespace = _read_info(info_read)
         held = _hold_namespace(init_pid)
+        split = HarnessSplit(self.limits, harness_programs, process.pid) if harness_programs else None
 
         def stop() -> None:
             try:
@@ -322,13 +354,14 @@ class Sandbox:
             for target in reversed(mounted):
                 unmount(target)
 
-        timed_out = wait_for(process, timeout_s, stop, until)
+        with output, split or contextlib.nullcontext():
+            timed_out = wait_for(process, timeout_s, stop, until)
         with os.fdopen(errors_read, "rb") as errors:
-            setup_error = errors.read().decode(errors="replace").strip()
+            setup_error = errors.read(64 * 1024).decode(errors="replace").strip()
         if setup_error:
             raise SandboxError(f"bubblewrap could not set up the sandbox: {setup_error.splitlines()[0]}")
         return RunResult(exit_code=process.returncode, timed_out=timed_out,
-                         duration_s=round(time.monotonic() - started, 3))
+                         duration_s=round(time.monotonic() - started, 3), output_dropped=output.dropped)
 
     def _mount_read_only(self, binds: Sequence[Bind]) -> list[Path]:
         """Bring host folders in read-only as overlays whose options name them relatively (`binds/N`), so that
@@ -362,7 +395,7 @@ class Sandbox:
         return mounted
 
     def _bwrap_args(self, argv: Sequence[str], cwd: str, binds: Sequence[Bind], network: Network,
-                    info_fd: int, init: bool = False) -> list[str]:
+                    info_fd: int, init: bool = False, harness: bool = False) -> list[str]:
         args = ["bwrap", "--bind", str(self.fs), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
                 "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
@@ -382,7 +415,7 @@ class Sandbox:
         args += ["--chdir", cwd, "--", "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
         if isinstance(network, Loopback):
             args = ["nsenter", f"--net={network.netns}", "--", *args]
-        return self.limits.wrap(args)
+        return self.limits.wrap(args, harness=harness)
 
     def host_path(self, sandbox_path: str) -> Path:
         """The host path of an absolute path inside the sandbox, resolving symlinks as the sandbox would.
@@ -452,6 +485,25 @@ class Sandbox:
         else:
             raise SandboxError(f"{sandbox_path} does not exist in the sandbox")
 
+    def limit_hits(self, harness_exit_code: int | None = None) -> list[dict]:
+        """What the limits did to this sandbox's processes so far (`steps.sandbox.limits.Limits.hits`); an OOM kill is
+        the harness's if it ended by SIGKILL (bwrap passes that on as exit code 137)."""
+        return self.limits.hits(harness_killed=harness_exit_code == 128 + signal.SIGKILL)
+
+    def peaks_mb(self) -> dict[str, int]:
+        """The most memory the harness's and the task's processes held at once, in MiB, where the host counts it."""
+        return self.limits.peaks_mb()
+
+    def copy_logs_out(self, sandbox_path: str, host_path: Path, first: Sequence[str] = ()) -> list[str]:
+        """Copy the regular files of a folder of the sandbox out as logs, at most `bounds.log_bytes` in all, those
+        named in `first` (relative paths) first; returns notes on what was cut (`common.copy_logs`). Symlinks, FIFOs
+        and devices are not logs and are left behind; a folder that is not there copies nothing."""
+        source = self.host_path(sandbox_path)
+        if not source.is_dir() or source.is_symlink():
+            return []
+        files = [(path, Path(host_path) / path.relative_to(source)) for path in files_under(source, first)]
+        return copy_logs(files, self.bounds.log_bytes)[1]
+
     def reset_dir(self, sandbox_path: str) -> Path:
         """Make `sandbox_path` an empty folder (e.g. /logs/verifier before grading); return its host path."""
         target = self._replace(sandbox_path)
@@ -465,7 +517,8 @@ class Sandbox:
         if os.path.ismount(self.fs):
             raise SandboxError(f"cannot unmount the sandbox root {self.fs}")
         detach_disk(self.root / "upper")
-        self.limits.remove()
+        if self.owns_limits:  # a sibling (the app's) or the verifier's view runs in the cgroups of the sandbox it serves
+            self.limits.remove()
 
     def remove(self) -> None:
         """Unmount, then delete the sandbox root and everything in it (never the task's cached layer)."""

@@ -64,8 +64,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT, READY_FILE
-from steps.sandbox.common import (KILL_GRACE_S, RunResult, SandboxError, VerifierRefused, copy_tree, force_remove,
-                                  kill, wait_for)
+from steps.sandbox.common import (KILL_GRACE_S, Bounds, Output, RunResult, SandboxError, VerifierRefused, copy_tree,
+                                  force_remove, kill, wait_for)
+from steps.sandbox.limits import cgroup_counter
 from steps.sandbox.local import Bind, Sandbox
 from steps.tasks import Task
 
@@ -93,6 +94,10 @@ SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 VERIFIER_ONLY = ("/tests", "/solution", "/logs/verifier")
 FOLDER_WRITE = 0o022  # the group and other write bits, the two an unprivileged uid could hold here
 MOUNTINFO = "/proc/self/mountinfo"
+# What the rollout template, Kubernetes and Argo put in the runner's environment, never the image's ENV
+# (workflows/iteration.py: the rollout template's env; the kubelet's service variables; Argo's executor's).
+RUNNER_ENV = frozenset({"PYTHONPATH", "PYTHONSAFEPATH", "LD_LIBRARY_PATH"})
+RUNNER_ENV_PREFIXES = ("OPENFORGE_", "KUBERNETES_", "ARGO_")
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ class PodSandbox(Sandbox):
     agent_uid: int | None = AGENT_UID
     verifier_paths: VerifierPaths = field(default_factory=lambda: VerifierPaths((), ()))
     app_live: Path | None = None  # the app sidecar's state, read-only here (`APP_LIVE`); None without an app
+    hits: list[dict] = field(default_factory=list)  # what the pod's memory limit did to the agent's command
 
     @property
     def fs(self) -> Path:
@@ -119,7 +125,7 @@ class PodSandbox(Sandbox):
         return Path("/")
 
     @classmethod
-    def create(cls, root: Path, task: Task, *, agent_uid: int = AGENT_UID) -> PodSandbox:
+    def create(cls, root: Path, task: Task, *, agent_uid: int = AGENT_UID, bounds: Bounds = Bounds()) -> PodSandbox:
         """The pod as `task`'s sandbox; `root` (the rollout's output folder) becomes root-only.
 
         Raises `SandboxError` when the workspace is a system folder, when the task has an app (a GUI task's
@@ -135,11 +141,15 @@ class PodSandbox(Sandbox):
                                "image a WORKDIR such as /app or set [environment] workdir")
         if task.config.app:  # else every rollout of it would silently score 0
             wait_for_app(APP_LIVE, APP_START_TIMEOUT_S)
+        env = image_env(os.environ)
         box = cls(root=root, workdir=workdir, agent_uid=agent_uid if os.geteuid() == 0 else None,
-                  app_live=APP_LIVE if task.config.app else None)
+                  app_live=APP_LIVE if task.config.app else None, bounds=bounds, env=dict(env), image_env=env)
         box.apply_task_env(task)
-        box.notes.append("pod mode: the pod's image is the environment (environment/Dockerfile is not replayed, "
-                         "its ENV is not passed to the agent)")
+        box.notes.append("pod mode: the pod's image is the environment (environment/Dockerfile is not replayed; "
+                         "its ENV reaches the agent and the verifier as the container has it)")
+        if not runner_protected():
+            box.notes.append("pod mode: the runner cannot keep the OOM killer off itself (its container lacks the "
+                             "SYS_RESOURCE capability): an agent that fills the pod's memory may take the runner with it")
         if box.agent_uid is None:
             box.notes.append(f"the runner is not root, so the agent runs as the runner's own uid {os.geteuid()}: it is "
                              "NOT uid-isolated (it can read the runner's files and /proc/<pid>/environ)")
@@ -169,14 +179,16 @@ class PodSandbox(Sandbox):
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
             cwd: str | None = None, stdout_path: Path | None = None, extra_binds: Sequence[Bind] = (),
-            network: object = None, as_agent: bool = False, init: bool = False) -> RunResult:
+            network: object = None, as_agent: bool = False, init: bool = False,
+            harness_programs: tuple[str, ...] = ()) -> RunResult:
         """Run `argv` in the pod; kill what it started when it ends or at `timeout_s`.
 
         `as_agent`: as the agent uid (when the runner is root), after handing it the workspace,
         `/logs/agent` and HOME; otherwise as the runner (the verifier runs as root). stdout and
         stderr go together to `stdout_path` (appended); stdin is empty; the environment is only the
-        sandbox's plus `env`. `extra_binds`, `network` and `init` mean nothing here: the pod already holds
-        the harness and has one network. A program that cannot be executed gives exit code 127/126,
+        sandbox's plus `env`. `extra_binds`, `network`, `init` and `harness_programs` mean nothing here: the pod
+        already holds the harness and has one network, and its one cgroup holds the task's and the harness's budget
+        together (`workflows.iteration` adds the harness's to the pod's limits). A program that cannot be executed gives exit code 127/126,
         as in a shell. With a task's app, the agent's command is followed, once everything it left is
         killed, by a copy of the app's state (`keep_app_state`): what the verifier grades.
         """
@@ -189,20 +201,36 @@ class PodSandbox(Sandbox):
                 give(Path(path), uid)
         user = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
         started = time.monotonic()
-        with open(stdout_path or self.root / "run.log", "ab") as output:
+        with Output(Path(stdout_path or self.root / "run.log"), self.bounds.log_bytes) as output:
             try:
                 process = subprocess.Popen(list(argv), env={**self.env, **(env or {})}, cwd=cwd, stdin=subprocess.DEVNULL,
-                                           stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                                           stdout=output.fd, stderr=output.fd, start_new_session=True,
                                            preexec_fn=_no_new_privileges, **user)
             except OSError as exc:
-                output.write(f"cannot execute {argv[0]}: {exc}\n".encode())
+                os.write(output.fd, f"cannot execute {argv[0]}: {exc}\n".encode())
                 return RunResult(exit_code=127 if isinstance(exc, FileNotFoundError) else 126, timed_out=False,
                                  duration_s=round(time.monotonic() - started, 3))
-        timed_out = wait_for(process, timeout_s, lambda: _stop(process, uid))
+            output.started()
+            if as_agent and runner_protected():
+                expose(process.pid)
+            kills = oom_kills()
+            timed_out = wait_for(process, timeout_s, lambda: _stop(process, uid))
+        if as_agent and (killed := oom_kills() - kills):  # the one cgroup of the container: whose was it?
+            self.hits.append({"process": "harness" if process.returncode == -signal.SIGKILL else "agent",
+                              "by": "memory", "count": killed})
         if as_agent and self.app_live is not None:
             self.keep_app_state()
         return RunResult(exit_code=process.returncode, timed_out=timed_out,
-                         duration_s=round(time.monotonic() - started, 3))
+                         duration_s=round(time.monotonic() - started, 3), output_dropped=output.dropped)
+
+    def peaks_mb(self) -> dict[str, int]:
+        """Nothing per process: the pod's one cgroup is the container's (its metrics are the cluster's)."""
+        return {}
+
+    def limit_hits(self, harness_exit_code: int | None = None) -> list[dict]:
+        """What the pod's memory limit did while the agent's command ran: an OOM kill of the container's cgroup is
+        the harness's when the harness itself ended by SIGKILL, else one of the agent's processes'."""
+        return list(self.hits)
 
     def keep_app_state(self) -> None:
         """Copy the app sidecar's live state to ROOT/`APP_STATE_KEPT` (root-only), replacing an earlier copy."""
@@ -267,6 +295,57 @@ class PodSandbox(Sandbox):
 
     def remove(self) -> None:
         """Nothing to delete: the pod goes away with its files."""
+
+
+def image_env(environ: dict[str, str]) -> dict[str, str]:
+    """The image's ENV as this container has it: its environment without what the rollout template, Kubernetes and
+    Argo add for the runner (`RUNNER_ENV`, `RUNNER_ENV_PREFIXES`: the admin key among them).
+
+    >>> image_env({"PATH": "/opt/venv/bin:/usr/bin", "GREETING": "hi", "OPENFORGE_ADMIN_KEY": "k", "PYTHONSAFEPATH": "1",
+    ...            "KUBERNETES_SERVICE_HOST": "10.0.0.1", "ARGO_TEMPLATE": "{}"})
+    {'PATH': '/opt/venv/bin:/usr/bin', 'GREETING': 'hi'}
+    """
+    return {name: value for name, value in environ.items()
+            if name not in RUNNER_ENV and not name.startswith(RUNNER_ENV_PREFIXES)}
+
+
+def protect_runner() -> bool:
+    """Keep the OOM killer off the runner (`oom_score_adj` -1000), so that an agent filling the pod's memory never
+    takes the runner, and so the rollout's result, with it: Kubernetes 1.28+ on cgroup v2 sets `memory.oom.group`
+    on every container (kubernetes/kubernetes#117793), which kills all of its processes together except those at
+    -1000 (the kernel's cgroup-v2 documentation, memory.oom.group). Needs CAP_SYS_RESOURCE (the rollout template
+    adds it to the runner's container; the agent's uid never holds it); False without it. Called once by the pod
+    rollout step's `main` (never in a process that lives on, such as a test's)."""
+    try:
+        Path("/proc/self/oom_score_adj").write_text("-1000")
+        return True
+    except OSError:
+        return False
+
+
+def runner_protected() -> bool:
+    """Whether `protect_runner` took."""
+    try:
+        return Path("/proc/self/oom_score_adj").read_text().strip() == "-1000"
+    except OSError:
+        return False
+
+
+def expose(pid: int) -> None:
+    """The agent's command, started by a protected runner, first in line for the OOM killer (`oom_score_adj` 1000):
+    set by the runner, whose privilege also makes 1000 the least the command (and everything it starts) may set."""
+    try:
+        Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
+    except OSError:
+        pass
+
+
+def oom_kills() -> int:
+    """Processes the OOM killer has killed in this container's memory cgroup: `oom_kill` of cgroup v2's
+    `memory.events` (the container's own cgroup is / of its cgroup namespace), or of v1's `memory.oom_control`;
+    0 where neither is readable."""
+    return max(cgroup_counter(Path("/sys/fs/cgroup/memory.events"), "oom_kill"),
+               cgroup_counter(Path("/sys/fs/cgroup/memory/memory.oom_control"), "oom_kill"))
 
 
 def wait_for_app(live: Path, timeout_s: float) -> None:

@@ -22,12 +22,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from steps.sandbox import RunResult, Sandbox, SandboxError, VerifierRefused
+from steps.sandbox import RunResult, Sandbox, VerifierRefused
 from steps.tasks import Task
 
 VERIFIER_DIR = "/logs/verifier"
 TESTS_DIR = "/tests"
 SOLUTION_DIR = "/solution"
+REWARD_FILES = ("reward.json", "reward.txt")  # in /logs/verifier; reward.json wins
 
 
 # Runs test.sh, then checks that it ended on its own and left nothing running, with shell builtins only (it
@@ -120,7 +121,7 @@ def parse_reward(reward_json: str | None, reward_txt: str | None) -> dict[str, f
 def read_reward(verifier_dir: Path) -> dict[str, float]:
     """`parse_reward` on the reward files in a host copy of /logs/verifier (symlinks refused)."""
     texts = []
-    for name in ("reward.json", "reward.txt"):
+    for name in REWARD_FILES:
         path = verifier_dir / name
         if path.is_symlink():
             raise RewardError(f"{name} is a symlink, not a file the verifier wrote")
@@ -162,10 +163,10 @@ def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, 
         run = grading.run(grading.supervised(["bash", "-c", SUPERVISOR], ["bash", f"{TESTS_DIR}/test.sh"]),
                           timeout_s=task.config.verifier_timeout_s, env=env, stdout_path=output_dir / "test-stdout.txt",
                           extra_binds=tests_read_only, init=True)
-        try:
-            grading.copy_out(VERIFIER_DIR, output_dir)
-        except SandboxError:
-            pass  # the verifier removed /logs/verifier: no reward file, reported below
+        # The reward files first: past the log cap, whatever else the verifier (or the agent's program it ran) left
+        # there is cut, never the reward. A /logs/verifier the verifier removed copies nothing (no reward, below).
+        grading.notes.extend(f"/logs/verifier: {note}" for note in
+                             grading.copy_logs_out(VERIFIER_DIR, output_dir, first=REWARD_FILES))
     finally:
         if grading is not sandbox:
             sandbox.notes.extend(grading.notes)
