@@ -98,7 +98,7 @@ class RolloutResult:
     sample: int | None = None  # the plan's sample number, as the step was given it
     metadata: dict = field(default_factory=dict)
     # What a limit killed: [{"process": "harness" | "agent", "by": "memory" | "pids" | "time", "count": N}]; a
-    # rollout whose harness was killed is still graded (docs/reliability.md, "A harness killed by a limit").
+    # rollout whose harness was killed is still graded (docs/rollouts.md, "The harness's own budget").
     killed: list = field(default_factory=list)
     peak_memory_mb: dict = field(default_factory=dict)  # {"harness": MiB, "agent": MiB}: the most each held at once
 
@@ -260,8 +260,9 @@ def harness_budget(spec: RolloutSpec) -> Budget:
 
 
 def enter(out: Path, phase: str) -> None:
-    """Writes the rollout's phase (`PHASES`) to `OUT/phase`, for a runner that has to stop it at its deadline and
-    write its result (`workflows.local`): OUT is the runner's folder, which the agent cannot reach."""
+    """Writes the rollout's phase (setup, agent, calls, grading, done) to `OUT/phase`, for a runner that has to stop it
+    at its deadline and write its result (`workflows.local.past_deadline`): OUT is the runner's, out of the agent's
+    reach."""
     with contextlib.suppress(OSError):  # a full disk: the result says so later
         (out / PHASE_FILE).write_text(phase)
 

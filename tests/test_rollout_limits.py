@@ -362,3 +362,21 @@ def test_a_rollout_past_its_deadline_is_stopped_and_its_result_written_by_its_ph
                                "early", item, "direct")
     early = json.loads((tmp_path / "early" / "result.json").read_text())
     assert (code, early["status"], early["reward"]) == (3, "infra_error", None), early
+
+
+def test_the_sandboxs_init_shows_no_host_path_and_what_it_is_sent_cannot_void_the_run(tmp_path):
+    """bwrap is the sandbox's pid 1: its command line named the sandbox's root on the host, and its stderr (where the
+    runner reads bwrap's setup errors) was open to the agent through /proc/1/fd/2, so writing there made any command
+    a SandboxError, an infra_error, retried: a failing rollout voided."""
+    task = load_task(BUILTIN_DATASET / "hello-file")
+    box = Sandbox.create(tmp_path / "sandbox", task)
+    out = tmp_path / "out.txt"
+    script = ("echo 'bwrap: a setup error, forged' > /proc/1/fd/2 && echo forged; tr '\\0' ' ' < /proc/1/cmdline; "
+              "echo; ls -l /proc/1/fd/ /proc/self/fd/")
+    try:
+        run = box.run(["bash", "-c", script], timeout_s=30, stdout_path=out)
+    finally:
+        box.remove()
+    text = out.read_text()
+    assert run.exit_code == 0 and "forged" in text, text  # the write went through, and changed nothing
+    assert "bwrap --args" in text and str(tmp_path) not in text, text

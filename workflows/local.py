@@ -180,6 +180,8 @@ def past_deadline(out: Path, rollout_id: str, item: dict, harness: str, deadline
     step writes): its agent's or its grading's is the agent's doing (a harness outliving its timeout, graded files
     too slow to bring over): reward 0, never retried; any other phase (setup, reading the calls) is an infra error."""
     phase = (out / layout.PHASE_FILE).read_text().strip() if (out / layout.PHASE_FILE).is_file() else "setup"
+    if phase == "done" and (out / layout.RESULT_FILE).is_file():  # stopped after writing it (whole: renamed in place)
+        return RolloutResult(**json.loads((out / layout.RESULT_FILE).read_text()))
     why = f"the rollout was stopped at its deadline of {deadline:g} s, in its {phase} phase"
     result = RolloutResult(rollout_id=rollout_id, task=Path(item["task"]).name, harness=harness, status=INFRA_ERROR,
                            reward=None, sample=item["sample"], error=why)

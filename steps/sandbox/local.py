@@ -86,6 +86,9 @@ BUILD_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_
 GRADED_LINKS_MAY_NOT_REACH = ("/tests", "/solution", "/logs", "/proc", "/sys", "/dev", "/run", "/tmp")
 
 Bind = tuple[Path | str, str, bool]  # (host path, path inside the sandbox, read-only)
+# Written to bwrap's stderr by the sandbox's first command just before it starts the caller's: what bwrap wrote there
+# before it is bwrap's own (a setup error); after it, anything in the sandbox may write there (/proc/1/fd/2).
+STARTED = "openforge-sandbox-started"
 Network = Union[str, Loopback]  # "none" (loopback only), "host" (builds only), a shared loopback or a tunnel to the proxy
 
 
@@ -321,14 +324,17 @@ class Sandbox:
             mounted = self._mount_read_only([bind for bind in binds if bind[2] and Path(bind[0]).is_dir()])
             args = self._bwrap_args(argv, cwd, [bind for bind in binds if not (bind[2] and Path(bind[0]).is_dir())],
                                     network, info_write, init, harness=bool(harness_programs))
+            args, args_fd = _args_from_fd(args)
             output = Output(stdout_path, self.bounds.log_bytes).__enter__()
             try:
                 process = subprocess.Popen(args, env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
-                                           stdout=output.fd, stderr=errors_write, pass_fds=(info_write,),
+                                           stdout=output.fd, stderr=errors_write, pass_fds=(info_write, args_fd),
                                            start_new_session=True)
             except BaseException:
                 output.__exit__()
                 raise
+            finally:
+                os.close(args_fd)
             output.started()
         except BaseException:
             for target in reversed(mounted):
@@ -356,8 +362,12 @@ class Sandbox:
 
         with output, split or contextlib.nullcontext():
             timed_out = wait_for(process, timeout_s, stop, until)
-        with os.fdopen(errors_read, "rb") as errors:
+        with os.fdopen(errors_read, "rb") as errors:  # bwrap's own, until the command starts: then anyone's
             setup_error = errors.read(64 * 1024).decode(errors="replace").strip()
+        if STARTED not in setup_error.split():
+            setup_error = setup_error or f"it ended with exit code {process.returncode} before the command started"
+        else:  # the command started: what came after it (the agent can write to the init's stderr) is no setup error
+            setup_error = ""
         if setup_error:
             raise SandboxError(f"bubblewrap could not set up the sandbox: {setup_error.splitlines()[0]}")
         return RunResult(exit_code=process.returncode, timed_out=timed_out,
@@ -411,8 +421,8 @@ class Sandbox:
             if not Path(host).exists():
                 raise SandboxError(f"cannot bind {host} into the sandbox: it does not exist")
             args += ["--ro-bind" if read_only else "--bind", str(host), dest]
-        # Inside, the command's stderr joins its stdout, so anything left on bwrap's stderr is bwrap's.
-        args += ["--chdir", cwd, "--", "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
+        # Inside, the command's stderr joins its stdout; what is on bwrap's stderr before STARTED is bwrap's.
+        args += ["--chdir", cwd, "--", "/bin/sh", "-c", f'echo {STARTED} >&2; exec "$@" 2>&1', "sh", *argv]
         if isinstance(network, Loopback):
             args = ["nsenter", f"--net={network.netns}", "--", *args]
         return self.limits.wrap(args, harness=harness)
@@ -564,6 +574,17 @@ def _build_layer(build_root: Path, task: Task, settings: dict, layer: Path, log:
         (build_root / "upper" / part).rename(layer / part)
     shutil.rmtree(build_root, onerror=force_remove)
     return {"workdir": box.workdir, "env": box.env, "notes": box.notes}
+
+
+def _args_from_fd(argv: list[str]) -> tuple[list[str], int]:
+    """`argv` with bubblewrap's options moved into a memory file read with `--args FD` (returned, to pass to the child
+    and close), so that the sandbox's init (bwrap, pid 1 inside) shows no host path in its /proc/1/cmdline; the
+    command, after `--`, stays on the command line, where bwrap 0.8 wants it."""
+    at, end = argv.index("bwrap"), argv.index("--", argv.index("bwrap"))
+    fd = os.memfd_create("bwrap-args", 0)
+    os.write(fd, b"".join(arg.encode() + b"\0" for arg in argv[at + 1:end]))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return [*argv[:at], "bwrap", "--args", str(fd), *argv[end:]], fd
 
 
 def _read_info(fd: int) -> tuple[int | None, str | None]:
