@@ -342,6 +342,7 @@ def test_a_sparse_session_log_of_two_gib_is_kept_as_far_as_the_cap(scripted, scr
     assert any("rollout-flood.jsonl: kept" in note and "2147483648" in note for note in result.notes), result.notes
 
 
+@pytest.mark.slow  # it waits out a deadline of 40 s
 def test_a_rollout_past_its_deadline_is_stopped_and_its_result_written_by_its_phase(scripted, scripted_proxy,
                                                                                     tmp_path):
     from workflows.local import run_rollout_step
