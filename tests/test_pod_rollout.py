@@ -116,7 +116,8 @@ def rollout_pod(config, values: dict[str, str]) -> tuple[list[str], dict[str, st
 
 def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: tuple[str, ...] = (),
                patch_app=None, runner_uid: int | None = None, world_writable: tuple[str, ...] = (),
-               driver: str | None = None, with_app: bool = False) -> tuple[subprocess.CompletedProcess, dict, str]:
+               driver: str | None = None, with_app: bool = False,
+               image_env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict, str]:
     """One rollout in a fresh simulated pod (see the module docstring); returns the process, result.json, rollout id.
 
     `world_writable`: pod paths the image leaves mode 0777. `driver`: Python run (`python -P -c`, with the task
@@ -143,7 +144,8 @@ def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: 
     if driver is not None:
         argv = [argv[0], "-P", "-c", driver, argv[argv.index("--task") + 1]]
     env |= {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-            "OPENFORGE_ADMIN_KEY": ADMIN_KEY, "OPENFORGE_TEST_SECRET": SECRET}
+            "OPENFORGE_ADMIN_KEY": ADMIN_KEY, "OPENFORGE_TEST_SECRET": SECRET, "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+            **(image_env or {})}  # `image_env`: what the task image's ENV puts in the container's environment
     python_version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     setup = {"ROOT": str(root), "IMAGE": str(image.fs), "APP": str(app), "OUT": str(out), "LAYOUT": app_layout(),
              "PYTHON": sys.base_prefix, "SITE": sysconfig.get_path("purelib"),
@@ -203,6 +205,20 @@ def test_the_agent_cannot_read_the_verifier_or_the_runners_environment(scripted,
     assert "secret copies: 0" in output and "task files found: 0" in output, output
     assert "verify.py found: /openforge/app/steps/tasks/verify.py\n" in output, output  # the search did run there
     assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), result
+
+
+def test_the_images_env_reaches_the_agent_in_the_pod_and_the_runners_does_not(scripted, scripted_proxy, tmp_path):
+    """As in Docker, the image's ENV is the agent's environment (and the verifier's); what the template, Kubernetes
+    and Argo add for the runner is not (the control: each of those is in the container's environment)."""
+    scripted.set_commands(['echo "greeting=$IMAGE_GREETING path=$PATH secret=${OPENFORGE_TEST_SECRET:-none} '
+                           'k8s=${KUBERNETES_SERVICE_HOST:-none} safe=${PYTHONSAFEPATH:-none}"', oracle("hello-file")])
+    path = "/opt/image-tools/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    done, result, rollout_id = run_in_pod(scripted_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path,
+                                          image_env={"IMAGE_GREETING": "from-the-image", "PATH": path})
+    output = tool_outputs(scripted_proxy.calls(rollout_id))[0]
+    assert "greeting=from-the-image" in output and "/opt/image-tools/bin:" in output, output
+    assert "secret=none k8s=none safe=none" in output, output
+    assert (result["status"], result["reward"]) == ("ok", 1.0), result
 
 
 def test_the_agent_runs_as_an_unprivileged_uid(scripted, scripted_proxy, tmp_path):
