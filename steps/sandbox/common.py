@@ -68,8 +68,10 @@ class Output:
     runner that appends at most `cap` bytes to `path` (counting what the file already holds) and drops the rest,
     noting the cut at the file's end. The command never blocks on a full pipe and never holds a host file.
 
-        with Output(Path("harness.log"), 16 * MIB) as output:
-            subprocess.Popen(argv, stdout=output.fd, stderr=output.fd)   # then wait for it
+        with Output(Path("harness.log"), 16 * MIB) as output:           # read from here on
+            process = subprocess.Popen(argv, stdout=output.fd, stderr=output.fd)
+            output.started()
+            process.wait()
         output.dropped                                                   # bytes past the cap
     """
 
@@ -78,12 +80,11 @@ class Output:
         self.dropped = 0
         self._read, self.fd = os.pipe()
         self._stop_at: float | None = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._drain, name=f"output-{self.path.name}", daemon=True)
+        self._thread.start()
 
     def __enter__(self) -> Output:
-        if not self._thread.is_alive() and self._thread.ident is None:  # entered once, whatever `with` comes later
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._thread.start()
         return self
 
     def started(self) -> None:
@@ -93,8 +94,13 @@ class Output:
             self.fd = -1
 
     def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for the pipe to end (once every writer is gone), at most `DRAIN_S` more: a writer that escaped the
+        kill cannot hold the runner."""
         self.started()
-        self._stop_at = time.monotonic() + DRAIN_S  # a writer that escaped the kill cannot hold the runner
+        self._stop_at = time.monotonic() + DRAIN_S
         self._thread.join()
 
     def _drain(self) -> None:

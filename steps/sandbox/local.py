@@ -325,13 +325,13 @@ class Sandbox:
             args = self._bwrap_args(argv, cwd, [bind for bind in binds if not (bind[2] and Path(bind[0]).is_dir())],
                                     network, info_write, init, harness=bool(harness_programs))
             args, args_fd = _args_from_fd(args)
-            output = Output(stdout_path, self.bounds.log_bytes).__enter__()
+            output = Output(stdout_path, self.bounds.log_bytes)
             try:
                 process = subprocess.Popen(args, env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
                                            stdout=output.fd, stderr=errors_write, pass_fds=(info_write, args_fd),
                                            start_new_session=True)
             except BaseException:
-                output.__exit__()
+                output.close()
                 raise
             finally:
                 os.close(args_fd)
