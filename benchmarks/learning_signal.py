@@ -33,8 +33,9 @@ sys.path.insert(0, str(REPO))
 
 from steps.report import write_report  # noqa: E402
 from steps.tiny_model import build_tiny_model  # noqa: E402
-from workflows import layout  # noqa: E402
-from workflows.config import ConfigError, RunConfig, load_config  # noqa: E402
+from steps.contracts import layout  # noqa: E402
+from steps.contracts.config import RunConfig  # noqa: E402
+from workflows.config import ConfigError, load_config  # noqa: E402
 
 PHASES = ("rollouts", "trajectories", "update", "reload")
 OVERLAP = "waited"  # with max_staleness >= 1: seconds an iteration's rollouts waited for an earlier update

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from steps import manifest  # noqa: E402
 from steps.proxy.store import CallStore  # noqa: E402
 from steps.trajectories.__main__ import main as trajectories_main  # noqa: E402
-from workflows import layout  # noqa: E402
+from steps.contracts import layout  # noqa: E402
 
 HOSTILE = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"><!--'
 HOSTILE_TASK = "<img src=x onerror=window.__pwned=3>task"  # a task's name is a folder's name: no slash

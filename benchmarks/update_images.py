@@ -31,7 +31,7 @@ from steps.update.batch import Sample  # noqa: E402
 from test_update_vision import image_prompt, screenshot, store_image  # noqa: E402
 from update_reference import write_samples  # noqa: E402
 from workflows import commands  # noqa: E402
-from workflows.config import RunConfig  # noqa: E402
+from steps.contracts.config import RunConfig  # noqa: E402
 
 
 def tables(root: Path, checkpoint: Path, count: int, response_len: int) -> tuple[Path, Path, Path]:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from steps.tiny_model import build_tiny_model  # noqa: E402
 from update_reference import craft_samples, load_model, reference_update, write_samples  # noqa: E402
 from workflows import commands  # noqa: E402
-from workflows.config import RunConfig  # noqa: E402
+from steps.contracts.config import RunConfig  # noqa: E402
 
 
 def update_tokens_per_s(ranks: int, trajectories: Path, checkpoint: Path, out: Path, config: Path,

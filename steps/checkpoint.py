@@ -9,7 +9,7 @@ A checkpoint written by `steps.update` holds the model vLLM serves (safetensors,
 from collections.abc import Callable
 from pathlib import Path
 
-from workflows.layout import METRICS_FILE
+from steps.contracts.layout import METRICS_FILE
 
 OPTIMIZER_DIR = "optimizer"
 TRAINING_ONLY = (OPTIMIZER_DIR, METRICS_FILE)  # what serving a checkpoint does not need

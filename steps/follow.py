@@ -5,7 +5,7 @@ newer checkpoint the moment its update has published it, and a step that waits f
         --proxy-url http://127.0.0.1:8100 --model-dir /models
     python -m steps.follow wait --run-url s3://openforge/runs/demo --version 2
 
-Checkpoint N (`workflows.layout.checkpoint_url`) is what iteration N-1's update writes, served as version N. It
+Checkpoint N (`steps.contracts.layout.checkpoint_url`) is what iteration N-1's update writes, served as version N. It
 is complete once its `metrics.json` exists: the update writes that file last, locally by rename and in an
 object store as the last upload (`steps.checkpoint.publish`), so neither command ever loads half a checkpoint.
 If iteration N-1 is recorded Failed or Error (the manifest, `steps.manifest`), checkpoint N will never come:
@@ -27,7 +27,7 @@ from pathlib import Path
 from steps import manifest
 from steps.checkpoint import TRAINING_ONLY, fetch
 from steps.proxy.client import ProxyClient, ProxyClientError
-from workflows import layout
+from steps.contracts import layout
 
 POLL_S = 10.0
 

@@ -8,7 +8,7 @@
         --workflow openforge-demo-eval0 --status Succeeded --checkpoint s3://.../base \
         --summary s3://openforge/runs/demo/evals/iteration-0/summary.json
 
-Layout under the run's URL (`workflows.layout`): `manifest/run.json` (the run config, written once by
+Layout under the run's URL (`steps.contracts.layout`): `manifest/run.json` (the run config, written once by
 the driver; an eval run's has one more field, `eval`, saying what it evaluates), `manifest/iteration-<N>.json`
 (one `IterationRecord` each) and `manifest/eval-<N>.json` (one `EvalRecord` per evaluation). One file per
 iteration and per evaluation means the driver and the Argo exit handlers never rewrite each other's records. The driver (`workflows/submit.py`)
@@ -27,7 +27,7 @@ import fsspec
 from steps.metrics import harness_kills
 from steps.trajectories.io import TrajectoryFileError, read_table
 from steps.trajectories.schema import SchemaError
-from workflows import layout
+from steps.contracts import layout
 
 DONE = ("Succeeded", "Failed", "Error")
 EVAL_FIELD = "eval"  # in an eval run's run.json: what it evaluates ({"checkpoint", "run", "iteration", "upstream"})

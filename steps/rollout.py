@@ -43,7 +43,7 @@ from steps.sandbox import Sandbox, SandboxError
 from steps.sandbox.network import NetworkError, ProxyTunnel
 from steps.tasks import Task, TaskError, load_task
 from steps.tasks.verify import run_verifier
-from workflows.layout import PHASE_FILE, RESULT_FILE, REWARD_FILE, STATUS_FILE  # in OUT: the step's output
+from steps.contracts.layout import PHASE_FILE, RESULT_FILE, REWARD_FILE, STATUS_FILE  # in OUT: the step's output
 
 INFRA_EXIT_CODE = 3
 INFRA_ERROR = "infra_error"  # the status of an attempt that failed for a reason other than the agent

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from steps.update.config import UpdateConfig
-from workflows.config import RunConfig
+from steps.contracts.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DOC = REPO / "docs" / "config.md"

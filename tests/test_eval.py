@@ -22,7 +22,8 @@ import yaml
 
 from steps import evaluate, manifest, plan
 from steps.tasks import load_dataset
-from workflows import commands, layout, submit
+from steps.contracts import layout
+from workflows import commands, submit
 from workflows.config import load_config
 from workflows.evaluation import evaluation_workflow
 from workflows.iteration import APP_ROLLOUTS_FILE, iteration_workflow
@@ -684,7 +685,7 @@ def test_an_eval_of_the_builtin_dataset_with_direct_on_the_embedded_default(tiny
     assert again.returncode == 0 and json.loads(again.stdout.splitlines()[-1]) == summary
 
 
-@pytest.mark.parametrize("module", ["steps.evaluate", "steps.plan", "steps.net", "workflows.layout", "workflows.config",
+@pytest.mark.parametrize("module", ["steps.evaluate", "steps.plan", "steps.net", "steps.contracts.layout", "workflows.config",
                                     "workflows.submit"])
 def test_doctests(module: str) -> None:
     """The examples in the docstrings of the evaluation's pure functions hold."""

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from steps.proxy.images import REFERENCE_PREFIX
 from steps.trajectories.io import read_table
-from workflows import layout
+from steps.contracts import layout
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.harness,

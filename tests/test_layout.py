@@ -1,4 +1,4 @@
-"""The run's folder layout has one owner, `workflows/layout.py`: no other module of `steps/` or `workflows/`
+"""The run's folder layout has one owner, `steps/contracts/layout.py`: no other module of `steps/` or `workflows/`
 spells a piece of it, and the local runner and the Argo DAG put every file at the same URL."""
 
 import ast
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from workflows import layout, local
+from steps.contracts import layout
+from workflows import local
 from workflows.config import load_config
 from workflows.iteration import iteration_workflow
 
@@ -20,7 +21,7 @@ PIECES = re.compile(rf"/({FOLDERS})(/|$)|^({FOLDERS})/|iteration-(\{{|\*|$)|-att
                     r"|/(result|metrics|run)\.json$|/\w*\.parquet$")
 # What owns paths that are not a run's: the proxy's routes and its store's inside, the sandbox's and the
 # harnesses' folders (/logs/agent, /logs/verifier), the task format, and the layout itself.
-NOT_THE_RUNS = ("steps/proxy/", "steps/sandbox/", "steps/harnesses/", "steps/tasks/", "workflows/layout.py")
+NOT_THE_RUNS = ("steps/proxy/", "steps/sandbox/", "steps/harnesses/", "steps/tasks/", "steps/contracts/layout.py")
 
 
 def literals(path: Path) -> list[tuple[int, str]]:
@@ -55,7 +56,7 @@ def test_the_scan_finds_a_spelt_out_path(tmp_path: Path) -> None:
                       'def h(run):\n    return f"{run}/logs"\n')
     found = layout_pieces([module], root=tmp_path)
     assert [entry.split(":")[1] for entry in found] == ["3", "5", "7"]
-    assert layout_pieces([REPO / "workflows" / "layout.py"])  # the owner does spell them
+    assert layout_pieces([REPO / "steps" / "contracts" / "layout.py"])  # the owner does spell them
 
 
 def test_the_layout_is_the_one_existing_runs_have() -> None:

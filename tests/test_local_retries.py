@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from steps.trajectories.collect import collect, load_results
-from workflows import layout, local
+from steps.contracts import layout
+from workflows import local
 from workflows.config import load_config
 
 PLANNED = [{"task": "steps/tasks/builtin/hello-file", "sample": s, "rollout_id": f"it0-hello-file-s{s}", "deadline_s": 480}

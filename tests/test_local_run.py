@@ -22,7 +22,7 @@ from report_browser import PLOT_POINTS, browser  # noqa: F401 (a fixture)
 from safetensors.torch import load_file
 
 from steps.trajectories.io import partition_url, read_table
-from workflows import layout
+from steps.contracts import layout
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,

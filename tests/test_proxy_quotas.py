@@ -27,7 +27,9 @@ from steps.tasks import BUILTIN_DATASET
 from test_harnesses import installed_exe
 from test_rollout import ADMIN_KEY, oracle, spec_for
 from workflows import commands
-from workflows.config import RunConfig, load_config
+from steps.contracts.config import RunConfig
+
+from workflows.config import load_config
 
 PAD = 300_000  # bytes of random padding per call: the fourth call takes a rollout past 1 MiB
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}

@@ -34,7 +34,7 @@ from steps.proxy.__main__ import parse_args as proxy_args
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.tiny_model import build_tiny_model
 from workflows import commands
-from workflows.config import RunConfig
+from steps.contracts.config import RunConfig
 from workflows.iteration import serve_template
 
 vllm = pytest.mark.vllm

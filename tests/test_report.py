@@ -26,7 +26,7 @@ from steps.report import html, write_report
 from steps.rollout import RolloutSpec, run_rollout
 from steps.tasks import BUILTIN_DATASET
 from steps.trajectories.io import read_table
-from workflows import layout
+from steps.contracts import layout
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -393,7 +393,7 @@ def test_a_failed_iteration_gets_a_report_too(tiny_model, tmp_path, monkeypatch,
     a real failing step would need a broken harness; what is checked is that the report is written anyway
     (before, `run_local` returned 1 before writing it)."""
     from workflows import local
-    from workflows.config import RunConfig
+    from steps.contracts.config import RunConfig
 
     class Stopped:
         def terminate(self):

@@ -12,7 +12,9 @@ import steps.settings
 import steps.update.config
 from steps.settings import ConfigError, coerce, load
 from steps.update.config import UpdateConfig, load_config as load_update
-from workflows.config import RunConfig, from_dict, load_config as load_run
+from steps.contracts.config import RunConfig
+
+from workflows.config import from_dict, load_config as load_run
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,8 @@ from steps.tiny_model import build_tiny_model
 from steps.trajectories.collect import collect
 from steps.trajectories.io import partition_url, read_table
 from steps.trajectories.staleness import Staleness, versions_behind
-from workflows import layout, local
+from steps.contracts import layout
+from workflows import local
 from workflows.config import load_config
 from workflows.local import StepFailed, Updates
 

@@ -28,8 +28,9 @@ from safetensors.torch import load_file  # noqa: E402
 from steps.tiny_model import build_tiny_model  # noqa: E402
 from steps.update import ranks as update_ranks, train as update_train  # noqa: E402
 from update_reference import craft_samples, write_samples  # noqa: E402
-from workflows import commands, layout  # noqa: E402
-from workflows.config import RunConfig  # noqa: E402
+from steps.contracts import layout  # noqa: E402
+from workflows import commands  # noqa: E402
+from steps.contracts.config import RunConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

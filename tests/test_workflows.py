@@ -35,7 +35,8 @@ from hera.workflows.models import Workflow as WorkflowModel
 from steps import manifest, plan, sampling
 from steps.harnesses import ALL_HARNESSES
 from steps.tasks import load_dataset, load_task
-from workflows import commands, layout, submit
+from steps.contracts import layout
+from workflows import commands, submit
 from workflows import lint
 from workflows.config import ConfigError, load_config, validate_for_argo
 from workflows.evaluation import evaluation_workflow

@@ -1,4 +1,4 @@
-"""THE one place that builds each step's command line; where each step's files go is `workflows.layout`.
+"""THE one place that builds each step's command line; where each step's files go is `steps.contracts.layout`.
 
 The Argo templates (`workflows/iteration.py`) and the local runner (`workflows/local.py`) both call
 these functions: on Argo the arguments are partly `{{...}}` placeholders Argo fills in, locally they
@@ -11,8 +11,8 @@ are real values; the command is the same `python -m steps.X ...` line either way
 
 from steps import sampling
 from steps.proxy.config import ROLLOUT_LIMITS, limit_flag
-from workflows import layout
-from workflows.config import RunConfig
+from steps.contracts import layout
+from steps.contracts.config import RunConfig
 
 PROXY_PORT = 8100
 

@@ -19,7 +19,7 @@ driver's progress and `retry` work as for iterations.
 from hera.workflows import DAG, Container, Resources, Task, Workflow
 
 from workflows import commands
-from workflows.config import RunConfig
+from steps.contracts.config import RunConfig
 from workflows.iteration import (collect_dag, evaluation_templates, exit_dag, image, report_template, run_label,
                                  run_workflow, s3_env, serve_template)
 

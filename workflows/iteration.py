@@ -44,8 +44,11 @@ from steps.harnesses.base import NODE_VERSION
 from steps.rollout import NO_REWARD
 from steps.sandbox.app import APP_STATE_DIR, APP_STORAGE_MB
 from steps.sandbox.pod import APP_LIVE
-from workflows import commands, jobset, layout
-from workflows.config import RunConfig, egress_cidrs
+from steps.contracts import layout
+from workflows import commands, jobset
+from steps.contracts.config import RunConfig
+
+from workflows.config import egress_cidrs
 
 SHARED = "/openforge"  # the emptyDir the init containers fill in a rollout pod
 PRIVATE = f"{SHARED}/private"  # root-only (0700): the tasks with their verifiers and oracles, for the runner alone

@@ -13,8 +13,9 @@ that fails fails its Job (no backoff), so the JobSet and with it the Workflow's 
 
 import hashlib
 
-from workflows import commands, layout
-from workflows.config import RunConfig
+from steps.contracts import layout
+from workflows import commands
+from steps.contracts.config import RunConfig
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 CRD = "jobsets.jobset.x-k8s.io"

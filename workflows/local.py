@@ -36,8 +36,11 @@ from steps.rollout import (INFRA_ERROR, INFRA_EXIT_CODE, RolloutResult, harness_
                            write_result)
 from steps.tasks import load_task
 from steps.report import write_report
-from workflows import commands, layout
-from workflows.config import REPO_ROOT, RunConfig
+from steps.contracts import layout
+from workflows import commands
+from steps.contracts.config import RunConfig
+
+from workflows.config import REPO_ROOT
 
 UPSTREAM_KEY = "OPENFORGE_UPSTREAM_API_KEY"  # serve's alone (step_env)
 SERVE_START_TIMEOUT_S = 900

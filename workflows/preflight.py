@@ -14,7 +14,9 @@ import urllib3
 import yaml
 
 from workflows import jobset
-from workflows.config import RunConfig, egress_cidrs
+from steps.contracts.config import RunConfig
+
+from workflows.config import egress_cidrs
 
 SECRET_KEYS = {"s3_secret": ("access-key", "secret-key"), "admin_secret": ("admin-key",)}
 

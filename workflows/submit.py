@@ -43,9 +43,11 @@ from steps.evaluate import cell, format_table  # noqa: E402
 from steps.manifest import EvalRecord, IterationRecord  # noqa: E402
 from steps.metrics import harness_killed_warning  # noqa: E402
 from steps.plan import MAX_EVAL_K  # noqa: E402
-from workflows import commands, layout  # noqa: E402
+from steps.contracts import layout  # noqa: E402
+from workflows import commands  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
-from workflows.config import ConfigError, RunConfig, from_dict, load_config, validate_for_argo  # noqa: E402
+from steps.contracts.config import RunConfig  # noqa: E402
+from workflows.config import ConfigError, from_dict, load_config, validate_for_argo  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402

@@ -1,6 +1,6 @@
 """A run's images, each stored once under the SHA-256 of its bytes, and the calls that name them.
 
-    {store root}/images/{sha256}    the image's decoded bytes as sent (workflows.layout.images_url)
+    {store root}/images/{sha256}    the image's decoded bytes as sent (steps.contracts.layout.images_url)
 
 A call's record keeps `images` (each image's reference, in prompt order) and its stored `request` has every
 JSON string that carried an image's bytes (its data URL, or the bare base64) replaced by `REFERENCE_PREFIX + sha256`, so a screenshot that a
@@ -168,7 +168,7 @@ class ImageStore:
 
     @classmethod
     def reader(cls, images_url: str, cache_bytes: int = CACHE_BYTES) -> "ImageStore":
-        """A reader of the images in `images_url` (a run's image folder, `workflows.layout.images_url`: a local
+        """A reader of the images in `images_url` (a run's image folder, `steps.contracts.layout.images_url`: a local
         path or `s3://`), for `read` and `check`."""
         import fsspec
 

@@ -23,7 +23,7 @@ from steps.report.data import Iteration, NoRunError, Run, calls_in_chunks, load_
 from steps.report.html import file_name
 from steps.report.index import index_page
 from steps.report.rollout_page import Decoder, rollout_page
-from workflows import layout
+from steps.contracts import layout
 
 
 CONTENT_TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8",

@@ -12,8 +12,8 @@ import sys
 
 from steps.report import write_report
 from steps.report.data import NoRunError
-from workflows import layout
-from workflows.config import RunConfig
+from steps.contracts import layout
+from steps.contracts.config import RunConfig
 
 
 def main(argv: list[str] | None = None) -> int:

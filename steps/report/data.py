@@ -18,7 +18,7 @@ from steps.rollout import harness_killed
 from steps.trajectories.collect import CollectError, fetch_calls_store
 from steps.trajectories.io import TrajectoryFileError, read_table
 from steps.trajectories.schema import SchemaError
-from workflows import layout
+from steps.contracts import layout
 
 # The calls table without its token arrays: what the index's figures need (1,000 rollouts stay small).
 CALL_COLUMNS = ["rollout_id", "harness", "call_index", "status", "finish_reason", "sample_index", "continued",

@@ -24,20 +24,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from steps.contracts.limits import MIB, Bounds  # noqa: F401 - the sandbox's limits, its API too
+
 KILL_GRACE_S = 5.0
 WHEELS_DIR = "/opt/openforge/wheels"
-MIB = 1024 * 1024
 DRAIN_S = 5.0  # after a command ended, how long its output may keep arriving (from what it left) before the pipe is shut
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """What one rollout may leave on the host besides its sandbox's own disk (`storage_mb`): the run's
-    `rollout_log_mb`, `graded_max_files` and `graded_copy_s` (docs/reliability.md, "Limits")."""
-
-    log_bytes: int = 16 * MIB  # each log kept: a command's output, a harness's session logs, /logs/verifier
-    graded_files: int = 100_000  # files, folders and links of the graded paths brought to the verifier
-    graded_seconds: float = 120.0  # the time that copy may take
 
 
 class SandboxError(RuntimeError):

@@ -36,7 +36,7 @@ from steps.metrics import harness_killed_warning, harness_kills
 from steps.rollout import harness_killed
 from steps.trajectories.io import partition_url, write_tables
 from steps.trajectories.vision import load_grid
-from workflows.layout import staleness_url
+from steps.contracts.layout import staleness_url
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

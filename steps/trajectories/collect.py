@@ -40,7 +40,7 @@ from steps.trajectories.schema import (
     ROLLOUTS,
     SAMPLES,
 )
-from workflows.layout import RESULT_FILE
+from steps.contracts.layout import RESULT_FILE
 
 TRAINABLE_STATUSES = ("ok", "agent_timeout")  # infra_error rollouts are never trained on
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]  # the tables' int32 columns

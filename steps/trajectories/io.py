@@ -1,7 +1,7 @@
 """Writing and reading trajectory tables as Parquet (zstd) on any fsspec URL: a local folder or `s3://`.
 
 Layout, partitioned by run and iteration (Hive-style names, so `pyarrow.dataset` can also read it;
-`workflows.layout.partition_url` and `table_url` own it):
+`steps.contracts.layout.partition_url` and `table_url` own it):
 
     {out}/run={run}/iteration={iteration}/{calls,rollouts,samples}.parquet
 
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from steps.trajectories.schema import TABLES, check_schema
-from workflows.layout import partition_url, table_url  # noqa: F401 - partition_url is this package's API too
+from steps.contracts.layout import partition_url, table_url  # noqa: F401 - partition_url is this package's API too
 
 COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 3  # level 9 saved little and cost 2-3x on token ids (notes/argo-hera-s3.md)

@@ -2,7 +2,7 @@
 
 With `max_staleness: S` >= 1 the rollouts of iteration n+1 run while update n does, so a rollout may be served
 by checkpoint n, then (after the swap) by n+1. The update of iteration N trains the weights served as version
-N (`workflows.layout.checkpoint_url`: iteration N serves checkpoint N, stamped N). A sample's staleness is N
+N (`steps.contracts.layout.checkpoint_url`: iteration N serves checkpoint N, stamped N). A sample's staleness is N
 minus the oldest version among its calls; one more than S behind is dropped and counted, the rest are trained,
 corrected with the recorded logprobs (`steps/update/batch.py`). A version that is not a whole number (an
 external upstream's own) says nothing about how far behind it is: such a sample's staleness is unknown, and

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from steps.update.config import UpdateConfig
-from workflows.layout import table_url
+from steps.contracts.layout import table_url
 
 # The `samples` columns the update reads (written by `steps.trajectories`).
 SAMPLE_COLUMNS = ["rollout_id", "task", "prompt_token_ids", "response_token_ids", "response_mask",

@@ -1,7 +1,7 @@
 """A sample's images for the update: the stored bytes become the features and mrope position ids the model saw.
 
 For each sample that names images (the samples table's `images`: SHA-256 names in prompt order) the update
-reads each image's bytes from the run's image folder (`workflows.layout.images_url`), composites transparent
+reads each image's bytes from the run's image folder (`steps.contracts.layout.images_url`), composites transparent
 pixels on white (what vLLM does; PIL's `.convert("RGB")` does not), runs the checkpoint's own image processor
 (its `preprocessor_config.json`) and checks that the sample's ids hold one image token per merged patch of each
 image's grid: a sample whose tokens and features disagree is refused, never trained on misaligned features.
@@ -200,7 +200,7 @@ def batch_inputs(samples: list[Sample], checkpoint: Path, images_url: str | None
                          "vision_config or preprocessor_config.json); train it on a vision-language checkpoint")
     if with_images is not None and not images_url:
         raise ImageError(f"{describe(with_images)} has images but no image folder was given; pass --images "
-                         "(the run's calls/images, workflows.layout.images_url)")
+                         "(the run's calls/images, steps.contracts.layout.images_url)")
     if model is None:
         return None
     out = []

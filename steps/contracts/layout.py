@@ -1,6 +1,6 @@
 """Where a run's files live: every URL under the run's folder in the store, and nowhere else.
 
-    from workflows import layout
+    from steps.contracts import layout
     run = layout.run_url("s3://openforge/runs", "demo")
     layout.result_url(run, 0, "it0-hello-file-s0")  # 's3://openforge/runs/demo/results/iteration-0/it0-hello-file-s0/result.json'
 

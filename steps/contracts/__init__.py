@@ -1,0 +1,9 @@
+"""The floor under the steps: what crosses a step boundary, typed, with its stored forms.
+
+- `layout`: every URL under a run's folder in the store;
+- `config`: the run's config type (`RunConfig`), which every step reads a stored run's config into;
+- `limits`: the defaults of what one rollout may leave on the host.
+
+Nothing here imports from `steps` or `workflows` beyond this package (tests/test_imports.py): every step and
+both runners stand on it, and it stands on the standard library alone.
+"""

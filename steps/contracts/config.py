@@ -1,0 +1,144 @@
+"""The run's config type: every key a run has, its type and default (`configs/default.yaml` writes them all).
+
+    from steps.contracts.config import RunConfig
+    RunConfig(harness="direct", iterations=3).checkpoint_url(1)
+
+Loading and checking a config (the YAML files, `key=value` overrides, the checks that know the harnesses, the
+parsers and the datasets) is `workflows.config`'s; this module holds only the type, so that every step reads a
+stored run's config (the manifest's `run.json`) without importing the wiring above it.
+"""
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from steps.contracts import layout
+from steps.contracts.limits import MIB, Bounds
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs; the same object drives the Argo workflows and the local runner."""
+
+    harness: str = "codex"
+    run: str = ""  # empty: <harness>-<UTC timestamp>, filled in by `with_run_name`
+    model: str = "runs/tiny-model"  # base checkpoint: local folder or s3:// URL
+    model_name: str = "tiny"
+    dataset: str = "steps/tasks/builtin"
+    iterations: int = 2
+    tasks_per_iteration: int = 4
+    samples_per_task: int = 2
+    max_tokens_cap: int = 256
+    # how vLLM serves the model (docs/serving.md)
+    tool_call_parser: str = ""  # empty: the one of the checkpoint's family (steps/vllm_parsers.py)
+    reasoning_parser: str = ""  # empty: none, reasoning stays in the text
+    max_model_len: int = 0  # 0: vLLM's default (the model's own) on GPU, 32768 on CPU
+    gpu_memory_utilization: float = 0.9
+    vllm_args: tuple[str, ...] = ()  # passed to vLLM last, e.g. ["--enable-prefix-caching"]
+    # how vLLM serves a vision checkpoint (its config.json has a vision_config; docs/serving.md)
+    image_limit: int = 4  # images per prompt: vLLM's --limit-mm-per-prompt (the proxy refuses more)
+    max_pixels: int = 0  # the image processor's pixel cap per image; 0: the checkpoint's preprocessor_config.json
+    chat_template: str = ""  # a chat template file for vLLM's --chat-template; empty: the checkpoint's own
+    # how vLLM samples every rollout token (steps/sampling.py): the proxy forces these on every call, whatever
+    # the harness sent, and the update computes its logprobs at `temperature`
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    allow_unmatched_sampling: bool = False  # true: train on samples drawn with settings the trainer cannot reproduce
+    parallel_rollouts: int = 4
+    seed: int = 0
+    # scale (docs/serving.md, docs/workflows.md)
+    serve_replicas: int = 1  # vLLM servers behind the one proxy; each rollout stays on the replica it was given
+    max_staleness: int = 0  # 0: synchronous; S >= 1: the next rollouts overlap the update, trained up to S versions behind
+    # evaluation (docs/eval.md): `submit.py eval` runs, and a training run's held-out evaluations
+    eval_every: int = 0  # training runs: evaluate the served checkpoint every N iterations; 0: never
+    eval_dataset: str = ""  # empty: `dataset`
+    eval_k: int = 3  # tries per task: pass@k and pass^k are computed for this k
+    upstream: str = ""  # eval runs: an OpenAI-compatible server already running, served behind the proxy instead of vLLM
+    upstream_model: str = ""  # the model name that upstream serves; empty: `model_name`
+    # the update: its own flat YAML (steps/update/config.py), plus these run-level settings as overrides
+    update_config: str = "configs/update.yaml"
+    adv_estimator: str = "grpo"  # veRL's advantage estimator: grpo, rloo, ... (steps/update/config.py)
+    learning_rate: float = 1e-6  # AdamW's, constant
+    epochs: int = 1  # passes over the iteration's samples
+    # where everything goes
+    store: str = "runs"  # local folder or s3:// URL
+    s3_endpoint: str = ""  # e.g. http://minio.openforge.svc:9000; empty: AWS
+    report_url_base: str = ""  # an http(s) URL serving the store's root to browsers: the Workflows link the report there
+    # the cluster (used only with an Argo server)
+    argo_server: str = ""  # empty: run locally
+    namespace: str = "openforge"
+    service_account: str = "openforge"
+    s3_secret: str = "openforge-s3"  # keys access-key, secret-key
+    admin_secret: str = "openforge-admin"  # key admin-key
+    image_registry: str = "ghcr.io/openforge"
+    image_tag: str = "0.1.0"
+    serve_gpus: int = 1  # per replica: vLLM's tensor parallelism
+    update_gpus: int = 1  # per update node: torchrun's processes there (FSDP2 shards the model over all of them)
+    update_nodes: int = 1  # more than 1: the update runs as a JobSet across that many pods (docs/workflows.md)
+    update_timeout_s: int = 6 * 3600  # update_nodes > 1: the JobSet fails this long after it started, Pending included
+    rollout_retries: int = 3
+    # what one rollout may take and leave behind (docs/reliability.md, "Limits")
+    harness_memory_mb: int = 0  # the harness's own memory beside the task's memory_mb; 0: the harness's own allowance
+    rollout_log_mb: int = Bounds.log_bytes // MIB  # each log a rollout keeps (its output, session logs, the verifier's)
+    graded_max_files: int = Bounds.graded_files  # files (and folders) of the graded paths copied to the verifier; more: 0
+    graded_copy_s: int = int(Bounds.graded_seconds)  # seconds that copy may take; longer: reward 0
+    store_quota_mb: int = 128  # bytes the proxy stores for one rollout (call records, new images); past it: refused
+    store_quota_calls: int = 2048  # calls the proxy stores for one rollout; past it: refused
+    image_pixel_limit: int = 40_000_000  # decoded pixels (width x height) of one image a harness sends; more: a 400
+    request_image_mb: int = 32  # image bytes in one request; more: a 400
+    memo_max_age: str = "72h"
+    # network isolation of the rollout pods (docs/workflows.md, "Network isolation")
+    network_policy: bool = True  # the Workflow applies NetworkPolicies: rollout pods reach only the proxy
+    rollout_egress_cidrs: str = ""  # comma-separated CIDRs rollout pods may reach too: Argo's executor needs the
+    # Kubernetes API server and the S3 endpoint (the preflight names the API server's addresses)
+    rollout_dns: bool = False  # let rollout pods ask kube-dns (the executor reaching S3 by name needs it)
+    rollout_oom_guard: bool = True  # the rollout container gets SYS_RESOURCE so its runner outlives an OOM kill
+
+    def with_run_name(self) -> "RunConfig":
+        """This config with `run` filled in when it was left empty."""
+        if self.run:
+            return self
+        return dataclasses.replace(self, run=f"{self.harness}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+
+    @property
+    def run_url(self) -> str:
+        """The run's folder or URL in the store; everything the run writes lives under it."""
+        return layout.run_url(self.store, self.run)
+
+    def checkpoint_url(self, iteration: int) -> str:
+        """The checkpoint iteration `iteration` serves: the base model, then what the previous update wrote."""
+        return layout.checkpoint_url(self.run_url, iteration, self.model)
+
+    def evaluates_at(self, iteration: int) -> bool:
+        """Whether a training run evaluates the checkpoint iteration `iteration` serves: every `eval_every`
+        iterations from 0, and the final checkpoint (the one iteration `iterations` would serve).
+
+        >>> [i for i in range(6) if RunConfig(iterations=5, eval_every=2).evaluates_at(i)]
+        [0, 2, 4, 5]
+        """
+        return self.eval_every > 0 and (iteration % self.eval_every == 0 or iteration == self.iterations)
+
+    def evaluated(self, iteration: int | str) -> tuple[str, str]:
+        """(what an evaluation of iteration `iteration`'s checkpoint serves, the model name it is served as): the
+        checkpoint, or with `upstream` that server and its model.
+
+        >>> RunConfig(upstream="http://10.0.0.5:8000", upstream_model="m").evaluated(0)
+        ('http://10.0.0.5:8000', 'm')
+        """
+        if self.upstream:
+            return self.upstream, self.upstream_model or self.model_name
+        return self.checkpoint_url(int(iteration)), self.model_name
+
+    @property
+    def evaluation_dataset(self) -> str:
+        """The dataset evaluations run on: `eval_dataset`, else the run's `dataset` (an eval run's `--dataset`)."""
+        return self.eval_dataset or self.dataset
+
+    def to_dict(self) -> dict:
+        """The config as a flat dict (what the run manifest stores)."""
+        return dataclasses.asdict(self)
