@@ -16,11 +16,11 @@ are `workflows.iteration`'s, given the evaluation's folders; the rollout templat
 driver's progress and `retry` work as for iterations.
 """
 
-from hera.workflows import DAG, Container, Resources, Task, Workflow
+from hera.workflows import Container, Resources, Workflow
 
-from workflows import commands
 from steps.contracts.config import RunConfig
-from workflows.iteration import (collect_dag, evaluation_templates, exit_dag, image, report_template, run_label,
+from workflows import commands, shape
+from workflows.iteration import (collect_dag, dag, evaluation_templates, exit_dag, image, report_template, run_label,
                                  run_workflow, s3_env, serve_template)
 
 
@@ -39,11 +39,7 @@ def record_template(config: RunConfig, iteration: int) -> Container:
 
 def evaluation_workflow(config: RunConfig, iteration: int) -> Workflow:
     """The evaluation of iteration `iteration`'s checkpoint as one Workflow."""
-    # evaluate runs when collect ended either way: a rollout failed after its retries is an infra error to count.
-    evaluation_dag = DAG(name="evaluation", tasks=[
-        Task(name="collect", template="collect"),
-        Task(name="evaluate", template="evaluate", depends="collect.Succeeded || collect.Failed")])
-    templates = [evaluation_dag, collect_dag(config), serve_template(config, iteration),
+    templates = [dag("evaluation", shape.evaluation()), collect_dag(config), serve_template(config, iteration),
                  *evaluation_templates(config, iteration, ""), exit_dag(), record_template(config, iteration),
                  report_template(config)]
     return run_workflow(config, workflow_name(config, iteration), templates,

@@ -45,7 +45,7 @@ from steps.rollout import NO_REWARD
 from steps.sandbox.app import APP_STATE_DIR, APP_STORAGE_MB
 from steps.sandbox.pod import APP_LIVE
 from steps.contracts import layout
-from workflows import commands, jobset
+from workflows import commands, jobset, shape
 from steps.contracts.config import RunConfig
 
 from workflows.config import egress_cidrs
@@ -63,9 +63,9 @@ WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"  # Argo's own label on eve
 UPDATE_WORKFLOW_LABEL = "openforge.dev/workflow"
 RUN_LABEL, ITERATION_LABEL = "openforge.dev/run", "openforge.dev/iteration"  # on the Workflow and the update JobSet
 NO_STATUS = "no_result"  # a rollout node's status when its runner wrote none (the pod died, or hit its deadline)
-ROLLOUT_TEMPLATES = ("rollout", "rollout-app")  # the rollout pods: without and with the task's app as a sidecar
+ROLLOUT_TEMPLATES = shape.ROLLOUT_STEPS  # the rollout pods: without and with the task's app as a sidecar
 RESOURCE_INPUTS = ("cpus", "memory_mb", "storage_mb", "gpus")  # the plan item's task resources, rollout inputs alike
-APP_ROLLOUTS = "app-rollouts"  # the plan's output: the rollouts of tasks with an app, as a JSON list
+APP_ROLLOUTS = shape.APP_ROLLOUTS  # the plan's output: the rollouts of tasks with an app, as a JSON list
 APP_ROLLOUTS_FILE = "/tmp/app-rollouts.json"
 APP_STATE_VOLUME = "app-state"  # the app sidecar's state (APP_STATE_DIR there), read-only at APP_LIVE for the runner
 # The app sidecar's own budget beside the task's CPUs and memory (which the agent's container keeps): a site, or
@@ -468,9 +468,10 @@ def policy_template(name: str, policy: dict) -> Resource:
 
 def isolation_policies(config: RunConfig) -> dict[str, dict]:
     """The NetworkPolicies the Workflow applies before its rollouts, by template name (none without `network_policy`)."""
-    if not config.network_policy:
+    if not shape.isolation(config):
         return {}
-    return {"isolate-rollouts": rollout_policy(config), "isolate-serve": serve_policy()}
+    rollouts, serve = shape.ISOLATION_STEPS
+    return {rollouts: rollout_policy(config), serve: serve_policy()}
 
 
 def record_template(config: RunConfig, iteration: int) -> Container:
@@ -489,17 +490,11 @@ def report_template(config: RunConfig) -> Container:
 
 
 def exit_dag(delete_update: bool = False) -> DAG:
-    """The exit handler: `record`, then `report`. The outcome is recorded first; a report that fails is shown
-    on its node and changes neither the record nor the Workflow's phase (`continueOn`). With `delete_update` (the
-    update across nodes), a Workflow that did not succeed (stopped, failed) also deletes its update JobSet (`delete-update`), so that none
-    runs on once it has ended, nor beside the one a retry creates."""
-    delete = [Task(name="delete-update", template="delete-update", when="{{workflow.status}} != Succeeded")]
-    return DAG(name="exit", tasks=[
-        Task(name="record", template="record"),
-        Task(name="report", template="report", depends="record.Succeeded || record.Failed || record.Errored",
-             continue_on=ContinueOn(failed=True, error=True)),
-        *(delete if delete_update else []),
-    ])
+    """The exit handler (`shape.exit_handler`): `record`, then `report`. The outcome is recorded first; a report that
+    fails is shown on its node and changes neither the record nor the Workflow's phase (`continueOn`). With
+    `delete_update` (the update across nodes), a Workflow that did not succeed (stopped, failed) also deletes its
+    update JobSet (`delete-update`), so that none runs on once it has ended, nor beside the one a retry creates."""
+    return dag("exit", shape.exit_handler(delete_update))
 
 
 def report_link(config: RunConfig) -> str:
@@ -511,48 +506,36 @@ def report_link(config: RunConfig) -> str:
     return f"Run report: `{index}` (set report_url_base to link it)"
 
 
-def fanout(prefix: str, isolate: list[str]) -> list[Task]:
-    """plan -> [rollout x N, rollout-app x M] -> trajectories, on the templates `<prefix>plan`, `<prefix>rollout`,
-    `<prefix>rollout-app` (the rollouts of tasks with an app: the plan's `app-rollouts`), `<prefix>trajectories`.
-    Either fan-out may be empty (Argo skips it)."""
-    plan, rollout, app_rollout, trajectories = (f"{prefix}{step}" for step in ("plan", *ROLLOUT_TEMPLATES,
-                                                                               "trajectories"))
+def dag(name: str, steps: list[shape.Step], parallelism: int | None = None) -> DAG:
+    """A DAG template of the steps `workflows.shape` declares, one task each, in their order."""
+    return DAG(name=name, parallelism=parallelism, tasks=[task(step) for step in steps])
+
+
+def task(step: shape.Step) -> Task:
+    """One step as an Argo DAG task on the template of its name: `depends` from its needs; a fan-out over its plan
+    step's output (`withParam`), each item's fields as the rollout template's inputs; the proxy's URL (the serve
+    daemon's pod IP) for the steps that call it; `continueOn` for a step that keeps going."""
     proxy_url = f"http://{{{{tasks.serve.ip}}}}:{commands.PROXY_PORT}"
-    item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("sample", "sample"), ("rollout_id", "rollout_id"),
-                                                 ("image", "image"), ("deadline", "deadline_s"),
-                                                 *((r, r) for r in RESOURCE_INPUTS))}
-    # No rollout pod starts before the policies exist: its agent never has the cluster's network.
-    after = " && ".join(["serve", plan, *isolate])
-    return [Task(name=plan, template=plan),
-            Task(name=rollout, template=rollout, depends=after,
-                 with_param=f"{{{{tasks.{plan}.outputs.result}}}}", arguments={**item, "proxy_url": proxy_url}),
-            Task(name=app_rollout, template=app_rollout, depends=after,
-                 with_param=f"{{{{tasks.{plan}.outputs.parameters.{APP_ROLLOUTS}}}}}",
-                 arguments={**item, "app": "{{item.app}}", "proxy_url": proxy_url}),
-            # A rollout that still fails after its retries is left out of the tables, not fatal to the iteration.
-            Task(name=trajectories, template=trajectories,
-                 depends=f"{rollout}.AnySucceeded || {app_rollout}.AnySucceeded", arguments={"proxy_url": proxy_url})]
-
-
-def ended(task: str) -> str:
-    """A `depends` term: `task` (a fan-out) has ended, whatever its rollouts' outcome, or was skipped as empty."""
-    return f"({task}.Succeeded || {task}.Failed || {task}.Skipped)"
+    arguments, with_param = None, None
+    if step.fanout:
+        source = "result" if step.fanout == shape.PLANNED else f"parameters.{step.fanout}"
+        with_param = f"{{{{tasks.{step.plan}.outputs.{source}}}}}"
+        item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("sample", "sample"),
+                                                     ("rollout_id", "rollout_id"), ("image", "image"),
+                                                     ("deadline", "deadline_s"), *((r, r) for r in RESOURCE_INPUTS))}
+        app = {"app": "{{item.app}}"} if step.fanout == shape.APP_ROLLOUTS else {}
+        arguments = {**item, **app, "proxy_url": proxy_url}
+    elif step.name.endswith("trajectories"):
+        arguments = {"proxy_url": proxy_url}
+    return Task(name=step.name, template=step.name, depends=step.depends or None, with_param=with_param,
+                arguments=arguments, continue_on=ContinueOn(failed=True, error=True) if step.keep_going else None,
+                when="{{workflow.status}} != Succeeded" if step.only_if_failed else None)
 
 
 def collect_dag(config: RunConfig, evaluation: bool = False) -> DAG:
-    """[isolate-rollouts, isolate-serve], serve, plan -> rollout x N -> trajectories; with `evaluation`, the
-    evaluation of the served checkpoint beside them, on the same serve daemon: eval-plan -> eval-rollout x M ->
-    eval-trajectories, and evaluate once every eval rollout has ended. The daemon stops when this DAG ends."""
-    isolate = list(isolation_policies(config))
-    # A failed evaluation is recorded as failed (the driver's `mark`) and does not stop the iteration's update.
-    evaluate = [Task(name="evaluate", template="evaluate",
-                     depends=f"{ended('eval-rollout')} && {ended('eval-rollout-app')}",
-                     continue_on=ContinueOn(failed=True, error=True))]
-    return DAG(
-        name="collect", parallelism=config.parallel_rollouts + 1,  # + 1: the serve daemon holds a slot
-        tasks=[*(Task(name=name, template=name) for name in isolate), Task(name="serve", template="serve"),
-               *fanout("", isolate), *(fanout("eval-", isolate) + evaluate if evaluation else [])],
-    )
+    """The `collect` DAG (`shape.collect`); the serve daemon holds one of its `parallel_rollouts` + 1 slots and
+    stops when the DAG ends."""
+    return dag("collect", shape.collect(config, evaluation), parallelism=config.parallel_rollouts + 1)
 
 
 def evaluation_templates(config: RunConfig, iteration: int, prefix: str) -> list[Container]:
@@ -568,22 +551,11 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
     """Iteration `iteration` of the run as one Workflow (one per iteration keeps each object small); with
     `eval_every`, it evaluates the checkpoint it serves where that is due (`RunConfig.evaluates_at`)."""
     evaluation, nodes = config.evaluates_at(iteration), config.update_nodes > 1
-    # With max_staleness >= 1 the collect DAG runs beside the previous iteration's update: this update waits for
-    # the checkpoint that one writes (and fails if it failed), never training on an unknown base.
-    waits = config.max_staleness > 0 and iteration > 0
-    before = "wait-checkpoint" if waits else "collect"
-    # Across nodes, any earlier JobSet of this iteration (a resubmitted copy's, one whose Workflow is being
-    # deleted) is deleted before the update creates its own: one JobSet at a time writes the checkpoint.
-    update = [Task(name="clean-update", template="clean-update", depends=before),
-              Task(name="update", template="update", depends="clean-update")] if nodes else [
-              Task(name="update", template="update", depends=before)]
-    iteration_dag = DAG(name="iteration", tasks=[
-        Task(name="collect", template="collect"),
-        *([Task(name="wait-checkpoint", template="wait-checkpoint", depends="collect")] if waits else []), *update])
+    waits = shape.update_waits(config, iteration)
     delete = [delete_update_template("clean-update", update_labels(config, iteration)),
               delete_update_template("delete-update", {UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"})] if nodes else []
-    templates = [iteration_dag, collect_dag(config, evaluation), serve_template(config, iteration),
-                 plan_template(config, iteration), *rollout_templates(config, iteration),
+    templates = [dag("iteration", shape.iteration(config, iteration)), collect_dag(config, evaluation),
+                 serve_template(config, iteration), plan_template(config, iteration), *rollout_templates(config, iteration),
                  trajectories_template(config, iteration), update_template(config, iteration), *delete,
                  *([wait_template(config, iteration)] if waits else []), exit_dag(nodes),
                  record_template(config, iteration), report_template(config),
