@@ -369,21 +369,33 @@ def test_locally_only_serve_gets_the_upstreams_key(tmp_path: Path, monkeypatch) 
     assert started[0]["OPENFORGE_UPSTREAM_API_KEY"] == "upstream-secret"
 
 
-def test_locally_a_failed_eval_every_evaluation_is_said_and_the_training_goes_on(monkeypatch, capsys) -> None:
-    """Within a training iteration, an evaluation that fails (its step exits non-zero) is a warning and no
-    summary, not the iteration's failure (control: the evaluation itself still raises). run_evaluation is
-    replaced: the point is what the iteration does with its failure, not how it fails."""
+def test_locally_a_failed_eval_every_evaluation_is_said_and_the_training_goes_on(monkeypatch, capsys, tmp_path) -> None:
+    """Within a training iteration, an evaluation that fails (its eval-plan step exits non-zero) is a warning, a
+    Failed record and no summary, not the iteration's failure: its rollouts and trajectories still run (control: the
+    evaluation on its own raises). The steps' processes are replaced: the point is what the iteration's DAG does
+    with the failure, not how it fails."""
     from workflows import local
 
-    def failing(*args) -> dict:
-        raise local.StepFailed("step evaluate exited with code 2")
+    ran = []
 
-    monkeypatch.setattr(local, "run_evaluation", failing)
-    config = load_config(None, ["run=r", "eval_every=1"])
-    assert local.evaluate_served(config, 0, "http://proxy", {}, Path("logs")) is None
-    assert "warning: eval 0 failed; the training goes on: step evaluate exited with code 2" in capsys.readouterr().err
+    def step(name: str, argv: list[str], env: dict, log: Path) -> str:
+        ran.append(name)
+        if "plan" in name:
+            Path(argv[argv.index("--app-rollouts") + 1]).write_text("[]")
+        if name in ("eval-plan", "evaluate"):  # evaluate finds no results: the plan that failed planned none
+            raise local.StepFailed(f"step {name} failed with exit code 2")
+        return json.dumps([{"task": "t", "sample": 0, "rollout_id": "it0-t-s0"}]) if name == "plan" else "{}"
+
+    monkeypatch.setattr(local, "run_step", step)
+    monkeypatch.setattr(local, "run_rollouts", lambda *args, **kwargs: [{"task": "t", "status": "ok", "reward": 1.0}])
+    config = load_config(None, ["run=r", "eval_every=1", f"store={tmp_path}"])
+    assert local.collect_iteration(config, 0, "http://proxy", {}, tmp_path, 0, {}) == \
+        [{"task": "t", "status": "ok", "reward": 1.0}]
+    assert ran == ["plan", "trajectories", "eval-plan"]
+    assert "warning: eval 0 failed (eval-plan); the training goes on" in capsys.readouterr().err
+    assert manifest.read_evals(config.run_url)[0].status == "Failed"
     with pytest.raises(local.StepFailed):  # the control
-        local.run_evaluation(config, 0, "http://proxy", {}, Path("logs"))
+        local.run_evaluation(config, 0, "http://proxy", {}, tmp_path)
 
 
 # ---- the Workflows ----

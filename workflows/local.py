@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -37,7 +38,7 @@ from steps.rollout import (INFRA_ERROR, INFRA_EXIT_CODE, RolloutResult, harness_
 from steps.tasks import load_task
 from steps.report import write_report
 from steps.contracts import layout
-from workflows import commands
+from workflows import commands, shape
 from steps.contracts.config import RunConfig
 
 from workflows.config import REPO_ROOT
@@ -209,68 +210,181 @@ def set_aside_earlier_results(config: RunConfig, iteration: int, attempt: int, e
         results.rename(aside_url(config.run_url, iteration, attempt - 1))
 
 
-def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path) -> dict:
-    """The evaluation of the checkpoint being served (iteration `iteration`'s) in its folder: plan --eval,
-    rollouts, trajectories, evaluate; recorded in the manifest (`eval-N.json`). Returns its summary; one that
-    already succeeded is not run again."""
-    earlier = manifest.read_evals(config.run_url).get(iteration)
-    summary_url = layout.eval_summary_url(config.run_url, iteration)
-    if earlier and earlier.status == "Succeeded":
-        return manifest.read_json(summary_url)
-    entry = manifest.EvalRecord(iteration, "local", config.evaluated(iteration)[0], "Running",
-                                summary=summary_url, attempt=0 if earlier is None else earlier.attempt + 1)
-    manifest.record_eval(config.run_url, entry)
+class LocalSteps:
+    """What each step of `workflows.shape` does on this machine, for one iteration's Workflow (`evaluation_run`
+    False: its training steps, and `eval-...` those of the evaluation of the checkpoint it serves) or one evaluation's
+    (True: its steps evaluate). The serve step's server runs for the whole run (`start_serve`), so here it is only
+    there; the isolation steps apply NetworkPolicies on a cluster, while here each rollout's bubblewrap sandbox has
+    its own network namespace. Each rollout phase's [start, end] goes into `times`."""
+
+    def __init__(self, config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path,
+                 attempts: dict[bool, int], times: dict, evaluation_run: bool = False):
+        self.config, self.iteration, self.proxy_url, self.env, self.logs = config, iteration, proxy_url, env, logs
+        self.attempts, self.times, self.evaluation_run = attempts, times, evaluation_run
+        self.planned: dict[str, dict[str, list[dict]]] = {}  # plan step -> its outputs (shape.PLANNED, APP_ROLLOUTS)
+        self.results: dict[str, list[dict]] = {}  # rollout step -> its rollouts' results
+        self.summary: dict | None = None
+
+    def actions(self) -> dict[str, Callable[[shape.Step], shape.Outcome]]:
+        """The action of every step name the shapes use."""
+        actions = dict.fromkeys(("serve", *shape.ISOLATION_STEPS), self.there)
+        for prefix in ("", "eval-"):
+            evaluation = self.evaluation_run or bool(prefix)
+            actions[f"{prefix}plan"] = lambda step, evaluation=evaluation: self.plan(step, evaluation)
+            for name in shape.ROLLOUT_STEPS:
+                actions[f"{prefix}{name}"] = lambda step, evaluation=evaluation: self.rollouts(step, evaluation)
+            actions[f"{prefix}trajectories"] = lambda step, evaluation=evaluation: self.trajectories(step, evaluation)
+        actions["evaluate"] = self.evaluate
+        return actions
+
+    def there(self, step: shape.Step) -> shape.Outcome:
+        """A step with nothing to do here."""
+        return shape.Outcome(shape.SUCCEEDED)
+
+    def label(self, evaluation: bool) -> str:
+        return f"eval {self.iteration}" if evaluation else f"iteration {self.iteration}"
+
+    def plan(self, step: shape.Step, evaluation: bool) -> shape.Outcome:
+        """The plan step; its rollouts of tasks with an app in their own list, as on Argo. An earlier start's results
+        are set aside first."""
+        name = "eval-plan" if evaluation else "plan"
+        app_file = self.logs / f"{name}-{self.iteration}-{shape.APP_ROLLOUTS}.json"
+        argv = commands.plan(self.config, self.iteration, python=sys.executable, evaluation=evaluation,
+                             app_rollouts=str(app_file))
+        if not evaluation:
+            self.times["rollouts"] = [time.time()]
+        planned = json.loads(run_step(name, argv, self.env, self.logs / f"{name}-{self.iteration}.log"))
+        apps = json.loads(app_file.read_text()) if app_file.is_file() else []  # none written: none planned
+        self.planned[step.name] = {shape.PLANNED: planned, shape.APP_ROLLOUTS: apps}
+        set_aside_earlier_results(self.config, self.iteration, self.attempts[evaluation], evaluation=evaluation)
+        count = sum(map(len, self.planned[step.name].values()))
+        each = f" ({self.config.eval_k} per task)" if evaluation else ""
+        say(f"{self.label(evaluation)}: {count} rollouts planned{each} with harness {self.config.harness}")
+        return shape.Outcome(shape.SUCCEEDED)
+
+    def rollouts(self, step: shape.Step, evaluation: bool) -> shape.Outcome:
+        """A rollout fan-out: Skipped when its plan output is empty; Failed when one of its rollouts is an
+        infra_error after its retries, as the fan-out's node on Argo."""
+        planned = self.planned[step.plan][step.fanout]
+        if not planned:
+            return shape.Outcome(shape.SKIPPED)
+        self.results[step.name] = results = run_rollouts(self.config, self.iteration, planned, self.proxy_url,
+                                                         self.env, evaluation=evaluation)
+        if not evaluation:
+            self.times["rollouts"] = [self.times["rollouts"][0], time.time()]
+        succeeded = [result for result in results if result["status"] != INFRA_ERROR]
+        return shape.Outcome(shape.SUCCEEDED if len(succeeded) == len(results) else shape.FAILED,
+                             any_succeeded=bool(succeeded))
+
+    def trajectories(self, step: shape.Step, evaluation: bool) -> shape.Outcome:
+        """The trajectories step, into the iteration's (or the evaluation's) tables."""
+        started = time.time()
+        if evaluation:
+            say(f"{self.label(evaluation)}: writing trajectories")
+            argv = commands.trajectories(self.config, self.proxy_url,
+                                         layout.eval_results_url(self.config.run_url, self.iteration), self.iteration,
+                                         python=sys.executable,
+                                         out=layout.eval_trajectories_url(self.config.run_url, self.iteration))
+            run_step("eval-trajectories", argv, self.env, self.logs / f"eval-trajectories-{self.iteration}.log")
+            return shape.Outcome(shape.SUCCEEDED)
+        say(f"iteration {self.iteration}: writing trajectories")
+        argv = commands.trajectories(self.config, self.proxy_url,
+                                     layout.results_url(self.config.run_url, self.iteration), self.iteration,
+                                     python=sys.executable)
+        run_step("trajectories", argv, self.env, self.logs / f"trajectories-{self.iteration}.log")
+        self.times["trajectories"] = [self.times.get("rollouts", [started])[-1], time.time()]
+        return shape.Outcome(shape.SUCCEEDED)
+
+    def evaluate(self, step: shape.Step) -> shape.Outcome:
+        """The evaluate step: the evaluation's summary.json, kept in `summary`."""
+        argv = commands.evaluate(self.config, self.iteration, python=sys.executable)
+        self.summary = json.loads(run_step("evaluate", argv, self.env, self.logs / f"evaluate-{self.iteration}.log"))
+        return shape.Outcome(shape.SUCCEEDED)
+
+    def training_results(self) -> list[dict]:
+        """The training rollouts' results, both fan-outs."""
+        return [result for name in shape.ROLLOUT_STEPS for result in self.results.get(name, [])]
+
+
+def run_dag(steps: list[shape.Step], actions: dict) -> dict[str, shape.Outcome]:
+    """`shape.run` here: a DAG that fails raises StepFailed, as a step does."""
     try:
-        planned = json.loads(run_step("eval-plan", commands.plan(config, iteration, python=sys.executable, evaluation=True),
-                                      env, logs / f"eval-plan-{iteration}.log"))
-        set_aside_earlier_results(config, iteration, entry.attempt, evaluation=True)
-        say(f"eval {iteration}: {len(planned)} rollouts planned ({config.eval_k} per task) with harness {config.harness}")
-        run_rollouts(config, iteration, planned, proxy_url, env, evaluation=True)
-        run_step("eval-trajectories", commands.trajectories(
-            config, proxy_url, layout.eval_results_url(config.run_url, iteration), iteration, python=sys.executable,
-            out=layout.eval_trajectories_url(config.run_url, iteration)), env, logs / f"eval-trajectories-{iteration}.log")
-        summary = json.loads(run_step("evaluate", commands.evaluate(config, iteration, python=sys.executable), env,
-                                      logs / f"evaluate-{iteration}.log"))
-    except (StepFailed, OSError):
+        return shape.run(steps, actions)
+    except shape.DagFailed as exc:
+        raise StepFailed(str(exc)) from None
+
+
+def start_evaluation(config: RunConfig, iteration: int) -> manifest.EvalRecord | None:
+    """The evaluation of iteration `iteration`'s checkpoint recorded Running (`eval-N.json`), or None when the
+    manifest has seen it succeed (it is not run again)."""
+    earlier = manifest.read_evals(config.run_url).get(iteration)
+    if earlier and earlier.status == "Succeeded":
+        return None
+    entry = manifest.EvalRecord(iteration, "local", config.evaluated(iteration)[0], "Running",
+                                summary=layout.eval_summary_url(config.run_url, iteration),
+                                attempt=0 if earlier is None else earlier.attempt + 1)
+    manifest.record_eval(config.run_url, entry)
+    return entry
+
+
+def end_evaluation(config: RunConfig, entry: manifest.EvalRecord, summary: dict | None) -> None:
+    """The evaluation's record: Succeeded with its overall numbers, said in one line, or Failed without a summary."""
+    if summary is None:
         entry.status = "Failed"
         manifest.record_eval(config.run_url, entry)
-        raise
-    succeeded = manifest.eval_record(iteration, "local", entry.checkpoint, "Succeeded", summary_url)
+        return
+    succeeded = manifest.eval_record(entry.iteration, "local", entry.checkpoint, "Succeeded", entry.summary)
     succeeded.attempt = entry.attempt
     manifest.record_eval(config.run_url, succeeded)
     overall = summary["overall"]
-    say(f"eval {iteration}: {overall['tries']} tries, {overall['missing']} missing, {overall['infra_errors']} infra "
-        f"errors, pass@1 "
-        f"{cell(overall['pass_at_1'])}, pass@{config.eval_k} {cell(overall['pass_at_k'])}, pass^{config.eval_k} "
-        f"{cell(overall['pass_hat_k'])}; {summary_url}")
-    return summary
+    say(f"eval {entry.iteration}: {overall['tries']} tries, {overall['missing']} missing, {overall['infra_errors']} "
+        f"infra errors, pass@1 {cell(overall['pass_at_1'])}, pass@{config.eval_k} {cell(overall['pass_at_k'])}, "
+        f"pass^{config.eval_k} {cell(overall['pass_hat_k'])}; {entry.summary}")
 
 
-def evaluate_served(config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path) -> dict | None:
-    """An `eval_every` evaluation within a training iteration: its summary, or None when it failed, which is
-    recorded (`eval-N.json` Failed), said, and does not stop the training."""
+def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path) -> dict:
+    """An evaluation's Workflow here (`shape.evaluation`: its collect, then evaluate), of the checkpoint being
+    served (iteration `iteration`'s), in its folder; recorded in the manifest (`eval-N.json`). Returns its summary;
+    one that already succeeded is not run again."""
+    entry = start_evaluation(config, iteration)
+    if entry is None:
+        return manifest.read_json(layout.eval_summary_url(config.run_url, iteration))
+    steps = LocalSteps(config, iteration, proxy_url, env, logs, {True: entry.attempt}, {}, evaluation_run=True)
+
+    def collect(step: shape.Step) -> shape.Outcome:
+        run_dag(shape.collect(config, False), steps.actions())
+        return shape.Outcome(shape.SUCCEEDED)
+
     try:
-        return run_evaluation(config, iteration, proxy_url, env, logs)
-    except (StepFailed, OSError) as exc:
-        print(f"warning: eval {iteration} failed; the training goes on: {exc}", file=sys.stderr)
-        return None
+        run_dag(shape.evaluation(), {**steps.actions(), "collect": collect})
+    except (StepFailed, OSError):
+        end_evaluation(config, entry, None)
+        raise
+    end_evaluation(config, entry, steps.summary)
+    if steps.summary is None:
+        raise StepFailed(f"eval {iteration}: its evaluate step did not run")
+    return steps.summary
 
 
 def collect_iteration(config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path, attempt: int,
                       times: dict) -> list[dict]:
-    """plan, rollouts, trajectories; returns the rollouts' results, each phase's [start, end] into `times`."""
-    started = time.time()
-    planned = json.loads(run_step("plan", commands.plan(config, iteration, python=sys.executable), env,
-                                  logs / f"plan-{iteration}.log"))
-    set_aside_earlier_results(config, iteration, attempt)
-    say(f"iteration {iteration}: {len(planned)} rollouts planned with harness {config.harness}")
-    results = run_rollouts(config, iteration, planned, proxy_url, env)
-    times["rollouts"] = [started, time.time()]
-    say(f"iteration {iteration}: writing trajectories")
-    run_step("trajectories", commands.trajectories(config, proxy_url, layout.results_url(config.run_url, iteration),
-                                                   iteration, python=sys.executable), env, logs / f"trajectories-{iteration}.log")
-    times["trajectories"] = [times["rollouts"][1], time.time()]
-    return results
+    """The iteration's collect DAG here (`shape.collect`): plan, rollouts, trajectories, and where it is due the
+    evaluation of the checkpoint it serves beside them (a failed one is recorded Failed, said, and does not stop
+    the training); returns the rollouts' results, each phase's [start, end] into `times`."""
+    evaluation = start_evaluation(config, iteration) if config.evaluates_at(iteration) else None
+    steps = LocalSteps(config, iteration, proxy_url, env, logs,
+                       {False: attempt, True: evaluation.attempt if evaluation else 0}, times)
+    outcomes = run_dag(shape.collect(config, evaluation is not None), steps.actions())
+    if evaluation is not None:
+        end_evaluation(config, evaluation, steps.summary)
+        if steps.summary is None:
+            failed = [name for name, outcome in outcomes.items() if outcome.end == shape.FAILED and "eval" in name]
+            print(f"warning: eval {iteration} failed ({', '.join(failed) or 'its rollouts'}); the training goes on",
+                  file=sys.stderr)
+    if outcomes["trajectories"].end != shape.SUCCEEDED:
+        raise StepFailed(f"iteration {iteration}: no rollout succeeded (every one an infra error after its retries), "
+                         f"so there are no trajectories to train on; see {layout.results_url(config.run_url, iteration)}")
+    return steps.training_results()
 
 
 def update_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
@@ -470,9 +584,6 @@ def run_synchronous(config: RunConfig, first: int, recorded: dict, proxy_url: st
     for iteration in range(first, config.iterations):
         entry = start_entry(config, iteration, recorded.get(iteration))
         try:
-            if config.evaluates_at(iteration):  # the checkpoint this iteration serves, before its rollouts
-                evaluate_served(config, iteration, proxy_url, env, logs)
-                refresh_report(config.run_url)
             summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs, entry.attempt)
         except (StepFailed, OSError) as exc:
             return failed(config, entry, exc)  # a failed iteration is reported too: what its rollouts did
@@ -492,18 +603,13 @@ def run_overlapped(config: RunConfig, first: int, recorded: dict, proxy_url: str
             times: dict = {}
             try:  # before the iteration starts: one that only waited for a failed update ran nothing
                 waited = time.time()
-                updates.wait(iteration - config.max_staleness - 1)
-                if config.evaluates_at(iteration):  # the checkpoint this iteration serves, once it is swapped in
-                    updates.wait(iteration - 1)
+                updates.wait(shape.last_update_before(config, iteration))
                 updates.check()
             except StepFailed as exc:
                 return stopped(config, exc)
             times["waited"] = [waited, time.time()]
             entry = start_entry(config, iteration, recorded.get(iteration))
             try:
-                if config.evaluates_at(iteration):
-                    evaluate_served(config, iteration, proxy_url, env, logs)
-                    refresh_report(config.run_url)
                 results = collect_iteration(config, iteration, proxy_url, env, logs, entry.attempt, times)
             except (StepFailed, OSError) as exc:
                 return failed(config, entry, exc)

@@ -104,16 +104,18 @@ def isolation(config: RunConfig) -> tuple[str, ...]:
     return ISOLATION_STEPS if config.network_policy else ()
 
 
-def fanout(prefix: str, isolate: tuple[str, ...]) -> list[Step]:
+def fanout(prefix: str, isolate: tuple[str, ...], keep_going: bool = False) -> list[Step]:
     """plan -> [rollout x N, rollout-app x M] -> trajectories, named `<prefix>plan`, ... Either fan-out may be empty
     (skipped). No rollout starts before the isolation exists: its agent never has the cluster's network. A rollout
-    that still fails after its retries is left out of the tables, not fatal: trajectories needs one that succeeded."""
+    that still fails after its retries is left out of the tables, not fatal: trajectories needs one that succeeded.
+    With `keep_going`, a failed plan or trajectories step does not fail the DAG either (an evaluation's)."""
     plan, rollout, app_rollout, trajectories = (f"{prefix}{step}" for step in ("plan", *ROLLOUT_STEPS, "trajectories"))
     after = tuple(Need(name) for name in ("serve", plan, *isolate))
-    return [Step(plan),
+    return [Step(plan, keep_going=keep_going),
             Step(rollout, after, fanout=PLANNED, plan=plan),
             Step(app_rollout, after, fanout=APP_ROLLOUTS, plan=plan),
-            Step(trajectories, (Need(rollout, (ANY_SUCCEEDED,)), Need(app_rollout, (ANY_SUCCEEDED,))), either=True)]
+            Step(trajectories, (Need(rollout, (ANY_SUCCEEDED,)), Need(app_rollout, (ANY_SUCCEEDED,))), either=True,
+                 keep_going=keep_going)]
 
 
 def collect(config: RunConfig, evaluation: bool) -> list[Step]:
@@ -124,7 +126,7 @@ def collect(config: RunConfig, evaluation: bool) -> list[Step]:
     isolate = isolation(config)
     evaluate = Step("evaluate", (Need("eval-rollout", ENDED), Need("eval-rollout-app", ENDED)), keep_going=True)
     return [*(Step(name) for name in isolate), Step("serve"), *fanout("", isolate),
-            *(fanout("eval-", isolate) + [evaluate] if evaluation else [])]
+            *(fanout("eval-", isolate, keep_going=True) + [evaluate] if evaluation else [])]
 
 
 def update_waits(config: RunConfig, iteration: int) -> bool:

@@ -44,7 +44,7 @@ from steps.manifest import EvalRecord, IterationRecord  # noqa: E402
 from steps.metrics import harness_killed_warning  # noqa: E402
 from steps.plan import MAX_EVAL_K  # noqa: E402
 from steps.contracts import layout  # noqa: E402
-from workflows import commands  # noqa: E402
+from workflows import commands, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
 from workflows.config import ConfigError, from_dict, load_config, validate_for_argo  # noqa: E402
@@ -344,9 +344,7 @@ def drive_overlapped(config: RunConfig, client: ArgoClient, poll_s: float) -> in
         entry = records.get(iteration)
         if already_succeeded(config, entry, evaluations):
             continue
-        # An iteration that evaluates the checkpoint it serves waits for the update that writes it.
-        behind = iteration if config.evaluates_at(iteration) else iteration - config.max_staleness
-        if code := drain(config, client, running, behind, poll_s):
+        if code := drain(config, client, running, shape.last_update_before(config, iteration) + 1, poll_s):
             return code
         if entry and entry.done:  # the ones before it (a retried one) are followed to their end first
             return drain(config, client, running, iteration, poll_s) or \
