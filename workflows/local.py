@@ -2,16 +2,18 @@
 
     python workflows/submit.py --harness direct            # no Argo server configured: runs here
 
-Per iteration, the commands `workflows.commands` builds — the very lines the Argo templates run — as
-subprocesses: `plan`, `rollout` x N (at most `parallel_rollouts` at a time; on exit code 3 only, attempt K
-runs as `ID-aK` in its own results folder, with the same sample number), `trajectories`, `update`;
-`serve` (vLLM on CPU + the recording proxy) runs once for the whole run and the new weights are swapped
-into it through the proxy (`POST /weights/update`), where a cluster starts a fresh serve pod. The run
-manifest is the cluster's, so `resume` works here too. After each iteration and each evaluation, failed ones
-too, the run's report (`steps.report`) is written again and its path printed.
-The update runs on `$OPENFORGE_TRAIN_PYTHON`, else `.venv-train/bin/python` (veRL lives in its own
+Per iteration, the steps `workflows.shape` declares, executed in order by `shape.run` (`LocalSteps` says what
+each does here), each one the command `workflows.commands` builds, the very line the Argo templates run, as a
+subprocess: `plan`, `rollout` x N and `rollout-app` x M (at most `parallel_rollouts` at a time; on exit code 3 only,
+attempt K runs as `ID-aK` in its own results folder, with the same sample number), `trajectories`, with an
+`eval_every` evaluation's steps beside them, then `update`; `serve` (vLLM on CPU + the recording proxy) runs once
+for the whole run and the new weights are swapped into it through the proxy (`POST /weights/update`), where a
+cluster starts a fresh serve pod. The run manifest is the cluster's, so `resume` works here too. After each
+iteration and each evaluation, failed ones too, the run's report (`steps.report`) is written again and its path
+printed. The update runs on `$OPENFORGE_TRAIN_PYTHON`, else `.venv-train/bin/python` (veRL lives in its own
 environment), else this Python. With `max_staleness` S >= 1 each update runs in the background beside the next
-iteration's rollouts and is swapped in when it ends (`run_overlapped`, docs/workflows.md).
+iteration's rollouts and is swapped in when it ends (`run_overlapped`, held back by `shape.last_update_before`,
+docs/workflows.md).
 """
 
 import ctypes
