@@ -7,7 +7,7 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 
     PIP_DISABLE_PIP_VERSION_CHECK=1 VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
 RUN apt-get update && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev git \
     && rm -rf /var/lib/apt/lists/* && python3.12 -m venv /opt/venv
-# torch first and pinned by a constraint, so veRL's requirements cannot swap it (shared/notes/verl.md).
+# torch first and pinned by a constraint, so veRL's requirements cannot swap it (and no veRL extra: they pin another torch).
 RUN echo "torch==2.13.0" > /tmp/constraints.txt \
     && pip install "torch==2.13.0" \
     && pip install -c /tmp/constraints.txt "verl==0.9.1" "transformers==5.10.4" "pyarrow==26.0.1"

@@ -8,7 +8,7 @@ Every command has what OpenForge relies on: `--generation-config vllm` (sampling
 the checkpoint's generation_config.json: the run owns sampling), `--max-logprobs 20 --logprobs-mode
 processed_logprobs` (the recorded logprobs are those of the distribution tokens were sampled from, which
 is what RL needs), the tool-call parser of the model's family (`steps.vllm_parsers`) and loopback only.
-On CPU it adds what `shared/notes/vllm-cpu.md` checked: eager mode, the one-process executor, bfloat16.
+On CPU it adds eager mode (faster there than torch.compile), the one-process executor and bfloat16.
 A vision checkpoint (its config.json has a `vision_config`) also gets `--limit-mm-per-prompt` (`image_limit`
 images, no video), `--chat-template` (the `chat_template` file, else the checkpoint's own, passed explicitly
 because vLLM uses the processor's template only for requests without tools) and, where `max_pixels` is set,

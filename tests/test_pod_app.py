@@ -2,7 +2,7 @@
 that pod, and the runner's side in `steps.sandbox.pod` (waiting for the sidecar, keeping the state the verifier
 grades when the agent's command ends).
 
-Why no pod: this machine has no Kubernetes (shared/notes/argo-hera-s3.md), so the Workflow is checked as the
+Why no pod: this machine has no Kubernetes (nor can it install one), so the Workflow is checked as the
 YAML Argo would get, and the runner's side runs on folders of the test's tmp dir standing in for the volume
 mounts (`APP_LIVE`, `APP_STATE_DIR`), with a real subprocess as the agent's command.
 """

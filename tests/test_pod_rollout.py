@@ -1,8 +1,8 @@
 """Rollouts in pod mode (`steps.rollout --isolation pod`): the real runner, harness, proxy and verifier
 inside a stand-in for the Kubernetes rollout pod, driven by the scripted model of test_rollout.py.
 
-Why the pod is simulated: this machine (and CI) has no container engine and no Kubernetes
-(shared/notes/argo-hera-s3.md), but the tests run as root. So each test builds the pod itself:
+Why the pod is simulated: this machine (and CI) has no container engine and no Kubernetes (neither can be
+installed from the package registries it reaches), but the tests run as root. So each test builds the pod itself:
 `unshare --mount --pid --fork` gives a private mount table and PID namespace, a tmpfs becomes the pod's
 `/`, filled with the task's image as OpenForge's own builder lays it out (`Sandbox.create`: WORKDIR,
 COPY...), the host's /usr and /etc bound read-only (the image's system; its apt archives too, gigabytes

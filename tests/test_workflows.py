@@ -4,7 +4,7 @@
     OPENFORGE_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_workflows.py   # rewrite tests/golden/
 
 No Kubernetes API server, Argo controller or container engine can be installed on this kind of
-machine (shared/notes/argo-hera-s3.md), so no Workflow is executed here. What is checked instead:
+machine (none is in the package registries it reaches), so no Workflow is executed here. What is checked instead:
 the exact YAML (golden files), Argo's schema with unknown keys forbidden (Hera's own models), the
 references the schema cannot see (workflows/lint.py), that no secret value is in the YAML, and what
 `workflows/submit.py` sends to an Argo Server. For the last, `FakeArgoServer` is a test double: a

@@ -6,7 +6,7 @@
 Routes used (Argo Server API v1): lint `POST /api/v1/workflows/{ns}/lint`, create `POST /api/v1/workflows/{ns}`,
 get `GET /api/v1/workflows/{ns}/{name}`, retry `PUT .../{name}/retry`, resubmit `PUT .../{name}/resubmit`.
 `wait` polls `get` itself: Hera 7.1's `Workflow.wait()` raises on the empty phase right after
-creation and returns at `Pending` (shared/notes/argo-hera-s3.md).
+creation and returns at `Pending`.
 """
 
 import time

@@ -8,9 +8,10 @@ instructions: much of an agent's request) is typed `Raw`: its JSON type is check
 (`expect`), its bytes are copied into the body for vLLM, and a raw text that must be joined to others
 is joined as JSON (`join_text`), never decoded.
 
-msgspec Structs rather than pydantic models (STYLE.md 6), for the hot path: one pass over an agent's
-30-80 KB request decodes and checks it 2-3x faster than orjson + pydantic, and `decode` keeps the
-top-level fields as raw JSON, so what is forwarded to vLLM is copied, never decoded and re-encoded.
+msgspec Structs rather than pydantic models (a protocol module's usual choice), for the hot path: one
+pass over an agent's 30-80 KB request decodes and checks it 2-3x faster than orjson + pydantic, and
+`decode` keeps the top-level fields as raw JSON, so what is forwarded to vLLM is copied, never decoded
+and re-encoded.
 
 A request is stored as sent, so `decode` refuses what a reader of the store could not read back:
 bytes that are not UTF-8 (msgspec checks the strings it decodes, but not the raw JSON it skips: one
