@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, fields
 import fsspec
 
 from steps.metrics import harness_kills
-from steps.trajectories.io import TrajectoryFileError, read_table
-from steps.trajectories.schema import SchemaError
 from steps.contracts import layout
+from steps.contracts.table_files import TrajectoryFileError, read_table
+from steps.contracts.tables import SchemaError
 
 DONE = ("Succeeded", "Failed", "Error")
 EVAL_FIELD = "eval"  # in an eval run's run.json: what it evaluates ({"checkpoint", "run", "iteration", "upstream"})

@@ -26,7 +26,7 @@ from proxy_process import serve_proxy
 from test_local_run import wait_for
 from steps.tiny_model import build_tiny_model
 from steps.trajectories.collect import collect
-from steps.trajectories.io import partition_url, read_table
+from steps.contracts.table_files import partition_url, read_table
 from steps.trajectories.staleness import Staleness, versions_behind
 from steps.contracts import layout
 from workflows import local

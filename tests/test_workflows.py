@@ -771,7 +771,7 @@ def test_status_counts_the_harnesses_a_limit_killed_in_each_iteration(tmp_path, 
     """Before: status showed each iteration's phase only, so a run whose harnesses were killed looked normal.
     Iteration 0: 3 of 6 harnesses killed (a warning line); iteration 1: none (control); iteration 2: no table yet."""
     from steps.trajectories.collect import collect
-    from steps.trajectories.io import write_tables
+    from steps.contracts.table_files import write_tables
 
     monkeypatch.delenv("ARGO_SERVER", raising=False)
     config = load_config(None, ["run=ks", f"store={tmp_path}", "iterations=3", "harness=openclaw"])

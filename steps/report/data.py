@@ -16,9 +16,9 @@ import fsspec
 from steps import manifest
 from steps.rollout import harness_killed
 from steps.trajectories.collect import CollectError, fetch_calls_store
-from steps.trajectories.io import TrajectoryFileError, read_table
-from steps.trajectories.schema import SchemaError
 from steps.contracts import layout
+from steps.contracts.table_files import TrajectoryFileError, read_table
+from steps.contracts.tables import SchemaError
 
 # The calls table without its token arrays: what the index's figures need (1,000 rollouts stay small).
 CALL_COLUMNS = ["rollout_id", "harness", "call_index", "status", "finish_reason", "sample_index", "continued",

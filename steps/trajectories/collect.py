@@ -32,13 +32,14 @@ from steps.rollout import harness_killed
 from steps.trajectories.samples import RolloutSamples, build_samples, image_names
 from steps.trajectories.vision import ImageGrid
 from steps.trajectories.staleness import Staleness, versions_behind
-from steps.trajectories.schema import (
+from steps.contracts.tables import (
     BEHAVIOUR,
     CALL_TIMINGS,
     CALLS,
     ROLLOUT_DURATIONS,
     ROLLOUTS,
     SAMPLES,
+    SampleRow,
 )
 from steps.contracts.layout import RESULT_FILE
 
@@ -209,13 +210,13 @@ def add_samples(rows: Rows, keys: dict, built: RolloutSamples, reward: float | N
     """One `samples` row per training sample; each weighs 1/(samples of its rollout) in the loss."""
     weight = 1.0 / len(built.samples) if built.samples else 0.0
     for index, sample in enumerate(built.samples):
-        values = {**keys, "sample_index": index, "prompt_token_ids": sample.prompt_token_ids,
-                  "response_token_ids": sample.response_token_ids, "response_mask": sample.response_mask,
-                  "response_logprobs": sample.response_logprobs, "reward": reward, "loss_weight": weight,
-                  "num_calls": len(sample.call_indices), "call_indices": sample.call_indices,
-                  "weight_versions": sample.weight_versions, "images": sample.images}
+        row = SampleRow(**keys, sample_index=index, prompt_token_ids=sample.prompt_token_ids,
+                        response_token_ids=sample.response_token_ids, response_mask=sample.response_mask,
+                        response_logprobs=sample.response_logprobs, reward=reward, loss_weight=weight,
+                        num_calls=len(sample.call_indices), call_indices=sample.call_indices,
+                        weight_versions=sample.weight_versions, images=sample.images)
         for name in SAMPLES.names:
-            rows.samples[name].append(values[name])
+            rows.samples[name].append(getattr(row, name))
 
 
 def add_rollout(rows: Rows, keys: dict, result: dict, built: RolloutSamples | None) -> None:
