@@ -6,10 +6,13 @@
 - The proxy's call record, `CallRecord`: what the real proxy stores is exactly its JSON form, key for key, and
   reads back as the record stored (its prompt and request made whole); a record of an older store, without
   the keys added since, still reads, with their defaults (the control: the same record with them).
+- The manifest's records (`IterationRecord`, `EvalRecord`): written by `steps.manifest`, read back equal; one
+  written before a field existed, or by a newer writer with one more, still reads.
 """
 
 import asyncio
 import dataclasses
+import json
 
 import orjson
 import pyarrow as pa
@@ -19,7 +22,10 @@ import pytest
 from proxy_process import start_proxy, stop_proxy
 from screenshots import CapturingUpstream
 from test_store_images import chat, local_log, post, user
+from steps import manifest
+from steps.contracts import layout
 from steps.contracts.calls import CallRecord
+from steps.contracts.manifest import EvalRecord, IterationRecord
 from steps.contracts.table_files import partition_url, read_table, write_tables
 from steps.contracts.tables import SAMPLES, SampleRow, arrow_fields, columns
 from steps.proxy.store import CallStore
@@ -121,3 +127,17 @@ def test_a_record_of_an_older_store_without_the_keys_added_since_still_reads(tmp
         read = CallRecord.from_json(call)
         assert read == (newer if record is not older else dataclasses.replace(newer, replica=None))
 
+
+def test_the_manifests_records_read_back_as_written_and_older_or_newer_ones_still_read(tmp_path):
+    run_url = str(tmp_path / "run")
+    entry = IterationRecord(0, "local", "ckpt-0", "ckpt-1", status="Succeeded", metrics={"loss": 0.5},
+                            timings_s={"update": 2.0}, reason=None)
+    manifest.record(run_url, entry)
+    manifest.record_eval(run_url, EvalRecord(0, "local", "ckpt-0", status="Failed"))
+    assert manifest.read_iterations(run_url) == {0: entry} and manifest.read_evals(run_url)[0].done
+    stored = json.loads((tmp_path / "run" / "manifest" / "iteration-0.json").read_text())
+    assert IterationRecord.from_json(stored) == entry and entry.to_json() == stored
+    older = {key: value for key, value in stored.items() if key not in ("phase_times", "reason", "staleness")}
+    url = layout.iteration_record_url(run_url, 1)
+    manifest.write_json(url, {**older, "iteration": 1, "added_later": True})
+    assert manifest.read_iterations(run_url)[1] == dataclasses.replace(entry, iteration=1)

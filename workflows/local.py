@@ -27,6 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from steps import manifest
+from steps.contracts.manifest import EvalRecord, IterationRecord
 from steps.evaluate import cell, format_table
 from steps.metrics import harness_killed_warning, harness_kills, iteration_metrics
 from steps.net import free_port
@@ -217,7 +218,7 @@ def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict,
     summary_url = layout.eval_summary_url(config.run_url, iteration)
     if earlier and earlier.status == "Succeeded":
         return manifest.read_json(summary_url)
-    entry = manifest.EvalRecord(iteration, "local", config.evaluated(iteration)[0], "Running",
+    entry = EvalRecord(iteration, "local", config.evaluated(iteration)[0], "Running",
                                 summary=summary_url, attempt=0 if earlier is None else earlier.attempt + 1)
     manifest.record_eval(config.run_url, entry)
     try:
@@ -422,7 +423,7 @@ class Updates:
         self.pool.shutdown(wait=True)
 
 
-def finish(config: RunConfig, entry: manifest.IterationRecord, summary: dict) -> None:
+def finish(config: RunConfig, entry: IterationRecord, summary: dict) -> None:
     """Records an iteration's success in the manifest, with its update's metrics, staleness and timings, and
     prints its summary line."""
     entry.status, entry.metrics, entry.timings_s = "Succeeded", summary["update"], summary["timings_s"]
@@ -433,13 +434,13 @@ def finish(config: RunConfig, entry: manifest.IterationRecord, summary: dict) ->
     print(json.dumps(summary), flush=True)
 
 
-def record_failure(config: RunConfig, entry: manifest.IterationRecord, exc: Exception) -> None:
+def record_failure(config: RunConfig, entry: IterationRecord, exc: Exception) -> None:
     """Records an iteration Failed, with the reason."""
     entry.status, entry.reason = "Failed", str(exc)
     manifest.record(config.run_url, entry)
 
 
-def failed(config: RunConfig, entry: manifest.IterationRecord, exc: Exception) -> int:
+def failed(config: RunConfig, entry: IterationRecord, exc: Exception) -> int:
     """Records an iteration's failure, says it, reports what its rollouts did; exit code 1."""
     record_failure(config, entry, exc)
     print(f"error: iteration {entry.iteration}: {exc}", file=sys.stderr)
@@ -455,9 +456,9 @@ def stopped(config: RunConfig, exc: Exception) -> int:
     return 1
 
 
-def start_entry(config: RunConfig, iteration: int, earlier: manifest.IterationRecord | None) -> manifest.IterationRecord:
+def start_entry(config: RunConfig, iteration: int, earlier: IterationRecord | None) -> IterationRecord:
     """The iteration's record as it starts (attempt K+1 after K earlier starts), written."""
-    entry = manifest.IterationRecord(iteration, "local", config.checkpoint_url(iteration),
+    entry = IterationRecord(iteration, "local", config.checkpoint_url(iteration),
                                      config.checkpoint_url(iteration + 1), "Running",
                                      attempt=0 if earlier is None else earlier.attempt + 1)
     manifest.record(config.run_url, entry)
