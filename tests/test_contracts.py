@@ -31,8 +31,12 @@ from steps.contracts.tables import SAMPLES, SampleRow, arrow_fields, columns
 from steps.proxy.store import CallStore
 from steps.trajectories.collect import collect
 
-update_batch = pytest.importorskip("steps.update.batch", reason="the update's batch needs torch")
 ADMIN = "test-admin-key"
+
+
+@pytest.fixture
+def update_batch():
+    return pytest.importorskip("steps.update.batch", reason="the update's batch needs torch")
 
 
 def call(index: int, prompt: list[int], response: list[int]) -> dict:
@@ -40,14 +44,14 @@ def call(index: int, prompt: list[int], response: list[int]) -> dict:
             "response_logprobs": [-0.5] * len(response), "weight_version": "0"}
 
 
-def test_the_sample_rows_columns_are_the_parquet_schemas_and_the_update_reads_them():
+def test_the_sample_rows_columns_are_the_parquet_schemas_and_the_update_reads_them(update_batch):
     assert columns(SampleRow) == SAMPLES.names
     assert pa.schema(arrow_fields(SampleRow)).equals(SAMPLES)
     assert set(update_batch.SAMPLE_COLUMNS) < set(SAMPLES.names)
     assert update_batch.Sample is SampleRow
 
 
-def test_a_samples_table_the_trajectories_step_writes_reads_back_in_the_update_as_the_rows_written(tmp_path):
+def test_a_samples_table_the_trajectories_step_writes_reads_back_in_the_update_as_the_rows_written(tmp_path, update_batch):
     results = [{"rollout_id": rid, "task": "t", "sample": n, "status": "ok", "reward": float(n), "harness": "direct"}
                for n, rid in enumerate(["r0", "r1"])]
     calls = {"r0": [call(0, [1, 2], [3]), call(1, [1, 2, 3, 4], [5])], "r1": [call(0, [7], [8]), call(1, [9], [10])]}
@@ -59,7 +63,7 @@ def test_a_samples_table_the_trajectories_step_writes_reads_back_in_the_update_a
     assert read[0].response_mask == [1, 0, 1] and read[2].sample_index == 1 and read[2].call_indices == [1]
 
 
-def test_a_samples_file_without_a_column_the_update_trains_on_is_refused_naming_it(tmp_path):
+def test_a_samples_file_without_a_column_the_update_trains_on_is_refused_naming_it(tmp_path, update_batch):
     row = SampleRow("r", "t", [1, 2], [3], [1], [-0.5], 1.0, run="run", iteration=0, sample_index=0, images=[])
     full = {name: getattr(row, name) for name in columns(SampleRow)}
     pq.write_table(pa.Table.from_pylist([full], schema=SAMPLES), tmp_path / "samples.parquet")
