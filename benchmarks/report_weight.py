@@ -30,6 +30,7 @@ from steps import manifest  # noqa: E402
 from steps.proxy.store import CallStore  # noqa: E402
 from steps.trajectories.__main__ import main as trajectories_main  # noqa: E402
 from steps.contracts import layout  # noqa: E402
+from steps.contracts.manifest import IterationRecord  # noqa: E402
 
 HOSTILE = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"><!--'
 HOSTILE_TASK = "<img src=x onerror=window.__pwned=3>task"  # a task's name is a folder's name: no slash
@@ -110,7 +111,7 @@ def synthetic_run(store: Path, name: str, rollouts: int = 8, iterations: int = 2
         checkpoint = layout.checkpoint_url(run_url, iteration + 1, model)
         manifest.write_json(layout.metrics_url(checkpoint), {"logprob_gap": 0.03 + 0.01 * iteration, "loss": 0.1,
                                                              "tokens_trained": 100, "train_s": 1.5, "total_s": 2.0})
-        manifest.record(run_url, manifest.IterationRecord(iteration, "local", status="Succeeded"))
+        manifest.record(run_url, IterationRecord(iteration, "local", status="Succeeded"))
         write_behaviour(run_url, name, iteration, rollouts, tasks, rng)
     manifest.write_json(layout.eval_summary_url(run_url, iterations - 1), eval_summary(tasks, iterations - 1))
     return run_url

@@ -6,7 +6,7 @@ Builds a `calls` table of `--calls` rows with ~`--tokens` token ids each (prompt
 from a Zipf-like distribution so they compress like text, logprobs for the response), then times, on a
 local folder (and with `--s3` on a moto S3 server on 127.0.0.1):
 
-- OpenForge: `steps.trajectories.write_table` (schema check, page checksums, atomic temporary name +
+- OpenForge: `steps.contracts.table_files.write_table` (schema check, page checksums, atomic temporary name +
   rename or one PUT) and `read_table` (checksum verification, schema check, cast to the documented schema);
 - plain pyarrow: `pq.write_table` / `pq.read_table` of the same table, same zstd level.
 
@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from steps.trajectories import CALLS, partition_url, read_table, write_table
-from steps.trajectories.io import COMPRESSION, COMPRESSION_LEVEL
+from steps.contracts.table_files import COMPRESSION, COMPRESSION_LEVEL, partition_url, read_table, write_table
+from steps.contracts.tables import CALLS
 
 VOCAB = 151_000  # a Qwen-sized vocabulary
 

@@ -10,7 +10,8 @@
 
 Layout under the run's URL (`steps.contracts.layout`): `manifest/run.json` (the run config, written once by
 the driver; an eval run's has one more field, `eval`, saying what it evaluates), `manifest/iteration-<N>.json`
-(one `IterationRecord` each) and `manifest/eval-<N>.json` (one `EvalRecord` per evaluation). One file per
+(one `IterationRecord` each) and `manifest/eval-<N>.json` (one `EvalRecord` per evaluation): both records, and their
+JSON forms, are `steps.contracts.manifest`'s. One file per
 iteration and per evaluation means the driver and the Argo exit handlers never rewrite each other's records. The driver (`workflows/submit.py`)
 reads it to resume a run after it died; the exit handler of each iteration's workflow writes the
 iteration's final status with this command.
@@ -20,60 +21,15 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
-
 import fsspec
 
 from steps.metrics import harness_kills
-from steps.trajectories.io import TrajectoryFileError, read_table
-from steps.trajectories.schema import SchemaError
 from steps.contracts import layout
+from steps.contracts.manifest import EvalRecord, IterationRecord
+from steps.contracts.table_files import TrajectoryFileError, read_table
+from steps.contracts.tables import SchemaError
 
-DONE = ("Succeeded", "Failed", "Error")
 EVAL_FIELD = "eval"  # in an eval run's run.json: what it evaluates ({"checkpoint", "run", "iteration", "upstream"})
-
-
-@dataclass
-class IterationRecord:
-    """What the manifest knows about one iteration."""
-
-    iteration: int
-    workflow: str = ""  # the Argo Workflow's name ("local" for the local runner)
-    checkpoint: str = ""  # the checkpoint this iteration served
-    next_checkpoint: str = ""  # the checkpoint its update wrote
-    status: str = "Pending"  # Pending | Running | Succeeded | Failed | Error (Argo's phases)
-    updated: float = 0.0  # unix time of the last write
-    metrics: dict | None = None
-    attempt: int = 0  # local runner: how many earlier starts of this iteration died or failed
-    eval: dict | None = None  # with eval_every: the evaluation of `checkpoint` (`eval_numbers`)
-    timings_s: dict | None = None  # local runner: seconds in rollouts, trajectories, update, reload
-    staleness: dict | None = None  # what was trained: versions behind, per sample count; dropped (`read_staleness`)
-    phase_times: dict | None = None  # local runner: each phase's [start, end] in unix time (they overlap with S >= 1)
-    reason: str | None = None  # local runner: why it Failed (its own step, or an earlier update it needed)
-
-    @property
-    def done(self) -> bool:
-        """True once the iteration has an outcome (success or failure)."""
-        return self.status in DONE
-
-
-@dataclass
-class EvalRecord:
-    """What the manifest knows about one evaluation: of the checkpoint iteration `iteration` serves."""
-
-    iteration: int
-    workflow: str = ""  # the Argo Workflow that ran it ("local" for the local runner)
-    checkpoint: str = ""  # the checkpoint (or upstream server) evaluated
-    status: str = "Pending"  # Argo's phases, as for iterations
-    updated: float = 0.0
-    summary: str = ""  # its summary.json (steps.evaluate)
-    overall: dict | None = None  # the summary's overall numbers, once it succeeded
-    attempt: int = 0  # local runner: how many earlier starts of this evaluation died or failed
-
-    @property
-    def done(self) -> bool:
-        """True once the evaluation has an outcome."""
-        return self.status in DONE
 
 
 def write_json(url: str, data: dict) -> None:
@@ -112,7 +68,7 @@ def read_evaluates(run_url: str) -> dict | None:
 def record(run_url: str, entry: IterationRecord) -> None:
     """Writes one iteration's record, stamped with the current time."""
     entry.updated = time.time()
-    write_json(layout.iteration_record_url(run_url, entry.iteration), asdict(entry))
+    write_json(layout.iteration_record_url(run_url, entry.iteration), entry.to_json())
 
 
 def read_iterations(run_url: str) -> dict[int, IterationRecord]:
@@ -120,12 +76,10 @@ def read_iterations(run_url: str) -> dict[int, IterationRecord]:
     fs, path = fsspec.core.url_to_fs(layout.manifest_url(run_url))
     if not fs.exists(path):
         return {}
-    known = {f.name for f in fields(IterationRecord)}
     out = {}
     for name in fs.glob(layout.iteration_records_glob(run_url)):
         with fs.open(name, "r") as f:
-            raw = json.loads(f.read())
-        entry = IterationRecord(**{k: v for k, v in raw.items() if k in known})
+            entry = IterationRecord.from_json(json.loads(f.read()))
         out[entry.iteration] = entry
     return dict(sorted(out.items()))
 
@@ -133,7 +87,7 @@ def read_iterations(run_url: str) -> dict[int, IterationRecord]:
 def record_eval(run_url: str, entry: EvalRecord) -> None:
     """Writes one evaluation's record, stamped with the current time."""
     entry.updated = time.time()
-    write_json(layout.eval_record_url(run_url, entry.iteration), asdict(entry))
+    write_json(layout.eval_record_url(run_url, entry.iteration), entry.to_json())
 
 
 def read_evals(run_url: str) -> dict[int, EvalRecord]:
@@ -141,11 +95,10 @@ def read_evals(run_url: str) -> dict[int, EvalRecord]:
     fs, path = fsspec.core.url_to_fs(layout.manifest_url(run_url))
     if not fs.exists(path):
         return {}
-    known = {f.name for f in fields(EvalRecord)}
     out = {}
     for name in fs.glob(layout.eval_records_glob(run_url)):
         with fs.open(name, "r") as f:
-            entry = EvalRecord(**{k: v for k, v in json.loads(f.read()).items() if k in known})
+            entry = EvalRecord.from_json(json.loads(f.read()))
         out[entry.iteration] = entry
     return dict(sorted(out.items()))
 
@@ -212,13 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "record-eval":
         evaluation = eval_record(args.iteration, args.workflow, args.checkpoint, args.status, args.summary)
         record_eval(args.run_url, evaluation)
-        print(json.dumps(asdict(evaluation)))
+        print(json.dumps(evaluation.to_json()))
         return 0
     entry = IterationRecord(iteration=args.iteration, workflow=args.workflow, status=args.status,
                             checkpoint=args.checkpoint, next_checkpoint=args.next_checkpoint,
                             staleness=read_staleness(args.run_url, args.iteration))
     record(args.run_url, entry)
-    print(json.dumps(asdict(entry)))
+    print(json.dumps(entry.to_json()))
     return 0
 
 

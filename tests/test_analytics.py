@@ -28,7 +28,7 @@ from steps.analytics.dialects import READERS
 from steps.analytics.metrics import use
 from steps.analytics.tools import changes_and_checks
 from steps.harnesses import HARNESSES
-from steps.trajectories.schema import BEHAVIOUR
+from steps.contracts.tables import BEHAVIOUR
 
 ANALYTICS_NAMES = ("SHELL_TOOLS", "EDIT_TOOLS", "READ_TOOLS", "PLAN_TOOLS", "SHELL_WRITERS", "META_TOOLS",
                    "PLACEHOLDER_TOOLS", "shell_command", "exit_code", "plan_items")
@@ -272,7 +272,7 @@ def test_summaries_are_means_over_the_rollouts_that_have_a_value():
 
 
 def test_the_command_line_prints_a_table_per_group(tmp_path, capsys):
-    from steps.trajectories import partition_url, write_tables
+    from steps.contracts.table_files import partition_url, write_tables
     from steps.trajectories.collect import collect
 
     results = [{"rollout_id": f"r{n}", "task": "t", "harness": "direct", "status": "ok", "reward": float(n % 2)}

@@ -23,6 +23,7 @@ import yaml
 from steps import evaluate, manifest, plan
 from steps.tasks import load_dataset
 from steps.contracts import layout
+from steps.contracts.manifest import IterationRecord
 from workflows import commands, submit
 from workflows.config import load_config
 from workflows.evaluation import evaluation_workflow
@@ -276,7 +277,7 @@ def training_run(store: Path, name: str = "trained", iterations_written: int = 1
     manifest.write_run_config(config.run_url, config.to_dict())
     for iteration in range(1, iterations_written + 1):
         Path(config.checkpoint_url(iteration)).mkdir(parents=True)
-        manifest.record(config.run_url, manifest.IterationRecord(iteration - 1, "local", status="Succeeded"))
+        manifest.record(config.run_url, IterationRecord(iteration - 1, "local", status="Succeeded"))
     return Path(config.run_url)
 
 
@@ -303,7 +304,7 @@ def test_eval_errors_are_one_sentence(argv: list[str], expected: str, tmp_path: 
     monkeypatch.delenv("ARGO_SERVER", raising=False)
     training_run(tmp_path)
     half = training_run(tmp_path, "half")  # its update wrote a folder, then failed
-    manifest.record(str(half), manifest.IterationRecord(0, "local", status="Failed"))
+    manifest.record(str(half), IterationRecord(0, "local", status="Failed"))
     evaluated = load_config(None, [f"store={tmp_path}", "run=evaluated"])
     manifest.write_run_config(evaluated.run_url, evaluated.to_dict(), evaluates={"checkpoint": "m"})
     monkeypatch.setattr("workflows.local.run_local_eval", lambda *a: pytest.fail("a bad eval must not start"))
@@ -485,7 +486,7 @@ def test_an_eval_run_on_argo_is_one_workflow_followed_and_recorded(fake_argo: Fa
     config = load_config(CLUSTER, ["run=trained", f"store={s3_store}"])
     manifest.write_run_config(trained, config.to_dict())
     manifest.write_json(layout.metrics_url(config.checkpoint_url(1)), {"loss": 0.1})  # what its update wrote
-    manifest.record(trained, manifest.IterationRecord(0, "openforge-trained-it0", status="Succeeded"))
+    manifest.record(trained, IterationRecord(0, "openforge-trained-it0", status="Succeeded"))
     summary = fake_summary(f"{s3_store}/ev", 0)
     assert drive(fake_argo, s3_store, "eval", "--harness", "codex", "--checkpoint", "trained:1", "--k", "2", "run=ev") == 0
     out = capsys.readouterr().out.splitlines()

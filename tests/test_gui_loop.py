@@ -18,7 +18,7 @@ import pytest
 from safetensors.torch import load_file
 
 from steps.proxy.images import REFERENCE_PREFIX
-from steps.trajectories.io import read_table
+from steps.contracts.table_files import read_table
 from steps.contracts import layout
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ import pytest
 from report_browser import PLOT_POINTS, browser  # noqa: F401 (a fixture)
 from safetensors.torch import load_file
 
-from steps.trajectories.io import partition_url, read_table
+from steps.contracts.table_files import partition_url, read_table
 from steps.contracts import layout
 
 REPO = Path(__file__).resolve().parents[1]

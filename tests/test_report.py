@@ -25,7 +25,7 @@ from steps import manifest
 from steps.report import html, write_report
 from steps.rollout import RolloutSpec, run_rollout
 from steps.tasks import BUILTIN_DATASET
-from steps.trajectories.io import read_table
+from steps.contracts.table_files import read_table
 from steps.contracts import layout
 
 pytestmark = pytest.mark.timeout(300)
@@ -639,7 +639,7 @@ def killed_run(tmp_path: Path) -> Path:
     control); and an evaluation with a memory-killed try."""
     from steps import evaluate
     from steps.trajectories.collect import collect
-    from steps.trajectories.io import write_tables
+    from steps.contracts.table_files import write_tables
 
     run = tmp_path / "store" / "killed"
     manifest.write_run_config(str(run), {"run": "killed", "harness": "openclaw", "model": ""})

@@ -26,7 +26,7 @@ from proxy_process import serve_proxy
 from test_local_run import wait_for
 from steps.tiny_model import build_tiny_model
 from steps.trajectories.collect import collect
-from steps.trajectories.io import partition_url, read_table
+from steps.contracts.table_files import partition_url, read_table
 from steps.trajectories.staleness import Staleness, versions_behind
 from steps.contracts import layout
 from workflows import local
@@ -271,6 +271,7 @@ def test_with_s_1_rollouts_overlap_the_update_and_a_run_killed_mid_overlap_resum
 from test_workflows import FakeArgoServer, drive, fake_argo, s3_store  # noqa: E402,F401 (fixtures)
 
 from steps import follow, manifest  # noqa: E402
+from steps.contracts.manifest import IterationRecord  # noqa: E402
 
 
 class CollectingArgo(FakeArgoServer):
@@ -330,7 +331,7 @@ def test_a_failed_update_stops_the_overlapped_run_and_resume_follows_what_is_run
     assert "retry --run of --iteration 0" in capsys.readouterr().err
     assert [name for name, _ in fake.created] == ["openforge-of-it0", "openforge-of-it1"]  # never it2
     # A driver that died with iteration 0's update and iteration 1's collect running: resume follows both.
-    manifest.record(f"{s3_store}/of", manifest.IterationRecord(0, "openforge-of-it0", status="Running"))
+    manifest.record(f"{s3_store}/of", IterationRecord(0, "openforge-of-it0", status="Running"))
     fake.script["openforge-of-it0"] = ["Running", "Succeeded"]
     fake.script["openforge-of-it1"] = ["Running", "Running", "Succeeded"]
     assert drive(fake, s3_store, "resume", "--run", "of") == 0
@@ -349,7 +350,7 @@ def test_retry_of_a_failed_update_retries_the_iteration_that_waited_for_it_and_f
     fake.script["openforge-or-it1"] = ["", "Running", "Running", "Running", "Running", "Failed"]
     assert drive(fake, s3_store, "--harness", "codex", "run=or", "iterations=3", "max_staleness=1") == 1
     # the driver stopped at iteration 0; iteration 1's Workflow ended after it, recorded by its exit handler
-    manifest.record(f"{s3_store}/or", manifest.IterationRecord(1, "openforge-or-it1", status="Failed"))
+    manifest.record(f"{s3_store}/or", IterationRecord(1, "openforge-or-it1", status="Failed"))
     assert {i: r.status for i, r in manifest.read_iterations(f"{s3_store}/or").items()} == {0: "Failed", 1: "Failed"}
     capsys.readouterr()
     assert drive(fake, s3_store, "retry", "--run", "or", "--iteration", "0") == 0
@@ -366,13 +367,13 @@ def test_resubmit_of_an_iteration_whose_checkpoint_a_later_update_used_is_one_se
     before anything is submitted (control: with iteration 1 Failed the resubmit goes ahead)."""
     run_url = f"{s3_store}/orr"
     assert drive(collecting_argo, s3_store, "--harness", "codex", "run=orr", "iterations=2", "max_staleness=1") == 0
-    manifest.record(run_url, manifest.IterationRecord(0, "openforge-orr-it0", status="Failed"))
+    manifest.record(run_url, IterationRecord(0, "openforge-orr-it0", status="Failed"))
     capsys.readouterr()
     assert drive(collecting_argo, s3_store, "resubmit", "--run", "orr", "--iteration", "0") == 2
     err = capsys.readouterr().err
     assert err.startswith("error: iteration 1 is Succeeded") and err.count("\n") == 1
     assert not any(path.endswith("/resubmit") for _, path, _, _ in collecting_argo.calls("PUT"))
-    manifest.record(run_url, manifest.IterationRecord(1, "openforge-orr-it1", status="Failed"))
+    manifest.record(run_url, IterationRecord(1, "openforge-orr-it1", status="Failed"))
     drive(collecting_argo, s3_store, "resubmit", "--run", "orr", "--iteration", "0")
     assert any(path.endswith("/resubmit") for _, path, _, _ in collecting_argo.calls("PUT"))
 
@@ -395,12 +396,12 @@ def test_the_wait_step_waits_for_a_whole_checkpoint_and_fails_when_its_iteration
     assert not follow.complete(run_url, 2) and follow.newest(run_url, 0, 2) is None
     with pytest.raises(follow.FollowError, match="not complete within 0 s"):
         follow.wait_for(run_url, 2, poll_s=0.01, timeout_s=0)
-    manifest.record(run_url, manifest.IterationRecord(1, "openforge-x-it1", status="Failed"))
+    manifest.record(run_url, IterationRecord(1, "openforge-x-it1", status="Failed"))
     with pytest.raises(follow.FollowError, match="iteration 1 ended Failed .* checkpoint 2 will not be written"):
         follow.wait_for(run_url, 2, poll_s=0.01)
     (folder / "metrics.json").write_text("{}")  # the control: once whole, it is found
     assert follow.wait_for(run_url, 2, poll_s=0.01) == str(folder) and follow.newest(run_url, 0, 3) == 2
-    manifest.record(run_url, manifest.IterationRecord(2, "openforge-x-it2", status="Error"))
+    manifest.record(run_url, IterationRecord(2, "openforge-x-it2", status="Error"))
     done = subprocess.run([sys.executable, "-m", "steps.follow", "wait", "--run-url", run_url, "--version", "3",
                            "--poll-s", "0.01"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stderr.startswith("error: ") and "Traceback" not in done.stderr
@@ -414,7 +415,7 @@ def test_the_wait_step_gives_up_after_the_update_timeout_when_no_record_ever_say
     from workflows.commands import wait_checkpoint
 
     run_url = str(tmp_path / "run")
-    manifest.record(run_url, manifest.IterationRecord(0, "openforge-x-it0", status="Running"))
+    manifest.record(run_url, IterationRecord(0, "openforge-x-it0", status="Running"))
     config = load_config(None, [f"store={tmp_path}", "run=run", "update_timeout_s=1"], check_dataset=False)
     command = wait_checkpoint(config, 1, python=sys.executable)
     assert command[-2:] == ["--timeout-s", "1"]

@@ -31,7 +31,7 @@ import uvicorn
 from proxy_process import start_proxy, stop_proxy
 from steps.net import HOST, free_port
 from steps.rollout import RolloutResult, RolloutSpec, record_calls
-from steps.trajectories import partition_url, read_table
+from steps.contracts.table_files import partition_url, read_table
 from vllm_process import serve_vllm
 
 ADMIN = "test-admin-key"

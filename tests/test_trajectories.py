@@ -22,17 +22,9 @@ from test_harnesses import installed_exe
 from steps.rollout import RolloutSpec, run_rollout
 from steps.sampling import NEUTRAL, as_flags
 from steps.tasks import BUILTIN_DATASET
-from steps.trajectories import (
-    CALLS,
-    SAMPLES,
-    SchemaError,
-    TrajectoryFileError,
-    build_samples,
-    partition_url,
-    read_table,
-    write_table,
-    write_tables,
-)
+from steps.contracts.table_files import TrajectoryFileError, partition_url, read_table, write_table, write_tables
+from steps.contracts.tables import CALLS, SAMPLES, SchemaError
+from steps.trajectories import build_samples
 from steps.trajectories.collect import collect
 
 ADMIN_KEY = "test-admin-key"

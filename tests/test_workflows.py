@@ -36,6 +36,7 @@ from steps import manifest, plan, sampling
 from steps.harnesses import ALL_HARNESSES
 from steps.tasks import load_dataset, load_task
 from steps.contracts import layout
+from steps.contracts.manifest import IterationRecord
 from workflows import commands, submit
 from workflows import lint
 from workflows.config import ConfigError, load_config, validate_for_argo
@@ -771,7 +772,7 @@ def test_status_counts_the_harnesses_a_limit_killed_in_each_iteration(tmp_path, 
     """Before: status showed each iteration's phase only, so a run whose harnesses were killed looked normal.
     Iteration 0: 3 of 6 harnesses killed (a warning line); iteration 1: none (control); iteration 2: no table yet."""
     from steps.trajectories.collect import collect
-    from steps.trajectories.io import write_tables
+    from steps.contracts.table_files import write_tables
 
     monkeypatch.delenv("ARGO_SERVER", raising=False)
     config = load_config(None, ["run=ks", f"store={tmp_path}", "iterations=3", "harness=openclaw"])
@@ -779,7 +780,7 @@ def test_status_counts_the_harnesses_a_limit_killed_in_each_iteration(tmp_path, 
     for iteration, killed_by in ((0, ["memory", "memory", "pids", "time", "", None]), (1, ["", None])):
         write_tables(collect(killed_results(iteration, killed_by), {}, "ks", iteration)[0].tables(),
                      layout.run_partition_url(config.run_url, "ks", iteration))
-        manifest.record(config.run_url, manifest.IterationRecord(iteration, "local", status="Succeeded"))
+        manifest.record(config.run_url, IterationRecord(iteration, "local", status="Succeeded"))
     assert submit.main(["status", "--run", "ks", f"store={tmp_path}"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].endswith("local  6 rollouts, 3 harnesses killed (memory 2, pids 1)")

@@ -30,6 +30,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from steps import manifest
+from steps.contracts.manifest import EvalRecord, IterationRecord
 from steps.evaluate import cell, format_table
 from steps.metrics import harness_killed_warning, harness_kills, iteration_metrics
 from steps.net import free_port
@@ -316,20 +317,20 @@ def run_dag(steps: list[shape.Step], actions: dict) -> dict[str, shape.Outcome]:
         raise StepFailed(str(exc)) from None
 
 
-def start_evaluation(config: RunConfig, iteration: int) -> manifest.EvalRecord | None:
+def start_evaluation(config: RunConfig, iteration: int) -> EvalRecord | None:
     """The evaluation of iteration `iteration`'s checkpoint recorded Running (`eval-N.json`), or None when the
     manifest has seen it succeed (it is not run again)."""
     earlier = manifest.read_evals(config.run_url).get(iteration)
     if earlier and earlier.status == "Succeeded":
         return None
-    entry = manifest.EvalRecord(iteration, "local", config.evaluated(iteration)[0], "Running",
+    entry = EvalRecord(iteration, "local", config.evaluated(iteration)[0], "Running",
                                 summary=layout.eval_summary_url(config.run_url, iteration),
                                 attempt=0 if earlier is None else earlier.attempt + 1)
     manifest.record_eval(config.run_url, entry)
     return entry
 
 
-def end_evaluation(config: RunConfig, entry: manifest.EvalRecord, summary: dict | None) -> None:
+def end_evaluation(config: RunConfig, entry: EvalRecord, summary: dict | None) -> None:
     """The evaluation's record: Succeeded with its overall numbers, said in one line, or Failed without a summary."""
     if summary is None:
         entry.status = "Failed"
@@ -538,7 +539,7 @@ class Updates:
         self.pool.shutdown(wait=True)
 
 
-def finish(config: RunConfig, entry: manifest.IterationRecord, summary: dict) -> None:
+def finish(config: RunConfig, entry: IterationRecord, summary: dict) -> None:
     """Records an iteration's success in the manifest, with its update's metrics, staleness and timings, and
     prints its summary line."""
     entry.status, entry.metrics, entry.timings_s = "Succeeded", summary["update"], summary["timings_s"]
@@ -549,13 +550,13 @@ def finish(config: RunConfig, entry: manifest.IterationRecord, summary: dict) ->
     print(json.dumps(summary), flush=True)
 
 
-def record_failure(config: RunConfig, entry: manifest.IterationRecord, exc: Exception) -> None:
+def record_failure(config: RunConfig, entry: IterationRecord, exc: Exception) -> None:
     """Records an iteration Failed, with the reason."""
     entry.status, entry.reason = "Failed", str(exc)
     manifest.record(config.run_url, entry)
 
 
-def failed(config: RunConfig, entry: manifest.IterationRecord, exc: Exception) -> int:
+def failed(config: RunConfig, entry: IterationRecord, exc: Exception) -> int:
     """Records an iteration's failure, says it, reports what its rollouts did; exit code 1."""
     record_failure(config, entry, exc)
     print(f"error: iteration {entry.iteration}: {exc}", file=sys.stderr)
@@ -571,9 +572,9 @@ def stopped(config: RunConfig, exc: Exception) -> int:
     return 1
 
 
-def start_entry(config: RunConfig, iteration: int, earlier: manifest.IterationRecord | None) -> manifest.IterationRecord:
+def start_entry(config: RunConfig, iteration: int, earlier: IterationRecord | None) -> IterationRecord:
     """The iteration's record as it starts (attempt K+1 after K earlier starts), written."""
-    entry = manifest.IterationRecord(iteration, "local", config.checkpoint_url(iteration),
+    entry = IterationRecord(iteration, "local", config.checkpoint_url(iteration),
                                      config.checkpoint_url(iteration + 1), "Running",
                                      attempt=0 if earlier is None else earlier.attempt + 1)
     manifest.record(config.run_url, entry)

@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as `python workflows/submit.py`: make the r
 
 from steps import manifest, sampling  # noqa: E402
 from steps.evaluate import cell, format_table  # noqa: E402
-from steps.manifest import EvalRecord, IterationRecord  # noqa: E402
+from steps.contracts.manifest import DONE, EvalRecord, IterationRecord  # noqa: E402
 from steps.metrics import harness_killed_warning  # noqa: E402
 from steps.plan import MAX_EVAL_K  # noqa: E402
 from steps.contracts import layout  # noqa: E402
@@ -276,7 +276,7 @@ def mark(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
     succeeded and, where it evaluated its checkpoint, the evaluation's numbers (and its own record)."""
     next_checkpoint = config.checkpoint_url(iteration + 1)
     metrics = manifest.read_metrics(next_checkpoint) if status == "Succeeded" else None
-    evaluated = config.evaluates_at(iteration) and status in manifest.DONE
+    evaluated = config.evaluates_at(iteration) and status in DONE
     numbers = manifest.eval_numbers(layout.eval_summary_url(config.run_url, iteration)) if evaluated else None
     manifest.record(config.run_url, IterationRecord(
         iteration=iteration, workflow=workflow, status=status, checkpoint=config.checkpoint_url(iteration),

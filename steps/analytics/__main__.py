@@ -18,9 +18,9 @@ import sys
 import fsspec
 
 from steps.analytics.behaviour import METRICS, summarize_behaviour
-from steps.trajectories import TrajectoryFileError, read_table
-from steps.trajectories.schema import BEHAVIOUR, SchemaError
 from steps.contracts.layout import table_url
+from steps.contracts.table_files import TrajectoryFileError, read_table
+from steps.contracts.tables import BEHAVIOUR, SchemaError
 
 SHOWN = ["rollouts", "pass_rate", "calls", "turns", "tool_calls", "tool_coverage", "shell_share",
          "self_verified", "plan_completion", "tool_failures", "recovery_rate", "repeated_after_failure",

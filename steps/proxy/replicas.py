@@ -145,12 +145,13 @@ class Replicas:
             return self._least_loaded(version)
         return self.assign(rollout, version) or self._least_loaded(version)
 
-    async def complete(self, rollout: Rollout, body: dict, record: dict, version: str) -> Completion:
-        """One call of `rollout` at the gate's `version` on its replica (`record["replica"]`), stamped with that
-        replica's weight version; one that never reached a replica left out goes to the next."""
+    async def complete(self, rollout: Rollout, body: dict, served: dict, version: str) -> Completion:
+        """One call of `rollout` at the gate's `version` on its replica, whose index and weight version go into
+        `served` (`replica`, `weight_version`: the call record's fields) as it is picked; one that never reached a
+        replica left out goes to the next."""
         while True:
             replica = self.pick(rollout, version)
-            record["replica"], record["weight_version"] = replica.index, replica.weight_version
+            served["replica"], served["weight_version"] = replica.index, replica.weight_version
             replica.in_flight += 1
             try:
                 answer = await replica.upstream.complete(body)

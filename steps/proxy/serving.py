@@ -26,6 +26,7 @@ from types import ModuleType
 import orjson
 from fastapi import Request
 
+from steps.contracts.calls import CallRecord
 from steps.logs import now
 from steps.proxy import images as call_images
 from steps.proxy.errors import ProxyError
@@ -188,14 +189,16 @@ async def serve_call(state, rollout_id: str, dialect: ModuleType, key: str | Non
     line = referenced_request(one_line(data), images)  # the request as stored: images by name
     state.sessions.quota.admit(rollout, len(line))
     try:
-        record = _new_record(rollout, dialect.NAME, req.stream, line, requested, _settings(upstream_body))
-        record["images"] = [image.reference() for image in images]
+        record = CallRecord(rollout_id=rollout.rollout_id, call_index=rollout.take_index(), dialect=dialect.NAME,
+                            stream=req.stream, sampling=_settings(upstream_body),  # what vLLM was sent
+                            sampling_requested=requested, timings={"received_at": now()},
+                            request=orjson.Fragment(line), images=[image.reference() for image in images])
         return await _record_call(state, rollout, dialect, req, line, record, upstream_body, images, guard)
     finally:
         state.sessions.quota.release(rollout, len(line))
 
 
-async def _record_call(state, rollout: Rollout, dialect: ModuleType, req, line: bytes, record: dict,
+async def _record_call(state, rollout: Rollout, dialect: ModuleType, req, line: bytes, record: CallRecord,
                        upstream_body: dict, images: list, guard) -> tuple[int, list, bytes]:
     """Stores the call's new images, makes the upstream call and stores the call with its outcome (see
     `serve_call`)."""
@@ -225,25 +228,26 @@ async def _record_call(state, rollout: Rollout, dialect: ModuleType, req, line: 
         raise
 
 
-async def _answer(state, rollout: Rollout, dialect: ModuleType, req, line: bytes, record: dict, completion) -> tuple[int, list, bytes]:
+async def _answer(state, rollout: Rollout, dialect: ModuleType, req, line: bytes, record: CallRecord,
+                  completion) -> tuple[int, list, bytes]:
     """Stores the answered call (only what its request and prompt add to the rollout's last stored
     call's) and gives the answer to send."""
     response_id, created = f"{_ID_PREFIX}{next(_ID_COUNTER):08x}", int(time.time())
-    between, record["request_shared"], request_base = share_request(rollout.request_base, line, record["call_index"])
-    if record["request_shared"] is not None:
-        record["request"] = between
+    between, record.request_shared, request_base = share_request(rollout.request_base, line, record.call_index)
+    if record.request_shared is not None:
+        record.request = between
     ids, prompt_base = completion.prompt_ids_json, None
     if ids is None:  # a completion not read from vLLM's bytes: stored whole
-        record["prompt_token_ids"] = completion.prompt_token_ids
+        record.prompt_token_ids = completion.prompt_token_ids
     else:
-        kept, record["prompt_shared"], prompt_base = share_prompt(rollout.prompt_base, ids, record["call_index"],
-                                                                  completion.prompt_tokens)
-        record["prompt_token_ids"] = orjson.Fragment(kept) if kept is not ids else completion.prompt_token_ids
-    record.update(response_token_ids=completion.response_token_ids, response_logprobs=completion.response_logprobs,
-                  finish_reason=completion.finish_reason)
+        kept, record.prompt_shared, prompt_base = share_prompt(rollout.prompt_base, ids, record.call_index,
+                                                               completion.prompt_tokens)
+        record.prompt_token_ids = orjson.Fragment(kept) if kept is not ids else completion.prompt_token_ids
+    record.response_token_ids, record.response_logprobs = completion.response_token_ids, completion.response_logprobs
+    record.finish_reason = completion.finish_reason
     if completion.untrainable is not None:  # an external upstream's answer without token ids
-        record.update(untrainable=completion.untrainable,
-                      usage={"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens})
+        record.untrainable = completion.untrainable
+        record.usage = {"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens}
     if not req.stream:
         body = orjson.dumps(dialect.to_body(completion, req, response_id, created))
         await _finish(state, rollout, record, "ok", response=orjson.Fragment(body))
@@ -253,23 +257,23 @@ async def _answer(state, rollout: Rollout, dialect: ModuleType, req, line: bytes
         await _finish(state, rollout, record, "ok", response=stored)
         answer = 200, SSE_HEADERS, body
     # Stored: the rollout's next call may extend them (its index may have moved: see _finish).
-    rollout.request_base = replace(request_base, call_index=record["call_index"])
+    rollout.request_base = replace(request_base, call_index=record.call_index)
     if prompt_base is not None:
-        rollout.prompt_base = replace(prompt_base, call_index=record["call_index"])
+        rollout.prompt_base = replace(prompt_base, call_index=record.call_index)
     return answer
 
 
-def _unstored(rollout: Rollout, record: dict, exc: StoreWriteFailed) -> ProxyError:
+def _unstored(rollout: Rollout, record: CallRecord, exc: StoreWriteFailed) -> ProxyError:
     """The 503 for a call the store could not write; its index is handed back when no later call took one."""
-    if rollout.next_index == record["call_index"] + 1:
+    if rollout.next_index == record.call_index + 1:
         rollout.next_index -= 1
     return ProxyError(503, f"the proxy could not store this call, so it was not answered ({exc}); retry later")
 
 
-def _forget_shared(record: dict, line: bytes) -> None:
+def _forget_shared(record: CallRecord, line: bytes) -> None:
     """Undoes what `_answer` shared of a record that is stored as failed instead: its request whole."""
-    record.update(request=orjson.Fragment(line), request_shared=None, prompt_shared=None, prompt_token_ids=None,
-                  response_token_ids=None, response_logprobs=None)
+    record.request, record.request_shared, record.prompt_shared = orjson.Fragment(line), None, None
+    record.prompt_token_ids = record.response_token_ids = record.response_logprobs = None
 
 
 def _settings(upstream_body: dict) -> dict:
@@ -277,38 +281,15 @@ def _settings(upstream_body: dict) -> dict:
     return {key: _stored(upstream_body[key]) for key in SAMPLING_KEYS if key in upstream_body}
 
 
-def _new_record(rollout: Rollout, dialect: str, stream: bool, line: bytes, requested: dict, sampling: dict) -> dict:
-    return {
-        "rollout_id": rollout.rollout_id,
-        "call_index": rollout.take_index(),
-        "dialect": dialect,
-        "stream": stream,
-        "status": "pending",
-        "weight_version": None,
-        "replica": None,  # the proxy's choice (steps.proxy.replicas), never the request's
-        "prompt_token_ids": None,
-        "prompt_shared": None,
-        "response_token_ids": None,
-        "response_logprobs": None,
-        "finish_reason": None,
-        "sampling": sampling,  # what vLLM was sent
-        "sampling_requested": requested,  # what the harness asked for
-        "timings": {"received_at": now()},
-        "request": orjson.Fragment(line),
-        "request_shared": None,
-        "images": [],  # each image's reference (steps.proxy.images), in prompt order; the request names them
-        "response": None,
-        "error": None,
-    }
-
-
-async def _complete(state, rollout: Rollout, upstream_body: dict, record: dict):
+async def _complete(state, rollout: Rollout, upstream_body: dict, record: CallRecord):
+    served: dict = {}  # the replica that took the call and its weight version (`Replicas.complete` says)
     async with state.gate.call() as version:  # the stamp is the serving replica's version (steps.proxy.replicas)
-        record["timings"]["upstream_started_at"] = now()
+        record.timings["upstream_started_at"] = now()
         try:
-            return await state.replicas.complete(rollout, upstream_body, record, version)
+            return await state.replicas.complete(rollout, upstream_body, served, version)
         finally:
-            record["timings"]["upstream_ended_at"] = now()
+            record.timings["upstream_ended_at"] = now()
+            record.replica, record.weight_version = served.get("replica"), served.get("weight_version")
 
 
 def _stored(value):
@@ -316,27 +297,28 @@ def _stored(value):
     return orjson.Fragment(one_line(value)) if isinstance(value, Raw) else value
 
 
-async def _finish(state, rollout: Rollout, record: dict, status: str, response=None, error: dict | None = None) -> None:
+async def _finish(state, rollout: Rollout, record: CallRecord, status: str, response=None,
+                  error: dict | None = None) -> None:
     """Stores the call with its outcome and counts it against the rollout's quota. A 503 if the store cannot
     write it (nothing of it is stored, the harness is not answered); an object store's index that another
     writer holds is replaced by the next free one."""
-    timings = record["timings"]
+    timings = record.timings
     timings["responded_at"] = now()
     timings["total_s"] = round(timings["responded_at"] - timings["received_at"], 6)
     if "upstream_ended_at" in timings:
         timings["upstream_s"] = round(timings["upstream_ended_at"] - timings["upstream_started_at"], 6)
-    record.update(status=status, response=response, error=error)
+    record.status, record.response, record.error = status, response, error
     for _ in range(INDEX_RETRIES):
         try:
-            rollout.stored_bytes += await state.store.put_call(record)
+            rollout.stored_bytes += await state.store.put_call(record.to_json())
             rollout.stored_calls += 1
             return
         except CallIndexTaken:
             log.warning("call index taken by another writer", extra={"rollout_id": rollout.rollout_id,
-                                                                     "call_index": record["call_index"]})
+                                                                     "call_index": record.call_index})
             stored = await state.store.resume_calls(rollout.rollout_id)
             rollout.next_index = max(rollout.next_index, stored.next_index)
-            record["call_index"] = rollout.take_index()
+            record.call_index = rollout.take_index()
         except StoreWriteFailed as exc:
             raise _unstored(rollout, record, exc) from None
     raise ProxyError(503, f"the proxy found call indices of rollout {rollout.rollout_id!r} taken by another writer "

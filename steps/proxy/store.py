@@ -1,4 +1,5 @@
-"""Durable storage of rollouts and their recorded calls: a local folder or any fsspec URL (s3://...).
+"""Durable storage of rollouts and their recorded calls: a local folder or any fsspec URL (s3://...). A call
+record's fields and its JSON form are `steps.contracts.calls.CallRecord`'s; its layout and reading rule are here.
 
 Layout:
 
@@ -43,11 +44,12 @@ import fsspec
 import msgspec
 import orjson
 
+from steps.contracts.calls import NAMES
 from steps.proxy.image_store import ImageStore, ImageWriteFailed
 from steps.proxy.images import Image
 
 CALL_LOG = "calls.jsonl"
-RECORD_START = b'{"rollout_id":'  # how every record the proxy writes begins (its first key)
+RECORD_START = b'{"%s":' % NAMES[0].encode()  # how every record the proxy writes begins (its first key)
 
 
 class StoreWriteFailed(Exception):
@@ -61,8 +63,8 @@ class CallIndexTaken(Exception):
 
 @dataclass
 class StoredCalls:
-    """A rollout's calls as read back, in call order, and the stored records that were skipped, each
-    {"record": where it is stored, "error": why}."""
+    """A rollout's calls as read back (each a `CallRecord`'s JSON form: `CallRecord.from_json` reads it), in call
+    order, and the stored records that were skipped, each {"record": where it is stored, "error": why}."""
 
     calls: list[dict]
     skipped: list[dict] = field(default_factory=list)
@@ -377,7 +379,7 @@ class CallStore:
         return None if data is None else orjson.loads(data)
 
     async def put_call(self, record: dict) -> int:
-        """Durably writes one call record; returns the bytes written once it is readable by a restarted proxy.
+        """Durably writes one call record, its JSON form (`CallRecord.to_json()`); returns the bytes written once it is readable by a restarted proxy.
         Raises StoreWriteFailed if it could not be written (nothing of it is left readable) and, on an object
         store, CallIndexTaken if another writer holds its index.
 

@@ -16,9 +16,9 @@ import fsspec
 from steps import manifest
 from steps.rollout import harness_killed
 from steps.trajectories.collect import CollectError, fetch_calls_store
-from steps.trajectories.io import TrajectoryFileError, read_table
-from steps.trajectories.schema import SchemaError
 from steps.contracts import layout
+from steps.contracts.table_files import TrajectoryFileError, read_table
+from steps.contracts.tables import SchemaError
 
 # The calls table without its token arrays: what the index's figures need (1,000 rollouts stay small).
 CALL_COLUMNS = ["rollout_id", "harness", "call_index", "status", "finish_reason", "sample_index", "continued",
@@ -150,7 +150,7 @@ def load_run(run_url: str) -> Run:
     config = manifest.read_run_config(run_url)
     name = (config or {}).get("run") or run_url.rsplit("/", 1)[-1]
     notes = [] if config is not None else [f"{layout.run_config_url(run_url)} is missing: the run's config is unknown."]
-    records = {i: r.__dict__ for i, r in manifest.read_iterations(run_url).items()}
+    records = {i: r.to_json() for i, r in manifest.read_iterations(run_url).items()}
     numbers = set(records) | set(numbered(layout.run_partitions_url(layout.trajectories_url(run_url), name), r"iteration=(\d+)")) \
         | set(numbered(layout.all_results_url(run_url), r"iteration-(\d+)"))
     iterations = {}

@@ -34,9 +34,9 @@ from steps.trajectories.collect import (
 from steps.manifest import write_json
 from steps.metrics import harness_killed_warning, harness_kills
 from steps.rollout import harness_killed
-from steps.trajectories.io import partition_url, write_tables
 from steps.trajectories.vision import load_grid
 from steps.contracts.layout import staleness_url
+from steps.contracts.table_files import partition_url, write_tables
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -25,6 +25,7 @@ import msgspec
 import pyarrow as pa
 
 from steps.analytics import behaviour_row
+from steps.contracts.calls import CallRecord
 from steps.plan import attempt_of
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.proxy.store import CallStore
@@ -32,13 +33,14 @@ from steps.rollout import harness_killed
 from steps.trajectories.samples import RolloutSamples, build_samples, image_names
 from steps.trajectories.vision import ImageGrid
 from steps.trajectories.staleness import Staleness, versions_behind
-from steps.trajectories.schema import (
+from steps.contracts.tables import (
     BEHAVIOUR,
     CALL_TIMINGS,
     CALLS,
     ROLLOUT_DURATIONS,
     ROLLOUTS,
     SAMPLES,
+    SampleRow,
 )
 from steps.contracts.layout import RESULT_FILE
 
@@ -137,8 +139,9 @@ def fetch_calls_store(store_url: str, rollout_ids: list[str]) -> tuple[dict[str,
     return {rid: calls.calls for rid, calls in zip(rollout_ids, stored)}, skipped
 
 
-def fitting_calls(rollout_id: str, calls: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The calls whose fields fit the tables, each index once; and the rest as skipped records, named."""
+def fitting_calls(rollout_id: str, calls: list[dict]) -> tuple[list[CallRecord], list[dict]]:
+    """The calls (stored records, as the store gives them) whose fields fit the tables, each index once, read
+    as `CallRecord`s; and the rest as skipped records, named."""
     kept, skipped, seen = [], [], set()
     for n, call in enumerate(calls):
         try:
@@ -151,7 +154,7 @@ def fitting_calls(rollout_id: str, calls: list[dict]) -> tuple[list[dict], list[
             skipped.append({"rollout_id": rollout_id, "record": f"call {index}", "error": "repeats a call index"})
             continue
         seen.add(index)
-        kept.append(call)
+        kept.append(CallRecord.from_json(call))
     return kept, skipped
 
 
@@ -184,23 +187,23 @@ class Rows:
                 "behaviour": pa.table(self.behaviour, schema=BEHAVIOUR)}
 
 
-def add_calls(rows: Rows, keys: dict, calls: list[dict], built: RolloutSamples | None) -> None:
+def add_calls(rows: Rows, keys: dict, calls: list[CallRecord], built: RolloutSamples | None) -> None:
     """One `calls` row per recorded call, linked to the sample it went into."""
     for call in calls:
-        timings, sampled = call.get("timings") or {}, call.get("sampling") or {}
-        index = None if built is None else built.sample_of_call.get(call["call_index"])
-        values = {**keys, "call_index": call["call_index"], "dialect": call.get("dialect"),
-                  "stream": call.get("stream"), "status": call.get("status"),
-                  "prompt_token_ids": call.get("prompt_token_ids"), "response_token_ids": call.get("response_token_ids"),
-                  "response_logprobs": call.get("response_logprobs"), "finish_reason": call.get("finish_reason"),
-                  "weight_version": None if call.get("weight_version") is None else str(call["weight_version"]),
-                  "replica": call.get("replica"),
+        timings, sampled = call.timings or {}, call.sampling or {}
+        index = None if built is None else built.sample_of_call.get(call.call_index)
+        values = {**keys, "call_index": call.call_index, "dialect": call.dialect,
+                  "stream": call.stream, "status": call.status,
+                  "prompt_token_ids": call.prompt_token_ids, "response_token_ids": call.response_token_ids,
+                  "response_logprobs": call.response_logprobs, "finish_reason": call.finish_reason,
+                  "weight_version": None if call.weight_version is None else str(call.weight_version),
+                  "replica": call.replica,
                   **{name: sampled.get(name) for name in ("temperature", "top_p", "top_k")},
                   **{name: timings.get(name) for name in CALL_TIMINGS},
-                  "error": (call.get("error") or {}).get("message"), "sample_index": index,
-                  "continued": None if index is None else call["call_index"] in built.continued_calls,
+                  "error": (call.error or {}).get("message"), "sample_index": index,
+                  "continued": None if index is None else call.call_index in built.continued_calls,
                   "images": image_names(call),
-                  "untrainable": call.get("untrainable") or (None if built is None else built.untrainable.get(call["call_index"]))}
+                  "untrainable": call.untrainable or (None if built is None else built.untrainable.get(call.call_index))}
         for name in CALLS.names:
             rows.calls[name].append(values[name])
 
@@ -209,13 +212,13 @@ def add_samples(rows: Rows, keys: dict, built: RolloutSamples, reward: float | N
     """One `samples` row per training sample; each weighs 1/(samples of its rollout) in the loss."""
     weight = 1.0 / len(built.samples) if built.samples else 0.0
     for index, sample in enumerate(built.samples):
-        values = {**keys, "sample_index": index, "prompt_token_ids": sample.prompt_token_ids,
-                  "response_token_ids": sample.response_token_ids, "response_mask": sample.response_mask,
-                  "response_logprobs": sample.response_logprobs, "reward": reward, "loss_weight": weight,
-                  "num_calls": len(sample.call_indices), "call_indices": sample.call_indices,
-                  "weight_versions": sample.weight_versions, "images": sample.images}
+        row = SampleRow(**keys, sample_index=index, prompt_token_ids=sample.prompt_token_ids,
+                        response_token_ids=sample.response_token_ids, response_mask=sample.response_mask,
+                        response_logprobs=sample.response_logprobs, reward=reward, loss_weight=weight,
+                        num_calls=len(sample.call_indices), call_indices=sample.call_indices,
+                        weight_versions=sample.weight_versions, images=sample.images)
         for name in SAMPLES.names:
-            rows.samples[name].append(values[name])
+            rows.samples[name].append(getattr(row, name))
 
 
 def add_rollout(rows: Rows, keys: dict, result: dict, built: RolloutSamples | None) -> None:
@@ -308,7 +311,7 @@ def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iterati
                   f"rollout finished too", file=sys.stderr, flush=True)
         stored, skipped = fitting_calls(rid, calls.get(rid, []))
         rows.skipped += skipped
-        rows.untrainable_calls += sum(1 for call in stored if call.get("untrainable"))
+        rows.untrainable_calls += sum(1 for call in stored if call.untrainable)
         for bad in skipped:
             print(f"trajectories: warning: rollout {rid}: {bad['record']} left out: {bad['error']}",
                   file=sys.stderr, flush=True)

@@ -17,6 +17,7 @@ trained on not at all: `untrainable` names it with why.
 
 from dataclasses import dataclass, field
 
+from steps.contracts.calls import CallRecord
 from steps.trajectories.vision import ImageGrid
 
 
@@ -42,20 +43,20 @@ class Sample:
                 and prompt[:n_prompt] == self.prompt_token_ids
                 and prompt[n_prompt:len(self)] == self.response_token_ids)
 
-    def append(self, call: dict, added: list[int], images: list[str] = ()) -> None:
+    def append(self, call: CallRecord, added: list[int], images: list[str] = ()) -> None:
         """Adds `added` (prompt tokens the call brought, mask 0), the call's response (mask 1), and the
         images its prompt adds to the sample's."""
         self.images += images[len(self.images):]
-        response = call["response_token_ids"]
-        logprobs = call.get("response_logprobs")
+        response = call.response_token_ids
+        logprobs = call.response_logprobs
         self.response_token_ids += added + response
         self.response_mask += [0] * len(added) + [1] * len(response)
         if self.response_logprobs is not None and logprobs is not None and len(logprobs) == len(response):
             self.response_logprobs += [0.0] * len(added) + [float(x) for x in logprobs]
         else:
             self.response_logprobs = None
-        self.call_indices.append(call["call_index"])
-        version = call.get("weight_version")
+        self.call_indices.append(call.call_index)
+        version = call.weight_version
         if version is not None and str(version) not in self.weight_versions:
             self.weight_versions.append(str(version))
 
@@ -76,38 +77,39 @@ class RolloutSamples:
         return max(self.used_calls - 1, 0)
 
 
-def usable(call: dict) -> bool:
+def usable(call: CallRecord) -> bool:
     """An `ok` call with token ids; aborted and failed calls, and calls without tokens, are skipped."""
-    return call.get("status") == "ok" and call.get("prompt_token_ids") is not None \
-        and call.get("response_token_ids") is not None
+    return call.status == "ok" and call.prompt_token_ids is not None and call.response_token_ids is not None
 
 
-def image_names(call: dict) -> list[str]:
+def image_names(call: CallRecord) -> list[str]:
     """The SHA-256 names of a call's images, in prompt order ([] for a record older than images)."""
-    return [ref["sha256"] for ref in call.get("images") or []]
+    return [ref["sha256"] for ref in call.images or []]
 
 
-def image_problem(call: dict, grid: ImageGrid | None) -> str | None:
+def image_problem(call: CallRecord, grid: ImageGrid | None) -> str | None:
     """Why a usable call's images cannot be trained on, or None.
 
-    >>> image_problem({"prompt_token_ids": [1], "images": None, "store_error": "images: image 00 is not in the store"}, None)
+    >>> image_problem(CallRecord(call_index=0, prompt_token_ids=[1], images=None,
+    ...                          store_error="images: image 00 is not in the store"), None)
     'its images cannot be read back (images: image 00 is not in the store)'
-    >>> image_problem({"prompt_token_ids": [1], "images": [{"sha256": "0", "width": 9, "height": 9}]}, None)
+    >>> image_problem(CallRecord(call_index=0, prompt_token_ids=[1], images=[{"sha256": "0", "width": 9, "height": 9}]), None)
     'it has images, and no checkpoint was given (--model) to check its image tokens against their grids'
     """
-    if "images" in call and call["images"] is None:
-        return f"its images cannot be read back ({call.get('store_error')})"
-    images = call.get("images") or []
+    if call.images is None:
+        return f"its images cannot be read back ({call.store_error})"
+    images = call.images
     if grid is None:
         return "it has images, and no checkpoint was given (--model) to check its image tokens against their grids" \
             if images else None
-    problem = grid.mismatch(call["prompt_token_ids"], images)
+    problem = grid.mismatch(call.prompt_token_ids, images)
     return None if problem is None else f"its image tokens do not match its images: {problem}"
 
 
-def build_samples(calls: list[dict], grid: ImageGrid | None = None) -> RolloutSamples:
-    """Merges a rollout's calls (in call order) into training samples; `grid`: the served checkpoint's image
-    tokens (None for a text model), against which each call's images are checked.
+def build_samples(calls: list[CallRecord | dict], grid: ImageGrid | None = None) -> RolloutSamples:
+    """Merges a rollout's calls (in call order) into training samples; `calls`: records, or stored records as the
+    store gives them (read with `CallRecord.from_json`); `grid`: the served checkpoint's image tokens (None for a
+    text model), against which each call's images are checked.
 
     >>> calls = [{"call_index": 0, "status": "ok", "prompt_token_ids": [1, 2], "response_token_ids": [3],
     ...           "response_logprobs": [-0.5]},
@@ -118,23 +120,24 @@ def build_samples(calls: list[dict], grid: ImageGrid | None = None) -> RolloutSa
     (1, [3, 9, 4], [1, 0, 1], [-0.5, 0.0, -0.25])
     """
     result = RolloutSamples(samples=[], sample_of_call={}, continued_calls=set(), used_calls=0)
-    for call in sorted(calls, key=lambda c: c["call_index"]):
+    records = [call if isinstance(call, CallRecord) else CallRecord.from_json(call) for call in calls]
+    for call in sorted(records, key=lambda c: c.call_index):
         if not usable(call):
             continue
         problem = image_problem(call, grid)
         if problem is not None:
-            result.untrainable[call["call_index"]] = problem
+            result.untrainable[call.call_index] = problem
             continue
         result.used_calls += 1
-        prompt, images = call["prompt_token_ids"], image_names(call)
+        prompt, images = call.prompt_token_ids, image_names(call)
         matches = [i for i, sample in enumerate(result.samples) if sample.continued_by(prompt, images)]
         if matches:
             index = max(matches, key=lambda i: len(result.samples[i]))
-            result.continued_calls.add(call["call_index"])
+            result.continued_calls.add(call.call_index)
         else:
             index = len(result.samples)
             result.samples.append(Sample(prompt_token_ids=list(prompt)))
         sample = result.samples[index]
         sample.append(call, list(prompt[len(sample):]), images)
-        result.sample_of_call[call["call_index"]] = index
+        result.sample_of_call[call.call_index] = index
     return result

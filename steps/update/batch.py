@@ -1,23 +1,25 @@
 """Samples in, veRL's padded batch out: per-rollout advantages, loss weights and the rollout-logprob correction.
 
-Reads the `samples` table (`docs/trajectories.md`); the columns used are `SAMPLE_COLUMNS`. veRL's layout:
+Reads the `samples` table (`docs/trajectories.md`) into its row type, `steps.contracts.tables.SampleRow`, the one
+the trajectories step writes it with; a file must have `SAMPLE_COLUMNS`. veRL's layout:
 prompts left-padded, responses right-padded, `response_mask` 1 only on sampled tokens.
 """
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
 
 from steps.update.config import UpdateConfig
 from steps.contracts.layout import table_url
+from steps.contracts.tables import SampleRow, columns
 
-# The `samples` columns the update reads (written by `steps.trajectories`).
-SAMPLE_COLUMNS = ["rollout_id", "task", "prompt_token_ids", "response_token_ids", "response_mask",
-                  "response_logprobs", "reward", "loss_weight"]
-# Read where the table has them: a text run's table (or an older one) may not.
-OPTIONAL_COLUMNS = ["sample_index", "images"]
+# A training sample is a row of the `samples` table, read with the type the trajectories step writes it with.
+Sample = SampleRow
+# The columns a samples file must have: those the update trains on (the row's positional fields). The row's
+# other columns are read where the table has them: a text run's table (or an older one) may lack some.
+SAMPLE_COLUMNS = [row_field.name for row_field in fields(SampleRow) if not row_field.kw_only]
 
 
 # The estimators whose advantages are relative to the task's group (all but reinforce_plus_plus, which
@@ -27,22 +29,6 @@ GROUP_BASELINE_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "reinforce_plus_plus_
 
 class SampleError(ValueError):
     """Unusable samples input: the message names the file or column."""
-
-
-@dataclass
-class Sample:
-    """One training sample: a prompt, then response tokens of which `response_mask` marks the sampled ones."""
-
-    rollout_id: str
-    task: str | None
-    prompt_token_ids: list[int]
-    response_token_ids: list[int]
-    response_mask: list[int]
-    response_logprobs: list[float] | None  # the sampler's, aligned with response_token_ids; None if unknown
-    reward: float
-    loss_weight: float = 1.0
-    sample_index: int | str | None = None  # its position among the rollout's samples ("row N" if unknown)
-    images: list[str] | None = None  # the SHA-256 names of its images in prompt order (`steps.update.vision`)
 
 
 # The empty sample that evens out a mini-batch over the update's ranks (`steps.update.ranks.shard_rows`): one
@@ -136,9 +122,9 @@ def read_samples(url: str) -> list[Sample]:
     missing = [name for name in SAMPLE_COLUMNS if name not in table.column_names]
     if missing:
         raise SampleError(f"{url}: missing column(s) {', '.join(missing)}; needs {', '.join(SAMPLE_COLUMNS)}")
-    columns = SAMPLE_COLUMNS + [name for name in OPTIONAL_COLUMNS if name in table.column_names]
+    present = [name for name in columns(SampleRow) if name in table.column_names]
     samples = []
-    for number, row in enumerate(table.select(columns).to_pylist()):
+    for number, row in enumerate(table.select(present).to_pylist()):
         row.setdefault("sample_index", f"row {number}")
         row["images"] = row.get("images") or []
         if not row["response_token_ids"]:

@@ -17,8 +17,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from steps.trajectories.schema import TABLES, check_schema
-from steps.contracts.layout import partition_url, table_url  # noqa: F401 - partition_url is this package's API too
+from steps.contracts.layout import partition_url, table_url  # noqa: F401 - partition_url is this module's API too
+from steps.contracts.tables import TABLES, check_schema
 
 COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 3  # level 9 saved little and cost 2-3x on token ids (notes/argo-hera-s3.md)

@@ -1,10 +1,15 @@
 """The four trajectory tables as pyarrow schemas, defined once and checked on every read.
 
 `calls`: one row per recorded model call. `rollouts`: one row per rollout result. `samples`: the
-training samples built from a rollout's calls (see `steps.trajectories.samples`). `behaviour`: one row per
+training samples built from a rollout's calls (see `steps.trajectories.samples`), one `SampleRow` each: the
+trajectories step writes them and the update reads them with that type. `behaviour`: one row per
 rollout, what the agent did (see `steps.analytics`; its metric columns are `RolloutBehaviour`'s fields). Column meanings are
 in `docs/trajectories.md`.
+
+Only pyarrow and the standard library: the update's environment (veRL) imports this module too.
 """
+
+from dataclasses import KW_ONLY, Field, dataclass, field, fields
 
 import pyarrow as pa
 
@@ -12,15 +17,40 @@ SCHEMA_VERSION = "1"
 TOKENS = pa.list_(pa.int32())
 LOGPROBS = pa.list_(pa.float32())
 
-# Who a row belongs to; leads every table so the four join on (run, iteration, rollout_id).
-_KEYS = [
-    pa.field("run", pa.string(), nullable=False),
-    pa.field("iteration", pa.int32(), nullable=False),
-    pa.field("rollout_id", pa.string(), nullable=False),
-    pa.field("task", pa.string()),
-    pa.field("sample", pa.int32()),  # the rollout's index within its task group (GRPO group member)
-    pa.field("harness", pa.string()),
-]
+
+def column(data_type: pa.DataType, nullable: bool = True, **default) -> Field:
+    """A row field that is a table column of `data_type` (`default`: the field's default, or kw_only=False)."""
+    return field(metadata={"arrow": pa.field("column", data_type, nullable=nullable)}, **default)
+
+
+def arrow_fields(row: type) -> list[pa.Field]:
+    """A row type's columns, in order, each of its type."""
+    return [row_field.metadata["arrow"].with_name(row_field.name) for row_field in fields(row)]
+
+
+def columns(row: type) -> list[str]:
+    """The column names of a row type, in order.
+
+    >>> columns(SampleRow)[:3]
+    ['run', 'iteration', 'rollout_id']
+    """
+    return [row_field.name for row_field in fields(row)]
+
+
+@dataclass
+class RowKeys:
+    """Who a row belongs to; leads every table so the four join on (run, iteration, rollout_id)."""
+
+    _: KW_ONLY
+    run: str | None = column(pa.string(), nullable=False, default=None)
+    iteration: int | None = column(pa.int32(), nullable=False, default=None)
+    rollout_id: str = column(pa.string(), nullable=False, kw_only=False)
+    task: str | None = column(pa.string(), kw_only=False)
+    sample: int | None = column(pa.int32(), default=None)  # the rollout's index within its task group (GRPO group member)
+    harness: str | None = column(pa.string(), default=None)
+
+
+_KEYS = arrow_fields(RowKeys)
 
 CALL_TIMINGS = ["received_at", "upstream_started_at", "upstream_ended_at", "responded_at", "upstream_s", "total_s"]
 ROLLOUT_DURATIONS = ["setup_s", "agent_s", "verifier_s", "total_s"]
@@ -67,19 +97,31 @@ ROLLOUTS = _with_meta("rollouts", _KEYS + [
     pa.field("num_samples", pa.int32()),
 ])
 
-SAMPLES = _with_meta("samples", _KEYS + [
-    pa.field("sample_index", pa.int32(), nullable=False),  # position among its rollout's training samples
-    pa.field("prompt_token_ids", TOKENS),
-    pa.field("response_token_ids", TOKENS),
-    pa.field("response_mask", pa.list_(pa.int8())),
-    pa.field("response_logprobs", LOGPROBS),  # 0 where the mask is 0; null if a merged call had none
-    pa.field("reward", pa.float64()),
-    pa.field("loss_weight", pa.float64()),
-    pa.field("num_calls", pa.int32()),
-    pa.field("call_indices", pa.list_(pa.int32())),
-    pa.field("weight_versions", pa.list_(pa.string())),
-    pa.field("images", pa.list_(pa.string())),  # SHA-256 names in prompt order: the first call's, then each one's new
-])
+
+@dataclass
+class SampleRow(RowKeys):
+    """One training sample, a row of the `samples` table: the first call's prompt, then every token after it,
+    `response_mask` 1 on the sampled ones. Its fields are the table's columns, in order (`SAMPLES`); those the
+    update trains on come first in its constructor, the rest are keywords (`SampleRow("r", "task", prompt,
+    response, mask, logprobs, reward)`). Read from a file without a column, a field keeps its default."""
+
+    _: KW_ONLY
+    # Its position among its rollout's training samples; a reader of a file without it names the row ("row N").
+    sample_index: int | str | None = column(pa.int32(), nullable=False, default=None)
+    prompt_token_ids: list[int] = column(TOKENS, kw_only=False)
+    response_token_ids: list[int] = column(TOKENS, kw_only=False)
+    response_mask: list[int] = column(pa.list_(pa.int8()), kw_only=False)
+    # The sampler's, aligned with response_token_ids, 0 where the mask is 0; None if a merged call had none.
+    response_logprobs: list[float] | None = column(LOGPROBS, kw_only=False)
+    reward: float | None = column(pa.float64(), kw_only=False)
+    loss_weight: float = column(pa.float64(), default=1.0, kw_only=False)
+    num_calls: int | None = column(pa.int32(), default=None)
+    call_indices: list[int] | None = column(pa.list_(pa.int32()), default=None)
+    weight_versions: list[str] | None = column(pa.list_(pa.string()), default=None)
+    images: list[str] | None = column(pa.list_(pa.string()), default=None)  # SHA-256 names in prompt order
+
+
+SAMPLES = _with_meta("samples", arrow_fields(SampleRow))
 
 BEHAVIOUR = _with_meta("behaviour", _KEYS + [
     # The rollout's outcome and weights, so that pass/fail and checkpoint splits need no join.
