@@ -42,7 +42,7 @@ from steps.sandbox.pod import AGENT_UID, PodSandbox, protect_runner
 from steps.sandbox import Sandbox, SandboxError
 from steps.sandbox.network import NetworkError, ProxyTunnel
 from steps.tasks import Task, TaskError, load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 from steps.contracts.layout import PHASE_FILE, RESULT_FILE, REWARD_FILE, STATUS_FILE  # in OUT: the step's output
 
 INFRA_EXIT_CODE = 3

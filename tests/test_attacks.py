@@ -29,7 +29,7 @@ from steps.rollout import RolloutSpec, run_rollout
 from steps.sandbox import Sandbox
 from steps.sandbox.common import copy_tree, links_under
 from steps.tasks import BUILTIN_DATASET, load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 from test_harnesses import installed_exe
 from test_rollout import oracle, tool_outputs
 

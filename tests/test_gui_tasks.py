@@ -20,7 +20,7 @@ import steps.sandbox.pod
 from steps.sandbox import Sandbox, SandboxError
 from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT
 from steps.tasks import load_dataset, load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 
 REPO = Path(__file__).resolve().parents[1]
 GUI = REPO / "steps" / "tasks" / "gui"

@@ -34,8 +34,8 @@ import pytest
 
 from steps.sandbox import Sandbox, SandboxError
 from steps.tasks import Task, load_dataset, load_task
-from steps.tasks.check import OK, check_dataset
-from steps.tasks.verify import run_verifier
+from steps.grading.check import OK, check_dataset
+from steps.grading.verify import run_verifier
 from tests.offline_packages import WheelError, build_wheels, repack_wheel
 
 pytestmark = pytest.mark.slow  # every test builds task layers from Dockerfiles

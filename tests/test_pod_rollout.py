@@ -203,7 +203,7 @@ def test_the_agent_cannot_read_the_verifier_or_the_runners_environment(scripted,
     assert "environ exit 1" in output and output.count("Permission denied") >= 3, output
     assert SECRET not in output and ADMIN_KEY not in output and "echo 1 > /logs/verifier/reward.txt" not in output
     assert "secret copies: 0" in output and "task files found: 0" in output, output
-    assert "verify.py found: /openforge/app/steps/tasks/verify.py\n" in output, output  # the search did run there
+    assert "verify.py found: /openforge/app/steps/grading/verify.py\n" in output, output  # the search did run there
     assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), result
 
 
@@ -302,7 +302,7 @@ import json, sys
 from pathlib import Path
 import steps.sandbox.pod as pod
 from steps.tasks import load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 
 task, agent, guard = load_task(Path(sys.argv[1])), sys.argv[2], sys.argv[3]
 out = Path("/tmp/rollout")
@@ -431,7 +431,7 @@ import json, sys
 from pathlib import Path
 from steps.sandbox.pod import PodSandbox
 from steps.tasks import load_task
-from steps.tasks.verify import run_oracle, run_verifier
+from steps.grading.verify import run_oracle, run_verifier
 
 task, agent = load_task(Path(sys.argv[1])), sys.argv[2]
 out = Path("/tmp/rollout")

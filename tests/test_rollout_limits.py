@@ -22,7 +22,7 @@ from steps.sandbox import Sandbox
 from steps.sandbox.common import MIB, Bounds, Output, copy_logs
 from steps.sandbox.limits import Budget
 from steps.tasks import BUILTIN_DATASET, load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 from test_harnesses import installed_exe
 from test_rollout import oracle, tool_outputs
 

@@ -25,11 +25,11 @@ import pytest
 import steps.sandbox.dockerfile
 import steps.metrics
 import steps.tasks.schema
-import steps.tasks.verify
+import steps.grading.verify
 from steps.sandbox.network import ProxyTunnel
 from steps.sandbox import Sandbox, SandboxError
 from steps.tasks import BUILTIN_DATASET, DatasetError, load_dataset, load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 
 REPO = Path(__file__).resolve().parents[1]
 TASK_TOML = """schema_version = "1.1"
@@ -417,7 +417,7 @@ def test_harness_folder_bound_read_only(tmp_path):
 
 # --- pure functions --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("module", [steps.metrics, steps.sandbox.dockerfile, steps.tasks.schema, steps.tasks.verify])
+@pytest.mark.parametrize("module", [steps.metrics, steps.sandbox.dockerfile, steps.tasks.schema, steps.grading.verify])
 def test_doctests(module):
     failures, tried = doctest.testmod(module)
     assert tried > 0 and failures == 0

@@ -253,7 +253,7 @@ class Sandbox:
         return box
 
     def supervised(self, supervised: list[str], plain: list[str]) -> list[str]:
-        """The verifier's command: `supervised` (test.sh under `steps.tasks.verify.SUPERVISOR`), where this
+        """The verifier's command: `supervised` (test.sh under `steps.grading.verify.SUPERVISOR`), where this
         sandbox's PID namespace holds only the verifier's processes, as a local sandbox's does."""
         return supervised
 

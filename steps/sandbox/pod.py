@@ -6,7 +6,7 @@ built and nothing is bound; commands are plain subprocesses of the runner.
     box.run(argv, timeout_s=300, env={...}, stdout_path=log, as_agent=True)   # as uid 10001, then everything it left is killed
     run_verifier(box, task, Path("/tmp/rollout/verifier"))      # as root; tests/ copied to /tests only now
 
-The pod's `/` is the sandbox's `/` (`host_path("/app")` is `/app`), so `steps.tasks.verify` grades in the
+The pod's `/` is the sandbox's `/` (`host_path("/app")` is `/app`), so `steps.grading.verify` grades in the
 pod exactly as it grades in a bubblewrap sandbox. The workspace is the image's WORKDIR, which is the
 pod's working folder when the template sets none (or `[environment] workdir`).
 

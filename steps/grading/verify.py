@@ -10,7 +10,7 @@ writes no readable reward (or one that is not trusted, see SUPERVISOR) has faile
 is None and `error` says why. Grading runs where only the agent's work can reach it, so `steps.rollout`
 scores such a rollout 0 (and `steps.tasks check`, running the oracle, reports the task broken).
 
-    from steps.tasks.verify import run_oracle, run_verifier
+    from steps.grading.verify import run_oracle, run_verifier
     run_oracle(sandbox, task, Path("out/oracle.txt"))
     verdict = run_verifier(sandbox, task, Path("out/verifier"))
 """
@@ -89,7 +89,7 @@ def parse_reward(reward_json: str | None, reward_txt: str | None) -> dict[str, f
     >>> parse_reward(None, "yes")
     Traceback (most recent call last):
     ...
-    steps.tasks.verify.RewardError: reward.txt must hold one number, got 'yes'
+    steps.grading.verify.RewardError: reward.txt must hold one number, got 'yes'
     """
     if reward_json is not None:
         try:

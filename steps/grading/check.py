@@ -17,7 +17,7 @@ from pathlib import Path
 
 from steps.sandbox import Sandbox, SandboxError
 from steps.tasks import Task, TaskError
-from steps.tasks.verify import run_oracle, run_verifier
+from steps.grading.verify import run_oracle, run_verifier
 
 OK, BROKEN, SKIPPED = "ok", "broken", "skipped"
 TAIL_LINES = 8
