@@ -4,7 +4,7 @@ inside a stand-in for the Kubernetes rollout pod, driven by the scripted model o
 Why the pod is simulated: this machine (and CI) has no container engine and no Kubernetes
 (shared/notes/argo-hera-s3.md), but the tests run as root. So each test builds the pod itself:
 `unshare --mount --pid --fork` gives a private mount table and PID namespace, a tmpfs becomes the pod's
-`/`, filled with the task's image as OpenForge's own builder lays it out (`Sandbox.create`: WORKDIR,
+`/`, filled with the task's image as OpenForge's own builder lays it out (`LocalSandbox.create`: WORKDIR,
 COPY...), the host's /usr and /etc bound read-only (the image's system; its apt archives too, gigabytes
 not worth copying per test), a fresh /proc, and the emptyDir /openforge laid out by the init container's
 own script (`workflows.iteration.app_layout`) from a copy of the repository, with Python and the harness
@@ -28,7 +28,7 @@ import pytest
 
 from steps.harnesses import cache_root
 from steps.sandbox.pod import AGENT_UID
-from steps.sandbox import Sandbox
+from steps.sandbox import LocalSandbox
 from steps.tasks import BUILTIN_DATASET, load_task
 from test_harnesses import installed_exe
 from steps.sandbox.app import APP_STATE_KEPT
@@ -126,7 +126,7 @@ def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: 
     volume root-only, read-only at APP_LIVE in the pod), on a loopback of the pod's own (no proxy then), and with
     the image's own /usr and /etc (the task's Playwright is there)."""
     task = load_task(task_dir)
-    image = Sandbox.create(tmp_path / "image", task)  # the task's image, as the builder lays it out
+    image = LocalSandbox.create(tmp_path / "image", task)  # the task's image, as the builder lays it out
     app = tmp_path / "app"
     copy_repository(app)
     relative = (task_dir.relative_to(REPO) if task_dir.is_relative_to(REPO) else Path("extra") / task_dir.name)

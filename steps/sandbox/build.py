@@ -12,7 +12,7 @@
 - USER is ignored (noted), and CMD, ENTRYPOINT, EXPOSE, LABEL, VOLUME, HEALTHCHECK... do not change
   files, so they are skipped. `.dockerignore` is not read.
 
-Called by `Sandbox.create`; see `steps/sandbox/local.py` for the sandbox itself.
+Called by `LocalSandbox.create`; see `steps/sandbox/local.py` for the sandbox itself.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from steps.sandbox.common import WHEELS_DIR, SandboxError, copy_tree
 from steps.tasks import Task
 
 if TYPE_CHECKING:  # the sandbox drives the builder, so only its type is named here
-    from steps.sandbox.local import Sandbox
+    from steps.sandbox.local import LocalSandbox
 
 
 # The host's Python stands in for the image's, and Debian marks its Python externally managed (PEP 668); an
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the sandbox drives the builder, so only its type is named h
 PIP_IN_IMAGE = {"PIP_BREAK_SYSTEM_PACKAGES": "1"}
 
 
-def apply_dockerfile(sandbox: Sandbox, task: Task) -> None:
+def apply_dockerfile(sandbox: LocalSandbox, task: Task) -> None:
     """Apply `task.dockerfile` to a fresh sandbox; raise `SandboxError` naming the first line that fails."""
     _Build(sandbox, task).apply()
 
@@ -52,7 +52,7 @@ class _Build:
     IGNORED = frozenset({"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "MAINTAINER",
                          "ONBUILD"})
 
-    def __init__(self, box: Sandbox, task: Task) -> None:
+    def __init__(self, box: LocalSandbox, task: Task) -> None:
         self.box = box
         self.task = task
         self.context = task.environment_dir.resolve()
