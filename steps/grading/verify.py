@@ -160,7 +160,7 @@ def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, 
                                            stdout_path=output_dir / "test-stdout.txt")
         # The reward files first: past the log cap, whatever else the verifier (or the agent's program it ran) left
         # there is cut, never the reward. A /logs/verifier the verifier removed copies nothing (no reward, below).
-        grading.notes.extend(f"/logs/verifier: {note}" for note in
+        grading.notes.extend(f"{VERIFIER_DIR}: {note}" for note in
                              grading.copy_logs_out(VERIFIER_DIR, output_dir, first=REWARD_FILES))
     finally:
         if grading is not sandbox:
