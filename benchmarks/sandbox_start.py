@@ -4,7 +4,7 @@ every later one (the cached layer mounted), side by side in one run.
     python benchmarks/sandbox_start.py [--repeats 5] [--task steps/tasks/builtin/find-large-files]
 
 Each repeat builds the task's layer into a fresh cache folder (`OPENFORGE_CACHE`, so nothing is reused
-across repeats) with `Sandbox.create`, removes that sandbox, then creates and removes a second sandbox of
+across repeats) with `LocalSandbox.create`, removes that sandbox, then creates and removes a second sandbox of
 the same task from the layer just built. Prints the median (min-max) of each and their ratio, and one JSON
 line. Needs root (overlay mounts), as local rollouts do. Builds run with `OPENFORGE_BUILD_NETWORK=none`.
 """
@@ -20,14 +20,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from steps.sandbox import Sandbox  # noqa: E402
+from steps.sandbox import LocalSandbox  # noqa: E402
 from steps.tasks import load_task  # noqa: E402
 
 
 def timed_create(root: Path, task) -> float:
-    """Seconds `Sandbox.create` took (the sandbox is removed afterwards, untimed)."""
+    """Seconds `LocalSandbox.create` took (the sandbox is removed afterwards, untimed)."""
     started = time.perf_counter()
-    box = Sandbox.create(root, task)
+    box = LocalSandbox.create(root, task)
     elapsed = time.perf_counter() - started
     box.remove()
     return elapsed

@@ -28,7 +28,6 @@ import json
 import os
 import sys
 import time
-import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -38,16 +37,14 @@ from steps.plan import attempt_id
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.sandbox.common import MIB, Bounds, copy_logs
 from steps.sandbox.limits import Budget
-from steps.sandbox.pod import AGENT_UID, PodSandbox, protect_runner
-from steps.sandbox import Sandbox, SandboxError
-from steps.sandbox.network import NetworkError, ProxyTunnel
+from steps.sandbox.pod import AGENT_UID
+from steps.sandbox import ISOLATIONS, HarnessSetup, Sandbox, SandboxError, open_sandbox, prepare_runner
 from steps.tasks import Task, TaskError, load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 from steps.contracts.layout import PHASE_FILE, RESULT_FILE, REWARD_FILE, STATUS_FILE  # in OUT: the step's output
 
 INFRA_EXIT_CODE = 3
 INFRA_ERROR = "infra_error"  # the status of an attempt that failed for a reason other than the agent
-ISOLATIONS = ("bwrap", "pod")  # a bubblewrap sandbox built from the Dockerfile, or the Kubernetes pod itself
 MAX_ATTEMPTS = 20  # ids a rollout tries when earlier attempts of its step registered theirs
 NO_REWARD = "none"  # OUT/reward of a rollout without one (infra_error), and Argo's default when none was written
 
@@ -146,31 +143,26 @@ def in_sandbox(env: dict[str, str], box: Sandbox) -> dict[str, str]:
     return {key: value.replace(root, "") for key, value in env.items()}
 
 
-def on_loopback(url: str, port: int) -> str:
-    """`url` with its host and port replaced by 127.0.0.1:`port` (the tunnel's end inside the sandbox).
-
-    >>> on_loopback("http://10.0.0.5:8100/rollouts/r0/v1", 8100)
-    'http://127.0.0.1:8100/rollouts/r0/v1'
-    """
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{port}"))
-
-
-def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result: RolloutResult) -> bool:
-    """Runs the harness in the sandbox; returns True if it ran out of time.
-
-    Locally the sandbox's network is its own, and its only way out is a tunnel to the proxy
-    (`ProxyTunnel`): the harness is given the proxy at 127.0.0.1 inside it. A pod has the pod's network.
-    """
+def install_harness(spec: RolloutSpec) -> tuple[Path, HarnessSetup]:
+    """The harness's program, and the harness and proxy as a sandbox brings them in; an infra error if it is not
+    installed."""
     harness = HARNESSES[spec.harness]
     try:
         exe = harness.install(default_prefix(spec.harness, harness.VERSION))
     except InstallError as exc:
         raise InfraError(f"the harness is not installed: {exc}") from None
-    proxy = urllib.parse.urlsplit(spec.proxy_url)
-    port = proxy.port or 80
-    urls = {key: rollout[key] if spec.isolation == "pod" else on_loopback(rollout[key], port)
-            for key in ("openai_base_url", "anthropic_base_url")}
+    return exe, HarnessSetup(binds=tuple(harness.binds()), programs=tuple(harness.programs(exe)),
+                             proxy_url=spec.proxy_url)
+
+
+def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, exe: Path, rollout: dict, result: RolloutResult) -> bool:
+    """Runs the harness in the sandbox; returns True if it ran out of time.
+
+    The harness is given the proxy as the sandbox's inside reaches it (`Sandbox.agent_url`: locally a tunnel's end
+    at 127.0.0.1, in a pod the proxy itself).
+    """
+    harness = HARNESSES[spec.harness]
+    urls = {key: box.agent_url(rollout[key]) for key in ("openai_base_url", "anthropic_base_url")}
     endpoint = Endpoint(**urls, api_key=rollout["api_key"], model=spec.model_name)
     env = in_sandbox(harness.prepare(box.host_path(box.home), Path(box.workdir), endpoint), box)
     env["PATH"] = harness_path(env.get("PATH", ""), box.env.get("PATH", ""))
@@ -179,14 +171,8 @@ def run_agent(spec: RolloutSpec, task: Task, box: Sandbox, rollout: dict, result
     timeout_s = spec.agent_timeout_s or task.config.agent_timeout_s
     command = harness.command(task.instruction, Path(box.workdir), exe)
     try:
-        if spec.isolation == "pod":
-            run = box.run(command, timeout_s=timeout_s, env=env, cwd=box.workdir, stdout_path=log, as_agent=True)
-        else:
-            with ProxyTunnel(f"of-{os.getpid()}-{time.monotonic_ns() % 10**9}", proxy.hostname, port) as tunnel:
-                run = box.run(command, timeout_s=timeout_s, env=env, cwd=box.workdir, stdout_path=log,
-                              extra_binds=harness.binds(), network=tunnel, as_agent=True,
-                              harness_programs=harness.programs(exe))
-    except (SandboxError, NetworkError) as exc:
+        run = box.run_harness(command, timeout_s=timeout_s, env=env, stdout_path=log)
+    except SandboxError as exc:
         raise InfraError(f"the harness could not be started in the sandbox: {exc}") from None
     result.harness_exit_code = run.exit_code
     result.killed = (box.limit_hits(None if run.timed_out else run.exit_code) +
@@ -288,14 +274,14 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
                                          "sample": spec.sample})
         spec = replace(spec, rollout_id=taken)
         result.rollout_id = taken
-        box = (PodSandbox.create(spec.out, task, agent_uid=spec.agent_uid, bounds=spec.bounds)
-               if spec.isolation == "pod" else
-               Sandbox.create(spec.out / "sandbox", task, spec.bounds, harness_budget(spec)))
+        exe, harness = install_harness(spec)
+        box = open_sandbox(spec.isolation, spec.out, task, bounds=spec.bounds, harness=harness,
+                           budget=harness_budget(spec), agent_uid=spec.agent_uid)
         result.notes = list(box.notes)
         result.durations["setup_s"] = round(time.monotonic() - started, 3)
         try:
             enter(spec.out, "agent")
-            timed_out = run_agent(spec, task, box, rollout, result)
+            timed_out = run_agent(spec, task, box, exe, rollout, result)
             enter(spec.out, "calls")
             record_calls(spec, result)
             enter(spec.out, "grading")
@@ -401,11 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--attempt must be 1 or more (--retry 0 or more) and --sample 0 or more")
     if min(args.log_mb, args.graded_max_files, args.graded_copy_s) <= 0 or args.harness_memory_mb < 0:
         p.error("--log-mb, --graded-max-files and --graded-copy-s must be more than 0, --harness-memory-mb 0 or more")
-    if args.isolation == "pod" and not sys.flags.safe_path:
-        p.error("run pod mode with python -P (or PYTHONSAFEPATH=1): the working folder is the agent's workspace "
-                "and must not be on the runner's import path")
-    if args.isolation == "pod":
-        protect_runner()  # PodSandbox.create notes it when the container does not allow it
+    problem = prepare_runner(args.isolation)
+    if problem:
+        p.error(problem)
     spec = RolloutSpec(task=args.task, harness=args.harness, proxy_url=args.proxy_url, rollout_id=args.rollout_id,
                        out=args.out, model_name=args.model_name, sample=args.sample, attempt=args.attempt,
                        admin_key=admin_key, agent_timeout_s=args.agent_timeout,

@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 
 from steps.rollout import RolloutSpec, run_rollout
-from steps.sandbox import Sandbox
+from steps.sandbox import LocalSandbox
 from steps.sandbox.common import copy_tree, links_under
 from steps.tasks import BUILTIN_DATASET, load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 from test_harnesses import installed_exe
 from test_rollout import oracle, tool_outputs
 
@@ -58,7 +58,7 @@ HELD = {
 }
 
 
-def agent_root_reward(box: Sandbox, task) -> float | None:
+def agent_root_reward(box: LocalSandbox, task) -> float | None:
     """The control: the verifier run the old way, in the agent's own root with HOME=/root."""
     box.reset_dir("/logs/verifier")
     box.copy_in(task.tests_dir, "/tests")
@@ -71,7 +71,7 @@ def agent_root_reward(box: Sandbox, task) -> float | None:
 def test_an_attack_that_wins_in_the_agents_own_root_loses_in_the_verifiers(attack, tmp_path):
     task_name, command = ATTACKS[attack]
     task = load_task(BUILTIN_DATASET / task_name)
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     try:
         assert box.run(["bash", "-c", command], timeout_s=60, stdout_path=tmp_path / "agent.log").exit_code == 0, \
             (tmp_path / "agent.log").read_text()
@@ -89,7 +89,7 @@ def test_a_symlink_to_where_the_verifier_keeps_its_answers_is_removed(tmp_path):
     (folder / "tests" / "test.sh").write_text(
         "#!/bin/bash\nif cmp -s /app/answer.txt /tests/expected.txt; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n")
     task = load_task(folder)
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     try:
         box.run(["bash", "-c", "ln -s /tests/expected.txt /app/answer.txt && ln -s ../tests /app/up"], timeout_s=30)
         verdict = run_verifier(box, task, tmp_path / "verifier")
@@ -102,7 +102,7 @@ def test_a_symlink_to_where_the_verifier_keeps_its_answers_is_removed(tmp_path):
 
 def test_the_agent_sees_no_secret_of_the_host_and_no_host_path(tmp_path):
     task = load_task(BUILTIN_DATASET / "hello-file")
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     out = tmp_path / "out.txt"
     harness = tmp_path / "harnesses" / "tool-1.0"  # brought in as a harness is
     harness.mkdir(parents=True)
@@ -124,7 +124,7 @@ def test_the_agent_sees_no_secret_of_the_host_and_no_host_path(tmp_path):
 def test_processes_and_memory_are_limited_as_the_task_declares(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENFORGE_SANDBOX_PIDS", "200")
     task = load_task(BUILTIN_DATASET / "hello-file")  # memory_mb = 1024
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     out = tmp_path / "out.txt"
     try:
         if box.limits.notes:
@@ -147,7 +147,7 @@ def test_filling_the_disk_fills_only_the_sandboxs_own(tmp_path):
     toml = folder / "task.toml"
     toml.write_text(toml.read_text().replace("storage_mb = 1024", "storage_mb = 64"))
     task = load_task(folder)
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     out = tmp_path / "out.txt"
     try:
         assert not [note for note in box.notes if "storage_mb" in note], box.notes
@@ -189,7 +189,7 @@ def test_graded_files_that_cannot_be_brought_over_score_0_and_fill_nothing_of_th
     toml = folder / "task.toml"
     toml.write_text(toml.read_text().replace("storage_mb = 1024", "storage_mb = 64"))
     task = load_task(folder)
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     free_before = shutil.disk_usage(tmp_path).free
     try:
         box.run(["bash", "-c", attack], timeout_s=120)
@@ -266,8 +266,8 @@ def test_a_background_writer_is_caught_by_the_supervisor(supervised, tmp_path, m
         "#!/bin/bash\n/app/greet.sh >/dev/null 2>&1\necho 0 > /logs/verifier/reward.txt\nsleep 1\n")
     task = load_task(folder)
     if not supervised:
-        monkeypatch.setattr(Sandbox, "supervised", lambda self, supervised, plain: plain)
-    box = Sandbox.create(tmp_path / "sandbox", task)
+        monkeypatch.setattr(LocalSandbox, "supervised", lambda self, supervised, plain: plain)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     try:
         box.run(["bash", "-c", greet_script(f"{WRITER} echo nope")], timeout_s=30)
         verdict = run_verifier(box, task, tmp_path / "verifier")
@@ -285,7 +285,7 @@ def test_the_verifier_and_what_it_runs_cannot_change_tests_but_can_write_the_rew
     (folder / "tests" / "test.sh").write_text(
         "#!/bin/bash\ntouch /tests/x 2>/dev/null && echo tests-writable; echo 0 > /logs/verifier/reward.txt\n")
     task = load_task(folder)
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     try:
         verdict = run_verifier(box, task, tmp_path / "verifier")
         assert verdict.reward == 0.0  # control: the reward file was written

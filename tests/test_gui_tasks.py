@@ -17,10 +17,10 @@ import pytest
 from scripted_model import oracle_command
 from steps.rollout import RolloutSpec, run_rollout
 import steps.sandbox.pod
-from steps.sandbox import Sandbox, SandboxError
+from steps.sandbox import LocalSandbox, SandboxError
 from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT
 from steps.tasks import load_dataset, load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 
 REPO = Path(__file__).resolve().parents[1]
 GUI = REPO / "steps" / "tasks" / "gui"
@@ -100,7 +100,7 @@ def test_a_rollout_runs_the_app_beside_the_harness_and_grades_its_state(name, sc
 
 def test_state_the_agent_writes_is_not_what_the_verifier_grades(tmp_path):
     task = load_task(copy_task("gui-signup-form", tmp_path, solve=FORGER))
-    box = Sandbox.create(tmp_path / "box", task)
+    box = LocalSandbox.create(tmp_path / "box", task)
     try:
         box.copy_in(task.solution_dir, "/solution")
         assert box.run(["bash", "/solution/solve.sh"], timeout_s=60, as_agent=True).exit_code == 0
@@ -125,7 +125,7 @@ def test_a_graded_app_path_cannot_carry_the_agents_forgery(tmp_path):
 
 def test_the_agent_sees_neither_the_apps_processes_nor_its_files(tmp_path):
     task = load_task(SIGNUP)
-    box = Sandbox.create(tmp_path / "box", task)
+    box = LocalSandbox.create(tmp_path / "box", task)
     probe = ("import os, urllib.request\n"
              "urllib.request.urlopen('http://127.0.0.1:8080/signup', timeout=10).read()\n"  # the site is there
              "cmds = [open(f'/proc/{p}/cmdline', 'rb').read() for p in os.listdir('/proc') if p.isdigit()]\n"
@@ -146,7 +146,7 @@ def test_an_app_that_never_gets_ready_is_an_infrastructure_failure(tmp_path):
     task_dir = copy_task("gui-signup-form", tmp_path)
     toml = (task_dir / "task.toml").read_text().replace('app = "python3 /opt/site/site.py"', 'app = "exit 3"')
     (task_dir / "task.toml").write_text(toml)
-    box = Sandbox.create(tmp_path / "box", load_task(task_dir))
+    box = LocalSandbox.create(tmp_path / "box", load_task(task_dir))
     try:
         with pytest.raises(SandboxError, match="the task's app ended before it was ready"):
             box.run(["true"], timeout_s=30, as_agent=True)
@@ -199,7 +199,7 @@ def test_the_browser_in_the_sandbox_loads_the_site_and_nothing_beyond_loopback(t
     server = ThreadingHTTPServer(("0.0.0.0", 0), Hello)
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    box = Sandbox.create(tmp_path / "box", load_task(SIGNUP))
+    box = LocalSandbox.create(tmp_path / "box", load_task(SIGNUP))
     log = tmp_path / "browse.log"
     (box.host_path("/tmp") / "browse.py").write_text(BROWSE)
     try:

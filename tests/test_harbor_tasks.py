@@ -32,10 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from steps.sandbox import Sandbox, SandboxError
+from steps.sandbox import LocalSandbox, SandboxError
 from steps.tasks import Task, load_dataset, load_task
-from steps.tasks.check import OK, check_dataset
-from steps.tasks.verify import run_verifier
+from steps.grading.check import OK, check_dataset
+from steps.grading.verify import run_verifier
 from tests.offline_packages import WheelError, build_wheels, repack_wheel
 
 pytestmark = pytest.mark.slow  # every test builds task layers from Dockerfiles
@@ -88,7 +88,7 @@ def task_named(name: str) -> Task:
     return load_task(DATASET / name)
 
 
-def run_in(box: Sandbox, script: str, log: Path) -> tuple[int, str]:
+def run_in(box: LocalSandbox, script: str, log: Path) -> tuple[int, str]:
     """Run a shell script in the sandbox; (exit code, its output)."""
     result = box.run(["bash", "-c", script], timeout_s=60, stdout_path=log)
     return result.exit_code, log.read_text(errors="replace")
@@ -164,7 +164,7 @@ def test_every_oracle_passes_check(offline_build, tmp_path):
 @pytest.mark.parametrize("name", task_params())
 def test_an_agent_that_does_nothing_scores_zero(offline_build, tmp_path, name):
     task = task_named(name)
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     try:
         verdict = run_verifier(box, task, tmp_path / "verifier")
     finally:
@@ -179,7 +179,7 @@ def test_what_run_installed_stays_in_the_task_layer(offline_build, tmp_path, nam
     host_lists = sorted(os.listdir("/var/lib/apt/lists"))
     host_has = {path for path in INSTALLED[name] if Path(path).exists()}
     host_has_pytest = host_imports_pytest()
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     try:
         for path in INSTALLED[name]:
             if path == "/var/lib/apt/lists":
@@ -204,7 +204,7 @@ def test_offline_build_without_wheels_fails_at_the_pip_step(offline_build, tmp_p
     monkeypatch.delenv("OPENFORGE_BUILD_WHEELS")
     monkeypatch.setenv("OPENFORGE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(SandboxError, match=r"line 12 \(RUN\)"):
-        Sandbox.create(tmp_path / "sandbox", task_named("orders-report-pytest"))
+        LocalSandbox.create(tmp_path / "sandbox", task_named("orders-report-pytest"))
 
 
 def build_note(root: Path) -> str:
@@ -216,10 +216,10 @@ def build_note(root: Path) -> str:
 def test_a_second_build_reuses_the_cached_layer(offline_build, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENFORGE_CACHE", str(tmp_path / "cache"))  # empty: the first build really builds
     task = task_named("stock-reorder")
-    first = Sandbox.create(tmp_path / "first", task)
+    first = LocalSandbox.create(tmp_path / "first", task)
     first_note = build_note(first.root)
     first.remove()
-    second = Sandbox.create(tmp_path / "second", task)
+    second = LocalSandbox.create(tmp_path / "second", task)
     try:
         second_note = build_note(second.root)
         code, output = run_in(second, "stockctl show SKU-1112", tmp_path / "show.log")
@@ -234,7 +234,7 @@ def test_a_second_build_reuses_the_cached_layer(offline_build, tmp_path, monkeyp
     shutil.copytree(task.path, changed)
     with open(changed / "environment" / "seed.sql", "a") as seed:
         seed.write("INSERT INTO items VALUES ('SKU-2000', 'shim 1mm', 0, 10);\n")
-    third = Sandbox.create(tmp_path / "third", load_task(changed))
+    third = LocalSandbox.create(tmp_path / "third", load_task(changed))
     third_note = build_note(third.root)
     third.remove()
     assert third.layer != first.layer and "reused" not in third_note
@@ -253,7 +253,7 @@ def pytest_runtest_makereport(item, call):
 
 def test_planted_pytest_config_cannot_pass_the_verifier(offline_build, tmp_path):
     task = task_named("orders-report-pytest")
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     try:
         for folder in ("/", "/workspace"):
             box.host_path(folder).joinpath("pytest.ini").write_text(PLANTED_PYTEST_INI)
@@ -311,8 +311,8 @@ def test_agent_code_run_by_the_tests_cannot_write_the_reward(offline_build, tmp_
                                                                   pytest=pytest_path))
     for label, graded_task, expected in (("hardened", task, 0), ("plain", load_task(plain), 1)):
         if label == "plain":
-            monkeypatch.setattr(Sandbox, "supervised", lambda self, supervised, plain: plain)
-        box = Sandbox.create(tmp_path / f"sandbox-{label}", graded_task)
+            monkeypatch.setattr(LocalSandbox, "supervised", lambda self, supervised, plain: plain)
+        box = LocalSandbox.create(tmp_path / f"sandbox-{label}", graded_task)
         try:
             box.host_path(agent_file).write_text(REWARD_WRITER)
             verdict = run_verifier(box, graded_task, tmp_path / f"verifier-{label}")
@@ -341,7 +341,7 @@ def test_agent_module_that_exits_0_cannot_pass_the_tests(offline_build, tmp_path
     shutil.copytree(task.path, in_process)
     (in_process / "tests" / "test_outputs.py").write_text(IN_PROCESS_TESTS)
     for label, graded_task, expected in (("child process", task, 0), ("in process", load_task(in_process), 1)):
-        box = Sandbox.create(tmp_path / f"sandbox-{label}", graded_task)
+        box = LocalSandbox.create(tmp_path / f"sandbox-{label}", graded_task)
         try:
             box.host_path("/app/wordfreq.py").write_text("import os\n\nos._exit(0)\n")
             verdict = run_verifier(box, graded_task, tmp_path / f"verifier-{label}")

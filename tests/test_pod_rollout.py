@@ -4,7 +4,7 @@ inside a stand-in for the Kubernetes rollout pod, driven by the scripted model o
 Why the pod is simulated: this machine (and CI) has no container engine and no Kubernetes (neither can be
 installed from the package registries it reaches), but the tests run as root. So each test builds the pod itself:
 `unshare --mount --pid --fork` gives a private mount table and PID namespace, a tmpfs becomes the pod's
-`/`, filled with the task's image as OpenForge's own builder lays it out (`Sandbox.create`: WORKDIR,
+`/`, filled with the task's image as OpenForge's own builder lays it out (`LocalSandbox.create`: WORKDIR,
 COPY...), the host's /usr and /etc bound read-only (the image's system; its apt archives too, gigabytes
 not worth copying per test), a fresh /proc, and the emptyDir /openforge laid out by the init container's
 own script (`workflows.iteration.app_layout`) from a copy of the repository, with Python and the harness
@@ -28,7 +28,7 @@ import pytest
 
 from steps.harnesses import cache_root
 from steps.sandbox.pod import AGENT_UID
-from steps.sandbox import Sandbox
+from steps.sandbox import LocalSandbox
 from steps.tasks import BUILTIN_DATASET, load_task
 from test_harnesses import installed_exe
 from steps.sandbox.app import APP_STATE_KEPT
@@ -126,7 +126,7 @@ def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: 
     volume root-only, read-only at APP_LIVE in the pod), on a loopback of the pod's own (no proxy then), and with
     the image's own /usr and /etc (the task's Playwright is there)."""
     task = load_task(task_dir)
-    image = Sandbox.create(tmp_path / "image", task)  # the task's image, as the builder lays it out
+    image = LocalSandbox.create(tmp_path / "image", task)  # the task's image, as the builder lays it out
     app = tmp_path / "app"
     copy_repository(app)
     relative = (task_dir.relative_to(REPO) if task_dir.is_relative_to(REPO) else Path("extra") / task_dir.name)
@@ -203,7 +203,7 @@ def test_the_agent_cannot_read_the_verifier_or_the_runners_environment(scripted,
     assert "environ exit 1" in output and output.count("Permission denied") >= 3, output
     assert SECRET not in output and ADMIN_KEY not in output and "echo 1 > /logs/verifier/reward.txt" not in output
     assert "secret copies: 0" in output and "task files found: 0" in output, output
-    assert "verify.py found: /openforge/app/steps/tasks/verify.py\n" in output, output  # the search did run there
+    assert "verify.py found: /openforge/app/steps/grading/verify.py\n" in output, output  # the search did run there
     assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), result
 
 
@@ -302,7 +302,7 @@ import json, sys
 from pathlib import Path
 import steps.sandbox.pod as pod
 from steps.tasks import load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 
 task, agent, guard = load_task(Path(sys.argv[1])), sys.argv[2], sys.argv[3]
 out = Path("/tmp/rollout")
@@ -431,7 +431,7 @@ import json, sys
 from pathlib import Path
 from steps.sandbox.pod import PodSandbox
 from steps.tasks import load_task
-from steps.tasks.verify import run_oracle, run_verifier
+from steps.grading.verify import run_oracle, run_verifier
 
 task, agent = load_task(Path(sys.argv[1])), sys.argv[2]
 out = Path("/tmp/rollout")

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from steps.rollout import RolloutSpec, harness_killed, run_rollout
-from steps.sandbox import Sandbox
+from steps.sandbox import LocalSandbox
 from steps.sandbox.common import MIB, Bounds, Output, copy_logs
 from steps.sandbox.limits import Budget
 from steps.tasks import BUILTIN_DATASET, load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 from test_harnesses import installed_exe
 from test_rollout import oracle, tool_outputs
 
@@ -64,14 +64,14 @@ def spec_for(proxy, task: Path, harness: str, tmp_path: Path, **kwargs) -> Rollo
                        out=tmp_path / rollout_id, admin_key=ADMIN_KEY, **kwargs)
 
 
-def needs_cgroups(box: Sandbox) -> None:
+def needs_cgroups(box: LocalSandbox) -> None:
     if box.limits.notes:
         pytest.skip(f"this host gives no cgroups to enforce them: {box.limits.notes}")
 
 
 def test_the_harness_and_its_tools_are_charged_to_their_own_groups(tmp_path):
     task = load_task(small_task(tmp_path, memory_mb=256))
-    box = Sandbox.create(tmp_path / "sandbox", task, harness=Budget(memory_mb=1024, cpus=1))
+    box = LocalSandbox.create(tmp_path / "sandbox", task, harness=Budget(memory_mb=1024, cpus=1))
     out = tmp_path / "out.txt"
     try:
         needs_cgroups(box)
@@ -87,7 +87,7 @@ def test_the_harness_and_its_tools_are_charged_to_their_own_groups(tmp_path):
         assert box.limit_hits(run.exit_code) == [] and box.peaks_mb()["harness"] >= 600
     finally:
         box.remove()
-    control = Sandbox.create(tmp_path / "control", task)  # no harness budget: the harness is charged to the task
+    control = LocalSandbox.create(tmp_path / "control", task)  # no harness budget: the harness is charged to the task
     try:
         run = control.run(["python3", "-c", FAKE_HARNESS, "600"], timeout_s=60, stdout_path=tmp_path / "control.txt")
         assert run.exit_code == 137 and "harness held" not in (tmp_path / "control.txt").read_text()
@@ -98,7 +98,7 @@ def test_the_harness_and_its_tools_are_charged_to_their_own_groups(tmp_path):
 
 def test_a_tool_past_the_tasks_memory_is_killed_and_the_harness_lives(tmp_path):
     task = load_task(small_task(tmp_path, memory_mb=256))
-    box = Sandbox.create(tmp_path / "sandbox", task, harness=Budget(memory_mb=512, cpus=1))
+    box = LocalSandbox.create(tmp_path / "sandbox", task, harness=Budget(memory_mb=512, cpus=1))
     out = tmp_path / "out.txt"
     script = ("import subprocess; r = subprocess.run(['bash', '-c', 'sleep 0.2; python3 -c \"b = bytearray(900 * 2**20); "
               "b[::4096] = b\\'x\\' * len(b[::4096])\"']); print('tool', r.returncode, flush=True)")
@@ -284,7 +284,7 @@ def test_a_task_apps_log_is_cut_at_the_cap_however_many_requests_the_agent_sends
     task = load_task(task_with(tmp_path, "app-flood", {  # the task's own server, which prints every request
         "environment/app.py": APP, "environment/Dockerfile": "FROM python:3.11-slim\nWORKDIR /app\nCOPY app.py /opt/\n"},
         {"app": '"python3 /opt/app.py"'}))
-    box = Sandbox.create(tmp_path / "sandbox", task, Bounds(log_bytes=1 * MIB))
+    box = LocalSandbox.create(tmp_path / "sandbox", task, Bounds(log_bytes=1 * MIB))
     requests = ("python3 -c \"import urllib.request\nfor i in range(300): "
                 "urllib.request.urlopen('http://127.0.0.1:8000/' + 'x' * 10000).read()\nprint('sent')\"")
     try:
@@ -300,7 +300,7 @@ def test_a_task_apps_log_is_cut_at_the_cap_however_many_requests_the_agent_sends
 
 def test_graded_files_too_slow_to_bring_over_score_0_never_infra_error(tmp_path):
     task = load_task(BUILTIN_DATASET / "hello-file")
-    box = Sandbox.create(tmp_path / "sandbox", task, Bounds(graded_seconds=0.2))
+    box = LocalSandbox.create(tmp_path / "sandbox", task, Bounds(graded_seconds=0.2))
     try:
         box.run(["bash", "-c", "echo hello > /app/answer.txt; mkdir /app/m && cd /app/m && seq 1 40000 | xargs touch"],
                 timeout_s=120)
@@ -370,7 +370,7 @@ def test_the_sandboxs_init_shows_no_host_path_and_what_it_is_sent_cannot_void_th
     runner reads bwrap's setup errors) was open to the agent through /proc/1/fd/2, so writing there made any command
     a SandboxError, an infra_error, retried: a failing rollout voided."""
     task = load_task(BUILTIN_DATASET / "hello-file")
-    box = Sandbox.create(tmp_path / "sandbox", task)
+    box = LocalSandbox.create(tmp_path / "sandbox", task)
     out = tmp_path / "out.txt"
     script = ("echo 'bwrap: a setup error, forged' > /proc/1/fd/2 && echo forged; tr '\\0' ' ' < /proc/1/cmdline; "
               "echo; ls -l /proc/1/fd/ /proc/self/fd/")

@@ -25,11 +25,11 @@ import pytest
 import steps.sandbox.dockerfile
 import steps.metrics
 import steps.tasks.schema
-import steps.tasks.verify
+import steps.grading.verify
 from steps.sandbox.network import ProxyTunnel
-from steps.sandbox import Sandbox, SandboxError
+from steps.sandbox import LocalSandbox, SandboxError
 from steps.tasks import BUILTIN_DATASET, DatasetError, load_dataset, load_task
-from steps.tasks.verify import run_verifier
+from steps.grading.verify import run_verifier
 
 REPO = Path(__file__).resolve().parents[1]
 TASK_TOML = """schema_version = "1.1"
@@ -155,7 +155,7 @@ allow_internet = false
     resources = task.config.resources
     assert (resources.memory_mb, resources.storage_mb, resources.cpus) == (4096, 20480, 2)
     assert task.config.verifier_env == {"MODE": "strict"} and task.config.allow_internet is False
-    assert Sandbox.create(tmp_path / "box", task).workdir == "/work/here"
+    assert LocalSandbox.create(tmp_path / "box", task).workdir == "/work/here"
 
 
 def test_newer_harbor_schema_loads_and_unknown_fields_are_listed(tmp_path):
@@ -268,7 +268,7 @@ def env_task(tmp_path) -> Path:
 
 
 def test_dockerfile_workdir_copy_env_run_are_applied(env_task, tmp_path):
-    box = Sandbox.create(tmp_path / "box", load_task(env_task))
+    box = LocalSandbox.create(tmp_path / "box", load_task(env_task))
     assert box.workdir == "/app/sub"
     assert box.env["APP_HOME"] == "/app" and box.env["MESSAGE"] == "two words" and "GREETING" not in box.env
     assert box.host_path("/app/built.txt").read_text() == "hello two words\n"
@@ -289,15 +289,15 @@ def test_failing_run_step_raises_with_its_output(tmp_path):
     dockerfile = "FROM debian:12\nWORKDIR /app\nRUN echo boom-output && exit 7\n"
     task = load_task(make_task(tmp_path, "bad-run", dockerfile=dockerfile))
     with pytest.raises(SandboxError) as failure:
-        Sandbox.create(tmp_path / "box", task)
+        LocalSandbox.create(tmp_path / "box", task)
     message = str(failure.value)
     assert "line 3" in message and "exit code 7" in message and "boom-output" in message
     with pytest.raises(SandboxError, match="not empty"):
-        Sandbox.create(tmp_path / "box", task)
+        LocalSandbox.create(tmp_path / "box", task)
 
 
 def test_timeout_kills_the_whole_process_tree(tmp_path):
-    box = Sandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
+    box = LocalSandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
     marker = f"{time.time() % 1000 + 1000:.6f}"  # a unique `sleep` argument to find the processes by
     script = f"sleep {marker} & (setsid sleep {marker} &) ; nohup sleep {marker} >/dev/null 2>&1 & exec sleep {marker}"
     started = time.monotonic()
@@ -308,7 +308,7 @@ def test_timeout_kills_the_whole_process_tree(tmp_path):
 
 
 def test_background_processes_end_with_their_command(tmp_path):
-    box = Sandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
+    box = LocalSandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
     marker = f"{time.time() % 1000 + 2000:.6f}"
     result = box.run(["bash", "-c", f"(setsid sleep {marker} &); echo started"], timeout_s=30)
     assert result.exit_code == 0 and not result.timed_out
@@ -316,7 +316,7 @@ def test_background_processes_end_with_their_command(tmp_path):
 
 
 def test_sandbox_setup_failure_is_an_error_not_an_exit_code(tmp_path):
-    box = Sandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
+    box = LocalSandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SandboxError, match="cannot bind .* at /opt/ro/inside in the sandbox: Read-only"):
@@ -330,7 +330,7 @@ def test_sandbox_setup_failure_is_an_error_not_an_exit_code(tmp_path):
 
 def test_verifier_is_invisible_until_copied_in(tmp_path):
     task = load_task(make_task(tmp_path, "t"))
-    box = Sandbox.create(tmp_path / "box", task)
+    box = LocalSandbox.create(tmp_path / "box", task)
     out = tmp_path / "agent.txt"
     probe = f"ls /tests; cat {task.test_script}; ls {task.path}; ls /; echo done"
     box.run(["sh", "-c", probe], timeout_s=30, stdout_path=out)
@@ -342,7 +342,7 @@ def test_verifier_is_invisible_until_copied_in(tmp_path):
 
 
 def test_absolute_paths_and_host_path(tmp_path):
-    box = Sandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
+    box = LocalSandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
     script = "echo 42 > answer.txt; echo 1 > /logs/verifier/reward.txt; echo x > /tmp/x; echo y > ~/y"
     result = box.run(["sh", "-c", script], timeout_s=30)
     assert result.exit_code == 0
@@ -357,7 +357,7 @@ def test_absolute_paths_and_host_path(tmp_path):
 
 def test_agent_symlinks_cannot_redirect_host_side_copies(tmp_path):
     task = load_task(make_task(tmp_path, "t"))
-    box = Sandbox.create(tmp_path / "box", task)
+    box = LocalSandbox.create(tmp_path / "box", task)
     outside = tmp_path / "outside"
     outside.mkdir()
     box.run(["sh", "-c", f"ln -s {outside} /tests; ln -s {outside} /app/escape"], timeout_s=30)
@@ -369,7 +369,7 @@ def test_agent_symlinks_cannot_redirect_host_side_copies(tmp_path):
 
 def test_reward_planted_by_the_agent_does_not_count(tmp_path):
     task = load_task(make_task(tmp_path, "t"))
-    box = Sandbox.create(tmp_path / "box", task)
+    box = LocalSandbox.create(tmp_path / "box", task)
     cheat = ("echo '{\"reward\": 1}' > /logs/verifier/reward.json; mkdir -p /tests; "
              "printf '#!/bin/bash\\necho 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh")
     box.run(["sh", "-c", cheat], timeout_s=30)
@@ -379,7 +379,7 @@ def test_reward_planted_by_the_agent_does_not_count(tmp_path):
 
 
 def test_the_network_is_loopback_only_and_a_tunnel_reaches_one_host_port(tmp_path):
-    box = Sandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
+    box = LocalSandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
     servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
     ports = [server.getsockname()[1] for server in servers]
     for server in servers:
@@ -401,7 +401,7 @@ def test_the_network_is_loopback_only_and_a_tunnel_reaches_one_host_port(tmp_pat
 
 
 def test_harness_folder_bound_read_only(tmp_path):
-    box = Sandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
+    box = LocalSandbox.create(tmp_path / "box", load_task(make_task(tmp_path, "t")))
     harness = tmp_path / "harnesses" / "tool-1.0"
     harness.mkdir(parents=True)
     (harness / "tool").write_text("#!/bin/sh\necho tool says $1\n")
@@ -417,7 +417,7 @@ def test_harness_folder_bound_read_only(tmp_path):
 
 # --- pure functions --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("module", [steps.metrics, steps.sandbox.dockerfile, steps.tasks.schema, steps.tasks.verify])
+@pytest.mark.parametrize("module", [steps.metrics, steps.sandbox.dockerfile, steps.tasks.schema, steps.grading.verify])
 def test_doctests(module):
     failures, tried = doctest.testmod(module)
     assert tried > 0 and failures == 0
@@ -436,11 +436,11 @@ def test_metrics_over_a_dataset():
 
 def test_a_sandbox_left_mounted_by_a_killed_runner_is_swept_by_the_next_one(tmp_path):
     """SIGKILL skips a runner's exit handlers: its sandbox stays mounted until the next sandbox is made."""
-    code = ("import os, sys\nfrom pathlib import Path\nfrom steps.sandbox.local import Sandbox\nfrom steps.tasks import load_task\n"
-            "Sandbox.create(Path(sys.argv[1]), load_task(Path(sys.argv[2])))\nos.kill(os.getpid(), 9)\n")
+    code = ("import os, sys\nfrom pathlib import Path\nfrom steps.sandbox.local import LocalSandbox\nfrom steps.tasks import load_task\n"
+            "LocalSandbox.create(Path(sys.argv[1]), load_task(Path(sys.argv[2])))\nos.kill(os.getpid(), 9)\n")
     dead = tmp_path / "dead"
     subprocess.run([sys.executable, "-c", code, str(dead), str(BUILTIN_DATASET / "hello-file")], check=False)
     assert os.path.ismount(dead / "merged") and os.path.ismount(dead / "upper")  # the leak, as it was
-    box = Sandbox.create(tmp_path / "next", load_task(BUILTIN_DATASET / "hello-file"))
+    box = LocalSandbox.create(tmp_path / "next", load_task(BUILTIN_DATASET / "hello-file"))
     box.remove()
     assert not os.path.ismount(dead / "merged") and not os.path.ismount(dead / "upper")

@@ -2,13 +2,13 @@
 its own that shares only the agent's loopback network, as a sidecar container shares a pod's.
 
 A task names it in task.toml, `[environment] app = "python3 /opt/site/app.py"` (a bash command, run in the
-task's built environment). When the agent's command runs (`Sandbox.run(..., as_agent=True)`; the oracle runs as
-the agent does), the app starts first, in a second pristine root of the task's layer (`Sandbox.sibling`), in the
+task's built environment). When the agent's command runs (`LocalSandbox.run(..., as_agent=True)`; the oracle runs as
+the agent does), the app starts first, in a second pristine root of the task's layer (`LocalSandbox.sibling`), in the
 network namespace the agent's command then joins: the agent reaches it at 127.0.0.1 and nothing else of it.
 The app writes what the verifier grades under `APP_STATE_DIR`, a folder only its own root has, and creates
 `APP_STATE_DIR/ready` once it listens; only then does the agent's command start. When that command ends the
 app is stopped, its `APP_STATE_DIR` is kept as ROOT/`APP_STATE_KEPT`, and the verifier finds exactly that at
-`APP_STATE_DIR` (`Sandbox.for_verifier`), replacing whatever the agent left at that path. The agent never sees
+`APP_STATE_DIR` (`LocalSandbox.for_verifier`), replacing whatever the agent left at that path. The agent never sees
 the app's files or processes (another mount and PID namespace), so it cannot write the app's state to fake a
 success: it can only change it the way a browser does, through the app. The app's output goes to ROOT/app.log.
 

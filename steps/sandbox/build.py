@@ -12,7 +12,7 @@
 - USER is ignored (noted), and CMD, ENTRYPOINT, EXPOSE, LABEL, VOLUME, HEALTHCHECK... do not change
   files, so they are skipped. `.dockerignore` is not read.
 
-Called by `Sandbox.create`; see `steps/sandbox/local.py` for the sandbox itself.
+Called by `LocalSandbox.create`; see `steps/sandbox/local.py` for the sandbox itself.
 """
 
 from __future__ import annotations
@@ -25,14 +25,27 @@ import tarfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from steps.sandbox.dockerfile import DockerfileError, Instruction, expand, parse_dockerfile, parse_env, parse_flags, split_words
 from steps.sandbox.common import WHEELS_DIR, SandboxError, copy_tree
 from steps.tasks import Task
 
-if TYPE_CHECKING:  # the sandbox drives the builder, so only its type is named here
-    from steps.sandbox.local import Sandbox
+
+
+class BuildRoot(Protocol):
+    """What the builder needs of the sandbox it builds in (`LocalSandbox`, which calls it): the root's files, the
+    image's environment and notes, a command run in the root, and the build's own settings (`log`, `network`,
+    `wheels`). Named here rather than imported: the sandbox imports the builder."""
+
+    workdir: str
+    env: dict[str, str]
+    notes: list[str]
+    build: dict
+
+    def host_path(self, path: str) -> Path: ...
+
+    def run(self, argv: list[str], **options) -> object: ...
 
 
 # The host's Python stands in for the image's, and Debian marks its Python externally managed (PEP 668); an
@@ -40,7 +53,7 @@ if TYPE_CHECKING:  # the sandbox drives the builder, so only its type is named h
 PIP_IN_IMAGE = {"PIP_BREAK_SYSTEM_PACKAGES": "1"}
 
 
-def apply_dockerfile(sandbox: Sandbox, task: Task) -> None:
+def apply_dockerfile(sandbox: BuildRoot, task: Task) -> None:
     """Apply `task.dockerfile` to a fresh sandbox; raise `SandboxError` naming the first line that fails."""
     _Build(sandbox, task).apply()
 
@@ -52,7 +65,7 @@ class _Build:
     IGNORED = frozenset({"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "MAINTAINER",
                          "ONBUILD"})
 
-    def __init__(self, box: Sandbox, task: Task) -> None:
+    def __init__(self, box: BuildRoot, task: Task) -> None:
         self.box = box
         self.task = task
         self.context = task.environment_dir.resolve()

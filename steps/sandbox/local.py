@@ -15,12 +15,12 @@ Without a container engine the task's layer is built from `environment/Dockerfil
 WORKDIR, COPY/ADD (local build context), ENV, ARG, SHELL and RUN instructions (`steps/sandbox/build.py`);
 RUN steps run as root with a container's usual capabilities, so `apt-get install` and `pip install` land in
 the layer, never on the host. FROM is replaced by the host system and USER is ignored, each said so in
-`Sandbox.notes`:
+`LocalSandbox.notes`:
 
-    from steps.sandbox import Sandbox
+    from steps.sandbox.local import LocalSandbox
     from steps.tasks import load_task
     task = load_task("steps/tasks/builtin/hello-file")
-    box = Sandbox.create(Path("/tmp/rollout-1"), task)          # raises SandboxError on a failing RUN
+    box = LocalSandbox.create(Path("/tmp/rollout-1"), task)     # raises SandboxError on a failing RUN
     box.run(["bash", "-c", "echo hello > /app/answer.txt"], timeout_s=60, stdout_path=Path("/tmp/agent.log"))
     grading = box.for_verifier(task)                              # a pristine root with the graded paths only
     grading.copy_in(task.tests_dir, "/tests")
@@ -60,24 +60,25 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
 from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT, app_beside
+from steps.sandbox.base import TESTS_DIR, Bind, HarnessSetup
 from steps.sandbox.build import apply_dockerfile
 from steps.sandbox.common import (KILL_GRACE_S, MIB, WHEELS_DIR, Bounds, CopyLimitReached, CopyLimits, Output,
-                                   RunResult, SandboxError, VerifierRefused, copy_logs, copy_tree, files_under,
-                                   force_remove, kill, links_under, wait_for)
+                                   RunResult, SandboxError, VerifierRefused, copy_tree, force_remove, kill, links_under,
+                                   wait_for)
+from steps.sandbox.files import BASE_ENV, SandboxFiles
 from steps.sandbox.limits import Budget, HarnessSplit, Limits, attach_disk, detach_disk
-from steps.sandbox.network import Loopback, sweep_namespaces
+from steps.sandbox.network import Loopback, NetworkError, ProxyTunnel, sweep_namespaces
 from steps.sandbox.root import (OWNER_FILE, LayerError, ensure_layer, layer_key, make_mask, make_skeleton, mount_root,
                                 sweep_leftovers, unmount)
 from steps.tasks import Task
 
-SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-BASE_ENV = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
 # A container runtime's default capabilities, for the Dockerfile's RUN steps only (the agent gets none).
 BUILD_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
               "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_AUDIT_WRITE",
@@ -85,7 +86,6 @@ BUILD_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_
 # Where the verifier writes or reads what the agent never had: a graded symlink may not lead there.
 GRADED_LINKS_MAY_NOT_REACH = ("/tests", "/solution", "/logs", "/proc", "/sys", "/dev", "/run", "/tmp")
 
-Bind = tuple[Path | str, str, bool]  # (host path, path inside the sandbox, read-only)
 # Written to bwrap's stderr by the sandbox's first command just before it starts the caller's: what bwrap wrote there
 # before it is bwrap's own (a setup error); after it, anything in the sandbox may write there (/proc/1/fd/2).
 STARTED = "openforge-sandbox-started"
@@ -104,7 +104,7 @@ def build_settings() -> dict:
 
 
 @dataclass
-class Sandbox:
+class LocalSandbox(SandboxFiles):
     """One rollout's sandbox: `root/merged` is its `/`; `workdir` and `env` come from the Dockerfile."""
 
     root: Path
@@ -119,6 +119,7 @@ class Sandbox:
     build: dict | None = None  # build_settings() while this sandbox builds a layer
     app: str | None = None  # [environment] app: the task's server, run beside the agent (`steps.sandbox.app`)
     bounds: Bounds = field(default_factory=Bounds)  # what it may leave on the host besides its disk
+    setup: HarnessSetup | None = None  # the harness `run_harness` runs, and the proxy it reaches
 
     @property
     def fs(self) -> Path:
@@ -126,11 +127,13 @@ class Sandbox:
         return self.root / "merged"
 
     @classmethod
-    def create(cls, root: Path, task: Task, bounds: Bounds = Bounds(), harness: Budget | None = None) -> Sandbox:
+    def create(cls, root: Path, task: Task, bounds: Bounds = Bounds(), harness: Budget | None = None,
+               setup: HarnessSetup | None = None) -> LocalSandbox:
         """Make a fresh sandbox under `root` (which must not exist or be empty) from the task's layer.
 
         `bounds`: what its commands may leave on the host (logs, the graded copy); `harness`: the budget of a harness's
-        own processes beside the task's (`steps.sandbox.limits`), for `run(..., harness_programs=...)`.
+        own processes beside the task's (`steps.sandbox.limits`), for `run(..., harness_programs=...)`; `setup`: the
+        harness `run_harness` runs (its install, its programs) and the proxy it reaches.
 
         The layer is built from `environment/Dockerfile` (see module docstring) under the task's build
         timeout when the cache has none for it; its RUN output goes to `root/build.log`. Raises
@@ -151,7 +154,7 @@ class Sandbox:
         if not built:
             log.write_text(f"# the task's layer {key} was built before; reused from {layer}\n")
         box = cls(root=root, workdir=meta["workdir"], env=dict(meta["env"]), notes=list(meta["notes"]), layer=layer,
-                  image_env=dict(meta["env"]), app=task.config.app, bounds=bounds)
+                  image_env=dict(meta["env"]), app=task.config.app, bounds=bounds, setup=setup)
         try:
             box.notes.extend(attach_disk(root / "disk.img", root / "upper", task.config.resources.storage_mb))
             box._mount()
@@ -168,14 +171,6 @@ class Sandbox:
             raise
         return box
 
-    def apply_task_env(self, task: Task) -> None:
-        """Add the task's `[environment] env` to every command's environment (host templates are noted, not set)."""
-        for name, value in task.config.environment_env.items():
-            if "${" in value:
-                self.notes.append(f"[environment] env {name} is a host template, which OpenForge does not fill in; not set")
-            else:
-                self.env[name] = value
-
     def _mount(self) -> None:
         make_skeleton(self.root / "skeleton")
         make_mask(self.root / "mask")
@@ -187,7 +182,7 @@ class Sandbox:
         atexit.register(detach_disk, self.root / "upper")  # a runner that dies of an exception leaves no mount
         atexit.register(unmount, self.fs)  # (atexit runs these last first: the root, then its disk)
 
-    def for_verifier(self, task: Task) -> Sandbox:
+    def for_verifier(self, task: Task) -> LocalSandbox:
         """A pristine sandbox for grading: the task's layer, a fresh upper, and only the graded paths of this one.
 
         The graded paths (`[verifier] graded_paths`, default the workspace) are copied over as the agent left
@@ -199,7 +194,7 @@ class Sandbox:
         a sparse file is refused before it is written out): past a bound the rollout is not graded, reward 0 with
         the reason (`VerifierRefused`), never a hang and never an infra error, since only the agent made those files.
         """
-        view = Sandbox(root=_fresh_root(self.root.parent / f"{self.root.name}-verifier"), workdir=self.workdir,
+        view = LocalSandbox(root=_fresh_root(self.root.parent / f"{self.root.name}-verifier"), workdir=self.workdir,
                        env=dict(self.image_env), layer=self.layer, limits=self.limits, owns_limits=False,
                        image_env=dict(self.image_env),
                        bounds=self.bounds)
@@ -237,10 +232,10 @@ class Sandbox:
             raise
         return view
 
-    def sibling(self, suffix: str, storage_mb: int) -> Sandbox:
+    def sibling(self, suffix: str, storage_mb: int) -> LocalSandbox:
         """A pristine sandbox of this one's layer beside it (`ROOT-suffix`), mounted, on a disk of `storage_mb`:
         the task's app runs in one (`steps.sandbox.app`)."""
-        box = Sandbox(root=_fresh_root(self.root.parent / f"{self.root.name}-{suffix}"), workdir=self.workdir,
+        box = LocalSandbox(root=_fresh_root(self.root.parent / f"{self.root.name}-{suffix}"), workdir=self.workdir,
                       env=dict(self.env), layer=self.layer, limits=self.limits, owns_limits=False,
                       image_env=dict(self.image_env),
                       bounds=self.bounds)
@@ -252,9 +247,45 @@ class Sandbox:
             raise
         return box
 
+    def agent_url(self, url: str) -> str:
+        """`url` (the proxy's) as the agent reaches it: the sandbox's network is its own, and its one way out is the
+        tunnel to the proxy (`run_harness`), whose end inside is 127.0.0.1 at the proxy's port."""
+        return on_loopback(url, self._proxy()[1])
+
+    def run_harness(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str],
+                    stdout_path: Path) -> RunResult:
+        """Run the harness's command as the agent, in the workspace: its install brought in read-only, its own processes
+        in the harness's cgroups (`HarnessSetup`, given to `create`), its network a `ProxyTunnel` to the proxy and
+        nothing else of the host."""
+        host, port = self._proxy()
+        try:
+            with ProxyTunnel(f"of-{os.getpid()}-{time.monotonic_ns() % 10**9}", host, port) as tunnel:
+                return self.run(argv, timeout_s=timeout_s, env=env, cwd=self.workdir, stdout_path=stdout_path,
+                                extra_binds=self.setup.binds, network=tunnel, as_agent=True,
+                                harness_programs=self.setup.programs)
+        except NetworkError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def _proxy(self) -> tuple[str, int]:
+        """The proxy's host and port on the host, from the harness's setup."""
+        if self.setup is None:
+            raise SandboxError("this sandbox was made without a harness (LocalSandbox.create's setup)")
+        proxy = urllib.parse.urlsplit(self.setup.proxy_url)
+        return proxy.hostname, proxy.port or 80
+
+    def run_verifier_command(self, supervised: list[str], plain: list[str], *, timeout_s: float,
+                             env: dict[str, str], stdout_path: Path) -> RunResult:
+        """`supervised` (test.sh under `steps.grading.verify.SUPERVISOR`): this sandbox's PID namespace holds only the
+        verifier's processes, and the supervisor is its init, which nothing inside can kill. `TESTS_DIR` is bound
+        read-only: bash reads test.sh as it goes, so a program of the agent's that test.sh runs could otherwise
+        rewrite the lines still to come."""
+        tests_read_only = [(self.host_path(TESTS_DIR), TESTS_DIR, True)]
+        return self.run(self.supervised(supervised, plain), timeout_s=timeout_s, env=env, stdout_path=stdout_path,
+                        extra_binds=tests_read_only, init=True)
+
     def supervised(self, supervised: list[str], plain: list[str]) -> list[str]:
-        """The verifier's command: `supervised` (test.sh under `steps.tasks.verify.SUPERVISOR`), where this
-        sandbox's PID namespace holds only the verifier's processes, as a local sandbox's does."""
+        """The verifier's command: `supervised`, since this sandbox's PID namespace holds only the verifier's
+        processes."""
         return supervised
 
     def prepare_verifier(self, env: dict[str, str]) -> dict[str, str]:
@@ -427,63 +458,6 @@ class Sandbox:
             args = ["nsenter", f"--net={network.netns}", "--", *args]
         return self.limits.wrap(args, harness=harness)
 
-    def host_path(self, sandbox_path: str) -> Path:
-        """The host path of an absolute path inside the sandbox, resolving symlinks as the sandbox would.
-
-        The sandbox's whole `/` is addressed (its mounted root, `root/merged`); a symlink cannot lead
-        outside it.
-        """
-        if not sandbox_path.startswith("/"):
-            raise SandboxError(f"sandbox path {sandbox_path!r} must be absolute")
-        pending = [p for p in sandbox_path.split("/") if p][::-1]
-        resolved: list[str] = []
-        hops = 0
-        while pending:
-            part = pending.pop()
-            if part == ".":
-                continue
-            if part == "..":
-                resolved = resolved[:-1]
-                continue
-            candidate = self.fs.joinpath(*resolved, part)
-            if candidate.is_symlink():
-                hops += 1
-                if hops > 40:
-                    raise SandboxError(f"too many symlinks under sandbox path {sandbox_path}")
-                target = os.readlink(candidate)
-                if target.startswith("/"):
-                    resolved = []
-                pending.extend([p for p in target.split("/") if p][::-1])
-                continue
-            resolved.append(part)
-        return self.fs.joinpath(*resolved)
-
-    def _replace(self, sandbox_path: str) -> Path:
-        """Remove whatever is at `sandbox_path` (not following a final symlink); return its host path."""
-        path = posixpath.normpath(sandbox_path)
-        target = self.host_path(posixpath.dirname(path)) / posixpath.basename(path)
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        elif target.is_dir():
-            shutil.rmtree(target, onerror=force_remove)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return target
-
-    def copy_in(self, host_path: Path, sandbox_path: str) -> None:
-        """Put a host file or folder at `sandbox_path`, replacing whatever the sandbox had there.
-
-        Use it for `tests/` only after the agent has stopped: until then the verifier is not in the
-        sandbox at all. Symlinks the agent may have left on the way are resolved inside the sandbox.
-        """
-        host_path = Path(host_path)
-        if not host_path.exists():
-            raise SandboxError(f"cannot copy {host_path} into the sandbox: it does not exist")
-        target = self._replace(sandbox_path)
-        if host_path.is_dir():
-            copy_tree(host_path, target)
-        else:
-            shutil.copy2(host_path, target)
-
     def copy_out(self, sandbox_path: str, host_path: Path) -> None:
         """Copy a file or folder out of the sandbox (symlinks copied as links, never followed)."""
         source = self.host_path(sandbox_path)
@@ -504,22 +478,6 @@ class Sandbox:
         """The most memory the harness's and the task's processes held at once, in MiB, where the host counts it."""
         return self.limits.peaks_mb()
 
-    def copy_logs_out(self, sandbox_path: str, host_path: Path, first: Sequence[str] = ()) -> list[str]:
-        """Copy the regular files of a folder of the sandbox out as logs, at most `bounds.log_bytes` in all, those
-        named in `first` (relative paths) first; returns notes on what was cut (`common.copy_logs`). Symlinks, FIFOs
-        and devices are not logs and are left behind; a folder that is not there copies nothing."""
-        source = self.host_path(sandbox_path)
-        if not source.is_dir() or source.is_symlink():
-            return []
-        files = [(path, Path(host_path) / path.relative_to(source)) for path in files_under(source, first)]
-        return copy_logs(files, self.bounds.log_bytes)[1]
-
-    def reset_dir(self, sandbox_path: str) -> Path:
-        """Make `sandbox_path` an empty folder (e.g. /logs/verifier before grading); return its host path."""
-        target = self._replace(sandbox_path)
-        target.mkdir(mode=0o777)
-        return target
-
     def close(self) -> None:
         """Unmount the sandbox's root and free its cgroups; the agent's changes stay for a look (in ROOT/upper,
         or in the ext4 image ROOT/disk.img where storage_mb is enforced: `debugfs -R 'ls -l /root' disk.img`)."""
@@ -534,6 +492,16 @@ class Sandbox:
         """Unmount, then delete the sandbox root and everything in it (never the task's cached layer)."""
         self.close()
         shutil.rmtree(self.root, onerror=force_remove)
+
+
+def on_loopback(url: str, port: int) -> str:
+    """`url` with its host and port replaced by 127.0.0.1:`port` (the tunnel's end inside the sandbox).
+
+    >>> on_loopback("http://10.0.0.5:8100/rollouts/r0/v1", 8100)
+    'http://127.0.0.1:8100/rollouts/r0/v1'
+    """
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{port}"))
 
 
 def graded_paths(task: Task, workdir: str) -> list[str]:
@@ -560,7 +528,7 @@ def _fresh_root(root: Path) -> Path:
 def _build_layer(build_root: Path, task: Task, settings: dict, layer: Path, log: Path) -> dict:
     """Build the task's layer into `layer` by applying its Dockerfile in a sandbox whose upper it becomes;
     the RUN steps' output goes to `log` (the rollout's build.log)."""
-    box = Sandbox(root=_fresh_root(build_root), build={**settings, "log": str(log)})
+    box = LocalSandbox(root=_fresh_root(build_root), build={**settings, "log": str(log)})
     box._mount()
     try:
         if task.dockerfile is None:

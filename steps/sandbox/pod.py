@@ -6,7 +6,7 @@ built and nothing is bound; commands are plain subprocesses of the runner.
     box.run(argv, timeout_s=300, env={...}, stdout_path=log, as_agent=True)   # as uid 10001, then everything it left is killed
     run_verifier(box, task, Path("/tmp/rollout/verifier"))      # as root; tests/ copied to /tests only now
 
-The pod's `/` is the sandbox's `/` (`host_path("/app")` is `/app`), so `steps.tasks.verify` grades in the
+The pod's `/` is the sandbox's `/` (`host_path("/app")` is `/app`), so `steps.grading.verify` grades in the
 pod exactly as it grades in a bubblewrap sandbox. The workspace is the image's WORKDIR, which is the
 pod's working folder when the template sets none (or `[environment] workdir`).
 
@@ -64,10 +64,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from steps.sandbox.app import APP_STATE_DIR, APP_STATE_KEPT, READY_FILE
+from steps.sandbox.base import SOLUTION_DIR, TESTS_DIR, VERIFIER_DIR
 from steps.sandbox.common import (KILL_GRACE_S, Bounds, Output, RunResult, SandboxError, VerifierRefused, copy_tree,
                                   force_remove, kill, wait_for)
+from steps.sandbox.files import BASE_ENV, SandboxFiles
 from steps.sandbox.limits import cgroup_counter
-from steps.sandbox.local import Bind, Sandbox
 from steps.tasks import Task
 
 AGENT_UID = 10001
@@ -91,7 +92,7 @@ VERIFIER_TREES = ("/etc", "/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/loca
 # Where the agent keeps scratch files, which a verifier might read as its own: what it left there is removed.
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 # Only the verifier's, filled after the agent has stopped: whatever the agent left there is removed.
-VERIFIER_ONLY = ("/tests", "/solution", "/logs/verifier")
+VERIFIER_ONLY = (TESTS_DIR, SOLUTION_DIR, VERIFIER_DIR)
 FOLDER_WRITE = 0o022  # the group and other write bits, the two an unprivileged uid could hold here
 MOUNTINFO = "/proc/self/mountinfo"
 # What the rollout template, Kubernetes and Argo put in the runner's environment, never the image's ENV
@@ -111,9 +112,16 @@ class VerifierPaths:
 
 
 @dataclass
-class PodSandbox(Sandbox):
+class PodSandbox(SandboxFiles):
     """The pod's own file system as a `Sandbox`; `agent_uid` is None when the runner is not root."""
 
+    root: Path  # the rollout's output folder, root-only
+    workdir: str = "/"
+    env: dict[str, str] = field(default_factory=lambda: dict(BASE_ENV))
+    notes: list[str] = field(default_factory=list)
+    home: str = "/root"  # the agent's HOME: a fresh folder under /tmp (`create`)
+    image_env: dict[str, str] = field(default_factory=lambda: dict(BASE_ENV))  # the container's, less the runner's
+    bounds: Bounds = field(default_factory=Bounds)  # what it may leave on the host (logs)
     agent_uid: int | None = AGENT_UID
     verifier_paths: VerifierPaths = field(default_factory=lambda: VerifierPaths((), ()))
     app_live: Path | None = None  # the app sidecar's state, read-only here (`APP_LIVE`); None without an app
@@ -178,19 +186,15 @@ class PodSandbox(Sandbox):
         return box
 
     def run(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None,
-            cwd: str | None = None, stdout_path: Path | None = None, extra_binds: Sequence[Bind] = (),
-            network: object = None, as_agent: bool = False, init: bool = False,
-            harness_programs: tuple[str, ...] = ()) -> RunResult:
+            cwd: str | None = None, stdout_path: Path | None = None, as_agent: bool = False) -> RunResult:
         """Run `argv` in the pod; kill what it started when it ends or at `timeout_s`.
 
         `as_agent`: as the agent uid (when the runner is root), after handing it the workspace,
         `/logs/agent` and HOME; otherwise as the runner (the verifier runs as root). stdout and
         stderr go together to `stdout_path` (appended); stdin is empty; the environment is only the
-        sandbox's plus `env`. `extra_binds`, `network`, `init` and `harness_programs` mean nothing here: the pod
-        already holds the harness and has one network, and its one cgroup holds the task's and the harness's budget
-        together (`workflows.iteration` adds the harness's to the pod's limits). A program that cannot be executed gives exit code 127/126,
-        as in a shell. With a task's app, the agent's command is followed, once everything it left is
-        killed, by a copy of the app's state (`keep_app_state`): what the verifier grades.
+        sandbox's plus `env`. A program that cannot be executed gives exit code 127/126, as in a shell. With a
+        task's app, the agent's command is followed, once everything it left is killed, by a copy of the app's state
+        (`keep_app_state`): what the verifier grades.
         """
         cwd = cwd or self.workdir
         if not Path(cwd).is_dir():
@@ -222,6 +226,17 @@ class PodSandbox(Sandbox):
             self.keep_app_state()
         return RunResult(exit_code=process.returncode, timed_out=timed_out,
                          duration_s=round(time.monotonic() - started, 3), output_dropped=output.dropped)
+
+    def run_harness(self, argv: Sequence[str], *, timeout_s: float, env: dict[str, str],
+                    stdout_path: Path) -> RunResult:
+        """Run the harness's command as the agent (`run` with `as_agent`), in the workspace: the pod already holds the
+        harness (the init containers put it there), and its one cgroup holds the task's and the harness's budget
+        together (`workflows.iteration` adds the harness's to the pod's limits)."""
+        return self.run(argv, timeout_s=timeout_s, env=env, cwd=self.workdir, stdout_path=stdout_path, as_agent=True)
+
+    def agent_url(self, url: str) -> str:
+        """`url` itself: the agent shares the pod's network, which reaches the proxy (the NetworkPolicies allow it)."""
+        return url
 
     def peaks_mb(self) -> dict[str, int]:
         """Nothing per process: the pod's one cgroup is the container's (its metrics are the cluster's)."""
@@ -255,10 +270,11 @@ class PodSandbox(Sandbox):
     def close(self) -> None:
         """Nothing to unmount: the pod's `/` is its own."""
 
-    def supervised(self, supervised: list[str], plain: list[str]) -> list[str]:
-        """`plain`: the pod's processes include the runner's, so test.sh is not supervised here (what it left
-        running is killed with its session when it ends)."""
-        return plain
+    def run_verifier_command(self, supervised: list[str], plain: list[str], *, timeout_s: float,
+                             env: dict[str, str], stdout_path: Path) -> RunResult:
+        """`plain`, as root: the pod's processes include the runner's, so test.sh is not supervised here (what it left
+        running is killed with its session when it ends); `TESTS_DIR` stays root's to write."""
+        return self.run(plain, timeout_s=timeout_s, env=env, stdout_path=stdout_path)
 
     def prepare_verifier(self, env: dict[str, str]) -> dict[str, str]:
         """Make the pod fit to grade once the agent has stopped; return `env` with a fresh HOME and TMPDIR.

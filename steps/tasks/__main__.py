@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from steps.tasks import DatasetError, Task, TaskError, load_dataset
-from steps.tasks.check import BROKEN, OK, CheckResult, check_dataset
+from steps.grading.check import BROKEN, OK, CheckResult, check_dataset
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Running a task's verifier (and its oracle) in a sandbox, and reading the reward it writes.
 
 The verifier is Harbor's, run where the agent cannot reach it: in a pristine root of the task's built
-environment that holds, of the agent's work, only the graded paths (`Sandbox.for_verifier`; in a pod, the
+environment that holds, of the agent's work, only the graded paths (`LocalSandbox.for_verifier`; in a pod, the
 pod itself after the agent uid's processes are gone), with a fresh environment (`verifier_env`). `tests/`
 is copied to `/tests` only now; `/logs/verifier` starts empty; `bash /tests/test.sh` runs under
 `[verifier] timeout_sec`; the reward is `/logs/verifier/reward.json`
@@ -10,7 +10,7 @@ writes no readable reward (or one that is not trusted, see SUPERVISOR) has faile
 is None and `error` says why. Grading runs where only the agent's work can reach it, so `steps.rollout`
 scores such a rollout 0 (and `steps.tasks check`, running the oracle, reports the task broken).
 
-    from steps.tasks.verify import run_oracle, run_verifier
+    from steps.grading.verify import run_oracle, run_verifier
     run_oracle(sandbox, task, Path("out/oracle.txt"))
     verdict = run_verifier(sandbox, task, Path("out/verifier"))
 """
@@ -23,11 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from steps.sandbox import RunResult, Sandbox, VerifierRefused
+from steps.sandbox.base import SOLUTION_DIR, TESTS_DIR, VERIFIER_DIR
 from steps.tasks import Task
 
-VERIFIER_DIR = "/logs/verifier"
-TESTS_DIR = "/tests"
-SOLUTION_DIR = "/solution"
 REWARD_FILES = ("reward.json", "reward.txt")  # in /logs/verifier; reward.json wins
 
 
@@ -89,7 +87,7 @@ def parse_reward(reward_json: str | None, reward_txt: str | None) -> dict[str, f
     >>> parse_reward(None, "yes")
     Traceback (most recent call last):
     ...
-    steps.tasks.verify.RewardError: reward.txt must hold one number, got 'yes'
+    steps.grading.verify.RewardError: reward.txt must hold one number, got 'yes'
     """
     if reward_json is not None:
         try:
@@ -157,15 +155,12 @@ def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, 
     try:
         grading.reset_dir(VERIFIER_DIR)
         grading.copy_in(task.tests_dir, TESTS_DIR)
-        # /tests read-only: bash reads test.sh as it goes, so a program of the agent's that test.sh runs could
-        # otherwise rewrite the lines still to come (a pod ignores binds: there it stays root's to write).
-        tests_read_only = [(grading.host_path(TESTS_DIR), TESTS_DIR, True)]
-        run = grading.run(grading.supervised(["bash", "-c", SUPERVISOR], ["bash", f"{TESTS_DIR}/test.sh"]),
-                          timeout_s=task.config.verifier_timeout_s, env=env, stdout_path=output_dir / "test-stdout.txt",
-                          extra_binds=tests_read_only, init=True)
+        run = grading.run_verifier_command(["bash", "-c", SUPERVISOR], ["bash", f"{TESTS_DIR}/test.sh"],
+                                           timeout_s=task.config.verifier_timeout_s, env=env,
+                                           stdout_path=output_dir / "test-stdout.txt")
         # The reward files first: past the log cap, whatever else the verifier (or the agent's program it ran) left
         # there is cut, never the reward. A /logs/verifier the verifier removed copies nothing (no reward, below).
-        grading.notes.extend(f"/logs/verifier: {note}" for note in
+        grading.notes.extend(f"{VERIFIER_DIR}: {note}" for note in
                              grading.copy_logs_out(VERIFIER_DIR, output_dir, first=REWARD_FILES))
     finally:
         if grading is not sandbox:

@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from steps.sandbox import Sandbox, SandboxError
+from steps.sandbox import LocalSandbox, Sandbox, SandboxError
 from steps.tasks import Task, TaskError
-from steps.tasks.verify import run_oracle, run_verifier
+from steps.grading.verify import run_oracle, run_verifier
 
 OK, BROKEN, SKIPPED = "ok", "broken", "skipped"
 TAIL_LINES = 8
@@ -51,7 +51,7 @@ def check_task(task: Task, work_dir: Path) -> CheckResult:
                            list(notes))
 
     try:
-        sandbox = Sandbox.create(work_dir / "sandbox", task)
+        sandbox = LocalSandbox.create(work_dir / "sandbox", task)
     except SandboxError as exc:
         reason, _, output = str(exc).partition("\n")
         return verdict(BROKEN, f"environment build failed: {reason}", output.strip("\n"))
