@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from steps.contracts import layout
+from steps.contracts.rollout import PlannedRollout, plan_json
 from workflows import local
 from workflows.config import load_config
 from workflows.iteration import iteration_workflow
@@ -88,7 +89,8 @@ def config():
 def local_commands(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
     """The argv of each step the local runner starts for iteration 1, one planned rollout, nothing actually run."""
     seen: dict[str, list[str]] = {}
-    planned = '[{"task": "steps/tasks/builtin/hello-file", "sample": 1, "rollout_id": "it1-hello-file-s1", "deadline_s": 480}]'
+    planned = plan_json([PlannedRollout(task="steps/tasks/builtin/hello-file", sample=1, rollout_id="it1-hello-file-s1",
+                                        image="", deadline_s=480, cpus=1, memory_mb=1024, storage_mb=1024, gpus=0)])
 
     def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
         seen[name] = argv

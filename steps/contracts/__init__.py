@@ -2,7 +2,9 @@
 
 - `layout`: every URL under a run's folder in the store;
 - `config`: the run's config type (`RunConfig`), which every step reads a stored run's config into;
-- `limits`: the defaults of what one rollout may leave on the host.
+- `limits`: the defaults of what one rollout may leave on the host;
+- `rollout`: a rollout's two records, the planned rollout (the plan step's item) and its result (`result.json`),
+  with their JSON forms and readers.
 
 Nothing here imports from `steps` or `workflows` beyond this package (tests/test_imports.py): every step and
 both runners stand on it, and it stands on the standard library alone.
