@@ -35,6 +35,7 @@ from steps.report import write_report  # noqa: E402
 from steps.tiny_model import build_tiny_model  # noqa: E402
 from steps.contracts import layout  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
+from steps.contracts.rollout import read_result  # noqa: E402
 from workflows.config import ConfigError, load_config  # noqa: E402
 
 PHASES = ("rollouts", "trajectories", "update", "reload")
@@ -70,7 +71,7 @@ def served_versions(run_url: str, iteration: int) -> set[str]:
     """The weight versions that served an iteration's rollouts (from their result.json files)."""
     versions: set[str] = set()
     for result in Path(layout.results_url(run_url, iteration)).glob(f"*/{layout.RESULT_FILE}"):
-        versions.update(json.loads(result.read_text()).get("weight_versions") or [])
+        versions.update(read_result(result).weight_versions)
     return versions
 
 

@@ -31,6 +31,7 @@ from steps.proxy.store import CallStore  # noqa: E402
 from steps.trajectories.__main__ import main as trajectories_main  # noqa: E402
 from steps.contracts import layout  # noqa: E402
 from steps.contracts.manifest import IterationRecord  # noqa: E402
+from steps.contracts.rollout import RolloutResult  # noqa: E402
 
 HOSTILE = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"><!--'
 HOSTILE_TASK = "<img src=x onerror=window.__pwned=3>task"  # a task's name is a folder's name: no slash
@@ -80,12 +81,12 @@ def write_rollout(run_url: str, iteration: int, rollout_id: str, task: str, samp
     (folder / "harness.log").write_text(log)
     (folder / "verifier" / "reward.txt").write_text(f"{reward}\n")
     (folder / "verifier" / "test-stdout.txt").write_text(f"checked {task}: reward {reward}\n")
-    result = {"rollout_id": rollout_id, "task": task, "harness": "direct", "status": "ok", "reward": reward,
-              "rewards": {"reward": reward}, "num_calls": num_calls, "error": None, "harness_exit_code": 0,
-              "durations": {"setup_s": 0.1, "agent_s": 2.0 + reward, "verifier_s": 0.1, "total_s": 2.2 + reward},
-              "weight_versions": [str(iteration)], "response_tokens": 40, "sample": sample, "metadata": {},
-              "paths": {"harness_log": str(folder / "harness.log"), "verifier_output": str(folder / "verifier")}}
-    (folder / layout.RESULT_FILE).write_text(json.dumps(result))
+    result = RolloutResult(rollout_id=rollout_id, task=task, harness="direct", status="ok", reward=reward,
+                           rewards={"reward": reward}, num_calls=num_calls, error=None, harness_exit_code=0,
+                           durations={"setup_s": 0.1, "agent_s": 2.0 + reward, "verifier_s": 0.1, "total_s": 2.2 + reward},
+                           weight_versions=[str(iteration)], response_tokens=40, sample=sample, metadata={},
+                           paths={"harness_log": str(folder / "harness.log"), "verifier_output": str(folder / "verifier")})
+    (folder / layout.RESULT_FILE).write_text(json.dumps(result.to_json()))
 
 
 def synthetic_run(store: Path, name: str, rollouts: int = 8, iterations: int = 2, calls: int = 3, tokens: int = 60,

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from steps import metrics
 from steps.manifest import write_json
 from steps.plan import MAX_EVAL_K, attempt_of, planned_id
-from steps.rollout import INFRA_ERROR, harness_killed
+from steps.contracts.rollout import INFRA_ERROR, RolloutResult, harness_killed
 from steps.tasks import DatasetError, load_dataset
 from steps.trajectories.collect import CollectError, load_results
 
@@ -46,67 +46,69 @@ def mean(values: Sequence[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def counted_tries(results: list[dict]) -> tuple[list[dict], list[dict]]:
+def counted_tries(results: list[RolloutResult]) -> tuple[list[RolloutResult], list[RolloutResult]]:
     """(the tries, the infra errors) among rollout results: per planned rollout, its last attempt that
     finished is its one try; every infra_error attempt is an infra error.
 
-    >>> results = [{"rollout_id": "ev0-a-s0", "status": "infra_error"}, {"rollout_id": "ev0-a-s0-a2", "status": "ok"},
-    ...            {"rollout_id": "ev0-a-s1", "status": "agent_timeout"}, {"rollout_id": "ev0-b-s0", "status": "infra_error"}]
+    >>> results = [RolloutResult(rollout_id, "a", "direct", status, None) for rollout_id, status in
+    ...            [("ev0-a-s0", "infra_error"), ("ev0-a-s0-a2", "ok"), ("ev0-a-s1", "agent_timeout"),
+    ...             ("ev0-b-s0", "infra_error")]]
     >>> tries, infra = counted_tries(results)
-    >>> [r["rollout_id"] for r in tries], [r["rollout_id"] for r in infra]
+    >>> [r.rollout_id for r in tries], [r.rollout_id for r in infra]
     (['ev0-a-s0-a2', 'ev0-a-s1'], ['ev0-a-s0', 'ev0-b-s0'])
     """
-    finished: dict[str, tuple[int, dict]] = {}
+    finished: dict[str, tuple[int, RolloutResult]] = {}
     infra = []
     for result in results:
-        planned, attempt = attempt_of(result["rollout_id"])
-        if result.get("status") == INFRA_ERROR:
+        planned, attempt = attempt_of(result.rollout_id)
+        if result.status == INFRA_ERROR:
             infra.append(result)
         elif planned not in finished or attempt > finished[planned][0]:
             finished[planned] = (attempt, result)
     return [finished[planned][1] for planned in sorted(finished)], infra
 
 
-def costs(tries: list[dict]) -> dict:
+def costs(tries: list[RolloutResult]) -> dict:
     """Mean model calls, response tokens and seconds per try (None without tries).
 
-    >>> costs([{"num_calls": 2, "response_tokens": 10, "durations": {"total_s": 3.0}}, {"num_calls": 4}])
+    >>> costs([RolloutResult("r", "t", "direct", "ok", 1.0, num_calls=2, response_tokens=10,
+    ...                      durations={"total_s": 3.0}), RolloutResult("q", "t", "direct", "ok", 1.0, num_calls=4)])
     {'mean_calls': 3.0, 'mean_tokens': 5.0, 'mean_duration_s': 3.0}
     """
-    return {"mean_calls": mean([r.get("num_calls", 0) for r in tries]),
-            "mean_tokens": mean([r.get("response_tokens", 0) for r in tries]),
-            "mean_duration_s": mean([(r.get("durations") or {}).get("total_s") for r in tries])}
+    return {"mean_calls": mean([r.num_calls for r in tries]),
+            "mean_tokens": mean([r.response_tokens for r in tries]),
+            "mean_duration_s": mean([r.durations.get("total_s") for r in tries])}
 
 
-def planned_tries(results: list[dict], k: int, planned: dict[str, str] | None) -> dict[str, str]:
+def planned_tries(results: list[RolloutResult], k: int, planned: dict[str, str] | None) -> dict[str, str]:
     """Every planned try's id and task: `planned` (the plan rebuilt from the dataset) with any try the results
     name beside it; without a plan, the tries the results name, and `k` tries of each of their tasks.
 
-    >>> planned_tries([{"rollout_id": "ev0-b-s0-a2", "task": "b"}], k=2, planned=None)
+    >>> planned_tries([RolloutResult("ev0-b-s0-a2", "b", "direct", "ok", 1.0)], k=2, planned=None)
     {'ev0-b-s0': 'b', 'ev0-b-s1': 'b'}
     """
     tries = dict(planned or {})
     for result in results:
-        try_id, _ = attempt_of(result["rollout_id"])
-        tries.setdefault(try_id, result["task"])
+        try_id, _ = attempt_of(result.rollout_id)
+        tries.setdefault(try_id, result.task)
         sample = re.search(r"-s\d+$", try_id)
         if planned is None and sample:  # a try that wrote nothing is then known only as one of its task's k
             for other in range(k):
-                tries.setdefault(f"{try_id[:sample.start()]}-s{other}", result["task"])
+                tries.setdefault(f"{try_id[:sample.start()]}-s{other}", result.task)
     return tries
 
 
-def summarize(results: list[dict], k: int, planned: dict[str, str] | None = None) -> dict:
+def summarize(results: list[RolloutResult], k: int, planned: dict[str, str] | None = None) -> dict:
     """The numbers of summary.json (`k`, `tasks`, `overall`, `missing`, `harness_killed`) from rollout results
-    (result.json dicts) and the plan (`planned`: planned rollout id -> task; see `planned_tries` without one). A
+    (`result.json`s) and the plan (`planned`: planned rollout id -> task; see `planned_tries` without one). A
     planned try with no finished attempt (every attempt an infra error, or none wrote a result) is `missing` and
     scores as a failed try (reward 0): a try that ends as an infra error or vanishes never raises a number. A try
     whose harness a limit killed is graded like any other and counted (`harness_killed`, per task and overall).
 
-    >>> ok = lambda task, s, reward: {"rollout_id": f"ev0-{task}-s{s}", "task": task, "status": "ok", "reward": reward,
-    ...                               "num_calls": 1, "response_tokens": 5, "durations": {"total_s": 2.0}}
+    >>> ok = lambda task, s, reward: RolloutResult(f"ev0-{task}-s{s}", task, "direct", "ok", reward, num_calls=1,
+    ...                                            response_tokens=5, durations={"total_s": 2.0})
     >>> results = [ok("a", 0, 1.0), ok("a", 1, 1.0), ok("b", 0, 0.0), ok("b", 1, 1.0),
-    ...            {"rollout_id": "ev0-b-s2", "task": "b", "status": "infra_error", "reward": None}]
+    ...            RolloutResult("ev0-b-s2", "b", "direct", "infra_error", None)]
     >>> summary = summarize(results, k=2, planned={f"ev0-{t}-s{s}": t for t in "ab" for s in range(3)})
     >>> summary["tasks"]["b"]["tries"], summary["tasks"]["b"]["missing"], summary["tasks"]["b"]["pass_at_k"]
     (3, 1, 0.6666666666666666)
@@ -121,32 +123,34 @@ def summarize(results: list[dict], k: int, planned: dict[str, str] | None = None
         raise ValueError(f"k must be at least 1, got {k}")
     finished, infra = counted_tries(results)
     planned = planned_tries(results, k, planned)
-    done = {attempt_of(r["rollout_id"])[0] for r in finished}
+    done = {attempt_of(r.rollout_id)[0] for r in finished}
     missing = sorted(try_id for try_id in planned if try_id not in done)
-    tasks = sorted(set(planned.values()) | {r["task"] for r in finished})
-    by_task = {task: [r["reward"] for r in finished if r["task"] == task] +
+    tasks = sorted(set(planned.values()) | {r.task for r in finished})
+    by_task = {task: [r.reward for r in finished if r.task == task] +
                [0.0 for try_id in missing if planned[try_id] == task] for task in tasks}
     per_task, overall = metrics.dataset_metrics(by_task, k)
     per_task_1, overall_1 = metrics.dataset_metrics(by_task, 1)
 
-    def row(m: metrics.TaskMetrics, at_1: metrics.TaskMetrics, rows: list[dict], infra_rows: list[dict],
-            missed: list[str]) -> dict:
+    def row(m: metrics.TaskMetrics, at_1: metrics.TaskMetrics, rows: list[RolloutResult],
+            infra_rows: list[RolloutResult], missed: list[str]) -> dict:
         return {"tries": m.tries, "passes": m.passes, "pass_at_1": at_1.pass_at_k, "pass_at_k": m.pass_at_k,
                 "pass_hat_k": m.pass_hat_k, "mean_reward": m.mean_reward, "missing": len(missed),
                 "infra_errors": len(infra_rows), "harness_killed": sum(killed(rows).values()), **costs(rows)}
 
     return {"k": k,
-            "tasks": {task: row(per_task[task], per_task_1[task], [r for r in finished if r["task"] == task],
-                                [r for r in infra if r["task"] == task], [m for m in missing if planned[m] == task])
+            "tasks": {task: row(per_task[task], per_task_1[task], [r for r in finished if r.task == task],
+                                [r for r in infra if r.task == task], [m for m in missing if planned[m] == task])
                       for task in tasks},
             "overall": row(overall, overall_1, finished, infra, missing), "missing": missing,
             "harness_killed": killed(finished)}
 
 
-def killed(tries: list[dict]) -> dict[str, int]:
+def killed(tries: list[RolloutResult]) -> dict[str, int]:
     """The tries whose harness a limit killed, by limit (`steps.metrics.harness_kills`).
 
-    >>> killed([{"killed": [{"process": "harness", "by": "memory", "count": 1}]}, {"status": "ok"}])
+    >>> memory = [{"process": "harness", "by": "memory", "count": 1}]
+    >>> killed([RolloutResult("r", "t", "direct", "ok", 0.0, killed=memory),
+    ...         RolloutResult("q", "t", "direct", "ok", 1.0)])
     {'memory': 1, 'pids': 0}
     """
     return metrics.harness_kills(harness_killed(result) for result in tries)

@@ -150,9 +150,10 @@ def iteration_metrics(rewards_by_task: Mapping[str, Sequence[float | None]],
 
 
 def harness_kills(causes: Iterable[str | None]) -> dict[str, int]:
-    """Rollouts whose harness a limit killed, by limit: `causes` holds each rollout's `steps.rollout.harness_killed`
-    (None: not killed, or a result that predates the field). Every limit of `HARNESS_LIMITS` is there, 0 when none;
-    a cause the runner may add later is counted under its own name; the agent timeout is left out.
+    """Rollouts whose harness a limit killed, by limit: `causes` holds each rollout's
+    `steps.contracts.rollout.harness_killed` (None: not killed, or a result that predates the field). Every limit of
+    `HARNESS_LIMITS` is there, 0 when none; a cause the runner may add later is counted under its own name; the agent
+    timeout is left out.
 
     >>> harness_kills(["memory", None, "memory", "time", "pids"])
     {'memory': 2, 'pids': 1}

@@ -5,55 +5,38 @@
         [--app-rollouts /tmp/app-rollouts.json]
     python -m steps.plan --eval --dataset steps/tasks/builtin --iteration 0 --samples-per-task 3   # an evaluation
 
-Each item is `{"task", "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb", "storage_mb", "gpus",
-"app"}`: the task folder (relative to the working folder), the sample number, a rollout id unique within the run,
-the container image the rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`),
-the rollout's deadline in seconds (agent + verifier timeouts + setup margin), the CPUs, memory (MiB), disk (MiB)
-and GPUs the task's `[environment]` asks for (Harbor's defaults 1, 2048, 10240, 0 where it is silent), from which
-the rollout pod's requests and limits are made (`workflows.iteration.rollout_resources`, which adds the harness's
-own budget), and its `[environment] app` command (null without one). The Argo DAG fans out over this list
-(`withParam`); the local runner reads the same list. With `--app-rollouts FILE` the rollouts of tasks with an
-app go to FILE (a JSON list) instead of stdout: the DAG runs those in pods with the app as a sidecar container
-(`workflows.iteration`). Each item's `sample` goes to the rollout step (`--sample`), which writes it into its
-result, where the trajectory tables take it from. A retried rollout runs under `attempt_id(rollout_id, K)`:
-`ID-a2`, `ID-a3`, ..., with the same sample. Tasks rotate through a seeded shuffle of the dataset, so
-consecutive iterations see different tasks and a rerun plans the same rollouts. `--eval` plans an evaluation
-of the checkpoint iteration N serves instead: every task of the dataset, in name order, `--samples-per-task`
-tries each (its k), with ids `ev<N>-<task>-s<i>`, which never collide with a training rollout's `it<N>-...` in
-the proxy's store the two share. Broken tasks are skipped with a warning on stderr; exit code 2 when no task
-can be loaded.
+Each item is a `steps.contracts.rollout.PlannedRollout` (`plan_json`; read back with `read_plan`): `{"task",
+"sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb", "storage_mb", "gpus", "app"}`: the task folder
+(relative to the working folder), the sample number, a rollout id unique within the run, the container image the
+rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`), the rollout's deadline
+in seconds (agent + verifier timeouts + setup margin), the CPUs, memory (MiB), disk (MiB) and GPUs the task's
+`[environment]` asks for (Harbor's defaults 1, 2048, 10240, 0 where it is silent), from which the rollout pod's
+requests and limits are made (`workflows.iteration.rollout_resources`, which adds the harness's own budget), and
+its `[environment] app` command (null without one). The Argo DAG fans out over this list (`withParam`); the local
+runner reads the same list. With `--app-rollouts FILE` the rollouts of tasks with an app go to FILE (a JSON list)
+instead of stdout: the DAG runs those in pods with the app as a sidecar container (`workflows.iteration`). Each
+item's `sample` goes to the rollout step (`--sample`), which writes it into its result, where the trajectory tables
+take it from. A retried rollout runs under `attempt_id(rollout_id, K)`: `ID-a2`, `ID-a3`, ..., with the same
+sample. Tasks rotate through a seeded shuffle of the dataset, so consecutive iterations see different tasks and a
+rerun plans the same rollouts. `--eval` plans an evaluation of the checkpoint iteration N serves instead: every
+task of the dataset, in name order, `--samples-per-task` tries each (its k), with ids `ev<N>-<task>-s<i>`, which
+never collide with a training rollout's `it<N>-...` in the proxy's store the two share. Broken tasks are skipped
+with a warning on stderr; exit code 2 when no task can be loaded.
 """
 
 import argparse
-import json
 import random
 import re
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from steps.contracts.rollout import PlannedRollout, plan_json
 from steps.tasks import DatasetError, Task, load_dataset
 
 # Seconds a rollout gets beyond its task's agent and verifier timeouts: registering, sandbox, copying tests.
 SETUP_MARGIN_S = 120
 # The most tries per task an evaluation plans (its k): beyond it pass@k says no more, and the plan never ends.
 MAX_EVAL_K = 100
-
-
-@dataclass(frozen=True)
-class PlannedRollout:
-    """One rollout of an iteration: the `rollout` step's inputs."""
-
-    task: str
-    sample: int
-    rollout_id: str
-    image: str
-    deadline_s: int
-    cpus: int
-    memory_mb: int
-    storage_mb: int
-    gpus: int
-    app: str | None = None  # the task's [environment] app: the rollout pod's sidecar runs it
 
 
 def attempt_id(rollout_id: str, attempt: int) -> str:
@@ -158,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     rollouts = plan(tasks, args.iteration, args.tasks_per_iteration or 0, args.samples_per_task, args.seed,
                     args.image_prefix, args.image_tag, evaluation=args.eval)
     if args.app_rollouts is not None:
-        args.app_rollouts.write_text(json.dumps([asdict(r) for r in rollouts if r.app]))
+        args.app_rollouts.write_text(plan_json([r for r in rollouts if r.app]))
         rollouts = [r for r in rollouts if not r.app]
-    print(json.dumps([asdict(r) for r in rollouts]))
+    print(plan_json(rollouts))
     return 0
 
 

@@ -28,7 +28,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from steps.harnesses import ALL_HARNESSES as HARNESSES, Endpoint, InstallError, allowance, default_prefix
@@ -42,11 +42,9 @@ from steps.sandbox import ISOLATIONS, HarnessSetup, Sandbox, SandboxError, open_
 from steps.tasks import Task, TaskError, load_task
 from steps.grading.verify import run_verifier
 from steps.contracts.layout import PHASE_FILE, RESULT_FILE, REWARD_FILE, STATUS_FILE  # in OUT: the step's output
+from steps.contracts.rollout import AGENT_TIMEOUT, INFRA_ERROR, INFRA_EXIT_CODE, NO_REWARD, OK, RolloutResult
 
-INFRA_EXIT_CODE = 3
-INFRA_ERROR = "infra_error"  # the status of an attempt that failed for a reason other than the agent
 MAX_ATTEMPTS = 20  # ids a rollout tries when earlier attempts of its step registered theirs
-NO_REWARD = "none"  # OUT/reward of a rollout without one (infra_error), and Argo's default when none was written
 
 
 class InfraError(Exception):
@@ -72,45 +70,6 @@ class RolloutSpec:
     agent_uid: int = AGENT_UID  # pod mode, root runner: the uid the harness runs as
     bounds: Bounds = field(default_factory=Bounds)  # what the rollout may leave on the host (logs, the graded copy)
     harness_memory_mb: int = 0  # the harness's own memory beside the task's; 0: its module's MEMORY_MB
-
-
-@dataclass
-class RolloutResult:
-    """`OUT/result.json`: the step's output, read by the trajectories step and the run report."""
-
-    rollout_id: str  # the id it ran under (an attempt's, `ID-aK`, after a retry)
-    task: str
-    harness: str
-    status: str  # ok | agent_timeout | infra_error
-    reward: float | None
-    rewards: dict = field(default_factory=dict)
-    num_calls: int = 0
-    error: str | None = None
-    harness_exit_code: int | None = None
-    durations: dict = field(default_factory=dict)
-    weight_versions: list = field(default_factory=list)
-    response_tokens: int = 0
-    paths: dict = field(default_factory=dict)
-    notes: list = field(default_factory=list)
-    sample: int | None = None  # the plan's sample number, as the step was given it
-    metadata: dict = field(default_factory=dict)
-    # What a limit killed: [{"process": "harness" | "agent", "by": "memory" | "pids" | "time", "count": N}]; a
-    # rollout whose harness was killed is still graded (docs/rollouts.md, "The harness's own budget").
-    killed: list = field(default_factory=list)
-    peak_memory_mb: dict = field(default_factory=dict)  # {"harness": MiB, "agent": MiB}: the most each held at once
-
-
-def harness_killed(result: dict) -> str | None:
-    """What killed a rollout's harness, from its result.json as read back: "memory", "pids" or "time"; None if
-    nothing did (or the result predates the field).
-
-    >>> harness_killed({"killed": [{"process": "agent", "by": "memory", "count": 2},
-    ...                            {"process": "harness", "by": "memory", "count": 1}]})
-    'memory'
-    >>> harness_killed({"status": "ok"}) is None
-    True
-    """
-    return next((kill["by"] for kill in result.get("killed") or () if kill.get("process") == "harness"), None)
 
 
 def proxy_client(spec: RolloutSpec) -> ProxyClient:
@@ -237,7 +196,7 @@ def grade(spec: RolloutSpec, task: Task, box: Sandbox, result: RolloutResult, ti
     if verdict.reward is None:  # graded in a pristine root: what broke it can only be the agent's work
         result.error = f"the verifier wrote no reward, so the rollout scores 0: {verdict.error}"
     reward = 0.0 if timed_out or verdict.reward is None else verdict.reward
-    result.status, result.reward = ("agent_timeout" if timed_out else "ok"), reward
+    result.status, result.reward = (AGENT_TIMEOUT if timed_out else OK), reward
 
 
 def harness_budget(spec: RolloutSpec) -> Budget:
@@ -338,7 +297,7 @@ def write_result(out: Path, result: RolloutResult) -> str | None:
     path, partial = out / RESULT_FILE, out / f".{RESULT_FILE}.{os.getpid()}.partial"
     try:
         with open(partial, "w") as handle:
-            json.dump(asdict(result), handle, indent=2)
+            json.dump(result.to_json(), handle, indent=2)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(partial, path)

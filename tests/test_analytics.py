@@ -29,6 +29,7 @@ from steps.analytics.metrics import use
 from steps.analytics.tools import changes_and_checks
 from steps.harnesses import HARNESSES
 from steps.contracts.tables import BEHAVIOUR
+from steps.contracts.rollout import RolloutResult
 
 ANALYTICS_NAMES = ("SHELL_TOOLS", "EDIT_TOOLS", "READ_TOOLS", "PLAN_TOOLS", "SHELL_WRITERS", "META_TOOLS",
                    "PLACEHOLDER_TOOLS", "shell_command", "exit_code", "plan_items")
@@ -280,7 +281,7 @@ def test_the_command_line_prints_a_table_per_group(tmp_path, capsys):
     calls = {f"r{n}": shell_script("direct", [("echo a > a", "exit code: 0")] + [("cat a", "exit code: 0")] * (n % 2))
              for n in range(4)}
     for iteration in (0, 1):
-        write_tables(collect(results, calls, "demo", iteration)[0].tables(),
+        write_tables(collect([RolloutResult.from_json(r) for r in results], calls, "demo", iteration)[0].tables(),
                      partition_url(str(tmp_path), "demo", iteration))
     assert analytics_main(["--trajectories", str(tmp_path), "--by", "harness,iteration", "--json"]) == 0
     summaries = json.loads(capsys.readouterr().out)
@@ -472,7 +473,8 @@ def test_a_rollout_that_breaks_the_readers_gives_a_row_of_unreadables(monkeypatc
     def broken(records, harness):
         raise RuntimeError("unforeseen")
     monkeypatch.setattr(steps.analytics.behaviour, "rollout_behaviour", broken)
-    row = steps.analytics.behaviour.behaviour_row({"rollout_id": "r"}, {"harness": "direct"}, [{}, {}])
+    result = RolloutResult.from_json({"rollout_id": "r", "harness": "direct"})
+    row = steps.analytics.behaviour.behaviour_row({"rollout_id": "r"}, result, [{}, {}])
     assert (row["rollout_id"], row["unreadable"], row["tool_calls"], row["self_verified"]) == ("r", 2, 0, None)
 
 

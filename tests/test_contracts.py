@@ -24,6 +24,7 @@ from screenshots import CapturingUpstream
 from test_store_images import chat, local_log, post, user
 from steps import manifest
 from steps.contracts import layout
+from steps.contracts.rollout import RolloutResult
 from steps.contracts.calls import CallRecord
 from steps.contracts.manifest import EvalRecord, IterationRecord
 from steps.contracts.table_files import partition_url, read_table, write_tables
@@ -52,7 +53,7 @@ def test_the_sample_rows_columns_are_the_parquet_schemas_and_the_update_reads_th
 
 
 def test_a_samples_table_the_trajectories_step_writes_reads_back_in_the_update_as_the_rows_written(tmp_path, update_batch):
-    results = [{"rollout_id": rid, "task": "t", "sample": n, "status": "ok", "reward": float(n), "harness": "direct"}
+    results = [RolloutResult(rollout_id=rid, task="t", sample=n, status="ok", reward=float(n), harness="direct")
                for n, rid in enumerate(["r0", "r1"])]
     calls = {"r0": [call(0, [1, 2], [3]), call(1, [1, 2, 3, 4], [5])], "r1": [call(0, [7], [8]), call(1, [9], [10])]}
     partition = partition_url(str(tmp_path), "run", 0)
@@ -125,7 +126,8 @@ def test_a_record_of_an_older_store_without_the_keys_added_since_still_reads(tmp
     for record in (older, newer.to_json()):  # the control: the newer record, whole
         log.write_bytes(orjson.dumps(record) + b"\n")
         (call,) = asyncio.run(CallStore(str(tmp_path / "store")).read_calls("old")).calls
-        rows, _ = collect([{"rollout_id": "old", "task": "t", "status": "ok", "reward": 1.0}], {"old": [call]}, "run", 0)
+        rows, _ = collect([RolloutResult(rollout_id="old", task="t", harness="direct", status="ok", reward=1.0)],
+                          {"old": [call]}, "run", 0)
         assert rows.calls["call_index"] == [0] and rows.samples["prompt_token_ids"] == [[1, 2]]
         assert rows.calls["replica"] == [0 if record is not older else None]
         read = CallRecord.from_json(call)

@@ -24,6 +24,7 @@ from steps import evaluate, manifest, plan
 from steps.tasks import load_dataset
 from steps.contracts import layout
 from steps.contracts.manifest import IterationRecord
+from steps.contracts.rollout import PlannedRollout, RolloutResult, plan_json
 from workflows import commands, submit
 from workflows.config import load_config
 from workflows.evaluation import evaluation_workflow
@@ -38,13 +39,14 @@ pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSinc
 
 
 def result(task: str, sample: int, reward: float | None, attempt: int = 1, status: str = "ok", calls: int = 2,
-           tokens: int = 10, seconds: float = 4.0) -> dict:
+           tokens: int = 10, seconds: float = 4.0) -> RolloutResult:
     """A rollout's result.json as `steps.rollout` writes it (the fields the summary reads)."""
     rollout_id = plan.attempt_id(f"ev0-{task}-s{sample}", attempt)
     if status == "infra_error":
         reward, calls, tokens = None, 0, 0
-    return {"rollout_id": rollout_id, "task": task, "sample": sample, "status": status, "reward": reward,
-            "num_calls": calls, "response_tokens": tokens, "durations": {"total_s": seconds}}
+    return RolloutResult.from_json({"rollout_id": rollout_id, "task": task, "sample": sample, "status": status,
+                                    "reward": reward, "num_calls": calls, "response_tokens": tokens,
+                                    "durations": {"total_s": seconds}})
 
 
 # ---- the summary ----
@@ -63,16 +65,16 @@ def test_an_infra_error_retried_to_a_finish_is_counted_and_changes_no_number() -
     assert unretried["missing"] == 1 and unretried["pass_at_1"] < without["overall"]["pass_at_1"]
 
 
-def killed(result: dict, process: str, by: str) -> dict:
+def killed(result: RolloutResult, process: str, by: str) -> RolloutResult:
     """`result` with a limit's kill in its `killed` list, as the runner writes it."""
-    return dict(result, harness_exit_code=137, killed=[{"process": process, "by": by, "count": 1}])
+    return dataclasses.replace(result, harness_exit_code=137, killed=[{"process": process, "by": by, "count": 1}])
 
 
 def test_tries_whose_harness_a_limit_killed_are_counted_per_task_and_overall_and_the_table_warns() -> None:
     """Before: a memory-killed harness scored a plain 0 and nothing in the summary or the table said so. Counted:
     a harness killed by memory or pids in a try. Not counted: the agent's own processes killed, the agent timeout
     (an `agent_timeout` already), an infra error's kill (not a try), a result written before `killed` existed."""
-    results = [killed(result("a", 0, 0.0), "harness", "memory"), dict(result("a", 1, 1.0), killed=[]),
+    results = [killed(result("a", 0, 0.0), "harness", "memory"), dataclasses.replace(result("a", 1, 1.0), killed=[]),
                killed(result("b", 0, 0.0), "harness", "pids"), result("b", 1, 1.0),  # an older result: no `killed`
                killed(result("c", 0, 0.0), "agent", "memory"), killed(result("c", 1, 0.0, status="agent_timeout"),
                                                                       "harness", "time"),
@@ -113,9 +115,9 @@ def test_a_try_without_a_finished_attempt_is_missing_and_fails(b_results: list[d
     summary = evaluate.summarize([result("a", s, 1.0) for s in range(3)] + b_results, k=3)
     b, overall = summary["tasks"]["b"], summary["overall"]
     assert (b["tries"], b["passes"], b["pass_at_k"], b["pass_hat_k"]) == (3, 0, 0.0, 0.0)
-    assert b["missing"] == sum(r["status"] == "infra_error" for r in b_results)
+    assert b["missing"] == sum(r.status == "infra_error" for r in b_results)
     assert (overall["pass_at_1"], overall["pass_at_k"], overall["pass_hat_k"]) == (0.5, 0.5, 0.5)
-    assert summary["missing"] == [f"ev0-b-s{s}" for s in range(3) if b_results[s]["status"] == "infra_error"]
+    assert summary["missing"] == [f"ev0-b-s{s}" for s in range(3) if b_results[s].status == "infra_error"]
     assert "each counts as a failed try" in evaluate.format_table(summary)
 
 
@@ -126,8 +128,8 @@ def test_a_rollout_killed_before_writing_its_result_is_missing(tmp_path: Path, c
     tasks, _ = load_dataset(BUILTIN)
     names = sorted(task.name for task in tasks)
     for r in [result(names[0], s, 1.0) for s in range(2)]:
-        (tmp_path / "results" / r["rollout_id"]).mkdir(parents=True)
-        (tmp_path / "results" / r["rollout_id"] / "result.json").write_text(json.dumps(r))
+        (tmp_path / "results" / r.rollout_id).mkdir(parents=True)
+        (tmp_path / "results" / r.rollout_id / "result.json").write_text(json.dumps(r.to_json()))
     argv = ["--results", str(tmp_path / "results"), "--k", "2", "--out", str(tmp_path / "s.json")]
     assert evaluate.main(argv) == 0
     assert json.loads(capsys.readouterr().out)["overall"]["pass_at_1"] == 1.0  # the control
@@ -176,8 +178,8 @@ def test_a_broken_task_the_plan_skipped_is_named_in_the_summary(tmp_path: Path, 
     (dataset / "broken").mkdir()
     (dataset / "broken" / "task.toml").write_text("this is [ not toml")
     r = result("hello-file", 0, 1.0)
-    (tmp_path / "results" / r["rollout_id"]).mkdir(parents=True)
-    (tmp_path / "results" / r["rollout_id"] / "result.json").write_text(json.dumps(r))
+    (tmp_path / "results" / r.rollout_id).mkdir(parents=True)
+    (tmp_path / "results" / r.rollout_id / "result.json").write_text(json.dumps(r.to_json()))
     assert evaluate.main(["--results", str(tmp_path / "results"), "--k", "1", "--out", str(tmp_path / "s.json"),
                           "--dataset", str(dataset)]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -200,8 +202,8 @@ def test_the_table_is_aligned_and_a_task_name_cannot_break_it() -> None:
 def test_the_cli_writes_summary_json_prints_the_table_and_one_json_line(tmp_path: Path) -> None:
     results = tmp_path / "results"
     for r in [result("a", 0, 1.0), result("a", 1, 0.0), result("a", 0, None, status="infra_error", attempt=2)]:
-        (results / r["rollout_id"]).mkdir(parents=True)
-        (results / r["rollout_id"] / "result.json").write_text(json.dumps(r))
+        (results / r.rollout_id).mkdir(parents=True)
+        (results / r.rollout_id / "result.json").write_text(json.dumps(r.to_json()))
     out = tmp_path / "eval" / "summary.json"
     argv = [sys.executable, "-m", "steps.evaluate", "--results", str(results), "--k", "2", "--out", str(out),
             "--harness", "direct", "--dataset", "steps/tasks/builtin", "--checkpoint", "runs/tiny-model",
@@ -385,13 +387,14 @@ def test_locally_a_failed_eval_every_evaluation_is_said_and_the_training_goes_on
             Path(argv[argv.index("--app-rollouts") + 1]).write_text("[]")
         if name in ("eval-plan", "evaluate"):  # evaluate finds no results: the plan that failed planned none
             raise local.StepFailed(f"step {name} failed with exit code 2")
-        return json.dumps([{"task": "t", "sample": 0, "rollout_id": "it0-t-s0"}]) if name == "plan" else "{}"
+        planned = PlannedRollout("t", 0, "it0-t-s0", "img", 480, 1, 1024, 1024, 0)
+        return plan_json([planned]) if name == "plan" else "{}"
 
+    graded = RolloutResult(rollout_id="it0-t-s0", task="t", harness="direct", status="ok", reward=1.0)
     monkeypatch.setattr(local, "run_step", step)
-    monkeypatch.setattr(local, "run_rollouts", lambda *args, **kwargs: [{"task": "t", "status": "ok", "reward": 1.0}])
+    monkeypatch.setattr(local, "run_rollouts", lambda *args, **kwargs: [graded])
     config = load_config(None, ["run=r", "eval_every=1", f"store={tmp_path}"])
-    assert local.collect_iteration(config, 0, "http://proxy", {}, tmp_path, 0, {}) == \
-        [{"task": "t", "status": "ok", "reward": 1.0}]
+    assert local.collect_iteration(config, 0, "http://proxy", {}, tmp_path, 0, {}) == [graded]
     assert ran == ["plan", "trajectories", "eval-plan"]
     assert "warning: eval 0 failed (eval-plan); the training goes on" in capsys.readouterr().err
     assert manifest.read_evals(config.run_url)[0].status == "Failed"

@@ -39,7 +39,8 @@ from scripted_model import ScriptedModel
 from proxy_process import ProxyProcess
 from steps.harnesses import GUI_HARNESSES, default_prefix
 from steps.proxy.images import REFERENCE_PREFIX
-from steps.rollout import RolloutResult, RolloutSpec, run_rollout
+from steps.contracts.rollout import RolloutResult
+from steps.rollout import RolloutSpec, run_rollout
 
 REPO = Path(__file__).resolve().parents[1]
 GUI = REPO / "steps" / "tasks" / "gui"

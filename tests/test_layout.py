@@ -2,6 +2,7 @@
 spells a piece of it, and the local runner and the Argo DAG put every file at the same URL."""
 
 import ast
+import dataclasses
 import re
 import subprocess
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from steps.contracts import layout
+from steps.contracts.rollout import PlannedRollout, plan_json
 from workflows import local
 from workflows.config import load_config
 from workflows.iteration import iteration_workflow
@@ -88,7 +90,8 @@ def config():
 def local_commands(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
     """The argv of each step the local runner starts for iteration 1, one planned rollout, nothing actually run."""
     seen: dict[str, list[str]] = {}
-    planned = '[{"task": "steps/tasks/builtin/hello-file", "sample": 1, "rollout_id": "it1-hello-file-s1", "deadline_s": 480}]'
+    planned = plan_json([PlannedRollout(task="steps/tasks/builtin/hello-file", sample=1, rollout_id="it1-hello-file-s1",
+                                        image="", deadline_s=480, cpus=1, memory_mb=1024, storage_mb=1024, gpus=0)])
 
     def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
         seen[name] = argv
@@ -102,7 +105,7 @@ def local_commands(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
     monkeypatch.setattr(local.subprocess, "run", run)
     monkeypatch.setattr(local, "swap_weights", lambda *args: None)
     real = local.run_rollouts  # nothing ran, so no result: graded here, for the iteration to go on to its update
-    monkeypatch.setattr(local, "run_rollouts", lambda *args, **kwargs: [{**result, "status": "ok", "reward": 0.0}
+    monkeypatch.setattr(local, "run_rollouts", lambda *args, **kwargs: [dataclasses.replace(result, status="ok", reward=0.0)
                                                                         for result in real(*args, **kwargs)])
     local.run_iteration(config(), 1, "http://proxy:8100", "k", {}, Path("/nonexistent"))
     return seen

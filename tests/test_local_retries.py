@@ -11,11 +11,12 @@ import pytest
 
 from steps.trajectories.collect import collect, load_results
 from steps.contracts import layout
+from steps.contracts.rollout import PlannedRollout, RolloutResult
 from workflows import local
 from workflows.config import load_config
 
-PLANNED = [{"task": "steps/tasks/builtin/hello-file", "sample": s, "rollout_id": f"it0-hello-file-s{s}", "deadline_s": 480}
-           for s in (0, 1)]
+PLANNED = [PlannedRollout(task="steps/tasks/builtin/hello-file", sample=s, rollout_id=f"it0-hello-file-s{s}", image="",
+                          deadline_s=480, cpus=1, memory_mb=1024, storage_mb=1024, gpus=0) for s in (0, 1)]
 
 
 def fake_rollout_step(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -35,13 +36,13 @@ def test_a_retried_rollout_keeps_its_sample_number_in_every_table(tmp_path: Path
     monkeypatch.setattr(local.subprocess, "run", fake_rollout_step)
     config = load_config(None, [f"store={tmp_path}", "run=r", "rollout_retries=2", "harness=direct"])
     results = local.run_rollouts(config, 0, PLANNED, "http://proxy:8100", {})
-    assert [(r["rollout_id"], r["status"], r["sample"]) for r in results] == \
+    assert [(r.rollout_id, r.status, r.sample) for r in results] == \
         [("it0-hello-file-s0-a2", "ok", 0), ("it0-hello-file-s1", "ok", 1)]
     folder = Path(layout.results_url(config.run_url, 0))
     assert sorted(p.name for p in folder.iterdir()) == ["it0-hello-file-s0", "it0-hello-file-s0-a2", "it0-hello-file-s1"]
 
     loaded = load_results(str(folder))  # what `steps.trajectories` reads: the failed attempt's result too
-    calls = {r["rollout_id"]: [{"call_index": 0, "status": "ok", "prompt_token_ids": [1], "response_token_ids": [2],
+    calls = {r.rollout_id: [{"call_index": 0, "status": "ok", "prompt_token_ids": [1], "response_token_ids": [2],
                                 "response_logprobs": [-0.5], "weight_version": "0"}] for r in loaded}
     tables = collect(loaded, calls, "r", 0)[0].tables()
     for name in ("rollouts", "calls", "samples"):
@@ -61,7 +62,7 @@ def test_the_built_rollout_command_is_the_one_the_step_parses(monkeypatch: pytes
 
     seen = {}
     monkeypatch.setenv("OPENFORGE_ADMIN_KEY", "k")
-    monkeypatch.setattr(rollout, "run_rollout", lambda spec: seen.setdefault("spec", spec) and rollout.RolloutResult(
+    monkeypatch.setattr(rollout, "run_rollout", lambda spec: seen.setdefault("spec", spec) and RolloutResult(
         rollout_id="x", task="t", harness="direct", status="ok", reward=1.0))
     config = load_config(None, ["harness=direct", "model_name=qwen3-4b"])
     argv = commands.rollout(config, "steps/tasks/builtin/hello-file", "it0-hello-file-s3", 3, "http://p:8100",

@@ -27,6 +27,7 @@ from steps.rollout import RolloutSpec, run_rollout
 from steps.tasks import BUILTIN_DATASET
 from steps.contracts.table_files import read_table
 from steps.contracts import layout
+from steps.contracts.rollout import RolloutResult
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -337,10 +338,10 @@ def test_files_named_in_result_json_are_read_only_from_the_rollouts_folder_and_n
     (folder / "harness.log").symlink_to(outside)
     result = {"_url": str(folder / "result.json"),
               "paths": {"verifier_output": str(folder / "verifier"), "harness_log": str(folder / "harness.log")}}
-    assert kept_files(result, "verifier_output") == [("reward.txt", "1\n")]
-    assert kept_files(result, "harness_log") == []
-    assert kept_files(dict(result, paths={"harness_log": str(outside)}), "harness_log") == []  # not in its folder
-    assert kept_files(dict(result, paths={"harness_log": "../../../secret.txt"}), "harness_log") == []
+    assert kept_files(result["paths"], result["_url"], "verifier_output") == [("reward.txt", "1\n")]
+    assert kept_files(result["paths"], result["_url"], "harness_log") == []
+    assert kept_files({"harness_log": str(outside)}, result["_url"], "harness_log") == []  # not in its folder
+    assert kept_files({"harness_log": "../../../secret.txt"}, result["_url"], "harness_log") == []
 
 
 def report_run(iterations: dict | None = None, **fields):
@@ -383,7 +384,8 @@ def test_pass_at_k_uses_the_runners_k_and_one_broken_task_does_not_collapse_it(t
     results = [{"task": "a", "status": "ok", "reward": r} for r in (1.0, 0.0, 1.0, 0.0)] + \
         [{"task": "b", "status": "infra_error", "reward": None}] * 4
     report = reward_metrics(results)
-    runner = summarize(0, results, str(tmp_path / "no-checkpoint"), {})
+    runner = summarize(0, [RolloutResult(rollout_id="", harness="", **r) for r in results], str(tmp_path / "no-checkpoint"),
+                       {})
     assert (report["k"], report["pass_at_k"], report["pass_hat_k"]) == (4, 1.0, 0.0)
     assert runner["k"] == 4 and runner["metrics"] == {key: report[key] for key in runner["metrics"]}
 
@@ -576,14 +578,13 @@ def test_a_result_claiming_another_rollouts_id_does_not_take_over_its_page_and_e
     (results / "it0-c-s0" / "result.json").write_text(json.dumps({"rollout_id": "it0-c-s0-a2", "reward": 0.5}))
     notes = []
     found = read_results(str(results), notes)
-    assert found["it0-a-s0"]["reward"] == 1.0 and found["it0-c-s0-a2"]["reward"] == 0.5  # a rerun's own id
+    assert found["it0-a-s0"].result.reward == 1.0 and found["it0-c-s0-a2"].result.reward == 0.5  # a rerun's own id
     assert len(notes) == 1 and "it0-0-s0/result.json names rollout 'it0-a-s0'" in notes[0]
     verifier = results / "it0-a-s0" / "verifier"
     verifier.mkdir()
     for n in range(23):
         (verifier / f"f{n:02d}.txt").write_text(str(n))
-    files = kept_files({"_url": str(results / "it0-a-s0" / "result.json"), "paths": {"verifier_output": "verifier"}},
-                       "verifier_output")
+    files = kept_files({"verifier_output": "verifier"}, str(results / "it0-a-s0" / "result.json"), "verifier_output")
     assert len(files) == 21 and files[-1] == ("[3 more files not shown]", "f20.txt, f21.txt, f22.txt")
 
 
@@ -658,13 +659,15 @@ def killed_run(tmp_path: Path) -> Path:
             folder = Path(layout.rollout_url(str(run), n, r["rollout_id"]))
             folder.mkdir(parents=True)
             (folder / "result.json").write_text(json.dumps(r))
-    write_tables(collect(iterations[1], {}, "killed", 1)[0].tables(), layout.run_partition_url(str(run), "killed", 1))
+    write_tables(collect([RolloutResult.from_json(r) for r in iterations[1]], {}, "killed", 1)[0].tables(),
+                 layout.run_partition_url(str(run), "killed", 1))
     tries = [result("ev0-t-s0", "memory"), result("ev0-t-s1", "", reward=1.0)]
     for r in tries:
         folder = Path(layout.eval_results_url(str(run), 0)) / r["rollout_id"]
         folder.mkdir(parents=True)
         (folder / "result.json").write_text(json.dumps(r))
-    manifest.write_json(layout.eval_summary_url(str(run), 0), {"harness": "openclaw", **evaluate.summarize(tries, k=2)})
+    summary = evaluate.summarize([RolloutResult.from_json(r) for r in tries], k=2)
+    manifest.write_json(layout.eval_summary_url(str(run), 0), {"harness": "openclaw", **summary})
     return run
 
 

@@ -184,7 +184,8 @@ def test_a_dead_model_server_is_an_infra_error_not_a_zero(proxy, tmp_path):
 
 def test_outputs_that_cannot_be_written_are_left_absent(tmp_path):
     """No folder to write into: no exception, nothing written; Argo then shows the template's defaults."""
-    from steps.rollout import RolloutResult, write_outputs
+    from steps.contracts.rollout import RolloutResult
+    from steps.rollout import write_outputs
 
     write_outputs(tmp_path / "missing", RolloutResult("r", "t", "direct", "ok", 1.0))
     assert not (tmp_path / "missing").exists()

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from steps.rollout import RolloutSpec, harness_killed, run_rollout
+from steps.contracts.rollout import PlannedRollout, RolloutResult, harness_killed, read_result
+from steps.rollout import RolloutSpec, run_rollout
 from steps.sandbox import LocalSandbox
 from steps.sandbox.common import MIB, Bounds, Output, copy_logs
 from steps.sandbox.limits import Budget
@@ -131,7 +132,7 @@ def test_a_harness_completes_a_built_in_task_of_1024_mb_in_its_own_budget(harnes
         return
     monkeypatch.setattr("steps.rollout.harness_budget", lambda spec: None)
     control = run_rollout(spec_for(scripted_proxy, small_task(tmp_path, memory_mb=128), harness, tmp_path))
-    assert control.status == "infra_error" and harness_killed(vars(control)) == "memory", control
+    assert control.status == "infra_error" and harness_killed(control) == "memory", control
 
 
 def test_a_harness_its_agent_ran_out_of_memory_is_graded_and_named_everywhere(scripted, scripted_proxy, tmp_path):
@@ -146,13 +147,14 @@ def test_a_harness_its_agent_ran_out_of_memory_is_graded_and_named_everywhere(sc
     result = run_rollout(spec_for(scripted_proxy, task, "direct", tmp_path, harness_memory_mb=256))
     assert (result.status, result.reward, result.harness_exit_code) == ("ok", 0.0, 137), result
     assert result.num_calls >= 1 and result.killed[0] == {"process": "harness", "by": "memory", "count": 1}, result
-    written = json.loads((Path(result.paths["harness_log"]).parent / "result.json").read_text())
+    written = read_result(Path(result.paths["harness_log"]).parent / "result.json")
     assert harness_killed(written) == "memory" and rollout_row(written)["harness_killed"] == "memory"
     assert summarize(0, [written], "none", {})["harness_killed"] == {"memory": 1, "pids": 0}
     scripted.set_commands(["head -c 1500000 /dev/zero | tr '\\0' a"])  # control: 1.5 MB, nothing is killed
     control = run_rollout(spec_for(scripted_proxy, task, "direct", tmp_path, harness_memory_mb=256))
     assert (control.status, control.killed) == ("ok", []), control
-    assert summarize(0, [json.loads(json.dumps(vars(control)))], "none", {})["harness_killed"] == {"memory": 0, "pids": 0}
+    read_back = RolloutResult.from_json(json.loads(json.dumps(control.to_json())))
+    assert summarize(0, [read_back], "none", {})["harness_killed"] == {"memory": 0, "pids": 0}
 
 
 def test_output_through_a_pipe_is_cut_at_its_cap_and_the_writer_never_blocks(tmp_path):
@@ -348,10 +350,11 @@ def test_a_rollout_past_its_deadline_is_stopped_and_its_result_written_by_its_ph
     from workflows.local import run_rollout_step
 
     scripted.set_commands(["sleep 600"])
-    item = {"task": str(BUILTIN_DATASET / "hello-file"), "sample": 0}
+    item = PlannedRollout(task=str(BUILTIN_DATASET / "hello-file"), sample=0, rollout_id="late", image="", deadline_s=40,
+                          cpus=1, memory_mb=2048, storage_mb=10240, gpus=0)
     env = {**os.environ, "OPENFORGE_ADMIN_KEY": ADMIN_KEY}
     out = tmp_path / "late"
-    argv = [sys.executable, "-m", "steps.rollout", "--task", item["task"], "--harness", "direct", "--proxy-url",
+    argv = [sys.executable, "-m", "steps.rollout", "--task", item.task, "--harness", "direct", "--proxy-url",
             scripted_proxy.url, "--rollout-id", "late", "--out", str(out), "--agent-timeout", "900"]
     code, _ = run_rollout_step(argv, env, 40, out, "late", item, "direct")
     result = json.loads((out / "result.json").read_text())

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import steps.rollout
-from steps.rollout import RolloutResult, run_rollout
+from steps.contracts.rollout import RolloutResult
+from steps.rollout import run_rollout
 from steps.tasks import BUILTIN_DATASET
 from test_rollout import ADMIN_KEY, oracle, spec_for
 
@@ -96,7 +97,7 @@ def test_a_plain_write_on_a_full_disk_leaves_an_empty_result_json(small_disk, tm
     result = RolloutResult(rollout_id="r", task="hello-file", harness="direct", status="ok", reward=1.0)
     fill(small_disk)
     with pytest.raises(OSError):
-        (small_disk / "result.json").write_text(json.dumps(steps.rollout.asdict(result), indent=2))
+        (small_disk / "result.json").write_text(json.dumps(result.to_json(), indent=2))
     assert (small_disk / "result.json").stat().st_size == 0
     (small_disk / "result.json").unlink()
     why = steps.rollout.write_result(small_disk, result)

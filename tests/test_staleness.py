@@ -29,6 +29,7 @@ from steps.trajectories.collect import collect
 from steps.contracts.table_files import partition_url, read_table
 from steps.trajectories.staleness import Staleness, versions_behind
 from steps.contracts import layout
+from steps.contracts.rollout import RolloutResult
 from workflows import local
 from workflows.config import load_config
 from workflows.local import StepFailed, Updates
@@ -42,8 +43,9 @@ def call(index: int, prompt: list[int], response: list[int], version: str) -> di
             "response_logprobs": [-0.5] * len(response), "weight_version": version}
 
 
-def result(rollout_id: str) -> dict:
-    return {"rollout_id": rollout_id, "task": "t", "sample": 0, "status": "ok", "reward": 1.0, "harness": "direct"}
+def result(rollout_id: str) -> RolloutResult:
+    return RolloutResult.from_json({"rollout_id": rollout_id, "task": "t", "sample": 0, "status": "ok", "reward": 1.0,
+                                    "harness": "direct"})
 
 
 def test_a_sample_more_than_s_behind_is_dropped_and_counted_and_kept_under_a_larger_s():
@@ -91,7 +93,7 @@ def test_a_rollout_spanning_a_real_swap_carries_two_versions_and_its_stale_sampl
     assert [c["weight_version"] for c in swap_proxy.calls("it2-t-s0")] == ["0", "1"]
     results = tmp_path / "results"
     (results / "it2-t-s0").mkdir(parents=True)
-    (results / "it2-t-s0" / "result.json").write_text(json.dumps(result("it2-t-s0")))
+    (results / "it2-t-s0" / "result.json").write_text(json.dumps(result("it2-t-s0").to_json()))
 
     def trajectories(out: Path, *stale: str) -> dict:
         done = subprocess.run([sys.executable, "-m", "steps.trajectories", "--proxy-url", swap_proxy.url,

@@ -30,7 +30,8 @@ import uvicorn
 
 from proxy_process import start_proxy, stop_proxy
 from steps.net import HOST, free_port
-from steps.rollout import RolloutResult, RolloutSpec, record_calls
+from steps.contracts.rollout import RolloutResult
+from steps.rollout import RolloutSpec, record_calls
 from steps.contracts.table_files import partition_url, read_table
 from vllm_process import serve_vllm
 

@@ -26,6 +26,7 @@ from steps.contracts.table_files import TrajectoryFileError, partition_url, read
 from steps.contracts.tables import CALLS, SAMPLES, SchemaError
 from steps.trajectories import build_samples
 from steps.trajectories.collect import collect
+from steps.contracts.rollout import RolloutResult
 
 ADMIN_KEY = "test-admin-key"
 
@@ -114,7 +115,7 @@ def test_each_rollout_weighs_one_in_the_loss_and_infra_errors_give_no_samples():
                {"rollout_id": "c", "task": "t", "sample": 2, "harness": "direct", "status": "infra_error", "reward": None}]
     calls = {"a": [call(0, [1], [2]), call(1, [7], [8]), call(2, [9], [9])], "b": [call(0, [1], [3])],
              "c": [call(0, [1], [4])]}
-    rows, stats = collect(results, calls, "run", 0)
+    rows, stats = collect([RolloutResult.from_json(r) for r in results], calls, "run", 0)
     tables = rows.tables()
     samples = tables["samples"].to_pylist()
     assert [(s["rollout_id"], s["loss_weight"], s["reward"]) for s in samples] == \
@@ -130,7 +131,7 @@ def test_the_calls_table_has_the_settings_vllm_sampled_with_and_nulls_for_an_old
     sent = {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "max_tokens": 16}
     asked = {"temperature": 0.2, "top_p": 0.5}
     calls = {"a": [{**call(0, [1], [2]), "sampling": sent, "sampling_requested": asked}, call(1, [1, 2], [3])]}
-    rows, _ = collect(results, calls, "run", 0)
+    rows, _ = collect([RolloutResult.from_json(r) for r in results], calls, "run", 0)
     table = rows.tables()["calls"]
     assert [(r["temperature"], r["top_p"], r["top_k"]) for r in table.to_pylist()] == \
         [(0.7, 1.0, 0), (None, None, None)]
@@ -216,7 +217,7 @@ def crafted_tables() -> dict[str, pa.Table]:
     results = [{"rollout_id": f"r{i}", "task": "hello-file", "harness": "direct", "status": "ok", "reward": 1.0,
                 "rewards": {"reward": 1.0}, "durations": {"total_s": 2.5}, "num_calls": 2} for i in range(3)]
     calls = {f"r{i}": [call(0, [1, 2, i], [10, 11]), call(1, [1, 2, i, 10, 11, 5], [12])] for i in range(3)}
-    return collect(results, calls, "demo", 4)[0].tables()
+    return collect([RolloutResult.from_json(r) for r in results], calls, "demo", 4)[0].tables()
 
 
 def assert_round_trip(out: str, storage_options: dict | None = None) -> None:
@@ -491,7 +492,7 @@ def test_an_iteration_without_a_killed_harness_counts_zero_and_warns_nothing(tmp
 
 def test_a_rollouts_table_written_before_the_harness_killed_column_reads_with_nulls_there(tmp_path):
     """An older run's rollouts.parquet stays readable; its rows name no kill."""
-    table = collect(killed_results(), {}, "r", 0)[0].tables()["rollouts"]
+    table = collect([RolloutResult.from_json(r) for r in killed_results()], {}, "r", 0)[0].tables()["rollouts"]
     (tmp_path / "p").mkdir()
     pq.write_table(table.drop_columns(["harness_killed"]), tmp_path / "p" / "rollouts.parquet")
     read = read_table(str(tmp_path / "p"), "rollouts")

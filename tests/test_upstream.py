@@ -35,6 +35,7 @@ from steps.rollout import RolloutSpec, run_rollout
 from steps.tasks import BUILTIN_DATASET
 from steps.trajectories.__main__ import main as trajectories_main
 from steps.trajectories.collect import collect
+from steps.contracts.rollout import RolloutResult
 from tests.conftest import ADMIN_KEY
 
 REMOTE = "remote-model"  # the name the endpoint serves
@@ -168,7 +169,7 @@ def test_untrainable_calls_stay_in_the_calls_table_and_make_no_sample(capsys):
     calls = [{**ok, "call_index": 0, "prompt_token_ids": [1, 2], "response_token_ids": [3]},
              {**ok, "call_index": 1, "prompt_token_ids": None, "response_token_ids": None, "untrainable": NO_TOKEN_IDS}]
     result = {"rollout_id": "r", "task": "t", "sample": 0, "harness": "direct", "status": "ok", "reward": 1.0}
-    rows, _ = collect([result], {"r": calls}, "run", 0)
+    rows, _ = collect([RolloutResult.from_json(result)], {"r": calls}, "run", 0)
     tables = rows.tables()
     assert tables["calls"].column("prompt_token_ids").to_pylist() == [[1, 2], None]
     assert tables["calls"].column("sample_index").to_pylist() == [0, None]

@@ -37,6 +37,7 @@ from steps.harnesses import ALL_HARNESSES
 from steps.tasks import load_dataset, load_task
 from steps.contracts import layout
 from steps.contracts.manifest import IterationRecord
+from steps.contracts.rollout import PlannedRollout, RolloutResult
 from workflows import commands, submit
 from workflows import lint
 from workflows.config import ConfigError, load_config, validate_for_argo
@@ -219,7 +220,7 @@ def test_rollout_retries_only_infra_errors() -> None:
     assert rollout["retryStrategy"]["expression"] == "lastRetry.exitCode == '3'"
     assert rollout["retryStrategy"]["backoff"]["factor"] == 2
     assert rollout["activeDeadlineSeconds"] == "{{inputs.parameters.deadline}}"
-    from steps.rollout import INFRA_EXIT_CODE
+    from steps.contracts.rollout import INFRA_EXIT_CODE
     assert INFRA_EXIT_CODE == 3
 
 
@@ -243,7 +244,7 @@ def test_rollout_pod_is_the_sandbox() -> None:
     passed = {p["name"]: p["value"] for p in fanout["arguments"]["parameters"]}
     assert [passed[n] for n in ("cpus", "memory_mb", "storage_mb", "gpus")] == [
         "{{item.cpus}}", "{{item.memory_mb}}", "{{item.storage_mb}}", "{{item.gpus}}"]
-    assert set(passed) - {"proxy_url"} <= set(plan.PlannedRollout.__dataclass_fields__) | {"deadline"}
+    assert set(passed) - {"proxy_url"} <= set(PlannedRollout.__dataclass_fields__) | {"deadline"}
 
 
 def test_the_rollout_runner_may_keep_the_oom_killer_off_itself_unless_the_namespace_forbids_it() -> None:
@@ -759,13 +760,14 @@ def test_status_shows_each_iteration(fake_argo: FakeArgoServer, s3_store: str, c
     assert "iteration 0: Succeeded" in out and f"{fake_argo.url}/workflows/openforge/openforge-st-it0" in out
 
 
-def killed_results(iteration: int, killed_by: list[str | None]) -> list[dict]:
-    """An iteration's result.json dicts, one per entry: the limit that killed its harness, "" for a result whose
-    `killed` list is empty, None for one written before the list existed."""
+def killed_results(iteration: int, killed_by: list[str | None]) -> list[RolloutResult]:
+    """An iteration's results as read back from result.json, one per entry: the limit that killed its harness, ""
+    for a result whose `killed` list is empty, None for one written before the list existed."""
     def killed(by):
         return {} if by is None else {"killed": [{"process": "harness", "by": by, "count": 1}] if by else []}
-    return [{"rollout_id": f"it{iteration}-t-s{n}", "task": "t", "sample": n, "harness": "openclaw", "status": "ok",
-             "reward": 0.0 if by else 1.0, **killed(by)} for n, by in enumerate(killed_by)]
+    return [RolloutResult.from_json({"rollout_id": f"it{iteration}-t-s{n}", "task": "t", "sample": n,
+                                     "harness": "openclaw", "status": "ok", "reward": 0.0 if by else 1.0, **killed(by)})
+            for n, by in enumerate(killed_by)]
 
 
 def test_status_counts_the_harnesses_a_limit_killed_in_each_iteration(tmp_path, monkeypatch, capsys) -> None:
@@ -960,7 +962,7 @@ def test_serve_against_an_upstream_starts_no_vllm_and_takes_no_gpu(monkeypatch: 
 def test_rollout_nodes_show_the_runners_status_and_reward() -> None:
     """The rollout template's output parameters are the files steps.rollout writes into OUT, the folder its
     result.json is uploaded from, with defaults for a pod that died before writing them."""
-    from steps.rollout import NO_REWARD
+    from steps.contracts.rollout import NO_REWARD
 
     rollout = template(iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"], "rollout")
     out = rollout["outputs"]["artifacts"][0]["path"].rsplit("/", 1)[0]

@@ -41,7 +41,7 @@ from hera.workflows.models import (Backoff, Capabilities, ContainerPort, Continu
 
 from steps.harnesses import ALL_HARNESSES as HARNESSES, allowance
 from steps.harnesses.base import NODE_VERSION
-from steps.rollout import NO_REWARD
+from steps.contracts.rollout import NO_REWARD
 from steps.sandbox.app import APP_STATE_DIR, APP_STORAGE_MB
 from steps.sandbox.pod import APP_LIVE
 from steps.contracts import layout

@@ -36,11 +36,12 @@ from steps.metrics import harness_killed_warning, harness_kills, iteration_metri
 from steps.net import free_port
 from steps.plan import attempt_id
 from steps.proxy.client import ProxyClient, ProxyClientError
-from steps.rollout import (INFRA_ERROR, INFRA_EXIT_CODE, RolloutResult, harness_killed, write_outputs,
-                           write_result)
+from steps.rollout import write_outputs, write_result
 from steps.tasks import load_task
 from steps.report import write_report
 from steps.contracts import layout
+from steps.contracts.rollout import (AGENT_TIMEOUT, INFRA_ERROR, INFRA_EXIT_CODE, OK, PlannedRollout, RecordError,
+                                     RolloutResult, harness_killed, read_plan, read_result)
 from workflows import commands, shape
 from steps.contracts.config import RunConfig
 
@@ -124,8 +125,8 @@ def swap_weights(proxy_url: str, admin_key: str, checkpoint: str, version: int) 
         raise StepFailed(f"the weight swap to {checkpoint} failed: {exc}") from None
 
 
-def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_url: str, env: dict,
-                 evaluation: bool = False) -> list[dict]:
+def run_rollouts(config: RunConfig, iteration: int, planned: list[PlannedRollout], proxy_url: str, env: dict,
+                 evaluation: bool = False) -> list[RolloutResult]:
     """Every planned rollout, `parallel_rollouts` at a time; an infra error gets further attempts, each under
     its own id and in its own folder (`attempt_id`), each with the plan's sample number. With `evaluation`,
     those of the evaluation of iteration `iteration`'s checkpoint, in its own results folder."""
@@ -133,24 +134,21 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
     folder = layout.eval_rollout_url if evaluation else layout.rollout_url
     label = f"eval {iteration}" if evaluation else f"iteration {iteration}"
 
-    def one(item: dict) -> dict:
+    def one(item: PlannedRollout) -> RolloutResult:
         for attempt in range(1, config.rollout_retries + 2):
-            rollout_id = attempt_id(item["rollout_id"], attempt)
+            rollout_id = attempt_id(item.rollout_id, attempt)
             out = Path(folder(config.run_url, iteration, rollout_id))
-            argv = commands.rollout(config, item["task"], item["rollout_id"], item["sample"], proxy_url, str(out),
+            argv = commands.rollout(config, item.task, item.rollout_id, item.sample, proxy_url, str(out),
                                     python=sys.executable, attempt=attempt)
             returncode, stderr = run_rollout_step(argv, env, deadline_s(config, item), out, rollout_id, item,
                                                   config.harness)
-            result_file = out / layout.RESULT_FILE
-            result = json.loads(result_file.read_text()) if result_file.exists() else \
-                {"rollout_id": rollout_id, "task": item["task"], "sample": item["sample"], "status": INFRA_ERROR,
-                 "error": stderr[-500:]}
+            result = step_result(out, rollout_id, item, config.harness, stderr)
             if returncode != INFRA_EXIT_CODE:
                 break
         counts["done"] += 1
-        counts["failed"] += result["status"] == INFRA_ERROR
-        if result["status"] != INFRA_ERROR:
-            counts["rewards"].append(result["reward"])
+        counts["failed"] += result.status == INFRA_ERROR
+        if result.status != INFRA_ERROR:
+            counts["rewards"].append(result.reward)
         mean = sum(counts["rewards"]) / len(counts["rewards"]) if counts["rewards"] else float("nan")
         say(f"{label}: rollouts {counts['done']}/{len(planned)} done, {counts['failed']} infra errors, "
             f"mean reward {mean:.3f}")
@@ -160,14 +158,25 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[dict], proxy_u
         return list(pool.map(one, planned))
 
 
-def deadline_s(config: RunConfig, item: dict) -> float:
+def step_result(out: Path, rollout_id: str, item: PlannedRollout, harness: str, stderr: str) -> RolloutResult:
+    """The rollout step's `OUT/result.json`; an infra error quoting its stderr's end where it wrote none (or one that
+    is not a result)."""
+    try:
+        return read_result(out / layout.RESULT_FILE)
+    except RecordError as exc:
+        why = stderr[-500:] if not (out / layout.RESULT_FILE).exists() else str(exc)
+        return RolloutResult(rollout_id=rollout_id, task=Path(item.task).name, harness=harness, status=INFRA_ERROR,
+                             reward=None, sample=item.sample, error=why)
+
+
+def deadline_s(config: RunConfig, item: PlannedRollout) -> float:
     """Seconds one local rollout may take in all: the plan's deadline (the agent's and verifier's timeouts and a
     setup margin, as a rollout pod's), and here also the task's build timeout (its layer may be built first) and
     the graded copy's time."""
-    return item["deadline_s"] + load_task(REPO_ROOT / item["task"]).config.build_timeout_s + config.graded_copy_s
+    return item.deadline_s + load_task(REPO_ROOT / item.task).config.build_timeout_s + config.graded_copy_s
 
 
-def run_rollout_step(argv: list[str], env: dict, deadline: float, out: Path, rollout_id: str, item: dict,
+def run_rollout_step(argv: list[str], env: dict, deadline: float, out: Path, rollout_id: str, item: PlannedRollout,
                      harness: str) -> tuple[int, str]:
     """Runs one rollout step; returns its exit code and stderr. Past its deadline it is killed (its sandbox dies
     with it: bubblewrap's --die-with-parent) and its result written here (`past_deadline`). It dies with the driver
@@ -182,18 +191,18 @@ def run_rollout_step(argv: list[str], env: dict, deadline: float, out: Path, rol
     return (INFRA_EXIT_CODE if result.status == INFRA_ERROR else 0), result.error
 
 
-def past_deadline(out: Path, rollout_id: str, item: dict, harness: str, deadline: float) -> RolloutResult:
+def past_deadline(out: Path, rollout_id: str, item: PlannedRollout, harness: str, deadline: float) -> RolloutResult:
     """The result of a rollout stopped at its deadline, by the phase it was in (`OUT/phase`, which only the rollout
     step writes): its agent's or its grading's is the agent's doing (a harness outliving its timeout, graded files
     too slow to bring over): reward 0, never retried; any other phase (setup, reading the calls) is an infra error."""
     phase = (out / layout.PHASE_FILE).read_text().strip() if (out / layout.PHASE_FILE).is_file() else "setup"
     if phase == "done" and (out / layout.RESULT_FILE).is_file():  # stopped after writing it (whole: renamed in place)
-        return RolloutResult(**json.loads((out / layout.RESULT_FILE).read_text()))
+        return read_result(out / layout.RESULT_FILE)
     why = f"the rollout was stopped at its deadline of {deadline:g} s, in its {phase} phase"
-    result = RolloutResult(rollout_id=rollout_id, task=Path(item["task"]).name, harness=harness, status=INFRA_ERROR,
-                           reward=None, sample=item["sample"], error=why)
+    result = RolloutResult(rollout_id=rollout_id, task=Path(item.task).name, harness=harness, status=INFRA_ERROR,
+                           reward=None, sample=item.sample, error=why)
     if phase in ("agent", "grading"):
-        result.status, result.reward = ("agent_timeout" if phase == "agent" else "ok"), 0.0
+        result.status, result.reward = (AGENT_TIMEOUT if phase == "agent" else OK), 0.0
         result.killed = [{"process": "harness" if phase == "agent" else "verifier", "by": "time", "count": 1}]
     out.mkdir(parents=True, exist_ok=True)
     write_result(out, result)
@@ -224,8 +233,8 @@ class LocalSteps:
                  attempts: dict[bool, int], times: dict, evaluation_run: bool = False):
         self.config, self.iteration, self.proxy_url, self.env, self.logs = config, iteration, proxy_url, env, logs
         self.attempts, self.times, self.evaluation_run = attempts, times, evaluation_run
-        self.planned: dict[str, dict[str, list[dict]]] = {}  # plan step -> its outputs (shape.PLANNED, APP_ROLLOUTS)
-        self.results: dict[str, list[dict]] = {}  # rollout step -> its rollouts' results
+        self.planned: dict[str, dict[str, list[PlannedRollout]]] = {}  # plan step -> its outputs (PLANNED, APP_ROLLOUTS)
+        self.results: dict[str, list[RolloutResult]] = {}  # rollout step -> its rollouts' results
         self.summary: dict | None = None
 
     def actions(self) -> dict[str, Callable[[shape.Step], shape.Outcome]]:
@@ -256,8 +265,10 @@ class LocalSteps:
                              app_rollouts=str(app_file))
         if not evaluation:
             self.times["rollouts"] = [time.time()]
-        planned = json.loads(run_step(name, argv, self.env, self.logs / f"{name}-{self.iteration}.log"))
-        apps = json.loads(app_file.read_text()) if app_file.is_file() else []  # none written: none planned
+        planned = read_plan(run_step(name, argv, self.env, self.logs / f"{name}-{self.iteration}.log"),
+                            f"the {name} step's output")
+        # none written: none planned
+        apps = read_plan(app_file.read_text(), f"the {name} step's {app_file}") if app_file.is_file() else []
         self.planned[step.name] = {shape.PLANNED: planned, shape.APP_ROLLOUTS: apps}
         set_aside_earlier_results(self.config, self.iteration, self.attempts[evaluation], evaluation=evaluation)
         count = sum(map(len, self.planned[step.name].values()))
@@ -275,7 +286,7 @@ class LocalSteps:
                                                          self.env, evaluation=evaluation)
         if not evaluation:
             self.times["rollouts"] = [self.times["rollouts"][0], time.time()]
-        succeeded = [result for result in results if result["status"] != INFRA_ERROR]
+        succeeded = [result for result in results if result.status != INFRA_ERROR]
         return shape.Outcome(shape.SUCCEEDED if len(succeeded) == len(results) else shape.FAILED,
                              any_succeeded=bool(succeeded))
 
@@ -304,7 +315,7 @@ class LocalSteps:
         self.summary = json.loads(run_step("evaluate", argv, self.env, self.logs / f"evaluate-{self.iteration}.log"))
         return shape.Outcome(shape.SUCCEEDED)
 
-    def training_results(self) -> list[dict]:
+    def training_results(self) -> list[RolloutResult]:
         """The training rollouts' results, both fan-outs."""
         return [result for name in shape.ROLLOUT_STEPS for result in self.results.get(name, [])]
 
@@ -370,7 +381,7 @@ def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict,
 
 
 def collect_iteration(config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path, attempt: int,
-                      times: dict) -> list[dict]:
+                      times: dict) -> list[RolloutResult]:
     """The iteration's collect DAG here (`shape.collect`): plan, rollouts, trajectories, and where it is due the
     evaluation of the checkpoint it serves beside them (a failed one is recorded Failed, said, and does not stop
     the training); returns the rollouts' results, each phase's [start, end] into `times`."""
@@ -416,20 +427,20 @@ def run_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: 
     return summarize(iteration, results, next_checkpoint, times, manifest.read_staleness(config.run_url, iteration))
 
 
-def summarize(iteration: int, results: list[dict], next_checkpoint: str, times: dict,
+def summarize(iteration: int, results: list[RolloutResult], next_checkpoint: str, times: dict,
               staleness: dict | None = None) -> dict:
     """The iteration's line in the run summary: rewards, pass rates, infra errors, the rollouts whose harness a limit
     killed (`harness_killed`, by limit; said in one line when more than a few percent), the update's metrics, the
     staleness of what it trained, each phase's seconds (`timings_s`) and [start, end] (`phase_times`)."""
     by_task: dict[str, list] = {}
     for result in results:
-        by_task.setdefault(result["task"], []).append(result["reward"] if result["status"] != "infra_error" else None)
+        by_task.setdefault(result.task, []).append(result.reward if result.status != INFRA_ERROR else None)
     k, overall = iteration_metrics(by_task)
     killed = harness_kills(harness_killed(result) for result in results)
     if warning := harness_killed_warning(killed, len(results), f"iteration {iteration}"):
         say(warning)
     return {"iteration": iteration, "rollouts": len(results),
-            "infra_errors": sum(r["status"] == "infra_error" for r in results), "harness_killed": killed,
+            "infra_errors": sum(r.status == INFRA_ERROR for r in results), "harness_killed": killed,
             "k": k, "metrics": asdict(overall),
             "update": manifest.read_metrics(next_checkpoint), "staleness": staleness,
             "timings_s": {f"{phase}_s": round(end - start, 1) for phase, (start, end) in times.items()},

@@ -16,6 +16,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 
 from steps.analytics import metrics
+from steps.contracts.rollout import RolloutResult
 from steps.metrics import SUCCESS
 from steps.analytics.tools import ordered_records, read_calls
 from steps.harnesses import ALL_HARNESSES as HARNESSES
@@ -94,15 +95,15 @@ def unreadable_rollout(records: list) -> RolloutBehaviour:
     return RolloutBehaviour(**{**empty, "unreadable": len(records) if isinstance(records, list) else 1})
 
 
-def behaviour_row(keys: dict, result: dict, records: list[dict]) -> dict:
+def behaviour_row(keys: dict, result: RolloutResult, records: list[dict]) -> dict:
     """One `behaviour` table row: the rollout's keys, its status, reward and weight version, its behaviour.
     A rollout whose records break the readers in a way not foreseen gives a row of unreadables, not a
     failed trajectories step."""
     try:
-        behaviour = rollout_behaviour(records, result.get("harness"))
+        behaviour = rollout_behaviour(records, result.harness)
     except Exception:  # noqa: BLE001 (one rollout's records must not fail the table of all)
         behaviour = unreadable_rollout(records)
-    return {**keys, "status": result.get("status"), "reward": result.get("reward"),
+    return {**keys, "status": result.status, "reward": result.reward,
             "weight_version": weight_version(records), **asdict(behaviour)}
 
 

@@ -134,7 +134,8 @@ def fingerprint(it: Iteration, checkpoint: str) -> str:
         except FileNotFoundError:
             info = {}
         files[name] = [str(info.get(key)) for key in ("size", "mtime", "ETag", "LastModified")]
-    made_of = {"format": PAGE_FORMAT, "checkpoint": checkpoint, "tables": files, "results": it.results}
+    results = {rollout_id: [stored.url, stored.result.to_json()] for rollout_id, stored in it.results.items()}
+    made_of = {"format": PAGE_FORMAT, "checkpoint": checkpoint, "tables": files, "results": results}
     return hashlib.sha256(json.dumps(made_of, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import fsspec
 
 from steps import manifest
-from steps.rollout import harness_killed
 from steps.trajectories.collect import CollectError, fetch_calls_store
 from steps.contracts import layout
+from steps.contracts.rollout import RecordError, RolloutResult, harness_killed, parse_result
 from steps.contracts.table_files import TrajectoryFileError, read_table
 from steps.contracts.tables import SchemaError
 
@@ -30,6 +30,14 @@ class NoRunError(ValueError):
     """There is no run where the report was asked to look (the message says where, and what to give)."""
 
 
+@dataclass(frozen=True)
+class StoredResult:
+    """A rollout's `result.json` and where it was read from: the files it names are read from that folder only."""
+
+    result: RolloutResult
+    url: str
+
+
 @dataclass
 class Iteration:
     """One iteration (or one evaluation) of a run: its rows as dicts, whatever of them exists."""
@@ -40,7 +48,7 @@ class Iteration:
     rollouts: list[dict] = field(default_factory=list)
     calls: list[dict] = field(default_factory=list)
     behaviour: list[dict] | None = None  # None: no behaviour table in the partition
-    results: dict[str, dict] = field(default_factory=dict)  # result.json by rollout id
+    results: dict[str, StoredResult] = field(default_factory=dict)  # result.json by rollout id
     partition: str | None = None  # where its tables are (samples are read per rollout page)
     results_url: str = ""
 
@@ -97,7 +105,7 @@ def _table_rows(partition: str, name: str, columns: list[str] | None, notes: lis
     return table.select(columns).to_pylist() if columns else table.to_pylist()
 
 
-def read_results(results_url: str, notes: list[str]) -> dict[str, dict]:
+def read_results(results_url: str, notes: list[str]) -> dict[str, StoredResult]:
     """Every `<rollout>/result.json` below `results_url`, by rollout id (unreadable ones left out). A result may
     name another id than its folder (a rerun that found its id taken runs under the next attempt's); where two
     claim the same id, the one in the folder of that name is kept and the other noted, never taking it over."""
@@ -106,28 +114,26 @@ def read_results(results_url: str, notes: list[str]) -> dict[str, dict]:
     out = {}
     for path, data in (fs.cat(paths, on_error="omit") if paths else {}).items():
         try:
-            result = json.loads(data)
-            rollout_id = str(result["rollout_id"])
-        except (ValueError, KeyError, TypeError):
+            result = StoredResult(parse_result(data, path), fs.unstrip_protocol(path))
+        except RecordError:
             continue
-        result = dict(result, _url=fs.unstrip_protocol(path))
+        rollout_id = result.result.rollout_id
         if rollout_id in out:
             own = path.rsplit("/", 2)[-2] == rollout_id
             kept, dropped = (result, out[rollout_id]) if own else (out[rollout_id], result)
-            notes.append(f"{dropped['_url']} names rollout {rollout_id!r}, as {kept['_url']} does: left out")
+            notes.append(f"{dropped.url} names rollout {rollout_id!r}, as {kept.url} does: left out")
             result = kept
         out[rollout_id] = result
     return out
 
 
-def rollout_row(result: dict) -> dict:
+def rollout_row(result: RolloutResult) -> dict:
     """A rollouts-table row from a `result.json` (an iteration whose tables are not written yet)."""
-    durations = result.get("durations") or {}
-    return {"rollout_id": result.get("rollout_id"), "task": result.get("task"), "sample": result.get("sample"),
-            "harness": result.get("harness"), "status": result.get("status"), "reward": result.get("reward"),
-            "harness_killed": harness_killed(result), "error": result.get("error"), "num_calls": result.get("num_calls"),
-            "response_tokens": result.get("response_tokens"), **{k: durations.get(k) for k in
-                                                                  ("setup_s", "agent_s", "verifier_s", "total_s")}}
+    return {"rollout_id": result.rollout_id, "task": result.task, "sample": result.sample,
+            "harness": result.harness, "status": result.status, "reward": result.reward,
+            "harness_killed": harness_killed(result), "error": result.error, "num_calls": result.num_calls,
+            "response_tokens": result.response_tokens, **{k: result.durations.get(k) for k in
+                                                          ("setup_s", "agent_s", "verifier_s", "total_s")}}
 
 
 def load_iteration(number: int, partition: str, results_url: str, notes: list[str]) -> Iteration:
@@ -138,7 +144,7 @@ def load_iteration(number: int, partition: str, results_url: str, notes: list[st
     if rollouts is None and it.results:
         notes.append(f"{partition} has no rollouts table (not written yet): its rollouts are read from their "
                      "result.json files, without calls or samples tables.")
-    it.rollouts = rollouts if rollouts is not None else [rollout_row(r) for r in it.results.values()]
+    it.rollouts = rollouts if rollouts is not None else [rollout_row(r.result) for r in it.results.values()]
     it.calls = _table_rows(partition, "calls", CALL_COLUMNS, notes) or []
     it.behaviour = _table_rows(partition, BEHAVIOUR_TABLE, None, notes)  # None: not written (older runs)
     return it

@@ -10,7 +10,8 @@ import fsspec
 
 from steps.report.exchange import exchange
 from steps.report.html import clip, esc, number, page, table
-from steps.rollout import harness_killed
+from steps.contracts.rollout import RolloutResult, harness_killed
+from steps.report.data import StoredResult
 
 MAX_FILE_BYTES = 200_000  # of a log or verifier file shown (its end, where the outcome is)
 MAX_VERIFIER_FILES = 20
@@ -201,10 +202,10 @@ def _read_tail(fs, path: str) -> str:
     return cut + data.decode("utf-8", errors="replace")
 
 
-def kept_files(result: dict, key: str) -> list[tuple[str, str]]:
+def kept_files(paths: dict, where: str | None, key: str) -> list[tuple[str, str]]:
     """(name, text) of what `result.json`'s `paths[key]` names, read only from the rollout's own folder (the
-    one holding result.json: a path elsewhere is not followed) and never through a link; [] if absent."""
-    named, where = (result.get("paths") or {}).get(key), result.get("_url")
+    one holding result.json, at `where`: a path elsewhere is not followed) and never through a link; [] if absent."""
+    named = paths.get(key)
     if not named or not where:
         return []
     base = str(named).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
@@ -236,26 +237,28 @@ def files_html(files: list[tuple[str, str]], what: str) -> str:
     return "".join(f"<h3>{esc(name)}</h3><pre>{esc(text)}</pre>" for name, text in files)
 
 
-def rollout_page(row: dict, result: dict | None, records: list[dict] | None, calls: list[dict], samples: list[dict],
-                 decoder: Decoder, kind: str) -> str:
+def rollout_page(row: dict, stored: StoredResult | None, records: list[dict] | None, calls: list[dict],
+                 samples: list[dict], decoder: Decoder, kind: str) -> str:
     """The whole page of one rollout."""
-    result = result or {}
+    result = stored.result if stored else RolloutResult(str(row.get("rollout_id")), "", "", "", None)
+    where = stored.url if stored else None
     by_index = {c["call_index"]: c for c in calls}
     records_by_index = {r.get("call_index"): r for r in records or []}
     facts = [["rollout", row.get("rollout_id")], ["kind", kind], ["iteration", row.get("iteration")],
              ["task", row.get("task")], ["sample", row.get("sample")], ["harness", row.get("harness")],
              ["status", row.get("status")],
              ["harness killed by", row.get("harness_killed") or harness_killed(result)],
-             ["killed by a limit", result.get("killed") or None],
-             ["reward", row.get("reward")], ["rewards", row.get("rewards") or result.get("rewards")],
+             ["killed by a limit", result.killed or None],
+             ["reward", row.get("reward")], ["rewards", row.get("rewards") or result.rewards or None],
              ["error", row.get("error")], ["calls", row.get("num_calls")], ["response tokens", row.get("response_tokens")],
-             ["duration (s)", row.get("total_s")], ["weight versions", row.get("weight_versions") or result.get("weight_versions")],
-             ["notes", result.get("notes")]]
+             ["duration (s)", row.get("total_s")],
+             ["weight versions", row.get("weight_versions") or result.weight_versions or None],
+             ["notes", result.notes if stored else None]]
     body = (f'<p><a href="../../index.html">&larr; run report</a></p><h1>Rollout {esc(row.get("rollout_id"))}</h1>'
             f'{table(["field", "value"], [[k, json.dumps(v) if isinstance(v, (list, dict)) else v] for k, v in facts])}'
             f'<h2 id="exchange">Exchange</h2>{exchange_html(records, by_index)}'
             f'<h2 id="training">Training view</h2>{training_html(samples, records_by_index, by_index, decoder)}'
             f'<h2 id="verifier">Verifier</h2><p>reward {number(row.get("reward"))}</p>'
-            f'{files_html(kept_files(result, "verifier_output"), "verifier output")}'
-            f'<h2 id="log">Harness log</h2>{files_html(kept_files(result, "harness_log"), "harness log")}')
+            f'{files_html(kept_files(result.paths, where, "verifier_output"), "verifier output")}'
+            f'<h2 id="log">Harness log</h2>{files_html(kept_files(result.paths, where, "harness_log"), "harness log")}')
     return page(f"{row.get('rollout_id')}: rollout", body, "../../assets")

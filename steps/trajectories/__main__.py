@@ -33,7 +33,7 @@ from steps.trajectories.collect import (
 )
 from steps.manifest import write_json
 from steps.metrics import harness_killed_warning, harness_kills
-from steps.rollout import harness_killed
+from steps.contracts.rollout import harness_killed
 from steps.trajectories.vision import load_grid
 from steps.contracts.layout import staleness_url
 from steps.contracts.table_files import partition_url, write_tables
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         results = load_results(args.results)
-        ids = [r["rollout_id"] for r in results]
+        ids = [r.rollout_id for r in results]
         print(f"trajectories: {len(ids)} rollout results; fetching their calls", file=sys.stderr, flush=True)
         calls, skipped = (fetch_calls_store(args.store, ids) if args.store
                           else fetch_calls_http(args.proxy_url, args.admin_key, ids))

@@ -29,7 +29,6 @@ from steps.contracts.calls import CallRecord
 from steps.plan import attempt_of
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.proxy.store import CallStore
-from steps.rollout import harness_killed
 from steps.trajectories.samples import RolloutSamples, build_samples, image_names
 from steps.trajectories.vision import ImageGrid
 from steps.trajectories.staleness import Staleness, versions_behind
@@ -43,8 +42,9 @@ from steps.contracts.tables import (
     SampleRow,
 )
 from steps.contracts.layout import RESULT_FILE
+from steps.contracts.rollout import AGENT_TIMEOUT, OK, RecordError, RolloutResult, harness_killed, parse_result
 
-TRAINABLE_STATUSES = ("ok", "agent_timeout")  # infra_error rollouts are never trained on
+TRAINABLE_STATUSES = (OK, AGENT_TIMEOUT)  # infra_error rollouts are never trained on
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]  # the tables' int32 columns
 
 
@@ -81,20 +81,20 @@ class CollectError(RuntimeError):
     """Results or calls that could not be gathered."""
 
 
-def load_results(results: str, storage_options: dict | None = None) -> list[dict]:
+def load_results(results: str, storage_options: dict | None = None) -> list[RolloutResult]:
     """Every `result.json` one folder below `results`, ordered by rollout id."""
     fs, root = fsspec.core.url_to_fs(results, **(storage_options or {}))
     paths = sorted(fs.glob(f"{root.rstrip('/')}/*/{RESULT_FILE}"))
     if not paths:
         raise CollectError(f"no rollout results under {results} (expected {results}/<rollout>/{RESULT_FILE}).")
     contents = fs.cat(paths)
-    loaded: dict[str, tuple[str, dict]] = {}
+    loaded: dict[str, tuple[str, RolloutResult]] = {}
     for path in paths:
         try:
-            result = json.loads(contents[path])
-            rollout_id = result["rollout_id"]
-        except (ValueError, KeyError, TypeError):
-            raise CollectError(f"{path} is not a rollout result (a JSON object with a rollout_id).") from None
+            result = parse_result(contents[path], path)
+        except RecordError as exc:
+            raise CollectError(f"{exc}.") from None
+        rollout_id = result.rollout_id
         if rollout_id in loaded:
             raise CollectError(f"{path} and {loaded[rollout_id][0]} are both results of rollout {rollout_id!r}.")
         loaded[rollout_id] = (path, result)
@@ -158,14 +158,14 @@ def fitting_calls(rollout_id: str, calls: list[dict]) -> tuple[list[CallRecord],
     return kept, skipped
 
 
-def planned_sample(result: dict) -> int | None:
-    """The plan's sample number as the result names it; None for a result that names none (or not a number).
+def planned_sample(result: RolloutResult) -> int | None:
+    """The plan's sample number as the result names it; None for a result that names none (or one past the column).
 
-    >>> planned_sample({"sample": 3}), planned_sample({}), planned_sample({"sample": "3"})
-    (3, None, None)
+    >>> [planned_sample(RolloutResult("r", "t", "direct", "ok", 1.0, sample=s)) for s in (3, None, 2**40)]
+    [3, None, None]
     """
-    sample = result.get("sample")
-    return sample if isinstance(sample, int) and not isinstance(sample, bool) and 0 <= sample < 2**31 else None
+    sample = result.sample
+    return sample if sample is not None and 0 <= sample < 2**31 else None
 
 
 @dataclass
@@ -221,15 +221,14 @@ def add_samples(rows: Rows, keys: dict, built: RolloutSamples, reward: float | N
             rows.samples[name].append(getattr(row, name))
 
 
-def add_rollout(rows: Rows, keys: dict, result: dict, built: RolloutSamples | None) -> None:
+def add_rollout(rows: Rows, keys: dict, result: RolloutResult, built: RolloutSamples | None) -> None:
     """One `rollouts` row from a rollout's result.json."""
-    durations = result.get("durations") or {}
-    values = {**keys, "status": result.get("status"), "reward": result.get("reward"),
-              "rewards": json.dumps(result.get("rewards") or {}, sort_keys=True), "error": result.get("error"),
-              **{name: durations.get(name) for name in ROLLOUT_DURATIONS},
-              "harness_exit_code": result.get("harness_exit_code"), "harness_killed": harness_killed(result),
-              "num_calls": result.get("num_calls"),
-              "response_tokens": result.get("response_tokens"), "weight_versions": result.get("weight_versions") or [],
+    values = {**keys, "status": result.status, "reward": result.reward,
+              "rewards": json.dumps(result.rewards, sort_keys=True), "error": result.error,
+              **{name: result.durations.get(name) for name in ROLLOUT_DURATIONS},
+              "harness_exit_code": result.harness_exit_code, "harness_killed": harness_killed(result),
+              "num_calls": result.num_calls,
+              "response_tokens": result.response_tokens, "weight_versions": result.weight_versions,
               "num_samples": 0 if built is None else len(built.samples)}
     for name in ROLLOUTS.names:
         rows.rollouts[name].append(values[name])
@@ -258,20 +257,19 @@ def fresh_samples(rollout_id: str, built: RolloutSamples, staleness: Staleness) 
                           untrainable=built.untrainable)
 
 
-def superseded_attempts(results: list[dict]) -> set[str]:
+def superseded_attempts(results: list[RolloutResult]) -> set[str]:
     """Trainable results of one planned rollout but its last attempt's (`ID-aK`, highest K): a group member
     is trained on once, even when an attempt that finished was retried anyway (it wrote its result, then its
     step failed).
 
-    >>> sorted(superseded_attempts([{"rollout_id": "r", "status": "ok"}, {"rollout_id": "r-a2", "status": "ok"},
-    ...                             {"rollout_id": "q", "status": "ok"}]))
+    >>> sorted(superseded_attempts([RolloutResult(rid, "t", "direct", "ok", 1.0) for rid in ("r", "r-a2", "q")]))
     ['r']
     """
     attempts = defaultdict(list)
     for result in results:
-        if result.get("status") in TRAINABLE_STATUSES:
-            planned, attempt = attempt_of(result["rollout_id"])
-            attempts[planned].append((attempt, result["rollout_id"]))
+        if result.status in TRAINABLE_STATUSES:
+            planned, attempt = attempt_of(result.rollout_id)
+            attempts[planned].append((attempt, result.rollout_id))
     return {rollout_id for found in attempts.values() for _, rollout_id in sorted(found)[:-1]}
 
 
@@ -293,7 +291,7 @@ class HarnessStats:
                 "samples_per_rollout": round(self.samples / self.rollouts, 4) if self.rollouts else None}
 
 
-def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iteration: int,
+def collect(results: list[RolloutResult], calls: dict[str, list[dict]], run: str, iteration: int,
             max_staleness: int | None = None, grid: ImageGrid | None = None) -> tuple[Rows, dict]:
     """The four tables' rows and per-harness statistics for one run-iteration; with `max_staleness`, a sample
     more than that many versions behind the one trained (`iteration`'s) is left out of `samples`, counted in
@@ -302,10 +300,10 @@ def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iterati
         defaultdict(HarnessStats)
     superseded = superseded_attempts(results)
     for n, result in enumerate(results, 1):
-        rid = result["rollout_id"]
-        keys = {"run": run, "iteration": iteration, "rollout_id": rid, "task": result.get("task"),
-                "sample": planned_sample(result), "harness": result.get("harness")}
-        trainable = result.get("status") in TRAINABLE_STATUSES and rid not in superseded
+        rid = result.rollout_id
+        keys = {"run": run, "iteration": iteration, "rollout_id": rid, "task": result.task,
+                "sample": planned_sample(result), "harness": result.harness}
+        trainable = result.status in TRAINABLE_STATUSES and rid not in superseded
         if rid in superseded:
             print(f"trajectories: warning: rollout {rid} is not trained on: a later attempt of the same planned "
                   f"rollout finished too", file=sys.stderr, flush=True)
@@ -319,8 +317,8 @@ def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iterati
         for index, why in ({} if built is None else built.untrainable).items():
             rows.untrainable_calls += 1
             print(f"trajectories: warning: rollout {rid}: call {index} is in no sample: {why}", file=sys.stderr, flush=True)
-        if trainable and len(stored) < (result.get("num_calls") or 0):
-            print(f"trajectories: warning: rollout {rid} counted {result['num_calls']} calls but "
+        if trainable and len(stored) < result.num_calls:
+            print(f"trajectories: warning: rollout {rid} counted {result.num_calls} calls but "
                   f"{len(stored)} are stored and readable", file=sys.stderr, flush=True)
         add_calls(rows, keys, stored, built)
         add_rollout(rows, keys, result, built)
@@ -328,8 +326,8 @@ def collect(results: list[dict], calls: dict[str, list[dict]], run: str, iterati
         for name, value in behaviour_row(keys, result, calls.get(rid, [])).items():
             rows.behaviour[name].append(value)
         if built is not None:
-            add_samples(rows, keys, built, result.get("reward"))
-            harness = stats[result.get("harness")]
+            add_samples(rows, keys, built, result.reward)
+            harness = stats[result.harness]
             harness.rollouts += 1
             harness.calls += built.used_calls
             harness.continuable_calls += built.continuable_calls
