@@ -41,6 +41,7 @@ from steps.sandbox.pod import AGENT_UID
 from steps.sandbox import ISOLATIONS, HarnessSetup, Sandbox, SandboxError, open_sandbox, prepare_runner
 from steps.tasks import Task, TaskError, load_task
 from steps.grading.verify import run_verifier
+from steps.contracts.calls import CallRecord
 from steps.contracts.layout import PHASE_FILE, RESULT_FILE, REWARD_FILE, STATUS_FILE  # in OUT: the step's output
 from steps.contracts.rollout import AGENT_TIMEOUT, INFRA_ERROR, INFRA_EXIT_CODE, NO_REWARD, OK, RolloutResult
 
@@ -170,17 +171,17 @@ def record_calls(spec: RolloutSpec, result: RolloutResult) -> None:
     client = proxy_client(spec)
     try:
         client.close(spec.rollout_id)
-        calls = client.calls(spec.rollout_id).calls
+        calls = [CallRecord.from_json(call) for call in client.calls(spec.rollout_id).calls]
     except ProxyClientError as exc:
         raise InfraError(str(exc)) from None
     result.num_calls = len(calls)
-    result.weight_versions = sorted({str(call["weight_version"]) for call in calls if call["weight_version"] is not None})
+    result.weight_versions = sorted({str(call.weight_version) for call in calls if call.weight_version is not None})
     # An external upstream's call without token ids counts what that upstream said it sampled.
-    result.response_tokens = sum(len(call["response_token_ids"]) if call["response_token_ids"] is not None
-                                 else (call.get("usage") or {}).get("completion_tokens") or 0 for call in calls)
-    answered = [call for call in calls if call["status"] == "ok"]
+    result.response_tokens = sum(len(call.response_token_ids) if call.response_token_ids is not None
+                                 else (call.usage or {}).get("completion_tokens") or 0 for call in calls)
+    answered = [call for call in calls if call.status == "ok"]
     if not answered:
-        failed = next((call["error"]["message"] for call in calls if call.get("error")), None)
+        failed = next((call.error["message"] for call in calls if call.error), None)
         reason = f"{len(calls)} failed, the first with: {failed}" if failed else f"exit code {result.harness_exit_code}"
         raise InfraError(f"the harness made no model call that was answered ({reason}); "
                          f"see {result.paths.get('harness_log')}")
