@@ -22,7 +22,8 @@ from steps.contracts.table_files import read_table
 from steps.contracts import layout
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.harness,
+# timeout: the run's own, two iterations of a vision model's update on CPU (minutes each on two busy cores)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.harness, pytest.mark.timeout(1200),
               pytest.mark.skipif(not (REPO / ".venv-train" / "bin" / "python").exists() and
                                  not os.environ.get("OPENFORGE_TRAIN_PYTHON"),
                                  reason="veRL's environment (.venv-train) is not set up: run `make train-setup`")]

@@ -384,7 +384,7 @@ def collect_iteration(config: RunConfig, iteration: int, proxy_url: str, env: di
                       times: dict) -> list[RolloutResult]:
     """The iteration's collect DAG here (`shape.collect`): plan, rollouts, trajectories, and where it is due the
     evaluation of the checkpoint it serves beside them (a failed one is recorded Failed, said, and does not stop
-    the training); returns the rollouts' results, each phase's [start, end] into `times`."""
+    the training; the run's report is written again once it ended); returns the rollouts' results, each phase's [start, end] into `times`."""
     evaluation = start_evaluation(config, iteration) if config.evaluates_at(iteration) else None
     steps = LocalSteps(config, iteration, proxy_url, env, logs,
                        {False: attempt, True: evaluation.attempt if evaluation else 0}, times)
@@ -395,6 +395,7 @@ def collect_iteration(config: RunConfig, iteration: int, proxy_url: str, env: di
             failed = [name for name, outcome in outcomes.items() if outcome.end == shape.FAILED and "eval" in name]
             print(f"warning: eval {iteration} failed ({', '.join(failed) or 'its rollouts'}); the training goes on",
                   file=sys.stderr)
+        refresh_report(config.run_url)  # after every evaluation, as after every iteration
     if outcomes["trajectories"].end != shape.SUCCEEDED:
         raise StepFailed(f"iteration {iteration}: no rollout succeeded (every one an infra error after its retries), "
                          f"so there are no trajectories to train on; see {layout.results_url(config.run_url, iteration)}")
