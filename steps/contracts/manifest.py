@@ -13,8 +13,33 @@ from dataclasses import asdict, dataclass, fields
 DONE = ("Succeeded", "Failed", "Error")  # Argo's phases that end a workflow
 
 
+class StoredRecord:
+    """What both records share: a phase (`status`, Argo's) and their JSON form in the store."""
+
+    status: str
+
+    @property
+    def done(self) -> bool:
+        """True once it has an outcome (success or failure)."""
+        return self.status in DONE
+
+    def to_json(self) -> dict:
+        """The record as stored: a JSON object of every field."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict):
+        """A stored record; a key no field names (a newer writer's) is left out, one it lacks keeps its default.
+
+        >>> IterationRecord.from_json({"iteration": 2, "status": "Failed", "later": 1}).done
+        True
+        """
+        names = {record_field.name for record_field in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
+
+
 @dataclass
-class IterationRecord:
+class IterationRecord(StoredRecord):
     """What the manifest knows about one iteration."""
 
     iteration: int
@@ -31,27 +56,9 @@ class IterationRecord:
     phase_times: dict | None = None  # local runner: each phase's [start, end] in unix time (they overlap with S >= 1)
     reason: str | None = None  # local runner: why it Failed (its own step, or an earlier update it needed)
 
-    @property
-    def done(self) -> bool:
-        """True once the iteration has an outcome (success or failure)."""
-        return self.status in DONE
-
-    def to_json(self) -> dict:
-        """The record as stored: a JSON object of every field."""
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "IterationRecord":
-        """A stored record; a key no field names (a newer writer's) is left out, one it lacks keeps its default.
-
-        >>> IterationRecord.from_json({"iteration": 2, "status": "Failed", "later": 1}).done
-        True
-        """
-        return cls(**_known(cls, data))
-
 
 @dataclass
-class EvalRecord:
+class EvalRecord(StoredRecord):
     """What the manifest knows about one evaluation: of the checkpoint iteration `iteration` serves."""
 
     iteration: int
@@ -62,22 +69,3 @@ class EvalRecord:
     summary: str = ""  # its summary.json (steps.evaluate)
     overall: dict | None = None  # the summary's overall numbers, once it succeeded
     attempt: int = 0  # local runner: how many earlier starts of this evaluation died or failed
-
-    @property
-    def done(self) -> bool:
-        """True once the evaluation has an outcome."""
-        return self.status in DONE
-
-    def to_json(self) -> dict:
-        """The record as stored: a JSON object of every field."""
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "EvalRecord":
-        """A stored record; a key no field names is left out, one it lacks keeps its default."""
-        return cls(**_known(cls, data))
-
-
-def _known(record: type, data: dict) -> dict:
-    names = {record_field.name for record_field in fields(record)}
-    return {key: value for key, value in data.items() if key in names}
