@@ -96,7 +96,7 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
         chosen = ["--dataset", config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
                   str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task)]
     return [python, "-m", "steps.plan", *chosen, "--seed", str(config.seed),
-            "--image-prefix", f"{config.image_registry}/task-", "--image-tag", config.image_tag,
+            "--image-prefix", f"{config.image_registry}/task-",
             *(["--app-rollouts", app_rollouts] if app_rollouts else [])]
 
 
