@@ -179,8 +179,10 @@ def prebuilt_task(tmp_path: Path):
 class FakeRegistry:
     """A test double for a container registry on 127.0.0.1 (no registry server is installable here): it answers
     the Docker Registry HTTP API v2's `HEAD /v2/<name>/manifests/<reference>` with 200 for a tag it holds, 404 for
-    one it does not, and 401 for a repository under `private/` (a registry that wants credentials), and records
-    each request's path and Accept header."""
+    one it does not, and 401 for a repository under `private/` (a registry that wants credentials). A repository
+    under `token/` wants a Bearer token, which its token service `GET /token?service=&scope=` hands to anyone
+    (as ghcr.io and Docker Hub do for public repositories). It records each request's method, path (with the
+    query) and Accept header."""
 
     def __init__(self, held: set[str]) -> None:
         self.held = held  # "<name>:<tag>"
@@ -196,11 +198,25 @@ class FakeRegistry:
             def do_HEAD(self) -> None:
                 fake.requests.append((self.command, self.path, self.headers.get("accept", "")))
                 name, _, tag = self.path.removeprefix("/v2/").partition("/manifests/")
-                code = 401 if name.startswith("private/") else 200 if f"{name}:{tag}" in fake.held else 404
+                wants_token = name.startswith("token/") and self.headers.get("authorization") != "Bearer anonymous"
+                code = (401 if name.startswith("private/") or wants_token
+                        else 200 if f"{name}:{tag}" in fake.held else 404)
                 self.send_response(code)
+                if wants_token:
+                    self.send_header("www-authenticate", f'Bearer realm="http://{fake.host}/token",'
+                                                         f'service="fake",scope="repository:{name}:pull"')
                 self.send_header("content-type", "application/vnd.oci.image.index.v1+json")
                 self.send_header("content-length", "0")
                 self.end_headers()
+
+            def do_GET(self) -> None:
+                fake.requests.append((self.command, self.path, self.headers.get("accept", "")))
+                data = b'{"token": "anonymous"}'
+                self.send_response(200 if self.path.startswith("/token?") else 404)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def log_message(self, *args) -> None:
                 pass
@@ -235,7 +251,12 @@ def test_tags_in_the_registry_and_docker_image_tasks_are_not_built(registry: Fak
 
 
 def test_a_registry_that_cannot_say_gets_the_image_built(registry: FakeRegistry) -> None:
-    """401 (credentials wanted) and an unreachable registry are not 'present': the image is built."""
+    """401 (credentials wanted) and an unreachable registry are not 'present': the image is built; a registry that
+    hands out anonymous Bearer tokens is asked again with one."""
+    assert images.manifest_exists(f"{registry.host}/token/task-a:1") is False
+    registry.held.add("token/task-a:1")
+    assert images.manifest_exists(f"{registry.host}/token/task-a:1") is True
+    assert ("GET", "/token?service=fake&scope=repository%3Atoken%2Ftask-a%3Apull", "") in registry.requests
     assert images.manifest_exists(f"{registry.host}/private/task-a:1") is None
     assert images.manifest_exists(f"{registry.host}/me/task-a:1") is False
     registry.held.add("me/task-a:1")

@@ -19,11 +19,13 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,19 +158,45 @@ def registry_url(image: str) -> tuple[str, str, str]:
 
 
 def manifest_exists(image: str, timeout_s: float = REGISTRY_TIMEOUT_S) -> bool | None:
-    """Whether the registry holds the image's tag: True (200), False (404), None when it cannot say (it asks for
-    credentials, or cannot be reached), in which case the image is built: a build too many costs time, a missing
-    image costs the run."""
+    """Whether the registry holds the image's tag: True (200), False (404), None when it cannot say (it wants
+    credentials this machine does not send, or cannot be reached), in which case the image is built: a build too
+    many costs minutes, a missing image costs the run. A registry that asks for a Bearer token gets an anonymous
+    one first, as public repositories on ghcr.io and Docker Hub do."""
     base, repository, tag = registry_url(image)
-    request = urllib.request.Request(f"{base}/v2/{repository}/manifests/{tag}", method="HEAD",
-                                     headers={"Accept": ", ".join(MANIFEST_TYPES)})
+    url = f"{base}/v2/{repository}/manifests/{tag}"
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.status == 200
-    except urllib.error.HTTPError as exc:
-        return False if exc.code == 404 else None
-    except (urllib.error.URLError, OSError):
+        status, challenge = head(url, None, timeout_s)
+        if status == 401 and (token := anonymous_token(challenge, repository, timeout_s)):
+            status, _ = head(url, token, timeout_s)
+    except (urllib.error.URLError, OSError, ValueError):
         return None
+    return {200: True, 404: False}.get(status)
+
+
+def head(url: str, token: str | None, timeout_s: float) -> tuple[int, str]:
+    """The status of a manifest HEAD and the registry's WWW-Authenticate challenge (empty without one)."""
+    headers = {"Accept": ", ".join(MANIFEST_TYPES), **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD", headers=headers),
+                                    timeout=timeout_s) as response:
+            return response.status, ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("WWW-Authenticate", "")
+
+
+def anonymous_token(challenge: str, repository: str, timeout_s: float) -> str | None:
+    """A pull token for `repository` from the token service a `Bearer realm=...,service=...` challenge names,
+    asked without credentials (the token authentication specification of the Docker Registry v2,
+    distribution.github.io/distribution/spec/auth/token/: GET realm?service=S&scope=repository:NAME:pull answers
+    {"token": ...} or {"access_token": ...}); None for any other challenge."""
+    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    if not challenge.lower().startswith("bearer ") or "realm" not in params:
+        return None
+    query = urllib.parse.urlencode({"service": params.get("service", ""),
+                                    "scope": params.get("scope") or f"repository:{repository}:pull"})
+    with urllib.request.urlopen(f"{params['realm']}?{query}", timeout=timeout_s) as response:
+        body = json.load(response)
+    return body.get("token") or body.get("access_token") or None
 
 
 def task_builds(tasks: list[Task], config: RunConfig, exists=manifest_exists) -> tuple[list[TaskBuild], list[str]]:
