@@ -243,11 +243,24 @@ def test_tags_in_the_registry_and_docker_image_tasks_are_not_built(registry: Fak
     assert [(b.task.name, b.image) for b in builds] == [
         ("csv-stats", f"{registry.host}/me/task-csv-stats:{tasks[1].image_tag}")]
     assert builds[0].context == f"s3://openforge/runs/task-contexts/csv-stats-{tasks[1].image_tag}.tar.gz"
+    planned = plan.plan([tasks[1]], 0, 1, 1, image_prefix=commands.task_image_prefix(config), root=REPO)
+    assert [item.image for item in planned] == [builds[0].image]  # what the plan's rollouts pull
     assert notes == [f"hello-file: {registry.host}/me/task-hello-file:{hello} is in the registry already",
                      f"{tasks[2].name}: runs in its docker_image docker.io/library/python:3.11-slim; nothing to build"]
     assert sorted(path for _, path, _ in registry.requests) == [
         f"/v2/me/task-csv-stats/manifests/{tasks[1].image_tag}", f"/v2/me/task-hello-file/manifests/{hello}"]
     assert all(set(images.MANIFEST_TYPES) == {t.strip() for t in accept.split(",")} for *_, accept in registry.requests)
+
+
+def test_a_task_name_no_registry_takes_is_one_sentence(tmp_path: Path) -> None:
+    """A task to build whose name is no repository name is refused before anything is uploaded; lower-case passes."""
+    folder = Path(shutil.copytree(BUILTIN / "hello-file", tmp_path / "Hello_File"))
+    config = cluster_config("run=t")
+    with pytest.raises(submit.ConfigError, match="task 'Hello_File' cannot name an image"):
+        images.task_builds([load_task(folder)], config, exists=lambda image: False)
+    folder = folder.rename(tmp_path / "hello_file")
+    assert [b.task.name for b in images.task_builds([load_task(folder)], config, exists=lambda image: False)[0]] \
+        == ["hello_file"]
 
 
 def test_a_registry_that_cannot_say_gets_the_image_built(registry: FakeRegistry) -> None:

@@ -39,6 +39,7 @@ from steps.contracts.config import RunConfig
 from steps.plan import task_image
 from steps.settings import ConfigError
 from steps.tasks import Task
+from workflows.commands import task_image_prefix
 
 REPO = Path(__file__).resolve().parents[1]
 # name -> (Dockerfile, build context), both relative to the repository root. gui-task is the base a GUI task's
@@ -70,6 +71,9 @@ MANIFEST_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.oc
                   "application/vnd.docker.distribution.manifest.list.v2+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
 REGISTRY_TIMEOUT_S = 10
+# A repository name's component: lower-case letters and digits, separated by '.', '_', '__' or dashes (the OCI
+# distribution spec's <name> grammar, github.com/opencontainers/distribution-spec/blob/main/spec.md#pulling-manifests).
+REPOSITORY_COMPONENT = re.compile(r"[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*")
 
 
 def find_builder(wanted: str | None = None, which=shutil.which) -> str:
@@ -95,8 +99,10 @@ def image_ref(registry: str, name: str, tag: str) -> str:
 def build_commands(builder: str, registry: str, tag: str, push: bool = True) -> list[list[str]]:
     """The commands that build (and with `push`, push) every image of `IMAGES`, run from the repository root.
 
-    >>> build_commands("podman", "ghcr.io/me", "0.2.0")[:2]
-    [['podman', 'build', '-f', 'images/steps.Dockerfile', '-t', 'ghcr.io/me/steps:0.2.0', '.'], ['podman', 'push', 'ghcr.io/me/steps:0.2.0']]
+    >>> build, push = build_commands("podman", "ghcr.io/me", "0.2.0")[:2]
+    >>> build, push
+    (['podman', 'build', '-f', 'images/steps.Dockerfile', '-t', 'ghcr.io/me/steps:0.2.0', '.'], ['podman', 'push', \
+'ghcr.io/me/steps:0.2.0'])
     """
     commands = []
     for name, (dockerfile, context) in IMAGES.items():
@@ -204,9 +210,13 @@ def task_builds(tasks: list[Task], config: RunConfig, exists=manifest_exists) ->
     the registry already holds)."""
     builds, notes = [], []
     for task in sorted(tasks, key=lambda t: t.name):
-        image = task_image(task, f"{config.image_registry.rstrip('/')}/task-")
+        image = task_image(task, task_image_prefix(config))
         if task.config.docker_image:
             notes.append(f"{task.name}: runs in its docker_image {image}; nothing to build")
+        elif not REPOSITORY_COMPONENT.fullmatch(f"task-{task.name}"):
+            raise ConfigError(f"task {task.name!r} cannot name an image (task-{task.name}): a task that is built "
+                              f"needs a name of lower-case letters, digits, '.', '_' and '-'; rename it or set its "
+                              f"docker_image")
         elif exists(image):
             notes.append(f"{task.name}: {image} is in the registry already")
         else:
