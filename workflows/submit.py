@@ -77,7 +77,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iteration", type=int, help="the iteration to retry or resubmit (default: the first failed)")
     p.add_argument("--memoized", action="store_true", help="resubmit reusing the outputs of succeeded steps")
     p.add_argument("--poll", type=float, default=10.0, help="seconds between status polls (default 10)")
-    p.add_argument("--dataset", help="eval: the tasks to evaluate on")
+    p.add_argument("--dataset", help="eval: the tasks to evaluate on; images: the tasks whose images to build")
     p.add_argument("--k", help="eval: tries per task, the k of pass@k and pass^k (default: the config's eval_k)")
     p.add_argument("--model", help="eval: the checkpoint to evaluate (a folder or s3:// URL; default: the config's)")
     p.add_argument("--checkpoint", help="eval: RUN:ITERATION, the checkpoint that iteration of a run in the store serves")
