@@ -84,6 +84,12 @@ def vllm_flags(config: RunConfig, device: str) -> list[str]:
     return flags + [f"--vllm-arg={arg}" for arg in config.vllm_args]
 
 
+def task_image_prefix(config: RunConfig) -> str:
+    """What a built task image's name starts with (`steps.plan.task_image` adds the task and its content tag): the
+    plan names its rollouts' images with it, and `python workflows/submit.py images --dataset D` pushes them so."""
+    return f"{config.image_registry}/task-"
+
+
 def plan(config: RunConfig, iteration: int | str, python: str = "python", evaluation: bool = False,
          app_rollouts: str | None = None) -> list[str]:
     """Prints the iteration's rollouts as a JSON list (`steps.plan`); with `evaluation`, those of the
@@ -96,7 +102,7 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
         chosen = ["--dataset", config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
                   str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task)]
     return [python, "-m", "steps.plan", *chosen, "--seed", str(config.seed),
-            "--image-prefix", f"{config.image_registry}/task-", "--image-tag", config.image_tag,
+            "--image-prefix", task_image_prefix(config),
             *(["--app-rollouts", app_rollouts] if app_rollouts else [])]
 
 

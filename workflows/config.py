@@ -10,6 +10,7 @@ anything starts.
 
 import difflib
 import ipaddress
+import re
 from pathlib import Path
 
 from steps import net, sampling, settings
@@ -76,6 +77,11 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
     check_serving(config)
+    # A Secret's name is a DNS subdomain (kubernetes.io/docs/concepts/overview/working-with-objects/names/).
+    secret = config.registry_secret
+    if not (re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", secret) and len(secret) <= 253):
+        raise ConfigError(f"config key 'registry_secret' must be a Kubernetes Secret's name (lower-case letters, "
+                          f"digits, '-' and '.'), got {secret!r}")
     if config.learning_rate <= 0:
         raise ConfigError(f"config key 'learning_rate' must be more than 0, got {config.learning_rate}")
     settings = sampling.settings(config)

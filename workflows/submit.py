@@ -8,6 +8,8 @@
     python workflows/submit.py resume   --run NAME                                # continue after the driver stopped
     python workflows/submit.py eval --harness H --dataset D --k 3 [--model M | --checkpoint RUN:ITERATION] \
         [--upstream URL --upstream-model NAME] [key=value ...]                    # evaluate: every task x k tries
+    python workflows/submit.py images --registry R --tag T [--builder B] [--no-push] [--dry-run]  # OpenForge's images
+    python workflows/submit.py images --dataset D [--config FILE] [--dry-run]      # the task images, in the cluster
 
 The Argo server is `--argo-server URL`, else env ARGO_SERVER, else the config's `argo_server`; its
 token comes from env ARGO_TOKEN. Without a server the run goes to the local runner
@@ -23,6 +25,9 @@ missing dataset stops everything with one sentence and exit code 2 before anythi
 evaluation (`workflows.evaluation`, or locally `workflows.local.run_local_eval`); `status`, `retry` and
 `resume` take it like a training run. A training run's `eval_every` evaluations are in its iteration
 Workflows; the driver submits the final checkpoint's evaluation after the last iteration.
+
+`images` builds and pushes the images a cluster run pulls (`workflows.images`, docs/images.md): OpenForge's own with
+the container builder of this machine, or with `--dataset` one image per task, built by a Workflow in the cluster.
 """
 
 import argparse
@@ -43,17 +48,18 @@ from steps.evaluate import cell, format_table  # noqa: E402
 from steps.contracts.manifest import DONE, EvalRecord, IterationRecord  # noqa: E402
 from steps.metrics import harness_killed_warning  # noqa: E402
 from steps.plan import MAX_EVAL_K  # noqa: E402
+from steps.tasks import DatasetError, load_dataset  # noqa: E402
 from steps.contracts import layout  # noqa: E402
-from workflows import commands, shape  # noqa: E402
+from workflows import commands, images, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
-from workflows.config import ConfigError, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.config import ConfigError, dataset_path, from_dict, load_config, validate_for_argo  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402
 from workflows.preflight import preflight  # noqa: E402
 
-ACTIONS = ("run", "eval", "status", "retry", "resubmit", "resume")
+ACTIONS = ("run", "eval", "status", "retry", "resubmit", "resume", "images")
 EVAL_FLAGS = ("dataset", "k", "model", "checkpoint", "upstream", "upstream_model")
 
 
@@ -71,12 +77,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iteration", type=int, help="the iteration to retry or resubmit (default: the first failed)")
     p.add_argument("--memoized", action="store_true", help="resubmit reusing the outputs of succeeded steps")
     p.add_argument("--poll", type=float, default=10.0, help="seconds between status polls (default 10)")
-    p.add_argument("--dataset", help="eval: the tasks to evaluate on")
+    p.add_argument("--dataset", help="eval: the tasks to evaluate on; images: the tasks whose images to build")
     p.add_argument("--k", help="eval: tries per task, the k of pass@k and pass^k (default: the config's eval_k)")
     p.add_argument("--model", help="eval: the checkpoint to evaluate (a folder or s3:// URL; default: the config's)")
     p.add_argument("--checkpoint", help="eval: RUN:ITERATION, the checkpoint that iteration of a run in the store serves")
     p.add_argument("--upstream", help="eval: an OpenAI-compatible server already running, evaluated behind the proxy")
     p.add_argument("--upstream-model", help="eval: the model name that upstream serves")
+    p.add_argument("--registry", help="images: where OpenForge's images are pushed, e.g. ghcr.io/me")
+    p.add_argument("--tag", help="images: the tag of OpenForge's images, e.g. 0.1.0 (the config's image_tag)")
+    p.add_argument("--builder", help=f"images: the container builder ({', '.join(images.BUILDERS)}; default: the "
+                   f"first on PATH)")
+    p.add_argument("--push", action=argparse.BooleanOptionalAction, default=True,
+                   help="images: push after building (default: push)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. iterations=3")
     args = p.parse_intermixed_args(rest)
     args.action = action
@@ -541,10 +553,58 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
     return drive(config, client, args.poll)
 
 
+def build_images(args: argparse.Namespace) -> int:
+    """`images`: OpenForge's images (--registry, --tag), or with --dataset the task images, in the cluster."""
+    if args.dataset is None:
+        return images.build_images(args.registry, args.tag, args.builder, args.push, args.dry_run)
+    if args.registry or args.tag or args.builder:
+        raise ConfigError("--registry, --tag and --builder build OpenForge's images; task images (--dataset) go to "
+                          "the config's image_registry (image_registry=R) and are tagged with their content")
+    return start_task_images(build_config(args, [f"dataset={args.dataset}"]), args)
+
+
+def start_task_images(config: RunConfig, args: argparse.Namespace) -> int:
+    """Builds the dataset's missing task images in the cluster: prints the Workflow (--dry-run), or uploads the
+    build contexts to the store, submits it and waits for it."""
+    if not config.store.startswith("s3://"):
+        raise ConfigError(f"config key 'store' must be an s3:// URL to build task images in the cluster (each build "
+                          f"reads its context from there), got {config.store!r}")
+    try:
+        tasks, errors = load_dataset(dataset_path(config))
+    except DatasetError as exc:
+        raise ConfigError(str(exc)) from None
+    for error in errors:
+        print(f"warning: skipping broken task {error.task}: {error.message}", file=sys.stderr)
+    builds, notes = images.task_builds(tasks, config)
+    for note in notes:
+        print(note, file=sys.stderr)
+    if not builds:
+        print(f"every task image of {config.dataset} is in place; nothing to build")
+        return 0
+    workflow = checked(images.task_images_workflow(config, builds))
+    if args.dry_run:
+        for build in builds:
+            print(f"# {build.task.environment_dir} -> {build.context}")
+        print(workflow.to_yaml(), end="")
+        return 0
+    client = argo_client(config)
+    client.lint(workflow)
+    images.upload_contexts(builds)
+    name = client.create(workflow)
+    print(f"building {len(builds)} task images: {client.ui_link(name)}")
+    phase = client.wait(name, args.poll)
+    print(f"task images: {phase}")
+    return 0 if phase == "Succeeded" else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parses, checks, acts; one sentence and exit code 2 for anything wrong before a submission."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if args.action == "images":
+            return build_images(args)
+        if args.registry or args.tag or args.builder:
+            raise ConfigError("--registry, --tag and --builder are flags of `python workflows/submit.py images`")
         check_eval_flags(args)
         if args.action == "eval":
             return start_eval(*build_eval_config(args), args)

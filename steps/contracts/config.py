@@ -76,7 +76,8 @@ class RunConfig:
     s3_secret: str = "openforge-s3"  # keys access-key, secret-key
     admin_secret: str = "openforge-admin"  # key admin-key
     image_registry: str = "ghcr.io/openforge"
-    image_tag: str = "0.1.0"
+    image_tag: str = "0.1.0"  # OpenForge's own images; task images are tagged with their content (steps/plan.py)
+    registry_secret: str = "openforge-registry"  # a docker-registry Secret (key .dockerconfigjson): task image pushes
     serve_gpus: int = 1  # per replica: vLLM's tensor parallelism
     update_gpus: int = 1  # per update node: torchrun's processes there (FSDP2 shards the model over all of them)
     update_nodes: int = 1  # more than 1: the update runs as a JobSet across that many pods (docs/workflows.md)
