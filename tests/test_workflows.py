@@ -61,6 +61,8 @@ GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, i
     "evaluation-codex-final.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 2),
     "iteration-codex-2nodes-it0.yaml": (["run=golden", "iterations=2", "update_nodes=2", "update_gpus=8"], 0),
     "iteration-browser-use-it0.yaml": (["run=golden", "harness=browser-use", "dataset=steps/tasks/gui"], 0),
+    "iteration-codex-podidentity-it0.yaml": (["run=golden", "s3_credentials=pod-identity", "s3_endpoint=",
+                                              "rollout_service_account=openforge-rollout", "s3_region=us-west-2"], 0),
 }
 
 
