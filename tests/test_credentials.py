@@ -178,10 +178,14 @@ def test_preflight_checks_the_identities_of_the_service_accounts() -> None:
     for accounts, problem in cases:
         (found,) = check_cluster(FakeServiceAccounts(accounts), config)[1]
         assert problem in found and "kubectl -n openforge" in found
-    # secret mode: a rollout service account that is set is checked too
-    secret = cluster_config("run=t", "rollout_service_account=openforge-rollout")
-    assert check_cluster(FakeServiceAccounts({"openforge-rollout": IRSA}), secret)[1]
-    assert not check_cluster(FakeServiceAccounts({"openforge-rollout": {}}), secret)[1]
+    # secret mode: the rollout pods' account, `service_account` unless rollout_service_account names another, too
+    secret = cluster_config("run=t")
+    (found,) = check_cluster(FakeServiceAccounts({"openforge": IRSA}), secret)[1]
+    assert "service account 'openforge' runs the rollout pods (the agents) but carries" in found
+    assert not check_cluster(FakeServiceAccounts({"openforge": {}}), secret)[1]
+    separate = cluster_config("run=t", "rollout_service_account=openforge-rollout")
+    assert not check_cluster(FakeServiceAccounts({"openforge": IRSA, "openforge-rollout": {}}), separate)[1]
+    assert check_cluster(FakeServiceAccounts({"openforge": {}, "openforge-rollout": GKE}), separate)[1]
 
 
 # ---- the driver's store ----

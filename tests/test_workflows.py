@@ -564,6 +564,9 @@ def test_preflight_names_what_is_missing() -> None:
             if name == "openforge-admin":
                 raise ApiException(status=404)
 
+        def read_namespaced_service_account(self, name, namespace, **_):
+            return SimpleNamespace(metadata=SimpleNamespace(annotations={}))
+
         def list_node(self, **_):
             return SimpleNamespace(items=[SimpleNamespace(status=SimpleNamespace(allocatable={"cpu": "8"}))])
 
@@ -1379,6 +1382,9 @@ def test_preflight_counts_the_gpu_nodes_a_multi_node_update_needs() -> None:
 
         def read_namespaced_secret(self, name, namespace, **_):
             return {}
+
+        def read_namespaced_service_account(self, name, namespace, **_):
+            return SimpleNamespace(metadata=SimpleNamespace(annotations={}))
 
         def list_node(self, **_):
             gpus = SimpleNamespace(status=SimpleNamespace(allocatable={"nvidia.com/gpu": "8"}))

@@ -98,13 +98,16 @@ def check_cluster(api, config: RunConfig, custom=None) -> tuple[list[str], list[
 
 def check_identities(api, config: RunConfig) -> tuple[list[str], list[str]]:
     """(notes, problems) for the service accounts' cloud identities (docs/workflows.md, "Credentials"): with
-    `s3_credentials: pod-identity`, `service_account` carries one; a `rollout_service_account` that is set (the agents'
-    pods) exists and carries none. Nothing to read in `secret` mode without a `rollout_service_account`."""
+    `s3_credentials: pod-identity`, `service_account` carries one; the rollout pods' (the agents'), which is
+    `rollout_service_account` or else `service_account`, exists and carries none."""
     from kubernetes.client.exceptions import ApiException
 
     ns, notes, problems = config.namespace, [], []
-    wanted = [(config.service_account, True)] if config.s3_credentials == "pod-identity" else []
-    wanted += [(config.rollout_service_account, False)] if config.rollout_service_account else []
+    rollouts = config.rollout_service_account or config.service_account
+    pod_identity = config.s3_credentials == "pod-identity"
+    wanted = [(config.service_account, True)] if pod_identity else []
+    # the same account both ways is refused by the config's own check, with its fix
+    wanted += [(rollouts, False)] if not (pod_identity and rollouts == config.service_account) else []
     for name, needs_identity in wanted:
         try:
             annotations = api.read_namespaced_service_account(name, ns, _request_timeout=10).metadata.annotations or {}
