@@ -7,6 +7,7 @@ Real parts where they run here: the moto S3 server on loopback (the driver write
 `openssl` CLI. The Kubernetes API cannot run here: the preflight reads service accounts from a small double.
 """
 
+import os
 import re
 import ssl
 import subprocess
@@ -28,6 +29,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSinc
 POD_IDENTITY = ("s3_credentials=pod-identity", "rollout_service_account=openforge-rollout", "s3_endpoint=",
                 "s3_region=us-west-2")
 ROLLOUTS = ("rollout", "rollout-app")
+
+
+@pytest.fixture(autouse=True)
+def restored_store_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`submit.use_store` sets the driver's store env in this process: each test ends with the env it started with."""
+    for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        if key in os.environ:
+            monkeypatch.setenv(key, os.environ[key])
+        else:
+            monkeypatch.delenv(key, raising=False)
 
 
 def templates(*overrides: str) -> dict[str, dict]:
@@ -190,20 +201,24 @@ def test_preflight_checks_the_identities_of_the_service_accounts() -> None:
 
 # ---- the driver's store ----
 
-def test_the_driver_writes_the_manifest_at_the_configs_endpoint(s3_server: dict, fake_argo, monkeypatch) -> None:
-    """submit.py with the store's endpoint only in the config (the shell's AWS_ENDPOINT_URL points elsewhere, as on a
-    laptop with other profiles) writes the run manifest to that store. Control: without applying the config's
-    endpoint (the old behaviour) the driver does not reach the store and stops with one sentence."""
+@pytest.mark.parametrize("shell_endpoint", ["", "http://127.0.0.1:9"])  # none; the discard port (nothing answers)
+def test_the_driver_writes_the_manifest_at_the_configs_endpoint(s3_server: dict, fake_argo, monkeypatch,
+                                                               shell_endpoint: str) -> None:
+    """submit.py with the store's endpoint only in the config writes the run manifest to that store, whether the
+    shell names no endpoint or another one (a laptop with other profiles), and sets the config's region. Control:
+    without applying the config's endpoint (the old behaviour) the driver does not reach the store and stops with
+    one sentence (run where the shell's endpoint answers nothing; with none it would try AWS itself)."""
     import s3fs
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.setenv(key, s3_server["env"][key])
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: nothing answers
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    for key in ("AWS_DEFAULT_REGION", "AWS_REGION"):  # deleted again after the test: use_store sets them
+    for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION"):
         monkeypatch.delenv(key, raising=False)
-    store = f"s3://{s3_server['bucket']}/driver-endpoint"
+    if shell_endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", shell_endpoint)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", shell_endpoint)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    store = f"s3://{s3_server['bucket']}/driver-endpoint{len(shell_endpoint)}"
     args = ["--config", "configs/cluster-example.yaml", "--argo-server", fake_argo.url, "--poll", "0.01",
             f"store={store}", f"s3_endpoint={s3_server['endpoint_url']}", "s3_region=us-east-1", "iterations=1"]
 
@@ -211,10 +226,12 @@ def test_the_driver_writes_the_manifest_at_the_configs_endpoint(s3_server: dict,
         s3fs.S3FileSystem.clear_instance_cache()  # each run builds its client from the environment of now
         return submit.main([*args, f"run={name}"])
 
-    with monkeypatch.context() as old:
-        old.setattr(submit, "use_store", lambda config: config)
-        assert run("old") == 2
+    if shell_endpoint:
+        with monkeypatch.context() as old:
+            old.setattr(submit, "use_store", lambda config: config)
+            assert run("old") == 2
     assert run("new") == 0
+    assert os.environ["AWS_ENDPOINT_URL"] == s3_server["endpoint_url"] and os.environ["AWS_REGION"] == "us-east-1"
     s3fs.S3FileSystem.clear_instance_cache()
     assert manifest.read_run_config(f"{store}/new")["s3_endpoint"] == s3_server["endpoint_url"]
     assert manifest.read_iterations(f"{store}/new")[0].status == "Succeeded"
