@@ -7,6 +7,9 @@ Routes used (Argo Server API v1): lint `POST /api/v1/workflows/{ns}/lint`, creat
 get `GET /api/v1/workflows/{ns}/{name}`, retry `PUT .../{name}/retry`, resubmit `PUT .../{name}/resubmit`.
 `wait` polls `get` itself: Hera 7.1's `Workflow.wait()` raises on the empty phase right after
 creation and returns at `Pending`.
+The server's TLS certificate is verified against the system's CAs, or `verify` (a CA bundle file); `verify=False`
+accepts any (Argo's server makes itself a self-signed certificate unless given one: argo-workflows
+docs/tls.md), and the driver says so.
 """
 
 import time
@@ -52,11 +55,12 @@ class Progress:
 class ArgoClient:
     """One Argo Server and namespace."""
 
-    def __init__(self, server: str, token: str | None, namespace: str) -> None:
+    def __init__(self, server: str, token: str | None, namespace: str, verify: bool | str = True) -> None:
         self.server = server.rstrip("/")
         self.namespace = namespace
+        # Hera hands `verify_ssl` to requests' `verify`, which takes a CA bundle's path as well as a bool.
         self.service = WorkflowsService(host=self.server, token=token or None, namespace=namespace,
-                                        verify_ssl=True, session=_TimeoutSession())
+                                        verify_ssl=verify, session=_TimeoutSession())  # type: ignore[arg-type]
 
     def ui_link(self, name: str) -> str:
         """The workflow's page in the Argo UI."""
@@ -66,6 +70,10 @@ class ArgoClient:
         """Runs one API call; every failure becomes an ArgoError naming the server and the call."""
         try:
             return fn(*args, **kwargs)
+        except requests.exceptions.SSLError:
+            raise ArgoError(f"the Argo server at {self.server} presented a TLS certificate this machine does not trust "
+                            f"({what}); give the CA that signed it with argo_ca_bundle=PATH or env ARGO_CA_BUNDLE, "
+                            f"or accept any certificate with --argo-insecure") from None
         except requests.exceptions.RequestException as exc:
             raise ArgoError(f"cannot reach the Argo server at {self.server} ({what}): {type(exc).__name__}") from None
         except Unauthorized:

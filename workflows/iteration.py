@@ -25,7 +25,8 @@ iteration. The exit handler `exit` writes the iteration's outcome to the run man
 report to the store (`report`, which may fail without changing the outcome), and, across nodes, deletes the
 JobSet of a Workflow that did not succeed (`delete-update`); the Workflow's description links to that report in
 the Argo UI. Every container command comes from
-`workflows.commands`; credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
+`workflows.commands`; credentials come from Kubernetes Secrets (`secretKeyRef`) or, with `s3_credentials: pod-identity`,
+from the pods' service account, never from this YAML.
 """
 
 import json
@@ -112,10 +113,14 @@ def image(config: RunConfig, name: str) -> str:
 
 
 def s3_env(config: RunConfig) -> list:
-    """S3 credentials for s3fs/boto3, from the Secret; the endpoint is not a secret."""
-    env = [SecretEnv(name="AWS_ACCESS_KEY_ID", secret_name=config.s3_secret, secret_key="access-key"),
-           SecretEnv(name="AWS_SECRET_ACCESS_KEY", secret_name=config.s3_secret, secret_key="secret-key")]
-    return env + ([Env(name="AWS_ENDPOINT_URL", value=config.s3_endpoint)] if config.s3_endpoint else [])
+    """The store's settings for s3fs/boto3 (`RunConfig.store_env`: endpoint, region, not secrets); with
+    `s3_credentials: secret` its keys from the Secret, with `pod-identity` none: the SDKs' default chain then takes
+    the web identity the pod's service account brings (EKS injects AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE,
+    GKE answers on its metadata server)."""
+    keys = [SecretEnv(name="AWS_ACCESS_KEY_ID", secret_name=config.s3_secret, secret_key="access-key"),
+            SecretEnv(name="AWS_SECRET_ACCESS_KEY", secret_name=config.s3_secret, secret_key="secret-key")]
+    return (keys if config.s3_credentials == "secret" else []) + [Env(name=k, value=v) for k, v in
+                                                                   config.store_env().items()]
 
 
 def admin_env(config: RunConfig) -> list:
@@ -123,14 +128,32 @@ def admin_env(config: RunConfig) -> list:
     return [SecretEnv(name="OPENFORGE_ADMIN_KEY", secret_name=config.admin_secret, secret_key="admin-key")]
 
 
+def artifact_endpoint(config: RunConfig) -> tuple[str, bool]:
+    """(host[:port], insecure) of the store for Argo's S3 artifacts: `s3_endpoint`'s, else AWS's regional endpoint
+    `s3.<region>.amazonaws.com` (docs.aws.amazon.com/general/latest/gr/s3.html), or the global one without a region.
+
+    >>> artifact_endpoint(RunConfig(s3_region="eu-west-1"))
+    ('s3.eu-west-1.amazonaws.com', False)
+    >>> artifact_endpoint(RunConfig(s3_endpoint="http://minio:9000", s3_region="eu-west-1"))
+    ('minio:9000', True)
+    """
+    if config.s3_endpoint:
+        endpoint = urlparse(config.s3_endpoint)
+        return endpoint.netloc, endpoint.scheme == "http"
+    return (f"s3.{config.s3_region}.amazonaws.com" if config.s3_region else "s3.amazonaws.com"), False
+
+
 def s3_artifact(config: RunConfig, name: str, url: str, path: str, single_file: bool = False,
                 optional: bool | None = None) -> S3Artifact:
-    """An artifact at `url` (s3://bucket/key) in the config's S3, credentials by secretKeyRef; a single file untarred."""
+    """An artifact at `url` (s3://bucket/key) in the config's S3; a single file untarred. Only the rollout pods
+    upload one (their result), and they carry no cloud identity whatever `s3_credentials` says (the agent shares the
+    pod: docs/workflows.md, "Credentials"), so its keys are always `s3_secret`'s, which Argo's executor reads through
+    the Kubernetes API (secretKeyRef), out of the agent's reach."""
     parsed = urlparse(url)
-    endpoint = urlparse(config.s3_endpoint) if config.s3_endpoint else None
+    endpoint, insecure = artifact_endpoint(config)
     return S3Artifact(
         name=name, path=path, bucket=parsed.netloc, key=parsed.path.lstrip("/"),
-        endpoint=endpoint.netloc if endpoint else "s3.amazonaws.com", insecure=bool(endpoint and endpoint.scheme == "http"),
+        endpoint=endpoint, insecure=insecure, region=config.s3_region or None,
         access_key_secret=SecretKeySelector(name=config.s3_secret, key="access-key"),
         secret_key_secret=SecretKeySelector(name=config.s3_secret, key="secret-key"),
         archive=NoneArchiveStrategy() if single_file else None, optional=optional,
@@ -335,6 +358,9 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
         security_context=(SecurityContext(capabilities=Capabilities(add=["SYS_RESOURCE"]))
                           if config.rollout_oom_guard else None),
         automount_service_account_token=False,  # the agent has no business with the Kubernetes API
+        # The pod's own service account: one with no cloud identity, since EKS's webhook gives the role's token to
+        # every container of the pod and GKE's metadata server answers any of them (docs/workflows.md, "Credentials").
+        service_account_name=config.rollout_service_account or None,
         executor=ExecutorConfig(service_account_name=config.service_account),  # Argo's wait container does
         active_deadline_seconds="{{inputs.parameters.deadline}}",
         retry_strategy=RetryStrategy(limit=config.rollout_retries, retry_policy="Always",

@@ -12,9 +12,11 @@
     python workflows/submit.py images --dataset D [--config FILE] [--dry-run]      # the task images, in the cluster
 
 The Argo server is `--argo-server URL`, else env ARGO_SERVER, else the config's `argo_server`; its
-token comes from env ARGO_TOKEN. Without a server the run goes to the local runner
-(`workflows.local.run_local`). With one, every iteration's Workflow is checked first (the config,
-the cluster where one is reachable, the server's lint), then submitted one after the other: each
+token comes from env ARGO_TOKEN; its certificate is checked against env ARGO_CA_BUNDLE, else the config's
+`argo_ca_bundle`, else the system's CAs, or not at all with `--argo-insecure` (`argo_insecure_tls`). The driver
+reaches the store at the config's `s3_endpoint` and `s3_region`, as the pods do (`use_store`). Without a server
+the run goes to the local runner (`workflows.local.run_local`). With one, every iteration's Workflow is checked
+first (the config, the cluster where one is reachable, the server's lint), then submitted one after the other: each
 waits for the previous iteration's checkpoint; with `max_staleness` S >= 1 the next one as soon as the previous
 one's collect DAG has succeeded, at most S ahead of the last ended (`drive_overlapped`). The run manifest in the store
 (`<store>/<run>/manifest/`) records every iteration's workflow, checkpoint and phase, so `resume`
@@ -38,6 +40,8 @@ import sys
 from pathlib import Path
 
 import fsspec
+import urllib3
+from botocore.exceptions import BotoCoreError
 from hera.workflows import Workflow
 
 if __package__ in (None, ""):  # run as `python workflows/submit.py`: make the repository importable
@@ -73,6 +77,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config", help="a flat YAML run config; configs/default.yaml fills the rest")
     p.add_argument("--run", help="the run's name (status, retry, resubmit, resume)")
     p.add_argument("--argo-server", help="Argo Server URL (default: env ARGO_SERVER, then the config)")
+    p.add_argument("--argo-insecure", action="store_true",
+                   help="accept any TLS certificate from the Argo server (argo_insecure_tls); prints a warning")
     p.add_argument("--dry-run", action="store_true", help="print every Workflow of the run as YAML; submit nothing")
     p.add_argument("--iteration", type=int, help="the iteration to retry or resubmit (default: the first failed)")
     p.add_argument("--memoized", action="store_true", help="resubmit reusing the outputs of succeeded steps")
@@ -102,7 +108,20 @@ def build_config(args: argparse.Namespace, flags: list[str] = ()) -> RunConfig:
     overrides += [f"run={args.run}"] if args.run else []
     server = args.argo_server or os.environ.get("ARGO_SERVER")
     overrides += [f"argo_server={server}"] if server else []
-    return load_config(args.config, overrides)
+    ca_bundle = os.environ.get("ARGO_CA_BUNDLE")
+    overrides += [f"argo_ca_bundle={ca_bundle}"] if ca_bundle else []
+    overrides += ["argo_insecure_tls=true"] if args.argo_insecure else []
+    return use_store(load_config(args.config, overrides))
+
+
+def use_store(config: RunConfig) -> RunConfig:
+    """The config, after pointing this process's s3fs/boto3 at its store (`RunConfig.store_env`: endpoint, region),
+    which the config wins over the shell's environment for: the driver must write the manifest where the pods read
+    it. AWS_ENDPOINT_URL_S3 would win over AWS_ENDPOINT_URL in botocore, so the config's endpoint drops it."""
+    if config.s3_endpoint:
+        os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+    os.environ.update(config.store_env())
+    return config
 
 
 def check_eval_flags(args: argparse.Namespace) -> None:
@@ -174,20 +193,28 @@ def build_eval_config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
 
 
 def stored_config(config: RunConfig) -> RunConfig:
-    """The config a run was started with (from its manifest); the Argo server and namespace of now win."""
+    """The config a run was started with (from its manifest); the Argo server and its TLS settings of now win;
+    the driver then uses the stored run's store settings (`use_store`)."""
     if not config.run:
         raise ConfigError("name the run with --run NAME (its folder under the store)")
     stored = manifest.read_run_config(config.run_url)
     if stored is None:
         raise ConfigError(f"no run named {config.run!r} in the store {config.store!r} (no {layout.run_config_url(config.run_url)})")
-    return dataclasses.replace(from_dict(stored), argo_server=config.argo_server or stored.get("argo_server", ""))
+    now = {key: getattr(config, key) for key in ("argo_ca_bundle", "argo_insecure_tls")}  # this machine's, like the server
+    return use_store(dataclasses.replace(from_dict(stored), **now,
+                                         argo_server=config.argo_server or stored.get("argo_server", "")))
 
 
 def argo_client(config: RunConfig) -> ArgoClient:
     """The client for the configured server; a ConfigError when there is none."""
     if not config.argo_server:
         raise ConfigError("no Argo server configured: pass --argo-server URL or set ARGO_SERVER")
-    return ArgoClient(config.argo_server, os.environ.get("ARGO_TOKEN"), config.namespace)
+    if config.argo_insecure_tls:
+        print(f"warning: not verifying the TLS certificate of the Argo server at {config.argo_server} "
+              f"(argo_insecure_tls); anyone on the path can read ARGO_TOKEN", file=sys.stderr)
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # the line above says it once
+    verify = config.argo_ca_bundle or not config.argo_insecure_tls
+    return ArgoClient(config.argo_server, os.environ.get("ARGO_TOKEN"), config.namespace, verify=verify)
 
 
 def checked(workflow: Workflow) -> Workflow:
@@ -613,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ArgoError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # the store (run manifest) cannot be read or written
+    except (OSError, BotoCoreError) as exc:  # the store (run manifest) cannot be read or written, or reached
         print(f"error: the store could not be used: {exc}", file=sys.stderr)
         return 2
 
