@@ -19,7 +19,7 @@ from hera.workflows import Workflow, WorkflowsService
 from hera.workflows.models import (WorkflowCreateRequest, WorkflowLintRequest, WorkflowResubmitRequest,
                                    WorkflowRetryRequest)
 
-from workflows.iteration import ROLLOUT_TEMPLATES
+from workflows.iteration import ROLLOUT_TEMPLATES, RUN_NAME_ANNOTATION
 
 DONE = ("Succeeded", "Failed", "Error")
 RETRY_FAILED_ROLLOUTS = "templateName=rollout,phase=Failed"
@@ -82,13 +82,27 @@ class ArgoClient:
         self._call(f"linting {workflow.name}", self.service.lint_workflow, req)
 
     def create(self, workflow: Workflow) -> str:
-        """Submits the workflow; returns its name. One that already exists is left as it is (resume)."""
+        """Submits the workflow; returns its name. One of that name that already exists is followed as it is if it
+        belongs to the same run (a resumed driver); one of another run is an ArgoError naming that run."""
         req = WorkflowCreateRequest(namespace=self.namespace, workflow=workflow.build())
         try:
             created = self._call(f"creating {workflow.name}", self.service.create_workflow, req)
-        except AlreadyExists:
+        except AlreadyExists:  # the server's 409, grpc-gateway's ALREADY_EXISTS (code 6)
+            self.check_owner(str(workflow.name), (workflow.annotations or {}).get(RUN_NAME_ANNOTATION))
             return str(workflow.name)
         return created.metadata.name
+
+    def check_owner(self, name: str, run: str | None) -> None:
+        """An ArgoError unless the existing workflow `name` belongs to run `run` (its `RUN_NAME_ANNOTATION`)."""
+        try:
+            existing = self._call(f"reading {name}", self.service.get_workflow, name)
+        except NotFound:  # deleted since the create was refused
+            raise ArgoError(f"workflow {name} was deleted while it was being created; submit again") from None
+        owner = (existing.metadata.annotations or {}).get(RUN_NAME_ANNOTATION)
+        if owner != run:
+            whose = f"run {owner!r}" if owner is not None else "no OpenForge run"
+            raise ArgoError(f"workflow {name} already exists in namespace {self.namespace} and belongs to {whose}, "
+                            f"not to run {run!r}; give this run another name (run=...) or delete that workflow")
 
     def progress(self, name: str) -> Progress:
         """The workflow's phase ("" right after creation) and its rollout pods' counts."""
