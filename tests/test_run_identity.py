@@ -8,18 +8,27 @@ Server is `FakeArgoServer` (tests/test_workflows.py: a loopback double, since no
 which answers a create of an existing name as the real one does: HTTP 409 with grpc-gateway's error body.
 """
 
+import os
 import re
+import time
 
 import pytest
+import yaml
 
 from steps import manifest
 from workflows import jobset
+from workflows.argo import ArgoClient
+from workflows.driver import RETRY_UNLESS_STOPPED, TOKEN_FILE, driver_workflow
+from workflows.driver import workflow_name as driver_name
+from workflows.lint import semantic_problems
 from workflows.evaluation import workflow_name as eval_workflow_name
 from workflows.iteration import (ITERATION_LABEL, RUN_LABEL, RUN_NAME_ANNOTATION, iteration_workflow, run_id,
                                  update_labels, workflow_name)
-from test_workflows import FakeArgoServer, cluster_config, drive, fake_argo, s3_store  # noqa: F401 - fixtures
+from test_workflows import (GOLDEN, FakeArgoServer, cluster_config, drive, fake_argo, s3_store,  # noqa: F401
+                            schema_errors, workflow_validator)
 
 pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
+DRIVER_GOLDEN = GOLDEN / "driver.yaml"
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label, and a valid label value
 LONG_A, LONG_B = "sweep-" + "x" * 60 + "-lr1e-6", "sweep-" + "x" * 60 + "-lr3e-6"  # alike in their first 66
 
@@ -105,3 +114,125 @@ def test_the_fake_answers_a_taken_name_as_argo_does(fake_argo: FakeArgoServer) -
     again = requests.post(f"{fake_argo.url}/api/v1/workflows/openforge", json=body, timeout=5)
     assert again.status_code == 409 and again.json()["code"] == 6 and "already exists" in again.json()["message"]
 
+
+
+# ---- the driver in the cluster (--detach) ----
+
+class DeletingArgoServer(FakeArgoServer):
+    """`FakeArgoServer` with the Argo Server's delete route, `DELETE /api/v1/workflows/{ns}/{name}` (what
+    Hera's `delete_workflow` calls): a detach replaces the run's ended driver Workflow."""
+
+    def handle(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
+        """Deletes a workflow; every other route as the base class."""
+        parts = path.strip("/").split("/")
+        if method == "DELETE" and len(parts) == 5:
+            if self.workflows.pop(parts[4], None) is None:
+                return 404, {"code": 5, "message": f"workflows.argoproj.io \"{parts[4]}\" not found"}
+            self.script.pop(parts[4], None)
+            return 200, {}
+        return super().handle(method, path, body)
+
+    def _handler(self):
+        handler = super()._handler()
+        handler.do_DELETE = handler._serve
+        return handler
+
+
+@pytest.fixture
+def argo(fake_argo: FakeArgoServer) -> DeletingArgoServer:  # noqa: F811 - its environment (token, no cluster)
+    """A fresh fake Argo Server that deletes too."""
+    fake = DeletingArgoServer()
+    yield fake
+    fake.server.shutdown()
+
+
+def test_detach_creates_only_the_driver(argo: DeletingArgoServer, s3_store: str, capsys) -> None:  # noqa: F811
+    """`--detach` checks every Workflow (the driver's too), records the run's config in the store, creates exactly
+    the driver Workflow and returns 0 at once; `status` then reads the run from the store."""
+    started = time.monotonic()
+    assert drive(argo, s3_store, "--harness", "codex", "run=dt", "iterations=2", "--detach") == 0
+    assert time.monotonic() - started < 10
+    config = cluster_config("run=dt", "iterations=2", f"store={s3_store}", f"argo_server={argo.url}")
+    linted = [body["workflow"]["metadata"]["name"] for _, path, body, _ in argo.calls("POST") if path.endswith("/lint")]
+    created = [body["workflow"]["metadata"]["name"] for _, path, body, _ in argo.calls("POST")
+               if not path.endswith("/lint")]
+    assert linted == [workflow_name(config, 0), workflow_name(config, 1), driver_name(config)]
+    assert created == [driver_name(config)] and list(argo.workflows) == created
+    assert argo.workflows[driver_name(config)] == driver_workflow(config).build().model_dump(by_alias=True,
+                                                                                            exclude_none=True)
+    assert manifest.read_run_config(config.run_url)["iterations"] == 2
+    assert f"{argo.url}/workflows/openforge/{driver_name(config)}" in capsys.readouterr().out
+    assert drive(argo, s3_store, "status", "--run", "dt") == 0
+    assert "iteration 1: Pending" in capsys.readouterr().out
+
+
+def test_the_driver_resumes_the_run_in_the_cluster() -> None:
+    """The driver's pod runs `resume` against the in-cluster server with the run's store, its service account's
+    token file, the steps' S3 env; a deadline per attempt, retried unless the run stopped at a failed iteration."""
+    config = cluster_config("run=Exp_1", "argo_server_in_cluster=https://argo.example:2746", "driver_deadline_s=600")
+    workflow = driver_workflow(config).to_dict()
+    spec, = workflow["spec"]["templates"]
+    assert spec["container"]["command"] == ["python", "workflows/submit.py", "resume", "--run", "Exp_1",
+                                            "--argo-server", "https://argo.example:2746", f"store={config.store}"]
+    env = {e["name"]: e for e in spec["container"]["env"]}
+    assert env["ARGO_TOKEN_FILE"]["value"] == TOKEN_FILE
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == config.s3_secret
+    assert workflow["spec"]["serviceAccountName"] == config.service_account
+    assert spec["activeDeadlineSeconds"] == 600 and spec["retryStrategy"]["expression"] == RETRY_UNLESS_STOPPED
+    assert workflow["metadata"]["labels"]["openforge.dev/run"] == run_id("Exp_1")
+    assert workflow["metadata"]["annotations"][RUN_NAME_ANNOTATION] == "Exp_1"
+    assert len(driver_name(cluster_config("run=" + "R_" * 100))) <= 63
+
+
+def test_the_driver_workflow_is_golden_and_valid(workflow_validator) -> None:  # noqa: F811
+    """The driver's Workflow equals tests/golden/driver.yaml (OPENFORGE_UPDATE_GOLDEN=1 rewrites it), passes Argo's
+    strict schema and the semantic lint; a misspelt key in it is caught (the control)."""
+    workflow = driver_workflow(cluster_config("run=golden"))
+    if os.environ.get("OPENFORGE_UPDATE_GOLDEN") == "1":
+        DRIVER_GOLDEN.write_text(workflow.to_yaml())
+    golden = yaml.safe_load(DRIVER_GOLDEN.read_text())
+    assert workflow.to_dict() == golden
+    assert schema_errors(workflow_validator, golden) == [] and semantic_problems(golden) == []
+    golden["spec"]["templates"][0]["retryStrategy"]["expresion"] = "true"
+    assert "expresion" in "\n".join(schema_errors(workflow_validator, golden))
+
+
+def test_a_second_detach_is_refused_while_the_driver_runs(argo: DeletingArgoServer, s3_store: str, capsys) -> None:
+    """`resume --detach` while the run's driver Workflow runs is one sentence naming it, and creates nothing. The
+    control: once that driver has ended, `resume --detach` replaces it with a new one."""
+    assert drive(argo, s3_store, "--harness", "codex", "run=dd", "iterations=1", "--detach") == 0
+    config = cluster_config("run=dd", f"store={s3_store}")
+    argo.script[driver_name(config)] = ["Running"]
+    capsys.readouterr()
+    assert drive(argo, s3_store, "resume", "--run", "dd", "--detach") == 2
+    error, = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert f"already has a driver running in the cluster (workflow {driver_name(config)}, Running)" in error
+    assert drive(argo, s3_store, "--harness", "codex", "run=dd", "iterations=1", "--detach") == 2  # start again
+    assert "already exists" in capsys.readouterr().err
+    assert len([c for c in argo.calls("POST") if not c[1].endswith("/lint")]) == 1 and not argo.calls("DELETE")
+
+    argo.script[driver_name(config)] = ["Succeeded"]
+    assert drive(argo, s3_store, "resume", "--run", "dd", "--detach") == 0
+    assert len(argo.calls("DELETE")) == 1 and len([c for c in argo.calls("POST") if not c[1].endswith("/lint")]) == 2
+    assert driver_name(config) in argo.workflows
+
+
+def test_detach_needs_an_argo_server(s3_store: str, capsys) -> None:  # noqa: F811
+    """Without an Argo server there is no cluster to detach into: one sentence, exit 2, nothing recorded."""
+    from workflows import submit
+
+    assert submit.main(["--harness", "codex", "run=nd", f"store={s3_store}", "--detach"]) == 2
+    assert "--detach runs the driver in the cluster" in capsys.readouterr().err
+    assert manifest.read_run_config(f"{s3_store}/nd") is None
+
+
+def test_the_token_file_is_read_on_every_request(argo: DeletingArgoServer, tmp_path) -> None:
+    """In the driver's pod the Argo token is the service account's file, which the kubelet rewrites: each request
+    sends the file's token of that moment (a token read once would expire with the pod still running)."""
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    client = ArgoClient(argo.url, None, "openforge", token_file=str(token))
+    assert client.phase_if_any("none") is None
+    token.write_text("second")
+    assert client.phase_if_any("none") is None
+    assert [auth for *_, auth in argo.requests] == ["Bearer first", "Bearer second"]

@@ -4,7 +4,8 @@
     client.lint(workflow); name = client.create(workflow); phase = client.wait(name)
 
 Routes used (Argo Server API v1): lint `POST /api/v1/workflows/{ns}/lint`, create `POST /api/v1/workflows/{ns}`,
-get `GET /api/v1/workflows/{ns}/{name}`, retry `PUT .../{name}/retry`, resubmit `PUT .../{name}/resubmit`.
+get `GET /api/v1/workflows/{ns}/{name}`, retry `PUT .../{name}/retry`, resubmit `PUT .../{name}/resubmit`,
+delete `DELETE .../{name}`.
 `wait` polls `get` itself: Hera 7.1's `Workflow.wait()` raises on the empty phase right after
 creation and returns at `Pending`.
 """
@@ -12,6 +13,7 @@ creation and returns at `Pending`.
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import requests
 from hera.exceptions import AlreadyExists, HeraException, NotFound, Unauthorized
@@ -31,11 +33,20 @@ class ArgoError(RuntimeError):
 
 
 class _TimeoutSession(requests.Session):
-    """A session whose requests time out (Hera passes none, so an unreachable server would hang)."""
+    """A session whose requests time out (Hera passes none, so an unreachable server would hang); with a
+    `token_file`, each request's bearer token is read from that file (a pod's service account token, which the
+    kubelet rewrites before it expires)."""
+
+    def __init__(self, token_file: str | None = None) -> None:
+        super().__init__()
+        self.token_file = token_file
 
     def request(self, method, url, **kwargs):  # type: ignore[override]
-        """`requests.Session.request` with a default timeout."""
+        """`requests.Session.request` with a default timeout (and the token file's token)."""
         kwargs.setdefault("timeout", REQUEST_TIMEOUT_S)
+        if self.token_file:
+            token = Path(self.token_file).read_text().strip()
+            kwargs["headers"] = {**(kwargs.get("headers") or {}), "Authorization": f"Bearer {token}"}
         return super().request(method, url, **kwargs)
 
 
@@ -52,11 +63,11 @@ class Progress:
 class ArgoClient:
     """One Argo Server and namespace."""
 
-    def __init__(self, server: str, token: str | None, namespace: str) -> None:
+    def __init__(self, server: str, token: str | None, namespace: str, token_file: str | None = None) -> None:
         self.server = server.rstrip("/")
         self.namespace = namespace
         self.service = WorkflowsService(host=self.server, token=token or None, namespace=namespace,
-                                        verify_ssl=True, session=_TimeoutSession())
+                                        verify_ssl=True, session=_TimeoutSession(token_file))
 
     def ui_link(self, name: str) -> str:
         """The workflow's page in the Argo UI."""
@@ -103,6 +114,21 @@ class ArgoClient:
             whose = f"run {owner!r}" if owner is not None else "no OpenForge run"
             raise ArgoError(f"workflow {name} already exists in namespace {self.namespace} and belongs to {whose}, "
                             f"not to run {run!r}; give this run another name (run=...) or delete that workflow")
+
+    def phase_if_any(self, name: str) -> str | None:
+        """The workflow's phase ("" right after creation), or None when there is no workflow of that name."""
+        try:
+            wf = self._call(f"reading {name}", self.service.get_workflow, name)
+        except NotFound:
+            return None
+        return (wf.status.phase if wf.status else None) or ""
+
+    def delete(self, name: str) -> None:
+        """Deletes the workflow (its pods and the objects it owns go with it); one already gone is fine."""
+        try:
+            self._call(f"deleting {name}", self.service.delete_workflow, name)
+        except NotFound:
+            pass
 
     def progress(self, name: str) -> Progress:
         """The workflow's phase ("" right after creation) and its rollout pods' counts."""
