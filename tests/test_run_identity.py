@@ -14,6 +14,8 @@ import time
 
 import pytest
 import yaml
+from hera.exceptions import AlreadyExists
+from hera.workflows.models import WorkflowCreateRequest
 
 from steps import manifest
 from workflows import jobset
@@ -112,7 +114,14 @@ def test_the_fake_answers_a_taken_name_as_argo_does(fake_argo: FakeArgoServer) -
     body = {"namespace": "openforge", "workflow": {"metadata": {"name": "w"}, "spec": {}}}
     assert requests.post(f"{fake_argo.url}/api/v1/workflows/openforge", json=body, timeout=5).status_code == 200
     again = requests.post(f"{fake_argo.url}/api/v1/workflows/openforge", json=body, timeout=5)
-    assert again.status_code == 409 and again.json()["code"] == 6 and "already exists" in again.json()["message"]
+    assert again.status_code == 409
+    assert again.json() == {"error": 'workflows.argoproj.io "w" already exists', "code": 6,
+                            "message": 'workflows.argoproj.io "w" already exists', "details": []}
+    service = ArgoClient(fake_argo.url, "t", "openforge").service
+    request = WorkflowCreateRequest(namespace="openforge", workflow=iteration_workflow(cluster_config("run=w"), 0).build())
+    service.create_workflow(request)
+    with pytest.raises(AlreadyExists, match="already exists"):
+        service.create_workflow(request)
 
 
 
@@ -236,3 +245,16 @@ def test_the_token_file_is_read_on_every_request(argo: DeletingArgoServer, tmp_p
     token.write_text("second")
     assert client.phase_if_any("none") is None
     assert [auth for *_, auth in argo.requests] == ["Bearer first", "Bearer second"]
+
+
+def test_the_driver_keys_are_checked() -> None:
+    """`argo_server_in_cluster` must be an http(s) URL and `driver_deadline_s` at least 1, each refused with one
+    sentence naming the key; the control: good values load."""
+    from workflows.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^config key 'argo_server_in_cluster' must be an http:// or https:// URL"):
+        cluster_config("argo_server_in_cluster=argo-server.argo:2746")
+    with pytest.raises(ConfigError, match=r"^config key 'driver_deadline_s' must be at least 1, got 0$"):
+        cluster_config("driver_deadline_s=0")
+    config = cluster_config("argo_server_in_cluster=http://argo-server.argo:2746", "driver_deadline_s=1")
+    assert (config.argo_server_in_cluster, config.driver_deadline_s) == ("http://argo-server.argo:2746", 1)
