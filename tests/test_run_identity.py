@@ -85,6 +85,10 @@ def test_the_clean_update_selector_is_the_runs_own() -> None:
     first, second = selector("exp_1"), selector("EXP-1")
     assert f"{RUN_LABEL}={run_id('exp_1')},{ITERATION_LABEL}=1" in first
     assert first != second
+    workflow = iteration_workflow(cluster_config("run=exp_1", "update_nodes=2"), 1).to_dict()
+    update = next(t for t in workflow["spec"]["templates"] if t["name"] == "update")
+    labels = yaml.safe_load(update["resource"]["manifest"])["metadata"]["labels"]
+    assert (labels[RUN_LABEL], labels[ITERATION_LABEL]) == (run_id("exp_1"), "1")  # what the selector matches
 
 
 def test_a_workflow_of_another_run_is_refused(fake_argo: FakeArgoServer, s3_store: str, capsys) -> None:  # noqa: F811
@@ -172,7 +176,9 @@ def test_detach_creates_only_the_driver(argo: DeletingArgoServer, s3_store: str,
     assert manifest.read_run_config(config.run_url)["iterations"] == 2
     assert f"{argo.url}/workflows/openforge/{driver_name(config)}" in capsys.readouterr().out
     assert drive(argo, s3_store, "status", "--run", "dt") == 0
-    assert "iteration 1: Pending" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "iteration 1: Pending" in shown
+    assert f"driver: Pending    {driver_name(config)}  {argo.url}/workflows/openforge/{driver_name(config)}" in shown
 
 
 def test_the_driver_resumes_the_run_in_the_cluster() -> None:

@@ -55,7 +55,7 @@ from workflows import commands, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
 from workflows.config import ConfigError, from_dict, load_config, validate_for_argo  # noqa: E402
-from workflows.driver import driver_workflow  # noqa: E402
+from workflows.driver import driver_workflow, workflow_name as driver_workflow_name  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402
@@ -532,7 +532,20 @@ def show_status(config: RunConfig, evaluates: dict | None) -> int:
                   f"{numbers.get('infra_errors')} infra errors, {cell(numbers.get('harness_killed'))} harnesses killed"
                   if numbers else "")
         print(f"eval {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}{scores}")
+    if client:
+        show_driver(config, client)
     return 0
+
+
+def show_driver(config: RunConfig, client: ArgoClient) -> None:
+    """The line of the run's detached driver (`--detach`), where it has one: its live phase and UI link."""
+    name = driver_workflow_name(config)
+    try:
+        phase = client.phase_if_any(name)
+    except ArgoError:  # the server is down: the lines above said what the manifest knows
+        return
+    if phase is not None:
+        print(f"driver: {phase or 'Pending':<10} {name}  {client.ui_link(name)}")
 
 
 def act(config: RunConfig, args: argparse.Namespace) -> int:
