@@ -622,8 +622,9 @@ class FakeArgoServer:
             return 200, body["workflow"]
         if method == "POST" and not rest:
             name = body["workflow"]["metadata"]["name"]
-            if name in self.workflows:
-                return 409, {"code": 6, "message": f"workflows.argoproj.io \"{name}\" already exists"}
+            if name in self.workflows:  # grpc-gateway v1's error body (Argo's swagger: grpc.gateway.runtime.Error)
+                taken = f"workflows.argoproj.io \"{name}\" already exists"
+                return 409, {"error": taken, "code": 6, "message": taken, "details": []}  # 6: ALREADY_EXISTS
             self.workflows[name] = body["workflow"]
             return 200, body["workflow"]
         name = rest[0] if rest else ""

@@ -241,3 +241,10 @@ def record_eval(config: RunConfig, iteration: int | str, workflow: str, status: 
 def report(config: RunConfig, python: str = "python") -> list[str]:
     """The run's report, written to `layout.reports_url(run_url)` in the store (`steps.report`)."""
     return [python, "-m", "steps.report", "--run", config.run, "--store", config.store]
+
+
+def resume(config: RunConfig, argo_server: str, python: str = "python") -> list[str]:
+    """The driver continuing the run from its manifest in the store (`submit.py resume`), talking to `argo_server`:
+    what the detached driver's pod runs, each attempt the same (resume skips what succeeded, follows what runs)."""
+    return [python, "workflows/submit.py", "resume", "--run", config.run, "--argo-server", argo_server,
+            f"store={config.store}"]

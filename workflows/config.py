@@ -58,7 +58,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         hint = f"did you mean {close[0]}? " if close else ""
         raise ConfigError(f"unknown harness {config.harness!r}; {hint}choose one of {', '.join(HARNESSES)}")
     for key in ("iterations", "tasks_per_iteration", "samples_per_task", "max_tokens_cap", "parallel_rollouts",
-                "epochs", "eval_k", "update_nodes", "serve_replicas", "update_timeout_s"):
+                "epochs", "eval_k", "update_nodes", "serve_replicas", "update_timeout_s", "driver_deadline_s"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
     if config.update_nodes > MAX_UPDATE_NODES:
@@ -108,6 +108,9 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if config.report_url_base and not config.report_url_base.startswith(("http://", "https://")):
         raise ConfigError(f"config key 'report_url_base' must be an http:// or https:// URL at which a browser opens "
                           f"the store's root (e.g. https://reports.example.com/runs), got {config.report_url_base!r}")
+    if not config.argo_server_in_cluster.startswith(("http://", "https://")):
+        raise ConfigError(f"config key 'argo_server_in_cluster' must be an http:// or https:// URL at which a pod reaches "
+                          f"the Argo Server (e.g. https://argo-server.argo:2746), got {config.argo_server_in_cluster!r}")
     if config.upstream and not net.is_upstream_url(config.upstream):
         # Not echoed: a URL refused here may hold a password or a key.
         raise ConfigError(f"config key 'upstream' must be {net.UPSTREAM_URL}: the base of an OpenAI-compatible server")

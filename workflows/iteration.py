@@ -29,6 +29,7 @@ the Argo UI. Every container command comes from
 from the pods' service account, never from this YAML.
 """
 
+import hashlib
 import json
 import re
 from urllib.parse import urlparse
@@ -63,6 +64,14 @@ WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"  # Argo's own label on eve
 # take them for pods of the Workflow.
 UPDATE_WORKFLOW_LABEL = "openforge.dev/workflow"
 RUN_LABEL, ITERATION_LABEL = "openforge.dev/run", "openforge.dev/iteration"  # on the Workflow and the update JobSet
+RUN_NAME_ANNOTATION = "openforge.dev/run-name"  # the exact run name, on every Workflow of the run (`ArgoClient.create`)
+# A run's id (`run_id`) is at most 36 characters, so that its longest Workflow name, `openforge-<id>-eval<N>` plus the
+# `-<5 random>` Argo's resubmit appends, stays within the 63 characters Argo accepts for a Workflow's name (its
+# validation's `maxCharsInObjectName`: the name is the `workflows.argoproj.io/workflow` label value of every pod, and
+# a label value is at most 63 characters). Pods themselves are named `<workflow>-<template>-<hash>` (Argo's v2 pod
+# names, workflow/util/pod_name.go), cut to 253 characters by Argo.
+RUN_ID_CHARS, RUN_HASH_CHARS = 36, 10
+READABLE_ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 NO_STATUS = "no_result"  # a rollout node's status when its runner wrote none (the pod died, or hit its deadline)
 ROLLOUT_TEMPLATES = shape.ROLLOUT_STEPS  # the rollout pods: without and with the task's app as a sidecar
 RESOURCE_INPUTS = ("cpus", "memory_mb", "storage_mb", "gpus")  # the plan item's task resources, rollout inputs alike
@@ -97,9 +106,26 @@ GPU = "nvidia.com/gpu"
 GPUS_OR_NULL = "{{=sprig.ternary(inputs.parameters.gpus, 'null', inputs.parameters.gpus != '0')}}"
 
 
+def run_id(run: str) -> str:
+    """The run's id, unique per exact run name: a name that already is a readable id (lower-case letters and digits,
+    single dashes between, at most `RUN_ID_CHARS`) is its own id; any other is a readable prefix, `--` and
+    `RUN_HASH_CHARS` hex characters of the name's SHA-256. `--` never occurs in a name kept as it is, so two runs
+    share an id only if their hashes collide (`exp_1` and `EXP-1`, or two long names alike in their first 40
+    characters, no longer share their Workflows).
+
+    >>> run_id("demo"), run_id("exp_1"), run_id("EXP-1")
+    ('demo', 'exp-1--dd8fdeeda3', 'exp-1--c94ad8f222')
+    """
+    if READABLE_ID.fullmatch(run) and len(run) <= RUN_ID_CHARS:
+        return run
+    prefix_chars = RUN_ID_CHARS - len("--") - RUN_HASH_CHARS
+    prefix = re.sub(r"[^a-z0-9]+", "-", run.lower())[:prefix_chars].strip("-") or "run"
+    return f"{prefix}--{hashlib.sha256(run.encode()).hexdigest()[:RUN_HASH_CHARS]}"
+
+
 def run_label(config: RunConfig) -> str:
-    """The run's name as a Kubernetes label value: lower case letters, digits and dashes, <= 40 chars."""
-    return re.sub(r"[^a-z0-9-]+", "-", config.run.lower()).strip("-")[:40].rstrip("-") or "run"
+    """The run's id (`run_id`): its Workflows' and update JobSets' `openforge.dev/run` label and part of their names."""
+    return run_id(config.run)
 
 
 def workflow_name(config: RunConfig, iteration: int) -> str:
@@ -595,7 +621,7 @@ def run_workflow(config: RunConfig, name: str, templates: list, labels: dict[str
     templates = [*templates, *(policy_template(n, policy) for n, policy in isolation_policies(config).items())]
     return Workflow(
         name=name, namespace=config.namespace, labels={RUN_LABEL: run_label(config), **labels},
-        annotations={"workflows.argoproj.io/description": report_link(config)},
+        annotations={"workflows.argoproj.io/description": report_link(config), RUN_NAME_ANNOTATION: config.run},
         entrypoint=templates[0].name, on_exit="exit", templates=templates,
         service_account_name=config.service_account,
         pod_gc=PodGC(strategy="OnWorkflowSuccess"), ttl_strategy=TTLStrategy(seconds_after_success=7 * 24 * 3600),

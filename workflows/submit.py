@@ -6,6 +6,7 @@
     python workflows/submit.py retry    --run NAME [--iteration N]                # rerun a failed iteration's failed steps
     python workflows/submit.py resubmit --run NAME [--iteration N] [--memoized]   # a fresh copy, reusing succeeded steps
     python workflows/submit.py resume   --run NAME                                # continue after the driver stopped
+    python workflows/submit.py ... --detach        # run, eval, resume, retry, resubmit: the driver as a pod, then return
     python workflows/submit.py eval --harness H --dataset D --k 3 [--model M | --checkpoint RUN:ITERATION] \
         [--upstream URL --upstream-model NAME] [key=value ...]                    # evaluate: every task x k tries
     python workflows/submit.py images --registry R --tag T [--builder B] [--no-push] [--dry-run]  # OpenForge's images
@@ -23,6 +24,11 @@ one's collect DAG has succeeded, at most S ahead of the last ended (`drive_overl
 picks up where a stopped driver left off. A bad config, an unknown harness, an unreachable server or a
 missing dataset stops everything with one sentence and exit code 2 before anything is submitted.
 
+With `--detach` the driver itself runs in the cluster (`workflows.driver`: a Workflow whose one pod runs `resume`,
+reaching the Argo server at `argo_server_in_cluster`), and this command returns once that Workflow is created; the
+run's config is in the store first, so `status`, `retry` and `resume` work from any machine with the store and
+the server. A second `--detach` while the run's driver is still running is refused.
+
 `eval` starts an eval run (docs/eval.md): a run in the store whose run.json says what it evaluates, with one
 evaluation (`workflows.evaluation`, or locally `workflows.local.run_local_eval`); `status`, `retry` and
 `resume` take it like a training run. A training run's `eval_every` evaluations are in its iteration
@@ -37,6 +43,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import fsspec
@@ -58,6 +65,7 @@ from workflows import commands, images, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
 from workflows.config import ConfigError, dataset_path, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.driver import driver_workflow, workflow_name as driver_workflow_name  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402
@@ -82,6 +90,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print every Workflow of the run as YAML; submit nothing")
     p.add_argument("--iteration", type=int, help="the iteration to retry or resubmit (default: the first failed)")
     p.add_argument("--memoized", action="store_true", help="resubmit reusing the outputs of succeeded steps")
+    p.add_argument("--detach", action="store_true", help="run the driver itself in the cluster (a Workflow) and return")
     p.add_argument("--poll", type=float, default=10.0, help="seconds between status polls (default 10)")
     p.add_argument("--dataset", help="eval: the tasks to evaluate on; images: the tasks whose images to build")
     p.add_argument("--k", help="eval: tries per task, the k of pass@k and pass^k (default: the config's eval_k)")
@@ -214,7 +223,8 @@ def argo_client(config: RunConfig) -> ArgoClient:
               f"(argo_insecure_tls); anyone on the path can read ARGO_TOKEN", file=sys.stderr)
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # the line above says it once
     verify = config.argo_ca_bundle or not config.argo_insecure_tls
-    return ArgoClient(config.argo_server, os.environ.get("ARGO_TOKEN"), config.namespace, verify=verify)
+    return ArgoClient(config.argo_server, os.environ.get("ARGO_TOKEN"), config.namespace, verify=verify,
+                      token_file=os.environ.get("ARGO_TOKEN_FILE"))  # the detached driver's service account token
 
 
 def checked(workflow: Workflow) -> Workflow:
@@ -239,15 +249,17 @@ def build_workflows(config: RunConfig, evaluation: bool = False) -> list[tuple[s
     return workflows
 
 
-def print_workflows(config: RunConfig, evaluation: bool = False) -> None:
-    """Every Workflow of the run as YAML documents on stdout."""
-    for title, workflow in build_workflows(config, evaluation):
+def print_workflows(config: RunConfig, evaluation: bool = False, detach: bool = False) -> None:
+    """Every Workflow of the run as YAML documents on stdout (with `detach`, the driver's first)."""
+    driver = [(f"the driver of run {config.run}", checked(driver_workflow(config)))] if detach else []
+    for title, workflow in [*driver, *build_workflows(config, evaluation)]:
         print(f"---\n# {title}")
         print(workflow.to_yaml(), end="")
 
 
-def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool = False) -> None:
-    """The cluster preflight (where reachable) and the server's lint of every Workflow; creates nothing."""
+def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool = False, detach: bool = False) -> None:
+    """The cluster preflight (where reachable) and the server's lint of every Workflow (with `detach`, the driver's
+    too); creates nothing."""
     notes, problems = preflight(config)
     for note in notes:
         print(f"preflight: {note}", file=sys.stderr)
@@ -255,6 +267,8 @@ def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool 
         raise ConfigError("; ".join(problems))
     for _, workflow in build_workflows(config, evaluation):
         client.lint(workflow)
+    if detach:
+        client.lint(checked(driver_workflow(config)))
 
 
 def start(config: RunConfig, args: argparse.Namespace) -> int:
@@ -267,43 +281,48 @@ def start(config: RunConfig, args: argparse.Namespace) -> int:
         print(f"run {config.run}: samples at {sampling.describe(unmatched)}, which the update does not reproduce "
               f"(allow_unmatched_sampling: true); every update's metrics name them", file=sys.stderr)
     if args.dry_run:
-        print_workflows(config)
+        print_workflows(config, detach=args.detach)
         return 0
     if not config.argo_server:
-        return run_locally(config)
+        return run_locally(config, detach=args.detach)
     client = argo_client(config)
-    check_before_submit(config, client)
+    check_before_submit(config, client, detach=args.detach)
     if manifest.read_run_config(config.run_url) is not None:
         raise ConfigError(f"run {config.run!r} already exists in {config.store}; continue it with "
                           f"`python workflows/submit.py resume --run {config.run}`")
     manifest.write_run_config(config.run_url, config.to_dict())
     print(f"run {config.run}: {config.iterations} iterations, manifest in {layout.manifest_url(config.run_url)}", flush=True)
-    return drive(config, client, args.poll)
+    return detach(config, client) if args.detach else drive(config, client, args.poll)
 
 
 def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> int:
     """A new eval run: print its Workflow (--dry-run), run it locally, or check, record and submit it."""
     if args.dry_run:
-        print_workflows(config, evaluation=True)
+        print_workflows(config, evaluation=True, detach=args.detach)
         return 0
     if manifest.read_run_config(config.run_url) is not None:
         raise ConfigError(f"run {config.run!r} already exists in {config.store}; continue it with "
                           f"`python workflows/submit.py resume --run {config.run}`")
     if not config.argo_server:
-        return run_locally(config, evaluates)
+        return run_locally(config, evaluates, detach=args.detach)
     client = argo_client(config)
-    check_before_submit(config, client, evaluation=True)
+    check_before_submit(config, client, evaluation=True, detach=args.detach)
     manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
     print(f"eval {config.run}: {evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
           f"k={config.eval_k}; manifest in {layout.manifest_url(config.run_url)}", flush=True)
+    if args.detach:
+        return detach(config, client)
     return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
 
 
-def run_locally(config: RunConfig, evaluates: dict | None = None) -> int:
+def run_locally(config: RunConfig, evaluates: dict | None = None, detach: bool = False) -> int:
     """The embedded default: the local runner (imported here so Argo runs never need it); an eval run's when
-    `evaluates` says what it evaluates."""
+    `evaluates` says what it evaluates. `detach` (a driver in a cluster) is a ConfigError: there is none."""
     from workflows.local import run_local, run_local_eval
 
+    if detach:
+        raise ConfigError("--detach runs the driver in the cluster; give the Argo server with --argo-server URL "
+                          "or ARGO_SERVER")
     try:
         return run_local(config) if evaluates is None else run_local_eval(config, evaluates)
     except NotImplementedError as exc:
@@ -552,7 +571,20 @@ def show_status(config: RunConfig, evaluates: dict | None) -> int:
                   f"{numbers.get('infra_errors')} infra errors, {cell(numbers.get('harness_killed'))} harnesses killed"
                   if numbers else "")
         print(f"eval {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}{scores}")
+    if client:
+        show_driver(config, client)
     return 0
+
+
+def show_driver(config: RunConfig, client: ArgoClient) -> None:
+    """The line of the run's detached driver (`--detach`), where it has one: its live phase and UI link."""
+    name = driver_workflow_name(config)
+    try:
+        phase = client.phase_if_any(name)
+    except ArgoError:  # the server is down: the lines above said what the manifest knows
+        return
+    if phase is not None:
+        print(f"driver: {phase or 'Pending':<10} {name}  {client.ui_link(name)}")
 
 
 def act(config: RunConfig, args: argparse.Namespace) -> int:
@@ -562,7 +594,7 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
     if args.action == "status":
         return show_status(config, evaluates)
     if args.action == "resume" and not config.argo_server:
-        return run_locally(config, evaluates)
+        return run_locally(config, evaluates, detach=args.detach)
     client = argo_client(config)
     if args.action in ("retry", "resubmit"):
         entry = pick(config, args.iteration, evaluates is not None)
@@ -575,6 +607,9 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
         (mark_eval if isinstance(entry, EvalRecord) else mark)(config, entry.iteration, name, "Running")
         if args.action == "retry" and config.max_staleness and isinstance(entry, IterationRecord):
             retry_stopped_behind(config, client, entry)  # after the mark: their wait reads it as running again
+    if args.detach:
+        client.lint(checked(driver_workflow(config)))
+        return detach(config, client)
     if evaluates is not None:
         return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
     return drive(config, client, args.poll)
@@ -622,6 +657,30 @@ def start_task_images(config: RunConfig, args: argparse.Namespace) -> int:
     phase = client.wait(name, args.poll)
     print(f"task images: {phase}")
     return 0 if phase == "Succeeded" else 1
+def detach(config: RunConfig, client: ArgoClient, gone_s: float = 60.0) -> int:
+    """Creates the run's driver Workflow (`workflows.driver`) and returns 0. One still running is a ConfigError;
+    an ended one of this run is deleted first (its name is the run's one driver name). The run's config is already
+    in the store, so `status`, `retry` and `resume` work from any machine with the store and the server."""
+    workflow = driver_workflow(config)
+    name = str(workflow.name)
+    phase = client.phase_if_any(name)
+    if phase is not None:
+        client.check_owner(name, config.run)
+        if phase not in DONE:
+            raise ConfigError(f"run {config.run!r} already has a driver running in the cluster (workflow {name}, "
+                              f"{phase or 'Pending'}); follow it with `python workflows/submit.py status --run "
+                              f"{config.run}`, or stop that workflow first")
+        client.delete(name)
+        deadline = time.monotonic() + gone_s
+        while client.phase_if_any(name) is not None:  # Kubernetes deletes asynchronously; the create needs the name
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the run's ended driver workflow {name} was not deleted within {gone_s:.0f} s; "
+                                  f"delete it (argo delete {name}) and detach again")
+            time.sleep(1.0)
+    client.create(workflow)
+    print(f"run {config.run}: the driver runs in the cluster as workflow {name}: {client.ui_link(name)}; "
+          f"follow it with `python workflows/submit.py status --run {config.run}`", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -633,6 +692,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.registry or args.tag or args.builder:
             raise ConfigError("--registry, --tag and --builder are flags of `python workflows/submit.py images`")
         check_eval_flags(args)
+        if args.detach and args.action == "status":
+            raise ConfigError("--detach starts the run's driver in the cluster; `status` only reads the run")
         if args.action == "eval":
             return start_eval(*build_eval_config(args), args)
         config = build_config(args)

@@ -72,6 +72,8 @@ class RunConfig:
     report_url_base: str = ""  # an http(s) URL serving the store's root to browsers: the Workflows link the report there
     # the cluster (used only with an Argo server)
     argo_server: str = ""  # empty: run locally
+    argo_server_in_cluster: str = "https://argo-server.argo:2746"  # the Argo Server as a pod reaches it: the --detach driver's
+    driver_deadline_s: int = 7 * 24 * 3600  # --detach: each attempt of the driver pod is stopped after this long
     namespace: str = "openforge"
     service_account: str = "openforge"
     s3_secret: str = "openforge-s3"  # keys access-key, secret-key
