@@ -47,7 +47,8 @@ from steps.contracts import layout  # noqa: E402
 from workflows import commands, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
-from workflows.config import ConfigError, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.config import REPO_ROOT, ConfigError, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.datasets import stage_datasets  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402
@@ -237,6 +238,7 @@ def start(config: RunConfig, args: argparse.Namespace) -> int:
     if manifest.read_run_config(config.run_url) is not None:
         raise ConfigError(f"run {config.run!r} already exists in {config.store}; continue it with "
                           f"`python workflows/submit.py resume --run {config.run}`")
+    stage(config)
     manifest.write_run_config(config.run_url, config.to_dict())
     print(f"run {config.run}: {config.iterations} iterations, manifest in {layout.manifest_url(config.run_url)}", flush=True)
     return drive(config, client, args.poll)
@@ -254,10 +256,21 @@ def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> 
         return run_locally(config, evaluates)
     client = argo_client(config)
     check_before_submit(config, client, evaluation=True)
+    stage(config)
     manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
     print(f"eval {config.run}: {evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
           f"k={config.eval_k}; manifest in {layout.manifest_url(config.run_url)}", flush=True)
     return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
+
+
+def stage(config: RunConfig) -> None:
+    """Uploads the run's datasets into its store, where its pods read them, and pins them in the manifest
+    (`workflows.datasets`)."""
+    record = stage_datasets(config, REPO_ROOT)
+    for name, staged in record.items():
+        print(f"run {config.run}: {len(staged['tasks'])} tasks of {staged['source']} uploaded to "
+              f"{layout.dataset_url(layout.datasets_url(config.run_url), name)} (sha256 {staged['sha256'][:12]})",
+              flush=True)
 
 
 def run_locally(config: RunConfig, evaluates: dict | None = None) -> int:
