@@ -27,7 +27,7 @@ from steps import datasets, manifest, plan
 from steps.contracts import layout
 from steps.settings import ConfigError
 from steps.tasks import BUILTIN_DATASET
-from test_workflows import cluster_config, s3_store  # noqa: F401 (a fixture)
+from test_workflows import cluster_config, drive, fake_argo, s3_store  # noqa: F401 (fixtures)
 from workflows import local
 from workflows.datasets import check_dataset, stage_datasets
 from workflows.config import REPO_ROOT
@@ -82,11 +82,30 @@ def test_an_s3_dataset_is_snapshotted_into_the_run(tmp_path: Path, s3_store: str
     assert sorted(item["task"] for item in run_plan(stored, capsys)) == sorted(TASKS)
 
 
+def test_submit_uploads_the_dataset_before_creating_a_workflow(tmp_path: Path, fake_argo, s3_store: str,
+                                                                capsys) -> None:
+    folder = copy_tasks(tmp_path / "mine")
+    assert drive(fake_argo, s3_store, "run=sub-ds", "iterations=1", f"dataset={folder}") == 0
+    record = manifest.read_json(layout.datasets_record_url(f"{s3_store}/sub-ds"))
+    assert record["train"]["source"] == str(folder) and len(record["train"]["tasks"]) == 2
+    assert "2 tasks of" in capsys.readouterr().out
+    # A broken task stops the run before any Workflow is created (only the lint came before).
+    shutil.rmtree(folder / "hello-file" / "tests")
+    fake_argo.requests.clear()
+    assert drive(fake_argo, s3_store, "run=sub-broken", "iterations=1", f"dataset={folder}") == 2
+    assert "config key 'dataset': task hello-file" in capsys.readouterr().err
+    assert {path for _, path, _, _ in fake_argo.calls("POST")} == {"/api/v1/workflows/openforge/lint"}
+    assert manifest.read_run_config(f"{s3_store}/sub-broken") is None
+
+
 def test_a_dataset_that_cannot_be_used_is_refused_naming_the_key(tmp_path: Path, s3_store: str) -> None:
     with pytest.raises(ConfigError, match=r"^config key 'dataset': '.*nowhere' does not exist"):
         cluster_config(f"store={s3_store}", f"dataset={tmp_path / 'nowhere'}")
     with pytest.raises(ConfigError, match=r"config key 'dataset': the s3 prefix .* holds no task folder"):
         cluster_config(f"store={s3_store}", f"dataset={s3_store}/empty")
+    with pytest.raises(ConfigError, match=r"config key 'dataset': the s3 prefix 's3://no-such-bucket/t' (cannot be "
+                                          r"read|holds no task folder)"):
+        cluster_config(f"store={s3_store}", "dataset=s3://no-such-bucket/t")
     with pytest.raises(ConfigError, match=r"config key 'eval_dataset': .* does not exist"):
         cluster_config(f"store={s3_store}", f"eval_dataset={tmp_path / 'nowhere'}")
     # Control: the same keys with a dataset that is there load.
