@@ -29,6 +29,7 @@ from steps import metrics
 from steps.manifest import write_json
 from steps.plan import MAX_EVAL_K, attempt_of, planned_id
 from steps.contracts.rollout import INFRA_ERROR, RolloutResult, harness_killed
+from steps.datasets import local_copy
 from steps.tasks import DatasetError, load_dataset
 from steps.trajectories.collect import CollectError, load_results
 
@@ -226,8 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         results = load_results(args.results)
-        tasks, broken = load_dataset(args.dataset) if args.dataset else ([], [])
-    except (CollectError, DatasetError) as exc:
+        tasks, broken = ([], [])
+        if args.dataset:  # an Argo run's is its snapshot in the store: only the task names are used
+            with local_copy(args.dataset) as dataset:
+                tasks, broken = load_dataset(dataset)
+    except (CollectError, DatasetError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # The plan the rollouts ran (steps.plan --eval): a try that wrote no result is still counted.

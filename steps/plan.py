@@ -21,7 +21,8 @@ sample. Tasks rotate through a seeded shuffle of the dataset, so consecutive ite
 rerun plans the same rollouts. `--eval` plans an evaluation of the checkpoint iteration N serves instead: every
 task of the dataset, in name order, `--samples-per-task` tries each (its k), with ids `ev<N>-<task>-s<i>`, which
 never collide with a training rollout's `it<N>-...` in the proxy's store the two share. Broken tasks are skipped
-with a warning on stderr; exit code 2 when no task can be loaded.
+with a warning on stderr; exit code 2 when no task can be loaded. A `--dataset` URL (an Argo run's snapshot in the
+store, `steps.datasets`) is read from a temporary copy, and each item's `task` is then its folder in the snapshot.
 """
 
 import argparse
@@ -31,6 +32,7 @@ import sys
 from pathlib import Path
 
 from steps.contracts.rollout import PlannedRollout, plan_json
+from steps.datasets import is_url, local_copy
 from steps.tasks import DatasetError, Task, load_dataset
 
 # Seconds a rollout gets beyond its task's agent and verifier timeouts: registering, sandbox, copying tests.
@@ -134,17 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.eval and not 1 <= args.samples_per_task <= MAX_EVAL_K:
         p.error(f"--samples-per-task of an evaluation (its k) must be 1 to {MAX_EVAL_K}, got {args.samples_per_task}")
     try:
-        tasks, errors = load_dataset(args.dataset)
-    except DatasetError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        with local_copy(args.dataset) as dataset:
+            tasks, errors = load_dataset(dataset)
+            rollouts = plan(tasks, args.iteration, args.tasks_per_iteration or 0, args.samples_per_task, args.seed,
+                            args.image_prefix, root=dataset if is_url(args.dataset) else None,
+                            evaluation=args.eval)
+    except (DatasetError, OSError) as exc:
+        print(f"error: dataset {args.dataset} cannot be read: {exc}", file=sys.stderr)
         return 2
     for error in errors:
         print(f"warning: skipping broken task {error.task}: {error.message}", file=sys.stderr)
     if not tasks:
         print(f"error: no task of {args.dataset} could be loaded", file=sys.stderr)
         return 2
-    rollouts = plan(tasks, args.iteration, args.tasks_per_iteration or 0, args.samples_per_task, args.seed,
-                    args.image_prefix, evaluation=args.eval)
     if args.app_rollouts is not None:
         args.app_rollouts.write_text(plan_json([r for r in rollouts if r.app]))
         rollouts = [r for r in rollouts if not r.app]

@@ -80,6 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, required=True, help="the proxy's port")
     p.add_argument("--store", required=True, help="local folder or s3:// URL for recorded calls")
     p.add_argument("--host", default="127.0.0.1", help="the proxy's interface (0.0.0.0 in a pod)")
+    p.add_argument("--tasks", default="", help="the run's dataset snapshots, which the proxy serves to rollout pods")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--gpus", type=int, default=1, help="GPUs of each replica (vLLM's tensor parallelism)")
     p.add_argument("--replicas", type=int, default=1, help="vLLM servers behind the one proxy")
@@ -147,6 +148,7 @@ def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int], model: str
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
                               weight_version=args.weight_version, sampling=args.sampling,
                               image_limit=args.image_limit if vision else 0, limits=args.limits,
+                              extra=["--tasks", args.tasks] if args.tasks else [],
                               tool_images=vision and template.is_file() and renders_tool_images(template.read_text()))
 
 
@@ -191,7 +193,8 @@ def upstream_proxy_argv(args: argparse.Namespace) -> list[str]:
     return proxy_command_line(upstream_base(args.upstream), args.store, args.port, host=args.host,
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
                               weight_version=args.weight_version, sampling=args.sampling,
-                              upstream_model=args.upstream_model or args.model_name, external=True, limits=args.limits)
+                              upstream_model=args.upstream_model or args.model_name, external=True, limits=args.limits,
+                              extra=["--tasks", args.tasks] if args.tasks else [])
 
 
 def serve_upstream(args: argparse.Namespace) -> int:

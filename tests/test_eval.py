@@ -297,7 +297,7 @@ def training_run(store: Path, name: str = "trained", iterations_written: int = 1
     (["--k", "100000000000000000000"], "--k must be a whole number from 1 to 100 (tries per task), got '1000"),
     (["eval_k=101"], "config key 'eval_k' must be at most 100 (tries per task), got 101"),
     (["--upstream-model", "m"], "config key 'upstream_model' names the model an upstream serves; give the upstream"),
-    (["--dataset", "no/such/tasks"], "dataset 'no/such/tasks' does not exist"),
+    (["--dataset", "no/such/tasks"], "config key 'dataset': 'no/such/tasks' does not exist"),
     (["--upstream", "ftp://x"], "config key 'upstream' must be an http:// or https:// URL"),
     (["--upstream", "http://x:8000", "--model", "m"], "--upstream evaluates the model that server serves"),
 ])
@@ -413,8 +413,10 @@ def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folder
     assert "update" not in templates and spec["onExit"] == "exit"
     outer = {t["name"]: t.get("depends") for t in templates["evaluation"]["dag"]["tasks"]}
     assert outer == {"collect": None, "evaluate": "collect.Succeeded || collect.Failed"}
-    assert templates["plan"]["container"]["command"] == commands.plan(config, 0, evaluation=True, app_rollouts=APP_ROLLOUTS_FILE)
-    assert templates["evaluate"]["container"]["command"] == commands.evaluate(config, 0)
+    stored = commands.stored_dataset_url(config, evaluation=True)
+    assert templates["plan"]["container"]["command"] == commands.plan(config, 0, evaluation=True,
+                                                                      app_rollouts=APP_ROLLOUTS_FILE, dataset=stored)
+    assert templates["evaluate"]["container"]["command"] == commands.evaluate(config, 0, dataset=stored)
     assert templates["record"]["container"]["command"] == commands.record_eval(config, 0, "{{workflow.name}}",
                                                                                "{{workflow.status}}")
     key = templates["rollout"]["outputs"]["artifacts"][0]["s3"]["key"]

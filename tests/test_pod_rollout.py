@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from steps.datasets import folder_name
 from steps.harnesses import cache_root
 from steps.sandbox.pod import AGENT_UID
 from steps.sandbox import LocalSandbox
@@ -59,6 +60,9 @@ mount -t proc proc proc
 cp -a "$APP" opt/openforge/app
 mount --bind "$OUT" tmp/rollout
 chroot . /bin/sh -c "$LAYOUT"
+# What the `task` init container fetches from the proxy (steps.datasets, tested in test_datasets.py) into the root-only
+# folder: here copied from the host.
+mkdir -p openforge/private/tasks && cp -a "$TASK_DIR" "openforge/private/tasks/$TASK_FOLDER"
 rm -rf opt/openforge  # the steps image's files are not in the task's image
 for open in $WORLD_WRITABLE; do  # what the image would leave open to everyone: a tmpfs where /usr, /etc are bound
   case "$open" in
@@ -139,7 +143,7 @@ def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: 
     root.mkdir()
     rollout_id = f"pod-{harness}-{task.name}-{uuid.uuid4().hex[:6]}"
     config = load_config(REPO / "configs" / "cluster-example.yaml", ["run=pod", f"harness={harness}", "model_name=tiny"])
-    argv, env = rollout_pod(config, {"task": str(relative), "rollout_id": rollout_id, "sample": "0",
+    argv, env = rollout_pod(config, {"task": folder_name(task.name), "rollout_id": rollout_id, "sample": "0",
                                      "proxy_url": proxy.url if proxy else "http://127.0.0.1:9"})
     if driver is not None:
         argv = [argv[0], "-P", "-c", driver, argv[argv.index("--task") + 1]]
@@ -151,7 +155,8 @@ def run_in_pod(proxy, task_dir: Path, harness: str, tmp_path: Path, extra_args: 
              "PYTHON": sys.base_prefix, "SITE": sysconfig.get_path("purelib"),
              "SITE_IN_PYTHON": f"lib/{python_version}/site-packages", "HARNESSES": str(cache_root()),
              "WORKDIR": image.workdir, "PATH": os.environ["PATH"], "RUNNER_UID": str(runner_uid or ""),
-             "WORLD_WRITABLE": " ".join(world_writable), "SYSTEM": "", "APP_CMD": ""}
+             "WORLD_WRITABLE": " ".join(world_writable), "SYSTEM": "", "APP_CMD": "",
+             "TASK_DIR": str(app / relative), "TASK_FOLDER": folder_name(task.name)}
     if with_app:
         (tmp_path / "app-state").mkdir(mode=0o700)  # as the init container leaves the volume
         setup |= {"SYSTEM": str(image.fs), "APP_CMD": task.config.app, "APP_STATE": str(tmp_path / "app-state"),

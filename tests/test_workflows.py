@@ -207,7 +207,8 @@ def test_commands_are_the_templates_commands() -> None:
     config = cluster_config("run=t")
     spec = iteration_workflow(config, 1).to_dict()["spec"]
     argv = {t["name"]: t["container"]["command"] for t in spec["templates"] if "container" in t}
-    assert argv["plan"] == commands.plan(config, 1, app_rollouts=APP_ROLLOUTS_FILE)
+    assert argv["plan"] == commands.plan(config, 1, app_rollouts=APP_ROLLOUTS_FILE,
+                                         dataset=commands.stored_dataset_url(config))
     assert argv["update"] == commands.update(config, layout.run_partition_url(config.run_url, "t", 1), config.checkpoint_url(1),
                                              config.checkpoint_url(2))
     assert argv["trajectories"][:3] == ["python", "-m", "steps.trajectories"]
@@ -235,7 +236,7 @@ def test_rollout_pod_is_the_sandbox() -> None:
     rollout = next(t for t in spec["templates"] if t["name"] == "rollout")
     argv = rollout["container"]["command"]
     assert argv[argv.index("--isolation") + 1] == "pod" and "--agent-uid" not in argv
-    assert argv[argv.index("--task") + 1] == f"{PRIVATE}/app/{{{{inputs.parameters.task}}}}"
+    assert argv[argv.index("--task") + 1] == f"{PRIVATE}/tasks/{{{{inputs.parameters.task}}}}"  # fetched by `task`
     assert rollout["automountServiceAccountToken"] is False and "workingDir" not in rollout["container"]
     assert rollout["container"]["resources"] == rollout_resources(config, task=False)
     assert rollout["podSpecPatch"] == rollout_pod_patch(config)
@@ -508,7 +509,7 @@ def test_vllm_listens_on_the_serve_pods_loopback_only() -> None:
     (["iteratons=3"], "unknown config key 'iteratons' (in the override iteratons=3) (did you mean iterations?)"),
     (["algorithm=rloo"], "config key 'algorithm' (in the override algorithm=rloo) was renamed to 'adv_estimator'"),
     (["iterations=two"], "config key 'iterations' must be a whole number, got 'two'"),
-    (["dataset=no/such/tasks"], "dataset 'no/such/tasks' does not exist"),
+    (["dataset=no/such/tasks"], "config key 'dataset': 'no/such/tasks' does not exist"),
     (["--config", "configs/nope.yaml"], "cannot read config file configs/nope.yaml"),
     (["--dry-run"], "config key 'store' must be an s3:// URL for an Argo run"),
 ])

@@ -30,20 +30,23 @@ def update_overrides(config: RunConfig) -> list[str]:
 # ---- the commands ----
 
 def serve(config: RunConfig, model: str, store: str, weight_version: str | int, host: str = "127.0.0.1",
-          device: str = "cpu", port: int = PROXY_PORT, python: str = "python", model_dir: str | None = None) -> list[str]:
+          device: str = "cpu", port: int = PROXY_PORT, python: str = "python", model_dir: str | None = None,
+          tasks: str | None = None) -> list[str]:
     """vLLM on `model` (a folder, or a URL fetched to `model_dir`) plus the recording proxy on
     `host:port` (`steps.serve`), `serve_replicas` vLLM servers behind it when more than one; with
     `config.upstream`, only the proxy, in front of that server (no `model`, no vLLM options: `upstream_model`,
     empty for `model_name`, is what it is sent).
 
-    What one rollout may take (`steps.proxy.config.ROLLOUT_LIMITS`) is passed only where the run changes it.
+    What one rollout may take (`steps.proxy.config.ROLLOUT_LIMITS`) is passed only where the run changes it. With
+    `tasks` (an Argo run's `layout.datasets_url`), the proxy serves rollout pods their task folders from there.
 
     >>> serve(RunConfig(upstream="http://10.0.0.5:8000", model_name="m"), "unused", "calls", 0)[:7]
     ['python', '-m', 'steps.serve', '--upstream', 'http://10.0.0.5:8000', '--upstream-model', 'm']
     >>> serve(RunConfig(store_quota_mb=64), "m", "calls", 0)[-2:]
     ['--store-quota-mb', '64']
     """
-    proxy = ["--model-name", config.model_name, "--port", str(port), "--store", store, "--host", host]
+    proxy = ["--model-name", config.model_name, "--port", str(port), "--store", store, "--host", host,
+             *(["--tasks", tasks] if tasks else [])]
     if config.upstream:
         return [python, "-m", "steps.serve", "--upstream", config.upstream,
                 "--upstream-model", config.upstream_model or config.model_name, *proxy,
@@ -90,16 +93,32 @@ def task_image_prefix(config: RunConfig) -> str:
     return f"{config.image_registry}/task-"
 
 
+def stored_dataset(config: RunConfig, evaluation: bool = False) -> str:
+    """Which of an Argo run's dataset snapshots (`layout.DATASETS`) its rollouts (with `evaluation`, its
+    evaluations') read: the eval one only where the run has an `eval_dataset` of its own.
+
+    >>> stored_dataset(RunConfig(), evaluation=True), stored_dataset(RunConfig(eval_dataset="held-out"), True)
+    ('train', 'eval')
+    """
+    return layout.EVAL_DATASET if evaluation and config.eval_dataset else layout.TRAIN_DATASET
+
+
+def stored_dataset_url(config: RunConfig, evaluation: bool = False) -> str:
+    """The URL of that snapshot in the run's store (what an Argo run's plan and evaluate steps read)."""
+    return layout.dataset_url(layout.datasets_url(config.run_url), stored_dataset(config, evaluation))
+
+
 def plan(config: RunConfig, iteration: int | str, python: str = "python", evaluation: bool = False,
-         app_rollouts: str | None = None) -> list[str]:
+         app_rollouts: str | None = None, dataset: str | None = None) -> list[str]:
     """Prints the iteration's rollouts as a JSON list (`steps.plan`); with `evaluation`, those of the
     evaluation of its checkpoint: every task of `eval_dataset`, `eval_k` tries each. With `app_rollouts`, those
-    of tasks with an `[environment] app` go to that file instead."""
+    of tasks with an `[environment] app` go to that file instead. `dataset`: read that instead of the config's
+    (an Argo run's snapshot in the store, `stored_dataset_url`)."""
     if evaluation:
-        chosen = ["--eval", "--dataset", config.evaluation_dataset, "--iteration", str(iteration),
+        chosen = ["--eval", "--dataset", dataset or config.evaluation_dataset, "--iteration", str(iteration),
                   "--samples-per-task", str(config.eval_k)]
     else:
-        chosen = ["--dataset", config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
+        chosen = ["--dataset", dataset or config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
                   str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task)]
     return [python, "-m", "steps.plan", *chosen, "--seed", str(config.seed),
             "--image-prefix", task_image_prefix(config),
@@ -153,13 +172,20 @@ def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int
             *model, *stale]
 
 
-def evaluate(config: RunConfig, iteration: int | str, python: str = "python") -> list[str]:
+def fetch_task(proxy_url: str, dataset: str, task: str, into: str, python: str = "python") -> list[str]:
+    """Fetches one task folder of an Argo run's dataset snapshot `dataset` from the proxy into `into/<task>`
+    (`steps.datasets fetch-task`, with the admin key from the environment)."""
+    return [python, "-m", "steps.datasets", "fetch-task", "--proxy-url", proxy_url, "--dataset", dataset,
+            "--task", task, "--into", into]
+
+
+def evaluate(config: RunConfig, iteration: int | str, python: str = "python", dataset: str | None = None) -> list[str]:
     """The evaluation of iteration `iteration`'s checkpoint from its results: the table, summary.json
-    (`steps.evaluate`)."""
+    (`steps.evaluate`); `dataset` as in `plan`."""
     served, model = config.evaluated(iteration)
     return [python, "-m", "steps.evaluate", "--results", layout.eval_results_url(config.run_url, iteration),
             "--k", str(config.eval_k), "--out", layout.eval_summary_url(config.run_url, iteration),
-            "--harness", config.harness, "--dataset", config.evaluation_dataset, "--checkpoint", served,
+            "--harness", config.harness, "--dataset", dataset or config.evaluation_dataset, "--checkpoint", served,
             "--model", model, "--iteration", str(iteration)]
 
 

@@ -20,6 +20,7 @@ from steps.settings import ConfigError
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
 from steps.update import config as update_config
 from steps.vllm_server import check_vllm_args
+from workflows import datasets
 from workflows.commands import update_overrides
 from steps.contracts.config import RunConfig
 
@@ -114,13 +115,11 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if config.upstream and not net.is_upstream_url(config.upstream):
         # Not echoed: a URL refused here may hold a password or a key.
         raise ConfigError(f"config key 'upstream' must be {net.UPSTREAM_URL}: the base of an OpenAI-compatible server")
-    if check_dataset and config.eval_dataset and not dataset_path(config, config.eval_dataset).exists():
-        raise ConfigError(f"eval_dataset {config.eval_dataset!r} does not exist (looked in "
-                          f"{dataset_path(config, config.eval_dataset)}); give a task folder, a folder of task "
-                          f"folders, or a .txt/.yaml list")
-    if check_dataset and not dataset_path(config).exists():
-        raise ConfigError(f"dataset {config.dataset!r} does not exist (looked in {dataset_path(config)}); "
-                          f"give a task folder, a folder of task folders, or a .txt/.yaml list")
+    if not config.dataset_registry:
+        raise ConfigError("config key 'dataset_registry' is empty; give the URL or path of Harbor's registry.json")
+    for key in ("eval_dataset", "dataset") if check_dataset else ():
+        if getattr(config, key):
+            datasets.check_dataset(config, key, REPO_ROOT)
 
 
 def check_access(config: RunConfig) -> None:
@@ -192,13 +191,6 @@ def check_update_config(config: RunConfig) -> None:
                           f"epochs and seed): {exc}") from None
 
 
-def dataset_path(config: RunConfig, dataset: str | None = None) -> Path:
-    """The dataset (or another one, `dataset`) on this machine: absolute, or relative to the repository (where
-    the steps image has it)."""
-    path = Path(config.dataset if dataset is None else dataset)
-    return path if path.is_absolute() else REPO_ROOT / path
-
-
 def validate_for_argo(config: RunConfig) -> None:
     """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3 (and so
     must the model, unless an `upstream` serves the evaluation and nothing is loaded)."""
@@ -206,10 +198,10 @@ def validate_for_argo(config: RunConfig) -> None:
         if not getattr(config, key).startswith("s3://"):
             raise ConfigError(f"config key {key!r} must be an s3:// URL for an Argo run (pods share no folder), "
                               f"got {getattr(config, key)!r}")
-    for key in ("dataset", "update_config"):
-        if Path(getattr(config, key)).is_absolute():
-            raise ConfigError(f"config key {key!r} must be relative to the repository for an Argo run "
-                              f"(the images hold the repository at /opt/openforge/app), got {getattr(config, key)!r}")
+    # The datasets go to the store at submit (workflows.datasets); the update's config is read in the images.
+    if Path(config.update_config).is_absolute():
+        raise ConfigError(f"config key 'update_config' must be relative to the repository for an Argo run "
+                          f"(the images hold it at /opt/openforge/app), got {config.update_config!r}")
     if config.s3_credentials == "pod-identity" and config.rollout_service_account in ("", config.service_account):
         raise ConfigError(f"config key 'rollout_service_account' must name a service account other than "
                           f"service_account ({config.service_account!r}) when s3_credentials is pod-identity: the "

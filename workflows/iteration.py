@@ -54,6 +54,7 @@ from workflows.config import egress_cidrs
 
 SHARED = "/openforge"  # the emptyDir the init containers fill in a rollout pod
 PRIVATE = f"{SHARED}/private"  # root-only (0700): the tasks with their verifiers and oracles, for the runner alone
+TASKS = f"{PRIVATE}/tasks"  # the rollout's task folder, fetched from the proxy by the `task` init container
 MODELS_VOLUME = "/models"  # the serve pod's emptyDir: the checkpoint it serves
 MODEL_DIR = f"{MODELS_VOLUME}/current"
 # The rollout exits 3 for infra_error and only that is retried; exitCode is a string in Argo expressions.
@@ -196,7 +197,8 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     steps image (no vLLM), no GPU, no checkpoint."""
     first = iteration if config.upstream else commands.served_first(config, iteration)
     command = commands.serve(config, config.checkpoint_url(first), layout.calls_url(config.run_url), first,
-                             host="0.0.0.0", device="gpu", model_dir=MODEL_DIR)
+                             host="0.0.0.0", device="gpu", model_dir=MODEL_DIR,
+                             tasks=layout.datasets_url(config.run_url))
     command += [] if config.upstream else commands.follow_flags(config, iteration)
     env = admin_env(config) + s3_env(config)
     if config.upstream:  # its key, if it needs one: the admin Secret's optional `upstream-api-key`
@@ -219,9 +221,12 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
 def plan_template(config: RunConfig, iteration: int, evaluation: bool = False, name: str = "plan") -> Container:
     """Prints the iteration's rollouts (with `evaluation`, its checkpoint's evaluation's) as a JSON list on
     stdout, `{{tasks.plan.outputs.result}}`, but for those of tasks with an `[environment] app`, which are the
-    output parameter `app-rollouts` (each list may be empty: its fan-out is then skipped)."""
+    output parameter `app-rollouts` (each list may be empty: its fan-out is then skipped). It reads the run's
+    dataset snapshot in the store (`workflows.datasets`), so each item's task is its folder there."""
     return Container(name=name, image=image(config, "steps"), working_dir="/opt/openforge/app",
-                     command=commands.plan(config, iteration, evaluation=evaluation, app_rollouts=APP_ROLLOUTS_FILE),
+                     command=commands.plan(config, iteration, evaluation=evaluation, app_rollouts=APP_ROLLOUTS_FILE,
+                                           dataset=commands.stored_dataset_url(config, evaluation)),
+                     env=s3_env(config),
                      outputs=[Parameter(name=APP_ROLLOUTS, value_from=ValueFrom(path=APP_ROLLOUTS_FILE))],
                      resources=Resources(cpu_request=0.5, memory_request="512Mi"))
 
@@ -258,6 +263,19 @@ def init_containers(config: RunConfig) -> list[UserContainer]:
         copies.append(UserContainer(name="harness", image=image(config, "harness"), volume_mounts=mount,
                                     command=["sh", "-c", copy_harness]))
     return copies
+
+
+def task_init_container(config: RunConfig, evaluation: bool = False) -> UserContainer:
+    """Fetches the rollout's task folder from the proxy into the root-only `TASKS` (after `init_containers` made
+    `PRIVATE`), with the admin key, which the agent never holds: a rollout pod reaches only the proxy, never S3.
+
+    Argo substitutes `{{inputs.parameters.*}}` throughout the template, init containers included (its
+    workflow/common/util.go `SubstituteParams` replaces them in the whole template's JSON, as the app sidecar's
+    image relies on too)."""
+    command = commands.fetch_task("{{inputs.parameters.proxy_url}}", commands.stored_dataset(config, evaluation),
+                                  "{{inputs.parameters.task}}", TASKS)
+    return UserContainer(name="task", image=image(config, "steps"), command=command, env=admin_env(config),
+                         volume_mounts=[VolumeMount(name="openforge", mount_path=SHARED)])
 
 
 def app_sidecar(config: RunConfig) -> tuple[list[UserContainer], UserContainer, list]:
@@ -355,7 +373,8 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
     # folder, so that a retry never overwrites the infra error before it: every attempt is counted.
     result_url = (layout.eval_result_url if evaluation else layout.result_url)(
         config.run_url, iteration, layout.retry_folder("{{inputs.parameters.rollout_id}}", "{{retries}}"))
-    inits, sidecars, volumes = init_containers(config), [], [EmptyDirVolume(name="openforge", mount_path=SHARED)]
+    inits, sidecars, volumes = ([*init_containers(config), task_init_container(config, evaluation)], [],
+                                [EmptyDirVolume(name="openforge", mount_path=SHARED)])
     if app:
         app_inits, sidecar, app_volumes = app_sidecar(config)
         inits, sidecars, volumes = inits + app_inits, [sidecar], volumes + app_volumes
@@ -364,7 +383,7 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
         inputs=[Parameter(name=n) for n in ("task", "sample", "rollout_id", "image", "deadline", *RESOURCE_INPUTS,
                                             "proxy_url", *(["app"] if app else []))],
         init_containers=inits, sidecars=sidecars or None, volumes=volumes,
-        command=commands.rollout(config, f"{PRIVATE}/app/{{{{inputs.parameters.task}}}}",
+        command=commands.rollout(config, f"{TASKS}/{{{{inputs.parameters.task}}}}",
                                  "{{inputs.parameters.rollout_id}}", "{{inputs.parameters.sample}}",
                                  "{{inputs.parameters.proxy_url}}", out,
                                  python=f"{SHARED}/python/bin/python3", isolation="pod", retry="{{retries}}"),
@@ -419,7 +438,9 @@ def trajectories_template(config: RunConfig, iteration: int, evaluation: bool = 
 def evaluate_template(config: RunConfig, iteration: int) -> Container:
     """The evaluation's summary.json from its results in S3 (`steps.evaluate`; its table is in the pod's log)."""
     return Container(name="evaluate", image=image(config, "steps"), working_dir="/opt/openforge/app",
-                     command=commands.evaluate(config, iteration), env=s3_env(config),
+                     command=commands.evaluate(config, iteration,
+                                               dataset=commands.stored_dataset_url(config, evaluation=True)),
+                     env=s3_env(config),
                      resources=Resources(cpu_request=0.5, memory_request="1Gi"))
 
 

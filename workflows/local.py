@@ -488,10 +488,14 @@ def absolute(config: RunConfig) -> RunConfig:
 
 
 def local_store_problem(config: RunConfig) -> str | None:
-    """Why this config cannot run here (an s3:// store, an update across nodes), or None."""
+    """Why this config cannot run here (an s3:// store, a dataset kept elsewhere, an update across nodes), or None."""
     if "://" in config.store:
         return ("the local runner keeps results and checkpoints on this machine: use a local `store` folder "
                 "(the cluster workflows take s3:// stores)")
+    for key in ("dataset", "eval_dataset"):
+        if "://" in getattr(config, key):
+            return (f"config key {key!r} is {getattr(config, key)!r}, but the local runner reads its tasks in place: "
+                    f"give a folder or list file on this machine (s3:// and harbor:// datasets are for Argo runs)")
     if config.update_nodes > 1:
         return (f"config key 'update_nodes' is {config.update_nodes}, but the local runner runs the update on this "
                 f"one machine: set update_nodes: 1 (update_gpus processes run here), or run on Argo")

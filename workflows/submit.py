@@ -59,12 +59,12 @@ from steps.evaluate import cell, format_table  # noqa: E402
 from steps.contracts.manifest import DONE, EvalRecord, IterationRecord  # noqa: E402
 from steps.metrics import harness_killed_warning  # noqa: E402
 from steps.plan import MAX_EVAL_K  # noqa: E402
-from steps.tasks import DatasetError, load_dataset  # noqa: E402
 from steps.contracts import layout  # noqa: E402
 from workflows import commands, images, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
-from workflows.config import ConfigError, dataset_path, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.config import REPO_ROOT, ConfigError, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.datasets import stage_datasets, tasks_of  # noqa: E402
 from workflows.driver import driver_workflow, workflow_name as driver_workflow_name  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
@@ -290,6 +290,7 @@ def start(config: RunConfig, args: argparse.Namespace) -> int:
     if manifest.read_run_config(config.run_url) is not None:
         raise ConfigError(f"run {config.run!r} already exists in {config.store}; continue it with "
                           f"`python workflows/submit.py resume --run {config.run}`")
+    stage(config)
     manifest.write_run_config(config.run_url, config.to_dict())
     print(f"run {config.run}: {config.iterations} iterations, manifest in {layout.manifest_url(config.run_url)}", flush=True)
     return detach(config, client) if args.detach else drive(config, client, args.poll)
@@ -307,12 +308,23 @@ def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> 
         return run_locally(config, evaluates, detach=args.detach)
     client = argo_client(config)
     check_before_submit(config, client, evaluation=True, detach=args.detach)
+    stage(config)
     manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
     print(f"eval {config.run}: {evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
           f"k={config.eval_k}; manifest in {layout.manifest_url(config.run_url)}", flush=True)
     if args.detach:
         return detach(config, client)
     return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
+
+
+def stage(config: RunConfig) -> None:
+    """Uploads the run's datasets into its store, where its pods read them, and pins them in the manifest
+    (`workflows.datasets`)."""
+    record = stage_datasets(config, REPO_ROOT)
+    for name, staged in record.items():
+        print(f"run {config.run}: {len(staged['tasks'])} tasks of {staged['source']} uploaded to "
+              f"{layout.dataset_url(layout.datasets_url(config.run_url), name)} (sha256 {staged['sha256'][:12]})",
+              flush=True)
 
 
 def run_locally(config: RunConfig, evaluates: dict | None = None, detach: bool = False) -> int:
@@ -631,32 +643,29 @@ def start_task_images(config: RunConfig, args: argparse.Namespace) -> int:
     if not config.store.startswith("s3://"):
         raise ConfigError(f"config key 'store' must be an s3:// URL to build task images in the cluster (each build "
                           f"reads its context from there), got {config.store!r}")
-    try:
-        tasks, errors = load_dataset(dataset_path(config))
-    except DatasetError as exc:
-        raise ConfigError(str(exc)) from None
-    for error in errors:
-        print(f"warning: skipping broken task {error.task}: {error.message}", file=sys.stderr)
-    builds, notes = images.task_builds(tasks, config)
-    for note in notes:
-        print(note, file=sys.stderr)
-    if not builds:
-        print(f"every task image of {config.dataset} is in place; nothing to build")
-        return 0
-    workflow = checked(images.task_images_workflow(config, builds))
-    if args.dry_run:
-        for build in builds:
-            print(f"# {build.task.environment_dir} -> {build.context}")
-        print(workflow.to_yaml(), end="")
-        return 0
-    client = argo_client(config)
-    client.lint(workflow)
-    images.upload_contexts(builds)
-    name = client.create(workflow)
-    print(f"building {len(builds)} task images: {client.ui_link(name)}")
-    phase = client.wait(name, args.poll)
-    print(f"task images: {phase}")
-    return 0 if phase == "Succeeded" else 1
+    with tasks_of(config, "dataset", REPO_ROOT) as (tasks, _):  # a copy here of an s3:// or Harbor dataset
+        builds, notes = images.task_builds(tasks, config)
+        for note in notes:
+            print(note, file=sys.stderr)
+        if not builds:
+            print(f"every task image of {config.dataset} is in place; nothing to build")
+            return 0
+        workflow = checked(images.task_images_workflow(config, builds))
+        if args.dry_run:
+            for build in builds:
+                print(f"# {build.task.environment_dir} -> {build.context}")
+            print(workflow.to_yaml(), end="")
+            return 0
+        client = argo_client(config)
+        client.lint(workflow)
+        images.upload_contexts(builds)
+        name = client.create(workflow)
+        print(f"building {len(builds)} task images: {client.ui_link(name)}")
+        phase = client.wait(name, args.poll)
+        print(f"task images: {phase}")
+        return 0 if phase == "Succeeded" else 1
+
+
 def detach(config: RunConfig, client: ArgoClient, gone_s: float = 60.0) -> int:
     """Creates the run's driver Workflow (`workflows.driver`) and returns 0. One still running is a ConfigError;
     an ended one of this run is deleted first (its name is the run's one driver name). The run's config is already

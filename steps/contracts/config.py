@@ -24,7 +24,9 @@ class RunConfig:
     run: str = ""  # empty: <harness>-<UTC timestamp>, filled in by `with_run_name`
     model: str = "runs/tiny-model"  # base checkpoint: local folder or s3:// URL
     model_name: str = "tiny"
-    dataset: str = "steps/tasks/builtin"
+    dataset: str = "steps/tasks/builtin"  # a path here, an s3:// prefix of task folders, or harbor://NAME@VERSION
+    # Harbor's registry.json (a URL or a file) that `harbor://NAME@VERSION` datasets are looked up in
+    dataset_registry: str = "https://raw.githubusercontent.com/laude-institute/harbor/main/registry.json"
     iterations: int = 2
     tasks_per_iteration: int = 4
     samples_per_task: int = 2

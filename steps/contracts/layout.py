@@ -10,8 +10,13 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     ├── manifest/
     │   ├── run.json                      the run's config, written once when the run starts (an eval run's
     │   │                                 also says what it evaluates: steps.manifest.EVAL_FIELD)
+    │   ├── datasets.json                 Argo runs: where each dataset came from, its tasks pinned by content
+    │   │                                 hash (and a Harbor dataset's git commits), written at submit
     │   ├── iteration-<N>.json            one per iteration: workflow, checkpoints, phase, the update's metrics
     │   └── eval-<N>.json                 one per evaluation: workflow, checkpoint, phase, the overall numbers
+    ├── datasets/                         Argo runs: a snapshot of the tasks, uploaded at submit (steps.datasets)
+    │   ├── train/<task>/...              the run's `dataset`: one folder per task (task.toml, tests/, ...)
+    │   └── eval/<task>/...               its `eval_dataset`, when it has one
     ├── calls/                            the proxy's store (steps.proxy.store owns what is inside:
     │   ├── rollouts/<rollout_id>/...     rollout.json, then calls.jsonl or calls/<index>.json)
     │   └── images/<sha256>               every image a call sent, once, named by the SHA-256 of its bytes
@@ -73,6 +78,27 @@ def task_context_url(store: str, task: str, tag: str) -> str:
     's3://bucket/runs/task-contexts/hello-file-0123456789abcdef.tar.gz'
     """
     return _join(store, "task-contexts", f"{task}-{tag}.tar.gz")
+
+
+# The run's datasets in the store: its `dataset` and (when set) its `eval_dataset`, one folder of task folders each.
+TRAIN_DATASET, EVAL_DATASET = "train", "eval"
+DATASETS = (TRAIN_DATASET, EVAL_DATASET)
+
+
+def datasets_url(run_url: str) -> str:
+    """The folder of the run's dataset snapshots (what the proxy serves rollout pods their tasks from)."""
+    return _join(run_url, "datasets")
+
+
+def dataset_url(datasets: str, dataset: str) -> str:
+    """One dataset's snapshot (`TRAIN_DATASET` or `EVAL_DATASET`) below `datasets` (`datasets_url`).
+
+    >>> dataset_url(datasets_url("s3://b/runs/demo"), EVAL_DATASET)
+    's3://b/runs/demo/datasets/eval'
+    """
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {dataset!r}")
+    return _join(datasets, dataset)
 
 
 def calls_url(run_url: str) -> str:
@@ -192,6 +218,11 @@ def manifest_url(run_url: str) -> str:
 def run_config_url(run_url: str) -> str:
     """The run's config as it started (`manifest/run.json`)."""
     return _join(manifest_url(run_url), "run.json")
+
+
+def datasets_record_url(run_url: str) -> str:
+    """Where an Argo run's datasets came from and the content hash of each task (`manifest/datasets.json`)."""
+    return _join(manifest_url(run_url), "datasets.json")
 
 
 def iteration_record_url(run_url: str, iteration: int) -> str:

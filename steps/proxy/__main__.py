@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--store", required=True, help="local folder or s3:// URL for recorded calls")
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--tasks", default="", help="the run's dataset snapshots (local folder or s3:// URL), served to "
+                   "rollout pods by GET /tasks/{dataset}/{task} (admin key)")
     p.add_argument("--admin-key", default=os.environ.get("OPENFORGE_ADMIN_KEY"))
     p.add_argument("--public-url", help="base URL harnesses reach the proxy at (default: the request's host)")
     p.add_argument("--model-name", dest="model", help="served model name (default: the first of upstream /v1/models)")
@@ -148,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         p.error("OPENFORGE_UPSTREAM_API_KEY holds a line break or another control character; give the key alone")
     return ProxyConfig(
         upstream=args.upstream[0], replicas=tuple(args.upstream[1:]), replica_policy=args.replica_policy,
-        store=args.store, admin_key=args.admin_key, host=args.host, port=args.port,
+        store=args.store, admin_key=args.admin_key, tasks=args.tasks, host=args.host, port=args.port,
         public_url=args.public_url, model=args.model, weight_version=args.weight_version,
         upstream_model=args.upstream_model, external_upstream=args.external_upstream,
         upstream_api_key=upstream_key,

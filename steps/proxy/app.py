@@ -1,7 +1,8 @@
 """The recording proxy's HTTP app: admin routes, per-rollout dialect routes, one error handler.
 
 Admin routes (admin key): POST /rollouts, GET /rollouts, GET /rollouts/{id}/calls (and the records skipped),
-POST /rollouts/{id}/close, POST /weights/pause|resume|update, GET /replicas.
+POST /rollouts/{id}/close, POST /weights/pause|resume|update, GET /replicas, GET /tasks/{dataset}/{task} (one task
+folder of the run's dataset as a tar, for a rollout pod's init container: `steps.datasets`).
 Rollout routes (that rollout's key): /rollouts/{id}/v1/chat/completions, /v1/responses,
 /v1/messages, /v1/models.
 """
@@ -17,10 +18,12 @@ from types import ModuleType
 import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException
 
+from steps import datasets
+from steps.contracts import layout
 from steps.proxy import chat, messages, responses
 from steps.proxy.config import ProxyConfig
 from steps.proxy.errors import (
@@ -105,6 +108,23 @@ async def register(request: Request) -> dict:
     root = f"{base}/rollouts/{rollout.rollout_id}"
     return {"rollout_id": rollout.rollout_id, "api_key": key, "openai_base_url": f"{root}/v1",
             "anthropic_base_url": root}
+
+
+@admin.get("/tasks/{dataset}/{task}")
+async def task_folder(request: Request, dataset: str, task: str) -> Response:
+    """One task folder of the run's dataset `dataset` (train or eval) as a tar: what a rollout pod, which has no
+    S3 access, unpacks into its root-only folder before the agent starts."""
+    require_admin(request)
+    if not request.app.state.config.tasks:
+        raise ProxyError(404, "this proxy serves no tasks (it was started without --tasks)")
+    if dataset not in layout.DATASETS:
+        raise ProxyError(404, f"dataset must be one of {', '.join(layout.DATASETS)}, got {dataset[:40]!r}")
+    url = layout.dataset_url(request.app.state.config.tasks, dataset)
+    try:
+        data = await asyncio.to_thread(datasets.task_tar, url, task)
+    except datasets.TaskArchiveError as exc:
+        raise ProxyError(404, str(exc)) from None
+    return Response(content=data, media_type="application/x-tar")
 
 
 @admin.get("/rollouts")

@@ -38,6 +38,9 @@ class ProxyConfig:
     upstream: str  # replica 0: the one upstream, unless `replicas` names more
     store: str
     admin_key: str
+    # The run's dataset snapshots (`layout.datasets_url`), served task by task to rollout pods on the admin route
+    # GET /tasks/{dataset}/{task}; empty: no tasks served.
+    tasks: str = ""
     replicas: tuple[str, ...] = ()  # further vLLM servers (replicas 1, 2, ...) beside `upstream`
     replica_policy: str = "affinity"  # or "round-robin", only to measure affinity (steps/proxy/replicas.py)
     host: str = "127.0.0.1"
