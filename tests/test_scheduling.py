@@ -23,7 +23,7 @@ from steps.contracts.config import GPU_TAINT_TOLERATION
 from workflows.config import ConfigError, from_dict
 from workflows.evaluation import evaluation_workflow
 from workflows.iteration import iteration_workflow
-from workflows.pods import GPU_PRESENT, QUEUE_LABEL
+from workflows.pods import GPU_PRESENT, QUEUE_LABEL, merged_patch
 
 pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
 SMALL_STEPS = ("plan", "trajectories", "record", "report", "eval-plan", "eval-trajectories", "evaluate")
@@ -121,8 +121,8 @@ def test_the_jobset_pods_are_placed_and_the_jobset_queued(jobset_validator: Vali
 
 def test_the_users_rollout_patch_keeps_the_tasks_resources(tmp_path: Path) -> None:
     """`rollout_pod.pod_spec_patch` is merged into the rollout's own patch: its other fields kept, its other
-    quantities kept, but the task's CPUs win over the patch's `cpu: 99`. Control: applying the user's patch after
-    the rollout's (a second patch, as a naive merge would) gives the pod 99 CPUs."""
+    quantities kept, but the task's CPUs win over the patch's `cpu: 99`. Control: merged the other way round (the
+    user's patch over the rollout's), the pod would get 99 CPUs, and the comparison would fail."""
     task = "cpus = 2\nmemory_mb = 1024\nstorage_mb = 2048\ngpus = 0"
     plain = rollout_pod_resources(cluster_config("run=t"), task, tmp_path / "plain")
     patch = ("rollout_pod.pod_spec_patch={containers: [{name: main, resources: "
@@ -130,8 +130,10 @@ def test_the_users_rollout_patch_keeps_the_tasks_resources(tmp_path: Path) -> No
     patched = rollout_pod_resources(cluster_config("run=t", patch), task, tmp_path / "patched")
     assert patched == {"limits": {**plain["limits"], "example.com/fpga": "1"},
                        "requests": {**plain["requests"], "example.com/fpga": "1"}}
-    naive = strategic_merge(copy.deepcopy(plain), {"limits": {"cpu": "99"}})
-    assert naive["limits"]["cpu"] == "99" != patched["limits"]["cpu"]
+    user = {"containers": [{"name": "main", "resources": {"limits": {"cpu": "99"}}}]}
+    ours = {"containers": [{"name": "main", "resources": {"limits": {"cpu": plain["limits"]["cpu"]}}}]}
+    wrong_way = strategic_merge(copy.deepcopy(plain), merged_patch(ours, user)["containers"][0]["resources"])
+    assert wrong_way["limits"]["cpu"] == "99" != patched["limits"]["cpu"]
 
 
 def test_rollouts_and_small_steps_stay_off_gpu_nodes_by_default() -> None:

@@ -13,9 +13,10 @@ import json
 
 from steps.contracts.config import PodSettings
 
-# The label NVIDIA's GPU Operator sets to "true" on every node with an NVIDIA GPU (its node feature rules; GPU feature
-# discovery's own DaemonSet selects on it: NVIDIA/k8s-device-plugin deployments/static/gpu-feature-discovery-
-# daemonset.yaml). `NotIn [true]` also matches a node without the label, so the rule costs nothing on other clusters.
+# The label NVIDIA's GPU Operator sets to "true" on every node with an NVIDIA GPU (`commonGPULabelKey` in its
+# controllers/state_manager.go, the label its operands are deployed by; GPU feature discovery's own DaemonSet selects
+# on it too: NVIDIA/k8s-device-plugin deployments/static/gpu-feature-discovery-daemonset.yaml). `NotIn [true]` also
+# matches a node without the label, so the rule costs nothing on other clusters.
 GPU_PRESENT = "nvidia.com/gpu.present"
 # Kueue admits a pod (its "plain pods" integration) or a JobSet labelled with its LocalQueue's name
 # (kueue.sigs.k8s.io/docs/tasks/run/plain_pods/, .../run/jobsets/): on the JobSet, not its pods.

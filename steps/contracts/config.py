@@ -19,8 +19,8 @@ from steps.contracts.limits import MIB, Bounds
 
 # A Kubernetes quantity ("8", "500m", "64Gi"): text, though a config may write a plain number (`cpu: 8`).
 Quantity = NewType("Quantity", str)
-# The taint GPU node pools commonly carry (GKE and AKS set it, the NVIDIA GPU Operator's docs suggest it): the
-# serve and update pods tolerate it, no other pod does.
+# The taint GPU node pools commonly carry (GKE puts it on GPU nodes of a cluster that has other nodes too:
+# cloud.google.com/kubernetes-engine/docs/how-to/gpus): the serve and update pods tolerate it, no other pod does.
 GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
