@@ -79,6 +79,8 @@ def test_each_groups_keys_land_on_its_pods() -> None:
         requests = {"cpu": "1", "memory": "4Gi", "ephemeral-storage": "10Gi"}
         assert step["container"]["resources"] == {"requests": requests}, name
         assert json.loads(step["podSpecPatch"]) == {"enableServiceLinks": False} and "affinity" not in step, name
+        assert step["tolerations"] == [{"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule",
+                                        "tolerationSeconds": 60}], name
 
 
 def test_the_evaluation_workflow_carries_the_keys_too() -> None:

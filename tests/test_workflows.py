@@ -61,7 +61,8 @@ EVERY_POD_KEY = [
     "update_pod={node_selector: {pool: h100}, priority_class: rl-high, queue: rl-gpu, cpu: 64, memory: 512Gi, "
     "ephemeral_storage: 1Ti, memory_limit: 1Ti, pod_spec_patch: {hostIPC: true}}",
     "steps_pod={node_selector: {pool: cpu}, avoid_gpu_nodes: false, priority_class: rl-low, queue: rl-cpu, cpu: 1, "
-    "memory: 4Gi, ephemeral_storage: 10Gi, pod_spec_patch: {enableServiceLinks: false}}",
+    "memory: 4Gi, ephemeral_storage: 10Gi, pod_spec_patch: {enableServiceLinks: false}, "
+    "tolerations: [{key: pool, operator: Equal, value: cpu, effect: NoSchedule, tolerationSeconds: 60}]}",
     "serve_shm=32Gi", "workflow_timeout_s=172800", "serve_timeout_s=86400", "step_timeout_s=3600",
     "update_timeout_s=36000"]
 GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, iteration); evaluation-*: an eval Workflow
