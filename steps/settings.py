@@ -142,7 +142,8 @@ def field_default(cls: type, name: str) -> Any:
 
 def group(key: str, cls: type, value: Any, default: Any, source: str | None = None) -> Any:
     """The mapping `value` of field `key` as the dataclass `cls`, over the field's `default`: each of its fields
-    checked as `key.field`, those it leaves out the default's."""
+    checked as `key.field`, those it leaves out the default's (an empty value: all of them)."""
+    value = {} if value is None or value == "" else value
     if not isinstance(value, dict):
         raise ConfigError(f"config key {key!r} must be a mapping of {', '.join(field_types(cls))}, got {value!r}")
     kinds, values = field_types(cls), {}

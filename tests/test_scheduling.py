@@ -160,6 +160,7 @@ def test_a_partial_group_keeps_its_defaults_and_the_manifest_reads_back() -> Non
     reads back from its stored dict unchanged."""
     config = cluster_config("run=t", "serve_pod.cpu=16")
     assert config.serve_pod.cpu == "16" and config.serve_pod.tolerations == (GPU_TAINT_TOLERATION,)
+    assert cluster_config("run=t", "serve_pod=").serve_pod == cluster_config("run=t").serve_pod  # empty: defaults
     every = cluster_config("run=t", *EVERY_POD_KEY)
     assert from_dict(yaml.safe_load(yaml.safe_dump(every.to_dict()))) == every
 
