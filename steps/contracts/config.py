@@ -118,7 +118,7 @@ class RunConfig:
     serve_gpus: int = 1  # per replica: vLLM's tensor parallelism
     update_gpus: int = 1  # per update node: torchrun's processes there (FSDP2 shards the model over all of them)
     update_nodes: int = 1  # more than 1: the update runs as a JobSet across that many pods (docs/workflows.md)
-    update_timeout_s: int = 6 * 3600  # the update's deadline, Pending included (the pod's, or the JobSet's Job's)
+    update_timeout_s: int = 6 * 3600  # the update's deadline: its pod's, or across nodes its JobSet's Job's
     # where the pods run and what they request, by group (docs/config.md, "Pods")
     serve_pod: PodSettings = field(default_factory=gpu_pods)
     rollout_pod: PodSettings = field(default_factory=cpu_pods)
