@@ -14,7 +14,13 @@ value is checked against its field's type, strictly:
 - a list (`list[float]`, `list[int]`, `list[str]`, or `tuple[str, ...]` in a frozen dataclass) holds values
   of that type; an empty value is an empty list, and a list of strings also takes one string as a one-item
   list (`vllm_args=--enable-prefix-caching` on a command line);
-- a field typed `X | None` also takes an empty value, as None.
+- a field typed `X | None` also takes an empty value, as None;
+- a mapping (`dict[str, str]`) has string keys and values of that type; a Kubernetes quantity (`Quantity`, text)
+  also takes a plain number (`cpu: 8`);
+- a field whose type is a dataclass is a mapping of that dataclass's fields, each checked the same way and
+  named `group.field`: the fields it leaves out keep the field's default (a later file, or an override
+  `serve_pod.cpu=8`, changes only the fields it names). One level, for settings that are mappings by nature
+  (a pod's node selector and tolerations): configs stay flat otherwise.
 
 A field may have a range (a test and the words for what it accepts) and a set of choices. Every
 problem is a `ConfigError`: one sentence naming the key and what it accepts, a close match for a
@@ -38,7 +44,7 @@ Range = tuple[Callable[[Any], bool], str]
 # Keys that had another name; a config or override using the old one is told the new one. One name per
 # concept across the run's and the update's configs.
 RENAMED = {"lr": "learning_rate", "algorithm": "adv_estimator"}
-WORDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+WORDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", dict: "a mapping"}
 
 
 class ConfigError(ValueError):
@@ -59,13 +65,30 @@ def load(cls: type[T], paths: Iterable[str | Path], overrides: Iterable[str] = (
     values: dict = {}
     sources: dict[str, str] = {}
     for path in paths:
-        data = read_yaml(Path(path))
-        values.update(data)
-        sources.update(dict.fromkeys(data, str(path)))
+        for key, value in read_yaml(Path(path)).items():
+            put(values, key, value)
+            sources[key] = str(path)
     for item in overrides:
         key, value = parse_override(item)
-        values[key], sources[key] = value, f"the override {item}"
+        put(values, key, value)
+        sources[key.partition(".")[0]] = f"the override {item}"
     return from_dict(cls, values, sources, ranges, choices)
+
+
+def put(values: dict, key: str, value: Any) -> None:
+    """`value` into `values` at `key`: a mapping merged key by key into the mapping already there, and
+    `group.field` into the mapping `group`, so that a later file or override changes only what it names.
+
+    >>> values = {"serve_pod": {"cpu": "4", "memory": "32Gi"}}
+    >>> put(values, "serve_pod", {"cpu": "8"}); put(values, "serve_pod.memory", "64Gi"); values
+    {'serve_pod': {'cpu': '8', 'memory': '64Gi'}}
+    """
+    group, dot, name = key.partition(".")
+    if dot:
+        value, key = {name: value}, group
+    if isinstance(value, dict) and isinstance(values.get(key), dict):
+        value = {**values[key], **value}
+    values[key] = value
 
 
 def read_yaml(path: Path) -> dict:
@@ -104,8 +127,31 @@ def from_dict(cls: type[T], raw: Mapping[str, Any], sources: Mapping[str, str] |
     for key, value in raw.items():
         if key not in kinds:
             raise ConfigError(unknown_key(key, list(kinds), (sources or {}).get(key)))
-        values[key] = coerce(key, kinds[key], value, (ranges or {}).get(key), (choices or {}).get(key))
+        if dataclasses.is_dataclass(kinds[key]):
+            values[key] = group(key, kinds[key], value, field_default(cls, key), (sources or {}).get(key))
+        else:
+            values[key] = coerce(key, kinds[key], value, (ranges or {}).get(key), (choices or {}).get(key))
     return cls(**values)
+
+
+def field_default(cls: type, name: str) -> Any:
+    """The default of the dataclass's field `name` (from its default_factory if it has one)."""
+    (item,) = [item for item in dataclasses.fields(cls) if item.name == name]
+    return item.default if item.default is not dataclasses.MISSING else item.default_factory()
+
+
+def group(key: str, cls: type, value: Any, default: Any, source: str | None = None) -> Any:
+    """The mapping `value` of field `key` as the dataclass `cls`, over the field's `default`: each of its fields
+    checked as `key.field`, those it leaves out the default's (an empty value: all of them)."""
+    value = {} if value is None or value == "" else value
+    if not isinstance(value, dict):
+        raise ConfigError(f"config key {key!r} must be a mapping of {', '.join(field_types(cls))}, got {value!r}")
+    kinds, values = field_types(cls), {}
+    for name, item in value.items():
+        if name not in kinds:
+            raise ConfigError(unknown_key(f"{key}.{name}", [f"{key}.{known}" for known in kinds], source))
+        values[name] = coerce(f"{key}.{name}", kinds[name], item)
+    return dataclasses.replace(default, **values)
 
 
 def field_types(cls: type) -> dict[str, Any]:
@@ -173,6 +219,15 @@ def _typed(key: str, kind: Any, value: Any, words: str | None):
     """`value` as `kind` (int, float, str, bool, list[...] or tuple[..., ...]); `words` override the type's in
     a message."""
     container = typing.get_origin(kind)
+    if getattr(kind, "__supertype__", None) is str:  # a Quantity: text, or a plain number as its text
+        return _typed(key, str, value if isinstance(value, bool) or not isinstance(value, int | float) else
+                      format(value, "g"), words)
+    if container is dict:
+        if value is None or value == "":
+            return {}
+        if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
+            raise ConfigError(f"config key {key!r} must be {words or 'a mapping of names to values'}, got {value!r}")
+        return {name: _typed(f"{key}.{name}", typing.get_args(kind)[1], item, None) for name, item in value.items()}
     if container in (list, tuple):  # a frozen config may hold a tuple[str, ...]; YAML writes both as a list
         item = typing.get_args(kind)[0]
         if value is None or value == "":
@@ -187,6 +242,8 @@ def _typed(key: str, kind: Any, value: Any, words: str | None):
         raise ConfigError(f"config key {key!r} must be {words or _list_words(item)}, got {value!r}")
     if kind is str and value is None:
         return ""
+    if kind is dict and value in (None, ""):  # any mapping, its values left to the field's own check
+        return {}
     number = value
     if kind is float and isinstance(value, str):
         try:  # YAML 1.1 reads 1e-5 (no dot) as a string
@@ -204,8 +261,9 @@ def _typed(key: str, kind: Any, value: Any, words: str | None):
 
 def _list_words(item: Any) -> str:
     """'a list of numbers', 'a list of strings', ..."""
-    plural = {int: "whole numbers", float: "numbers", str: "strings", bool: "booleans"}[item]
-    return f"a list of {plural}, e.g. " + {str: "['--enforce-eager', '4']", bool: "[true, false]"}.get(item, "[1, 2]")
+    plural = {int: "whole numbers", float: "numbers", str: "strings", bool: "booleans", dict: "mappings"}[item]
+    examples = {str: "['--enforce-eager', '4']", bool: "[true, false]", dict: "[{key: a, operator: Exists}]"}
+    return f"a list of {plural}, e.g. " + examples.get(item, "[1, 2]")
 
 
 def _quoting(kind: Any, value: Any) -> str:

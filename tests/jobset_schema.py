@@ -41,9 +41,18 @@ CONTAINER = obj(
     ports=array(obj(("containerPort",), name=STRING, containerPort={"type": "integer", "minimum": 1, "maximum": 65535},
                     protocol={"enum": ["TCP", "UDP", "SCTP"]})),
     volumeMounts=array(obj(("name", "mountPath"), name=STRING, mountPath=STRING, readOnly=BOOL)))
+# core/v1 Toleration and the required node affinity `workflows.pods` writes (NodeSelectorTerm's matchExpressions).
+TOLERATION = obj(key=STRING, operator={"enum": ["Exists", "Equal"]}, value=STRING, tolerationSeconds={"type": "integer"},
+                 effect={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]})
+NODE_REQUIREMENT = obj(("key", "operator"), key=STRING, values=array(STRING),
+                       operator={"enum": ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]})
+AFFINITY = obj(nodeAffinity=obj(requiredDuringSchedulingIgnoredDuringExecution=obj(
+    ("nodeSelectorTerms",), nodeSelectorTerms=array(obj(matchExpressions=array(NODE_REQUIREMENT),
+                                                        matchFields=array(NODE_REQUIREMENT))))))
 POD_SPEC = obj(
     ("containers",), containers=array(CONTAINER), restartPolicy={"enum": ["Always", "OnFailure", "Never"]},
     automountServiceAccountToken=BOOL, serviceAccountName=STRING, nodeSelector=LABELS,
+    tolerations=array(TOLERATION), affinity=AFFINITY, priorityClassName=STRING,
     volumes=array(obj(("name",), name=STRING, emptyDir=obj(medium={"enum": ["", "Memory"]}, sizeLimit=QUANTITY))))
 JOB_SPEC = obj(
     ("template",), parallelism=INT32, completions=INT32, completionMode={"enum": ["NonIndexed", "Indexed"]},

@@ -247,8 +247,9 @@ def test_the_run_config_serves_r_replicas_in_one_pod_with_their_gpus():
     proxy = proxy_args([*serve.proxy_argv(args, [8001, 8002]), "--admin-key", "k"])
     assert proxy.upstreams == ("http://127.0.0.1:8001", "http://127.0.0.1:8002") and proxy.replica_policy == "affinity"
     assert "--replicas" not in commands.serve(RunConfig(), "m", "c", 0)  # one replica: the command as before
-    resources = serve_template(config, 0).resources
-    assert resources.gpus == 4 and resources.cpu_request == 8  # 2 replicas x 2 GPUs, all in the one serve pod
+    requests = serve_template(config, 0).resources.requests
+    # 2 replicas x 2 GPUs, all in the one serve pod
+    assert (requests["nvidia.com/gpu"].root, requests["cpu"].root) == ("4", "8")
 
 
 @pytest.mark.parametrize("argv, said", [

@@ -51,6 +51,20 @@ GOLDEN = Path(__file__).parent / "golden"
 CLUSTER = REPO / "configs" / "cluster-example.yaml"
 # Hera 7.1 calls pydantic's deprecated .json() on every request; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
+# Every scheduling key set, on each pod group (tests/test_scheduling.py checks where each one lands).
+EVERY_POD_KEY = [
+    "serve_pod={node_selector: {pool: h100}, priority_class: rl-high, queue: rl-gpu, cpu: 16, memory: 128Gi, "
+    "ephemeral_storage: 200Gi, cpu_limit: 32, memory_limit: 256Gi, ephemeral_storage_limit: 400Gi, "
+    "pod_spec_patch: {hostIPC: true}}",
+    "rollout_pod={node_selector: {pool: cpu}, tolerations: [{key: spot, operator: Exists}], priority_class: rl-low, "
+    "queue: rl-cpu, pod_spec_patch: {dnsPolicy: Default, containers: [{name: main, resources: {limits: {cpu: '9'}}}]}}",
+    "update_pod={node_selector: {pool: h100}, priority_class: rl-high, queue: rl-gpu, cpu: 64, memory: 512Gi, "
+    "ephemeral_storage: 1Ti, memory_limit: 1Ti, pod_spec_patch: {hostIPC: true}}",
+    "steps_pod={node_selector: {pool: cpu}, avoid_gpu_nodes: false, priority_class: rl-low, queue: rl-cpu, cpu: 1, "
+    "memory: 4Gi, ephemeral_storage: 10Gi, pod_spec_patch: {enableServiceLinks: false}, "
+    "tolerations: [{key: pool, operator: Equal, value: cpu, effect: NoSchedule, tolerationSeconds: 60}]}",
+    "serve_shm=32Gi", "workflow_timeout_s=172800", "serve_timeout_s=86400", "step_timeout_s=3600",
+    "update_timeout_s=36000"]
 GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, iteration); evaluation-*: an eval Workflow
     "iteration-codex-it0.yaml": (["run=golden", "iterations=2"], 0),
     "iteration-codex-it1.yaml": (["run=golden", "iterations=2"], 1),
@@ -63,6 +77,7 @@ GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, i
     "iteration-browser-use-it0.yaml": (["run=golden", "harness=browser-use", "dataset=steps/tasks/gui"], 0),
     "iteration-codex-podidentity-it0.yaml": (["run=golden", "s3_credentials=pod-identity", "s3_endpoint=",
                                               "rollout_service_account=openforge-rollout", "s3_region=us-west-2"], 0),
+    "iteration-codex-every-pod-key-it0.yaml": (["run=golden", "iterations=2", "eval_every=2", *EVERY_POD_KEY], 0),
 }
 
 
@@ -266,10 +281,10 @@ def test_the_rollout_runner_may_keep_the_oom_killer_off_itself_unless_the_namesp
 ARGO_TAG = re.compile(r"\{\{(=?)(.+?)\}\}")
 ITEM = re.compile(r"\{\{item\.(\w+)\}\}")
 # The expressions the rollout templates use: a subset of Argo's expression language (expr-lang) that reads the same
-# in Python (calls, names, attributes, whole numbers and strings, +, *, !=). An expression outside it fails
+# in Python (calls, names, attributes, whole numbers and strings, +, *, != and ==). An expression outside it fails
 # `argo_substitute`: check what Argo makes of it first (its JSON encoding escapes <, > and &, for one).
 EXPRESSION_NODES = (ast.Expression, ast.Call, ast.Name, ast.Attribute, ast.Load, ast.Constant, ast.BinOp, ast.Add,
-                    ast.Mult, ast.Compare, ast.NotEq)
+                    ast.Mult, ast.Compare, ast.NotEq, ast.Eq)
 # kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/ (and apimachinery's ParseQuantity)
 QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 
@@ -1053,7 +1068,8 @@ def test_multi_node_update_is_a_jobset_owned_by_the_workflow() -> None:
     (container,) = job["template"]["spec"]["containers"]
     assert container["image"] == "ghcr.io/openforge/train:0.1.0" and container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     # 8 CPUs and 64Gi per GPU (one update process each); the one-GPU pod below asks for 8 and 64Gi
-    assert container["resources"]["requests"] == {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}
+    assert container["resources"]["requests"] == {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "100Gi",
+                                                  "nvidia.com/gpu": "8"}
     assert container["command"] == commands.update(
         config, layout.run_partition_url(config.run_url, "t", 0), config.checkpoint_url(0), config.checkpoint_url(1),
         node_rank="$(OPENFORGE_NODE_RANK)", master_addr="$(OPENFORGE_MASTER_ADDR)")
@@ -1071,7 +1087,8 @@ def test_multi_node_update_is_a_jobset_owned_by_the_workflow() -> None:
     assert jobset.INSTALL.endswith(f"/{jobset.VERSION}/manifests.yaml")
     one = template(iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"], "update")
     assert "resource" not in one and one["container"]["command"][:3] == ["python", "-m", "steps.update"]
-    assert one["container"]["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"}
+    assert one["container"]["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "ephemeral-storage": "100Gi",
+                                                         "nvidia.com/gpu": "1"}
 
 
 def kubelet_expand(container: dict, pod: dict) -> list[str]:

@@ -8,10 +8,12 @@ a dataset that is not there) is a `ConfigError` with one sentence naming the fie
 anything starts.
 """
 
+import dataclasses
 import difflib
 import ipaddress
 import re
 from pathlib import Path
+
 
 from steps import net, sampling, settings
 from steps.harnesses import ALL_HARNESSES as HARNESSES
@@ -22,7 +24,7 @@ from steps.update import config as update_config
 from steps.vllm_server import check_vllm_args
 from workflows import datasets
 from workflows.commands import update_overrides
-from steps.contracts.config import RunConfig
+from steps.contracts.config import PodSettings, RunConfig
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +37,18 @@ S3_CREDENTIALS = ("secret", "pod-identity")  # `s3_credentials`: keys from `s3_s
 # rande.html. Other S3-compatible stores name theirs freely (MinIO's default is us-east-1): only the shape is checked.
 REGION = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 MIN_MAX_PIXELS = 28 * 28  # the smallest pixel cap that still holds one merged patch (Qwen2.5-VL's 2x2 of 14 px)
+POD_GROUPS = ("serve_pod", "rollout_pod", "update_pod", "steps_pod")  # RunConfig's PodSettings, one per pod group
+# Kubernetes' quantity syntax, a sign left out (kubernetes.io/docs/reference/kubernetes-api/common-definitions/
+# quantity/): "8", "500m", "64Gi", "1e3".
+QUANTITY = re.compile(r"^[0-9.]+([eEinumkKMGTP]*[-+]?[0-9]*)$")
+# A label value (Kueue's queue name) and an object name (a PriorityClass):
+# kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set, .../names/.
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# A Toleration's fields and the values Kubernetes accepts for two of them (core/v1 Toleration).
+TOLERATION_FIELDS = ("key", "operator", "value", "effect", "tolerationSeconds")
+TOLERATION_CHOICES = {"operator": ("Exists", "Equal"), "effect": ("NoSchedule", "PreferNoSchedule", "NoExecute")}
+RESOURCE_FIELDS = ("cpu", "memory", "ephemeral_storage", "cpu_limit", "memory_limit", "ephemeral_storage_limit")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
@@ -59,7 +73,8 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         hint = f"did you mean {close[0]}? " if close else ""
         raise ConfigError(f"unknown harness {config.harness!r}; {hint}choose one of {', '.join(HARNESSES)}")
     for key in ("iterations", "tasks_per_iteration", "samples_per_task", "max_tokens_cap", "parallel_rollouts",
-                "epochs", "eval_k", "update_nodes", "serve_replicas", "update_timeout_s", "driver_deadline_s"):
+                "epochs", "eval_k", "update_nodes", "serve_replicas", "update_timeout_s", "driver_deadline_s",
+                "workflow_timeout_s", "serve_timeout_s", "step_timeout_s"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
     if config.update_nodes > MAX_UPDATE_NODES:
@@ -87,6 +102,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if not (re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", secret) and len(secret) <= 253):
         raise ConfigError(f"config key 'registry_secret' must be a Kubernetes Secret's name (lower-case letters, "
                           f"digits, '-' and '.'), got {secret!r}")
+    check_pods(config)
     if config.learning_rate <= 0:
         raise ConfigError(f"config key 'learning_rate' must be more than 0, got {config.learning_rate}")
     settings = sampling.settings(config)
@@ -165,6 +181,57 @@ def check_serving(config: RunConfig) -> None:
             tool_call_parser_for(model)
         except UnknownFamily as exc:
             raise ConfigError(str(exc)) from None
+
+
+def check_pods(config: RunConfig) -> None:
+    """Each pod group's settings (`PodSettings`) as Kubernetes will accept them, and the serve pod's /dev/shm."""
+    for group in POD_GROUPS:
+        check_pod_settings(group, getattr(config, group))
+    if not QUANTITY.match(config.serve_shm):
+        raise ConfigError(f"config key 'serve_shm' must be a Kubernetes quantity such as 16Gi, "
+                          f"got {config.serve_shm!r}")
+    if config.rollout_pod != dataclasses.replace(config.rollout_pod, **dict.fromkeys(RESOURCE_FIELDS, "")):
+        raise ConfigError("config key 'rollout_pod' cannot set cpu, memory, ephemeral_storage or their limits: a "
+                          "rollout pod gets its task's (task.toml's [environment]) with the harness's budget added")
+    if config.update_nodes > 1 and config.update_pod.pod_spec_patch:
+        raise ConfigError("config key 'update_pod.pod_spec_patch' is Argo's podSpecPatch, and with update_nodes > 1 "
+                          "the update's pods are the JobSet's, not Argo's; set the other update_pod keys instead")
+
+
+def check_pod_settings(group: str, pod: PodSettings) -> None:
+    """One group's quantities, names, tolerations and patch, each refused with one sentence naming its key."""
+    for name in RESOURCE_FIELDS:
+        if getattr(pod, name) and not QUANTITY.match(getattr(pod, name)):
+            raise ConfigError(f"config key '{group}.{name}' must be a Kubernetes quantity such as 8, 500m or 64Gi "
+                              f"(empty: OpenForge's), got {getattr(pod, name)!r}")
+    if not LABEL_VALUE.match(pod.queue):
+        raise ConfigError(f"config key '{group}.queue' must be a Kueue LocalQueue's name (a label value: at most 63 "
+                          f"letters, digits, '-', '_' or '.'), got {pod.queue!r}")
+    if pod.priority_class and not OBJECT_NAME.match(pod.priority_class):
+        raise ConfigError(f"config key '{group}.priority_class' must be a PriorityClass's name (lower case letters, "
+                          f"digits, '-' and '.'), got {pod.priority_class!r}")
+    for toleration in pod.tolerations:
+        check_toleration(group, toleration)
+    containers = pod.pod_spec_patch.get("containers", [])
+    if not isinstance(containers, list) or not all(isinstance(c, dict) and "name" in c for c in containers):
+        raise ConfigError(f"config key '{group}.pod_spec_patch' must list its containers each with its name (the "
+                          f"strategic merge matches them by name; Argo's is main), got {containers!r}")
+
+
+def check_toleration(group: str, toleration: dict) -> None:
+    """A Kubernetes Toleration: its known fields only, a known operator and effect, whole seconds."""
+    unknown = [name for name in toleration if name not in TOLERATION_FIELDS]
+    if unknown:
+        raise ConfigError(f"config key '{group}.tolerations' has a toleration with the unknown field {unknown[0]!r}; "
+                          f"a toleration has {', '.join(TOLERATION_FIELDS)}")
+    for name, choices in TOLERATION_CHOICES.items():
+        if name in toleration and toleration[name] not in choices:
+            raise ConfigError(f"config key '{group}.tolerations' has {name} {toleration[name]!r}; "
+                              f"give one of {', '.join(choices)}")
+    seconds = toleration.get("tolerationSeconds", 0)
+    if not isinstance(seconds, int) or isinstance(seconds, bool):
+        raise ConfigError(f"config key '{group}.tolerations' has tolerationSeconds "
+                          f"{toleration['tolerationSeconds']!r}; give whole seconds")
 
 
 def check_vision_serving(config: RunConfig) -> None:

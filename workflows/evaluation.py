@@ -16,12 +16,12 @@ are `workflows.iteration`'s, given the evaluation's folders; the rollout templat
 driver's progress and `retry` work as for iterations.
 """
 
-from hera.workflows import Container, Resources, Workflow
+from hera.workflows import Container, Workflow
 
 from steps.contracts.config import RunConfig
 from workflows import commands, shape
 from workflows.iteration import (collect_dag, dag, evaluation_templates, exit_dag, image, report_template, run_label,
-                                 run_workflow, s3_env, serve_template)
+                                 run_workflow, s3_env, serve_template, step_pod)
 
 
 def workflow_name(config: RunConfig, iteration: int) -> str:
@@ -32,7 +32,7 @@ def workflow_name(config: RunConfig, iteration: int) -> str:
 def record_template(config: RunConfig, iteration: int) -> Container:
     """The exit handler's first step: the evaluation's final phase and overall numbers into the run manifest."""
     return Container(
-        name="record", image=image(config, "steps"), env=s3_env(config), resources=Resources(cpu_request=0.1),
+        name="record", image=image(config, "steps"), env=s3_env(config), **step_pod(config, "100m"),
         command=commands.record_eval(config, iteration, "{{workflow.name}}", "{{workflow.status}}"),
     )
 

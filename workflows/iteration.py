@@ -36,7 +36,7 @@ from urllib.parse import urlparse
 
 import yaml
 from hera.workflows import (DAG, Container, EmptyDirVolume, Env, NoneArchiveStrategy, Parameter, Resource,
-                            Resources, RetryStrategy, S3Artifact, SecretEnv, Task, UserContainer, Workflow)
+                            RetryStrategy, S3Artifact, SecretEnv, Task, UserContainer, Workflow)
 from hera.workflows.models import (Backoff, Capabilities, ContainerPort, ContinueOn, EmptyDirVolumeSource,
                                    ExecutorConfig, HTTPGetAction, PodGC, Probe, ResourceRequirements,
                                    SecretKeySelector, SecurityContext, TTLStrategy, ValueFrom, Volume, VolumeMount)
@@ -48,6 +48,7 @@ from steps.sandbox.app import APP_STATE_DIR, APP_STORAGE_MB
 from steps.sandbox.pod import APP_LIVE
 from steps.contracts import layout
 from workflows import commands, jobset, shape
+from workflows.pods import hera_placement, merged_patch, requirements
 from steps.contracts.config import RunConfig
 
 from workflows.config import egress_cidrs
@@ -105,6 +106,13 @@ GPU = "nvidia.com/gpu"
 # unquoted in the patch (a bare number is a valid quantity), and has no `>`, which Go's JSON encoding of the template
 # escapes (argoproj/argo-workflows#12709).
 GPUS_OR_NULL = "{{=sprig.ternary(inputs.parameters.gpus, 'null', inputs.parameters.gpus != '0')}}"
+# The GPU-node label value a rollout pod must not land on (`workflows.pods.gpu_node_rule`): "true" for a task without
+# GPUs; for a task with GPUs a value no node has, so that its pod may go where its GPUs are.
+GPU_NODES_BARRED = "{{=sprig.ternary('true', 'none', inputs.parameters.gpus == '0')}}"
+# Ephemeral storage the pods other than the rollouts' request by default (their group's `ephemeral_storage` wins):
+# the serve pod's checkpoint in its disk-backed emptyDir, the update's checkpoint written before its upload, a small
+# step's logs and the files it writes before an upload. A request only places the pod; no limit unless set.
+SERVE_STORAGE, UPDATE_STORAGE, STEP_STORAGE, PROXY_STORAGE = "50Gi", "100Gi", "2Gi", "2Gi"
 
 
 def run_id(run: str) -> str:
@@ -204,14 +212,22 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     if config.upstream:  # its key, if it needs one: the admin Secret's optional `upstream-api-key`
         env.append(SecretEnv(name="OPENFORGE_UPSTREAM_API_KEY", secret_name=config.admin_secret,
                              secret_key="upstream-api-key", optional=True))
-        resources, volumes, name = Resources(cpu_request=2, memory_request="4Gi"), [], "steps"
+        resources, volumes, name = requirements(config.serve_pod, "2", "4Gi", PROXY_STORAGE), [], "steps"
     else:
-        resources = Resources(gpus=config.serve_gpus * config.serve_replicas, cpu_request=4 * config.serve_replicas,
-                              memory_request=f"{32 * config.serve_replicas}Gi")
-        volumes, name = [EmptyDirVolume(name="models", mount_path=MODELS_VOLUME)], "serve"
+        replicas = config.serve_replicas
+        resources = requirements(config.serve_pod, str(4 * replicas), f"{32 * replicas}Gi", SERVE_STORAGE,
+                                 gpus=config.serve_gpus * replicas)
+        # vLLM's tensor-parallel workers pass tensors through /dev/shm (64 MiB in a pod by default); a memory-backed
+        # emptyDir counts against the pod's memory.
+        volumes = [EmptyDirVolume(name="models", mount_path=MODELS_VOLUME),
+                   EmptyDirVolume(name=jobset.SHM_VOLUME, mount_path=jobset.SHM_PATH, medium=jobset.SHM_MEDIUM,
+                                  size_limit=config.serve_shm)]
+        name = "serve"
     return Container(
-        name="serve", image=image(config, name), daemon=True, labels={ROLE: "serve"}, command=command,
-        volumes=volumes, env=env, resources=resources,
+        name="serve", image=image(config, name), daemon=True, command=command,
+        volumes=volumes, env=env, resources=ResourceRequirements(**resources),
+        # A daemon's deadline stops it whatever the steps using it still do (docs/workflows.md, "Deadlines").
+        active_deadline_seconds=config.serve_timeout_s, **hera_placement(config.serve_pod, {ROLE: "serve"}),
         ports=[ContainerPort(name="proxy", container_port=commands.PROXY_PORT)],
         readiness_probe=Probe(http_get=HTTPGetAction(path="/health", port=commands.PROXY_PORT),
                               initial_delay_seconds=20, period_seconds=10, failure_threshold=180),
@@ -228,7 +244,7 @@ def plan_template(config: RunConfig, iteration: int, evaluation: bool = False, n
                                            dataset=commands.stored_dataset_url(config, evaluation)),
                      env=s3_env(config),
                      outputs=[Parameter(name=APP_ROLLOUTS, value_from=ValueFrom(path=APP_ROLLOUTS_FILE))],
-                     resources=Resources(cpu_request=0.5, memory_request="512Mi"))
+                     **step_pod(config, "500m", "512Mi"))
 
 
 def app_layout(source: str = "/opt/openforge/app") -> str:
@@ -349,8 +365,12 @@ def rollout_pod_patch(config: RunConfig, app: bool = False) -> str:
     TestRetriesVariableInPodSpecPatch computes a memory limit this way). The strategic merge drops a null (the GPU
     count of a task without GPUs) only inside a map the container already has, and copies a map it lacks whole,
     nulls and all (k8s.io/apimachinery strategicpatch `mergeMap`), which a null quantity then reads as 0: so the
-    container's own limits are never empty."""
-    patch = json.dumps({"containers": [{"name": "main", "resources": rollout_resources(config, app)}]})
+    container's own limits are never empty.
+
+    The run's own `rollout_pod.pod_spec_patch` is merged into the same patch (`workflows.pods.merged_patch`): a
+    template has one podSpecPatch, and the task's resources win over it."""
+    ours = {"containers": [{"name": "main", "resources": rollout_resources(config, app)}]}
+    patch = json.dumps(merged_patch(config.rollout_pod.pod_spec_patch, ours))
     return patch.replace(json.dumps(GPUS_OR_NULL), GPUS_OR_NULL)
 
 
@@ -378,8 +398,10 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
     if app:
         app_inits, sidecar, app_volumes = app_sidecar(config)
         inits, sidecars, volumes = inits + app_inits, [sidecar], volumes + app_volumes
+    placement = {**hera_placement(config.rollout_pod, {ROLE: "rollout"}, GPU_NODES_BARRED),
+                 "pod_spec_patch": rollout_pod_patch(config, app)}
     return Container(
-        name=name, image="{{inputs.parameters.image}}", labels={ROLE: "rollout"},
+        name=name, image="{{inputs.parameters.image}}", **placement,
         inputs=[Parameter(name=n) for n in ("task", "sample", "rollout_id", "image", "deadline", *RESOURCE_INPUTS,
                                             "proxy_url", *(["app"] if app else []))],
         init_containers=inits, sidecars=sidecars or None, volumes=volumes,
@@ -396,7 +418,6 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
                  Parameter(name="status", value_from=ValueFrom(path=f"{out}/{layout.STATUS_FILE}", default=NO_STATUS)),
                  Parameter(name="reward", value_from=ValueFrom(path=f"{out}/{layout.REWARD_FILE}", default=NO_REWARD))],
         resources=ResourceRequirements(**rollout_resources(config, app, task=False)),
-        pod_spec_patch=rollout_pod_patch(config, app),
         # The runner keeps the OOM killer off itself (steps.sandbox.pod.protect_runner), which needs SYS_RESOURCE; the
         # agent runs as another uid and never holds it. Pod Security's baseline level refuses the capability:
         # `rollout_oom_guard: false` leaves it out there (the runner then notes that it is not protected).
@@ -428,10 +449,9 @@ def trajectories_template(config: RunConfig, iteration: int, evaluation: bool = 
     results = (layout.eval_results_url if evaluation else layout.results_url)(config.run_url, iteration)
     return Container(
         name=name, image=image(config, "steps"), inputs=[Parameter(name="proxy_url")],
-        labels={ROLE: "trajectories"},
         command=commands.trajectories(config, "{{inputs.parameters.proxy_url}}", results, iteration,
                                       out=layout.eval_trajectories_url(config.run_url, iteration) if evaluation else None),
-        env=admin_env(config) + s3_env(config), resources=Resources(cpu_request=2, memory_request="8Gi"),
+        env=admin_env(config) + s3_env(config), **step_pod(config, "2", "8Gi", labels={ROLE: "trajectories"}),
     )
 
 
@@ -440,15 +460,16 @@ def evaluate_template(config: RunConfig, iteration: int) -> Container:
     return Container(name="evaluate", image=image(config, "steps"), working_dir="/opt/openforge/app",
                      command=commands.evaluate(config, iteration,
                                                dataset=commands.stored_dataset_url(config, evaluation=True)),
-                     env=s3_env(config),
-                     resources=Resources(cpu_request=0.5, memory_request="1Gi"))
+                     env=s3_env(config), **step_pod(config, "500m", "1Gi"))
 
 
-def update_resources(config: RunConfig) -> Resources:
-    """One update pod's resources: `update_gpus` GPUs (per node, with `update_nodes`), and 8 CPUs and 64Gi for
-    each (one update process per GPU, each with its own loader threads and host copies of its shards)."""
-    return Resources(gpus=config.update_gpus, cpu_request=8 * config.update_gpus,
-                     memory_request=f"{64 * config.update_gpus}Gi")
+def update_resources(config: RunConfig) -> dict[str, dict[str, str]]:
+    """One update pod's requests and limits: `update_gpus` GPUs (per node, with `update_nodes`), and by default 8
+    CPUs and 64Gi for each (one update process per GPU, each with its own loader threads and host copies of its
+    shards) and `UPDATE_STORAGE`; `update_pod`'s own where it sets them."""
+    gpus = config.update_gpus
+    return requirements(config.update_pod, str(8 * gpus) if gpus else None, f"{64 * gpus}Gi" if gpus else None,
+                        UPDATE_STORAGE, gpus=gpus)
 
 
 def update_template(config: RunConfig, iteration: int) -> Container | Resource:
@@ -462,7 +483,9 @@ def update_template(config: RunConfig, iteration: int) -> Container | Resource:
         name="update", image=image(config, "train"), working_dir="/opt/openforge/app",
         command=commands.update(config, layout.run_partition_url(config.run_url, config.run, iteration),
                                 config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)),
-        env=s3_env(config), resources=update_resources(config), volumes=shm,
+        env=s3_env(config), resources=ResourceRequirements(**update_resources(config)), volumes=shm,
+        # the JobSet's Job has the same (`workflows.jobset`); here counted from when a node's kubelet took the pod
+        active_deadline_seconds=config.update_timeout_s, **hera_placement(config.update_pod),
     )
 
 
@@ -472,10 +495,10 @@ def update_nodes_template(config: RunConfig, iteration: int) -> Resource:
     env and resources, and the Workflow's service account."""
     labels = {ROLE: "update", **update_labels(config, iteration), UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"}
     env = [e.build().model_dump(by_alias=True, exclude_none=True) for e in s3_env(config)]
-    resources = update_resources(config).build().model_dump(by_alias=True, exclude_none=True)
+    resources = update_resources(config)
     manifest = jobset.update_jobset(config, iteration, image(config, "train"), env, resources, labels,
                                     config.service_account)
-    return Resource(name="update", action="create", set_owner_reference=True,
+    return Resource(name="update", action="create", set_owner_reference=True, **hera_placement(config.steps_pod),
                     success_condition=jobset.SUCCESS_CONDITION, failure_condition=jobset.FAILURE_CONDITION,
                     manifest=yaml.safe_dump(manifest, sort_keys=False),
                     outputs=[Parameter(name="jobset", value_from=ValueFrom(json_path="{.metadata.name}"))])
@@ -486,18 +509,29 @@ def update_labels(config: RunConfig, iteration: int) -> dict[str, str]:
     return {RUN_LABEL: run_label(config), ITERATION_LABEL: str(iteration)}
 
 
-def delete_update_template(name: str, labels: dict[str, str]) -> Resource:
+def delete_update_template(config: RunConfig, name: str, labels: dict[str, str]) -> Resource:
     """Deletes the update JobSets labelled `labels` (none: nothing to do) and waits until they and their pods are
     gone (foreground cascade), so that no earlier update still writes the checkpoint the next one writes."""
     selector = ",".join(f"{key}={value}" for key, value in labels.items())
-    return Resource(name=name, action="delete", flags=[jobset.CRD, "-l", selector, "--cascade=foreground", "--wait"])
+    return Resource(name=name, action="delete", flags=[jobset.CRD, "-l", selector, "--cascade=foreground", "--wait"],
+                    **hera_placement(config.steps_pod))
 
 
 def wait_template(config: RunConfig, iteration: int) -> Container:
     """Waits (CPU only) for the checkpoint the previous iteration's update writes (`steps.follow wait`)."""
     return Container(name="wait-checkpoint", image=image(config, "steps"), working_dir="/opt/openforge/app",
                      command=commands.wait_checkpoint(config, iteration), env=s3_env(config),
-                     resources=Resources(cpu_request=0.1, memory_request="256Mi"))
+                     # the step gives up by itself after update_timeout_s, with a sentence saying why
+                     **step_pod(config, "100m", "256Mi", deadline=False))
+
+
+def step_pod(config: RunConfig, cpu: str, memory: str | None = None, labels: dict[str, str] | None = None,
+             deadline: bool = True) -> dict:
+    """A small step's Hera keyword arguments: its requests, `cpu` and `memory` and `STEP_STORAGE` unless `steps_pod`
+    sets them, the group's placement and `labels`, and with `deadline` its `step_timeout_s`."""
+    return {"resources": ResourceRequirements(**requirements(config.steps_pod, cpu, memory, STEP_STORAGE)),
+            "active_deadline_seconds": config.step_timeout_s if deadline else None,
+            **hera_placement(config.steps_pod, labels)}
 
 
 def this_workflows(role: str) -> dict:
@@ -534,9 +568,10 @@ def serve_policy() -> dict:
                      "ingress": [{"from": clients, "ports": [{"protocol": "TCP", "port": commands.PROXY_PORT}]}]}}
 
 
-def policy_template(name: str, policy: dict) -> Resource:
+def policy_template(config: RunConfig, name: str, policy: dict) -> Resource:
     """Applies one NetworkPolicy, owned by the Workflow so that Kubernetes deletes it with the Workflow."""
-    return Resource(name=name, action="apply", set_owner_reference=True, manifest=yaml.safe_dump(policy, sort_keys=False))
+    return Resource(name=name, action="apply", set_owner_reference=True,
+                    manifest=yaml.safe_dump(policy, sort_keys=False), **hera_placement(config.steps_pod))
 
 
 def isolation_policies(config: RunConfig) -> dict[str, dict]:
@@ -550,7 +585,7 @@ def isolation_policies(config: RunConfig) -> dict[str, dict]:
 def record_template(config: RunConfig, iteration: int) -> Container:
     """The exit handler's first step: the iteration's final phase into the run manifest, whatever happened."""
     return Container(
-        name="record", image=image(config, "steps"), env=s3_env(config), resources=Resources(cpu_request=0.1),
+        name="record", image=image(config, "steps"), env=s3_env(config), **step_pod(config, "100m"),
         command=commands.record(config, iteration, "{{workflow.name}}", "{{workflow.status}}",
                                 config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)),
     )
@@ -559,7 +594,7 @@ def record_template(config: RunConfig, iteration: int) -> Container:
 def report_template(config: RunConfig) -> Container:
     """The exit handler's second step: the run's report, rewritten in the store with this iteration in it."""
     return Container(name="report", image=image(config, "steps"), env=s3_env(config),
-                     command=commands.report(config), resources=Resources(cpu_request=1, memory_request="2Gi"))
+                     command=commands.report(config), **step_pod(config, "1", "2Gi"))
 
 
 def exit_dag(delete_update: bool = False) -> DAG:
@@ -625,8 +660,9 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
     `eval_every`, it evaluates the checkpoint it serves where that is due (`RunConfig.evaluates_at`)."""
     evaluation, nodes = config.evaluates_at(iteration), config.update_nodes > 1
     waits = shape.update_waits(config, iteration)
-    delete = [delete_update_template("clean-update", update_labels(config, iteration)),
-              delete_update_template("delete-update", {UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"})] if nodes else []
+    delete = [delete_update_template(config, "clean-update", update_labels(config, iteration)),
+              delete_update_template(config, "delete-update", {UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"})
+              ] if nodes else []
     templates = [dag("iteration", shape.iteration(config, iteration)), collect_dag(config, evaluation),
                  serve_template(config, iteration), plan_template(config, iteration), *rollout_templates(config, iteration),
                  trajectories_template(config, iteration), update_template(config, iteration), *delete,
@@ -638,12 +674,13 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
 
 def run_workflow(config: RunConfig, name: str, templates: list, labels: dict[str, str]) -> Workflow:
     """A Workflow of the run: its first template the entrypoint, the NetworkPolicies' templates added, the run's
-    label, the report link, the exit handler `exit`; pods collected on success, the Workflow kept a week."""
-    templates = [*templates, *(policy_template(n, policy) for n, policy in isolation_policies(config).items())]
+    label, the report link, the exit handler `exit`; pods collected on success, the Workflow kept a week, failed
+    (its running pods stopped) `workflow_timeout_s` after it started (Argo's spec.activeDeadlineSeconds)."""
+    templates = [*templates, *(policy_template(config, n, policy) for n, policy in isolation_policies(config).items())]
     return Workflow(
         name=name, namespace=config.namespace, labels={RUN_LABEL: run_label(config), **labels},
         annotations={"workflows.argoproj.io/description": report_link(config), RUN_NAME_ANNOTATION: config.run},
         entrypoint=templates[0].name, on_exit="exit", templates=templates,
-        service_account_name=config.service_account,
+        service_account_name=config.service_account, active_deadline_seconds=config.workflow_timeout_s,
         pod_gc=PodGC(strategy="OnWorkflowSuccess"), ttl_strategy=TTLStrategy(seconds_after_success=7 * 24 * 3600),
     )

@@ -15,6 +15,7 @@ import hashlib
 
 from steps.contracts import layout
 from workflows import commands
+from workflows.pods import placement, queue_labels
 from steps.contracts.config import RunConfig
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -80,7 +81,8 @@ def update_jobset(config: RunConfig, iteration: int, image: str, env: list[dict]
                   labels: dict[str, str], service_account: str) -> dict:
     """The JobSet of iteration `iteration`'s update: `update_nodes` pods in `image`, each with `env` (plus its rank's)
     and `resources`, labelled `labels`, running as `service_account` (the Workflow's: its imagePullSecrets), failed
-    `update_timeout_s` after its Job started; named `NAME`, one per Workflow."""
+    `update_timeout_s` after its Job started; named `NAME`, one per Workflow. The pods are placed as `update_pod`
+    says (`workflows.pods.placement`); its Kueue queue labels the JobSet, where Kueue reads it."""
     nodes = config.update_nodes
     pod = {
         "metadata": {"labels": dict(labels)},  # a copy: YAML would write the shared dict as an alias
@@ -95,6 +97,7 @@ def update_jobset(config: RunConfig, iteration: int, image: str, env: list[dict]
                 "volumeMounts": [{"name": SHM_VOLUME, "mountPath": SHM_PATH}],
             }],
             "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": SHM_MEDIUM}}],
+            **placement(config.update_pod),
         },
     }
     # The deadline counts from the Job's start, Pending pods included: pods that never schedule (no free GPUs, a
@@ -104,7 +107,7 @@ def update_jobset(config: RunConfig, iteration: int, image: str, env: list[dict]
            "activeDeadlineSeconds": config.update_timeout_s, "template": pod}
     return {
         "apiVersion": API_VERSION, "kind": "JobSet",
-        "metadata": {"name": NAME, "labels": labels},
+        "metadata": {"name": NAME, "labels": queue_labels(config.update_pod, labels)},
         "spec": {
             # A pod's failure fails its Job (backoffLimit 0) and the JobSet (no restart): the ranks left would
             # wait on a rendezvous that cannot complete.

@@ -10,10 +10,48 @@ stored run's config (the manifest's `run.json`) without importing the wiring abo
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NewType
 
 from steps.contracts import layout
 from steps.contracts.limits import MIB, Bounds
+
+
+# A Kubernetes quantity ("8", "500m", "64Gi"): text, though a config may write a plain number (`cpu: 8`).
+Quantity = NewType("Quantity", str)
+# The taint GPU node pools commonly carry (GKE puts it on GPU nodes of a cluster that has other nodes too:
+# cloud.google.com/kubernetes-engine/docs/how-to/gpus): the serve and update pods tolerate it, no other pod does.
+GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    """Where and with what one group of the Workflow's pods runs (serve, rollout, update, steps): one mapping key
+    of the run's config (`serve_pod: {cpu: 16, node_selector: {pool: h100}}`), whose unset fields keep the group's
+    defaults (docs/config.md, "Pods")."""
+
+    node_selector: dict[str, str] = field(default_factory=dict)  # node labels the pods must have
+    tolerations: tuple[dict, ...] = ()  # Kubernetes tolerations: key, operator, value, effect, tolerationSeconds
+    avoid_gpu_nodes: bool = False  # never on a node labelled nvidia.com/gpu.present=true (but a GPU task's rollout)
+    priority_class: str = ""  # a PriorityClass's name; empty: the cluster's default
+    queue: str = ""  # a Kueue LocalQueue: the label kueue.x-k8s.io/queue-name; empty: no queue
+    cpu: Quantity = Quantity("")  # requests; empty: OpenForge's own for each pod (the rollout's: its task's)
+    memory: Quantity = Quantity("")
+    ephemeral_storage: Quantity = Quantity("")
+    cpu_limit: Quantity = Quantity("")  # limits; empty: none (the rollout's: its task's)
+    memory_limit: Quantity = Quantity("")
+    ephemeral_storage_limit: Quantity = Quantity("")
+    pod_spec_patch: dict = field(default_factory=dict)  # pod spec fields merged into the group's pods (podSpecPatch)
+
+
+def gpu_pods() -> PodSettings:
+    """The serve and update pods' defaults: they tolerate the GPU taint."""
+    return PodSettings(tolerations=(GPU_TAINT_TOLERATION,))
+
+
+def cpu_pods() -> PodSettings:
+    """The rollout and small steps' defaults: kept off GPU nodes."""
+    return PodSettings(avoid_gpu_nodes=True)
 
 
 @dataclass(frozen=True)
@@ -92,7 +130,17 @@ class RunConfig:
     serve_gpus: int = 1  # per replica: vLLM's tensor parallelism
     update_gpus: int = 1  # per update node: torchrun's processes there (FSDP2 shards the model over all of them)
     update_nodes: int = 1  # more than 1: the update runs as a JobSet across that many pods (docs/workflows.md)
-    update_timeout_s: int = 6 * 3600  # update_nodes > 1: the JobSet fails this long after it started, Pending included
+    update_timeout_s: int = 6 * 3600  # the update's deadline: its pod's, or across nodes its JobSet's Job's
+    # where the pods run and what they request, by group (docs/config.md, "Pods")
+    serve_pod: PodSettings = field(default_factory=gpu_pods)
+    rollout_pod: PodSettings = field(default_factory=cpu_pods)
+    update_pod: PodSettings = field(default_factory=gpu_pods)
+    steps_pod: PodSettings = field(default_factory=cpu_pods)  # plan, trajectories, evaluate, record, report, ...
+    serve_shm: Quantity = Quantity("16Gi")  # the serve pod's memory-backed /dev/shm (vLLM's tensor parallelism)
+    # deadlines (docs/workflows.md, "Deadlines"): each Workflow's, the serve daemon's, each small step's
+    workflow_timeout_s: int = 24 * 3600
+    serve_timeout_s: int = 12 * 3600
+    step_timeout_s: int = 2 * 3600
     rollout_retries: int = 3
     # what one rollout may take and leave behind (docs/reliability.md, "Limits")
     harness_memory_mb: int = 0  # the harness's own memory beside the task's memory_mb; 0: the harness's own allowance
