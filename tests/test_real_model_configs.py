@@ -118,11 +118,13 @@ def test_max_model_len_0_is_the_local_model_s_own_length(tiny_model: Path) -> No
 
 
 def test_an_argo_run_must_set_max_model_len() -> None:
-    """On Argo the model is not here to read its length from: 0 is refused in one sentence; set, it passes."""
+    """On Argo the model is not here to read its length from: 0 is refused in one sentence for a training run;
+    set, it passes, and an eval run (no update) may leave it to vLLM."""
     config = load_config(QWEN3_8B, ["max_model_len=0"])
     with pytest.raises(ConfigError, match="config key 'max_model_len' must be set for an Argo run"):
         validate_for_argo(config)
     validate_for_argo(load_config(QWEN3_8B))  # control
+    validate_for_argo(config, training=False)
 
 
 def test_default_micro_batch_holds_cpu_serving_length() -> None:
@@ -194,3 +196,29 @@ def test_the_update_trains_uneven_mini_batches_as_a_plain_loop_would(tiny_model:
 def worst_difference(trained: dict, state: dict) -> float:
     """The largest absolute difference between the worker's parameters and a model's, by HF name."""
     return max((trained[name].detach() - state[name]).abs().max().item() for name in trained)
+
+
+@pytest.mark.slow
+def test_two_ranks_train_uneven_mini_batches_as_one_rank_does(tiny_model: Path, tmp_path: Path) -> None:
+    """9 samples in 2 mini-batches (5, 4) through `python -m steps.update` on 1 rank and under torchrun on 2 (the
+    first mini-batch's odd row pairs with a filler): the same two AdamW steps (training env only)."""
+    pytest.importorskip("verl", reason="verl==0.9.1 is not installed in this environment (the training env)")
+    from safetensors.torch import load_file
+    from test_update_ranks import WEIGHTS, launcher_free_env, metrics, relative_difference, weights
+    from update_reference import craft_samples, write_samples
+
+    trajectories = write_samples(craft_samples(tiny_model, seed=0), tmp_path / "samples")
+    config = tmp_path / "update.yaml"
+    config.write_text((REPO / "configs" / "update.yaml").read_text()
+                      + "compute_dtype: fp32\nweight_decay: 0.0\nmini_batches: 2\n")
+    runs = {}
+    for gpus in (1, 2):
+        run = RunConfig(update_gpus=gpus, update_config=str(config), learning_rate=1e-3)
+        command = commands.update(run, str(trajectories), str(tiny_model), str(tmp_path / f"ranks-{gpus}"),
+                                  python=sys.executable)
+        done = subprocess.run(command, cwd=REPO, env={**launcher_free_env(), "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, timeout=900)
+        runs[gpus] = {"code": done.returncode, "stderr": done.stderr, "out": tmp_path / f"ranks-{gpus}"}
+    assert metrics(runs[1])["optimizer_steps"] == metrics(runs[2])["optimizer_steps"] == 2
+    base = load_file(str(tiny_model / "model.safetensors"))
+    assert relative_difference(weights(runs[1]), weights(runs[2]), base) < WEIGHTS

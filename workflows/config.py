@@ -218,14 +218,15 @@ def dataset_path(config: RunConfig, dataset: str | None = None) -> Path:
     return path if path.is_absolute() else REPO_ROOT / path
 
 
-def validate_for_argo(config: RunConfig) -> None:
+def validate_for_argo(config: RunConfig, training: bool = True) -> None:
     """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3 (and so
-    must the model, unless an `upstream` serves the evaluation and nothing is loaded)."""
+    must the model, unless an `upstream` serves the evaluation and nothing is loaded); a `training` run must set
+    `max_model_len`, which its update's micro-batch is checked against."""
     for key in ("store", *(() if config.upstream else ("model",))):
         if not getattr(config, key).startswith("s3://"):
             raise ConfigError(f"config key {key!r} must be an s3:// URL for an Argo run (pods share no folder), "
                               f"got {getattr(config, key)!r}")
-    if not config.upstream and not config.max_model_len:  # the model is not here to read its length from
+    if training and not config.max_model_len:  # the model is not here to read its length from
         raise ConfigError("config key 'max_model_len' must be set for an Argo run (0, the model's own length, "
                           "cannot be read before the model is fetched), e.g. 40960 for Qwen3; the update's "
                           "max_tokens_per_micro_batch must be at least that")
