@@ -79,15 +79,16 @@ def actor_config(config: UpdateConfig):
                            policy_loss={"loss_mode": config.policy_loss})
 
 
-def reference_update(model, batch: Batch, config: UpdateConfig) -> dict[str, float]:
-    """One update of `model` in place with veRL's policy loss and torch's AdamW; returns loss and grad norm."""
+def reference_update(model, batch: Batch, config: UpdateConfig, optimizer=None) -> dict[str, float]:
+    """One update of `model` in place with veRL's policy loss and torch's AdamW (`optimizer`, to continue one
+    across steps; default a fresh one); returns loss and grad norm."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     prompt_width = batch.prompts.shape[1]
     input_ids = torch.cat([batch.prompts, batch.responses], dim=1)
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=tuple(config.betas),
-                                  weight_decay=config.weight_decay)
+    optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
+                                               betas=tuple(config.betas), weight_decay=config.weight_decay)
     model.train()
     logits = model(input_ids=input_ids, attention_mask=batch.attention_mask, position_ids=position_ids).logits
     logits = logits[:, prompt_width - 1:-1].float() / config.temperature

@@ -17,12 +17,22 @@ from steps.contracts.config import RunConfig
 PROXY_PORT = 8100
 
 
+# The update's keys the run sets itself (`update_overrides`), each with the run's key that sets it: `update_args`
+# may not set them, so the update and the rest of the run (the sampler, the plan) cannot disagree.
+RUN_UPDATE_KEYS = {"adv_estimator": "adv_estimator", "learning_rate": "learning_rate", "epochs": "epochs",
+                   "seed": "seed", "temperature": "temperature", "unmatched_sampling": "allow_unmatched_sampling"}
+
+
 def update_overrides(config: RunConfig) -> list[str]:
-    """The run's algorithm settings as `key=value` overrides of the update's own config file (same names); its
-    logprobs are computed at the temperature the rollouts were sampled with, and it is told of settings it
-    cannot reproduce."""
+    """The run's `update_args`, then its algorithm settings, as `key=value` overrides of the update's own config
+    file (same names); its logprobs are computed at the temperature the rollouts were sampled with, and it is told
+    of settings it cannot reproduce.
+
+    >>> update_overrides(RunConfig(update_args=("mini_batches=4",)))[:2]
+    ['mini_batches=4', 'adv_estimator=grpo']
+    """
     unmatched = sampling.unmatched(sampling.settings(config))
-    return [f"adv_estimator={config.adv_estimator}", f"learning_rate={config.learning_rate!r}",
+    return [*config.update_args, f"adv_estimator={config.adv_estimator}", f"learning_rate={config.learning_rate!r}",
             f"epochs={config.epochs}", f"seed={config.seed}", f"temperature={config.temperature!r}",
             *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else [])]
 

@@ -11,6 +11,7 @@ anything starts.
 import dataclasses
 import difflib
 import ipaddress
+import json
 import re
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFami
 from steps.update import config as update_config
 from steps.vllm_server import check_vllm_args
 from workflows import datasets
-from workflows.commands import update_overrides
+from workflows.commands import RUN_UPDATE_KEYS, update_overrides
 from steps.contracts.config import PodSettings, RunConfig
 
 
@@ -36,6 +37,9 @@ S3_CREDENTIALS = ("secret", "pod-identity")  # `s3_credentials`: keys from `s3_s
 # An AWS region code (us-east-1, eu-central-2, us-gov-west-1, ap-southeast-4): docs.aws.amazon.com/general/latest/gr/
 # rande.html. Other S3-compatible stores name theirs freely (MinIO's default is us-east-1): only the shape is checked.
 REGION = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+# vLLM's keys for a model's length, in its order (model_arch_config_convertor.derive_max_model_len_and_key).
+MODEL_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                     "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
 MIN_MAX_PIXELS = 28 * 28  # the smallest pixel cap that still holds one merged patch (Qwen2.5-VL's 2x2 of 14 px)
 POD_GROUPS = ("serve_pod", "rollout_pod", "update_pod", "steps_pod")  # RunConfig's PodSettings, one per pod group
 # Kubernetes' quantity syntax, a sign left out (kubernetes.io/docs/reference/kubernetes-api/common-definitions/
@@ -175,7 +179,7 @@ def check_serving(config: RunConfig) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     check_vision_serving(config)
-    model = Path(config.model) if Path(config.model).exists() else REPO_ROOT / config.model
+    model = model_folder(config)
     if not config.tool_call_parser and (model / "config.json").is_file():
         try:
             tool_call_parser_for(model)
@@ -249,22 +253,75 @@ def check_vision_serving(config: RunConfig) -> None:
 
 
 def check_update_config(config: RunConfig) -> None:
-    """The update step's own checks of its config file with the run's overrides, now rather than after the
-    first iteration's rollouts (`steps.update.config`)."""
+    """The update step's own checks of its config file with the run's overrides (`update_args` and the keys the
+    run sets), now rather than after the first iteration's rollouts (`steps.update.config`); and that its
+    micro-batch holds the longest sample the served model can make (`check_micro_batch`)."""
+    for item in config.update_args:
+        key = item.partition("=")[0].strip()
+        if "=" not in item:
+            raise ConfigError(f"config key 'update_args' takes key=value overrides of the update's config "
+                              f"(e.g. \"mini_batches=4\"), got {item!r}")
+        if key in RUN_UPDATE_KEYS:
+            raise ConfigError(f"config key 'update_args' may not set {key!r}, which the run sets itself; set the "
+                              f"run's {RUN_UPDATE_KEYS[key]!r} instead")
     try:
-        update_config.load_config(REPO_ROOT / config.update_config, update_overrides(config))
+        update = update_config.load_config(REPO_ROOT / config.update_config, update_overrides(config))
     except ConfigError as exc:
-        raise ConfigError(f"the update's config ({config.update_config} with the run's adv_estimator, learning_rate, "
-                          f"epochs and seed): {exc}") from None
+        raise ConfigError(f"the update's config ({config.update_config} with the run's update_args, adv_estimator, "
+                          f"learning_rate, epochs and seed): {exc}") from None
+    if not config.upstream:  # an upstream is only evaluated: nothing is trained
+        check_micro_batch(config, update.max_tokens_per_micro_batch)
 
 
-def validate_for_argo(config: RunConfig) -> None:
+def check_micro_batch(config: RunConfig, micro_batch: int) -> None:
+    """Refuses a micro-batch smaller than the longest sample: a sample (a call's prompt + response) is at most
+    `max_model_len` tokens and is never split over micro-batches, and the update refuses a longer one only after
+    the iteration's rollouts ran (`steps.update.train.check_inputs`). `max_model_len` 0 is the model's own length,
+    read from its config.json when it is a folder here; elsewhere it is checked by `validate_for_argo`."""
+    longest = config.max_model_len or model_length(model_folder(config))
+    if longest and micro_batch < longest:
+        source = f"max_model_len={config.max_model_len}" if config.max_model_len else \
+            f"max_model_len=0 (the model's own {longest})"
+        raise ConfigError(f"the update's max_tokens_per_micro_batch={micro_batch} is less than {source}, so a "
+                          f"sample that long would be refused after its rollouts ran; set update_args: "
+                          f"[\"max_tokens_per_micro_batch={longest}\"] or more, or a smaller max_model_len")
+
+
+def model_folder(config: RunConfig) -> Path:
+    """The model as a folder on this machine (it may not be one: an s3:// URL, a hub id, one not built yet)."""
+    return Path(config.model) if Path(config.model).exists() else REPO_ROOT / config.model
+
+
+def model_length(folder: Path) -> int:
+    """The longest prompt + response the checkpoint in `folder` takes as vLLM derives it with no max_model_len:
+    the smallest of its text config's length keys (vLLM 0.32
+    `ModelArchConfigConvertorBase.derive_max_model_len_and_key`; rope scaling, which no checkpoint here ships, is
+    not applied); 0 when there is no readable config.json.
+
+    >>> model_length(Path("/nonexistent"))
+    0
+    """
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    text = raw.get("text_config") or raw
+    lengths = [text[key] for key in MODEL_LENGTH_KEYS if isinstance(text.get(key), int)]
+    return text["model_max_length"] if isinstance(text.get("model_max_length"), int) else min(lengths, default=0)
+
+
+def validate_for_argo(config: RunConfig, training: bool = True) -> None:
     """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3 (and so
-    must the model, unless an `upstream` serves the evaluation and nothing is loaded)."""
+    must the model, unless an `upstream` serves the evaluation and nothing is loaded); a `training` run must set
+    `max_model_len`, which its update's micro-batch is checked against."""
     for key in ("store", *(() if config.upstream else ("model",))):
         if not getattr(config, key).startswith("s3://"):
             raise ConfigError(f"config key {key!r} must be an s3:// URL for an Argo run (pods share no folder), "
                               f"got {getattr(config, key)!r}")
+    if training and not config.max_model_len:  # the model is not here to read its length from
+        raise ConfigError("config key 'max_model_len' must be set for an Argo run (0, the model's own length, "
+                          "cannot be read before the model is fetched), e.g. 40960 for Qwen3; the update's "
+                          "max_tokens_per_micro_batch must be at least that")
     # The datasets go to the store at submit (workflows.datasets); the update's config is read in the images.
     if Path(config.update_config).is_absolute():
         raise ConfigError(f"config key 'update_config' must be relative to the repository for an Argo run "

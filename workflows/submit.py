@@ -238,7 +238,7 @@ def checked(workflow: Workflow) -> Workflow:
 def build_workflows(config: RunConfig, evaluation: bool = False) -> list[tuple[str, Workflow]]:
     """Every Workflow of the run, each with what it is: the iterations' and (with `eval_every`) the final
     checkpoint's evaluation; an eval run's (`evaluation`) one evaluation. Each is checked offline."""
-    validate_for_argo(config)
+    validate_for_argo(config, training=not evaluation)
     if evaluation:
         return [(f"the evaluation of eval run {config.run}", checked(evaluation_workflow(config, 0)))]
     workflows = [(f"iteration {i} of run {config.run}", checked(iteration_workflow(config, i)))

@@ -102,6 +102,9 @@ class RunConfig:
     upstream_model: str = ""  # the model name that upstream serves; empty: `model_name`
     # the update: its own flat YAML (steps/update/config.py), plus these run-level settings as overrides
     update_config: str = "configs/update.yaml"
+    # more of the update's keys as key=value overrides of update_config (e.g. ["mini_batches=4"]): a cluster's
+    # train image has configs/update.yaml baked in, so this is how a run changes any other update key
+    update_args: tuple[str, ...] = ()
     adv_estimator: str = "grpo"  # veRL's advantage estimator: grpo, rloo, ... (steps/update/config.py)
     learning_rate: float = 1e-6  # AdamW's, constant
     epochs: int = 1  # passes over the iteration's samples

@@ -69,7 +69,7 @@ class UpdateConfig:
     tis_threshold: float = 2.0
     temperature: float = 1.0  # set by the run: the temperature its rollouts were sampled at
     unmatched_sampling: str = ""  # set by the run: sampling it cannot reproduce ("top_p=0.9"), named in the metrics
-    max_tokens_per_micro_batch: int = 16384
+    max_tokens_per_micro_batch: int = 32768
     compute_dtype: str = "bf16"
     seed: int = 0
 

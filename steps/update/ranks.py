@@ -56,21 +56,40 @@ def refuse(line: str) -> int:
     return REFUSED
 
 
+def mini_batch_sizes(samples: int, mini_batches: int) -> list[int]:
+    """The sizes of the consecutive mini-batches `samples` rows split into: `mini_batches` of them (fewer when there
+    are fewer samples), as near equal as can be, the first ones a row larger where the count does not divide.
+    Any sample count trains, though it varies per iteration (failed rollouts, multi-sample rollouts); the
+    advantages are the whole batch's groups', computed before the split, so it changes no group.
+
+    >>> mini_batch_sizes(7, 3), mini_batch_sizes(8, 4), mini_batch_sizes(2, 4), mini_batch_sizes(0, 2)
+    ([3, 2, 2], [2, 2, 2, 2], [1, 1], [])
+    """
+    if not samples:
+        return []
+    count = min(mini_batches, samples)
+    size, extra = divmod(samples, count)
+    return [size + (k < extra) for k in range(count)]
+
+
 def shard_rows(samples: int, mini_batches: int, world_size: int) -> list[list[int]]:
-    """Each rank's rows of a batch of `samples` rows in `mini_batches` equal mini-batches (in order, as one rank
+    """Each rank's rows of a batch of `samples` rows in its mini-batches (`mini_batch_sizes`, in order, as one rank
     trains them): rank r's k-th mini-batch is its consecutive part of the k-th. Where a mini-batch does not
     split evenly, its last ranks get row `samples`, the empty filler sample (`batch.FILLER`: no trained token).
 
     >>> shard_rows(4, 1, 1), shard_rows(5, 1, 2), shard_rows(4, 2, 2)
     ([[0, 1, 2, 3]], [[0, 1, 2], [3, 4, 5]], [[0, 2], [1, 3]])
+    >>> shard_rows(7, 3, 2)
+    [[0, 1, 3, 5], [2, 7, 4, 6]]
     """
-    size = samples // mini_batches
-    per_rank = -(-size // world_size)
     shards: list[list[int]] = [[] for _ in range(world_size)]
-    for first in range(0, samples, size):
+    first = 0
+    for size in mini_batch_sizes(samples, mini_batches):
+        per_rank = -(-size // world_size)
         rows = [*range(first, first + size), *[samples] * (per_rank * world_size - size)]
         for rank, shard in enumerate(shards):
             shard.extend(rows[rank * per_rank:(rank + 1) * per_rank])
+        first += size
     return shards
 
 

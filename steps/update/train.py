@@ -151,21 +151,33 @@ def batch_logprobs(worker, batch: Batch, shards: list[list[int]], rank: int,
 
 
 def train(worker, batch: Batch, config: UpdateConfig, world_size: int = 1, samples: int | None = None) -> dict:
-    """One call of veRL's `train_mini_batch`: `epochs` passes of `mini_batches` optimiser steps each.
+    """`epochs` passes over the mini-batches (`ranks.mini_batch_sizes`), one optimiser step each; returns veRL's
+    metrics, each a list over the steps.
 
     `batch` is this rank's shard (`ranks.shard_rows`) of a batch of `samples` real samples (default: all its
-    rows, one rank); veRL's mini-batch size is the global one, fillers included, while the sequence-mean
-    losses divide by the real samples of a mini-batch.
+    rows, one rank). Each mini-batch is its own call of veRL's `train_mini_batch`, which takes one
+    `mini_batch_size` (the global one, fillers included) and one `global_batch_size` (the real samples the
+    sequence-mean losses divide by) per call: near-equal mini-batches differ by a sample, so one call could not
+    size them all. In order and unshuffled, as veRL's own epochs over one call would run them.
     """
     from verl.utils import tensordict_utils as tu
 
-    mini_batch_size = len(batch.loss_weights) * world_size // config.mini_batches
-    real = (samples if samples is not None else len(batch.loss_weights)) // config.mini_batches
-    td = batch.to_tensordict(config.temperature)
-    tu.assign_non_tensor(td, calculate_entropy=config.entropy_coeff != 0, global_batch_size=real,
-                         mini_batch_size=mini_batch_size, epochs=config.epochs, seed=config.seed,
-                         dataloader_kwargs={"shuffle": False}, compute_loss=True)
-    return tu.get(worker.train_mini_batch(td), "metrics")
+    parts, first = [], 0
+    for size in update_ranks.mini_batch_sizes(samples if samples is not None else len(batch.loss_weights),
+                                              config.mini_batches):
+        per_rank = -(-size // world_size)
+        parts.append((batch.rows(list(range(first, first + per_rank))), size, per_rank * world_size))
+        first += per_rank
+    metrics: dict[str, list] = {}
+    for _ in range(config.epochs):
+        for part, real, rows in parts:
+            td = part.to_tensordict(config.temperature)
+            tu.assign_non_tensor(td, calculate_entropy=config.entropy_coeff != 0, global_batch_size=real,
+                                 mini_batch_size=rows, epochs=1, seed=config.seed,
+                                 dataloader_kwargs={"shuffle": False}, compute_loss=True)
+            for key, value in tu.get(worker.train_mini_batch(td), "metrics").items():
+                metrics.setdefault(key, []).extend(value if isinstance(value, list) else [value])
+    return metrics
 
 
 def no_gradient(advantages: dict[str, float], config: UpdateConfig) -> bool:
@@ -222,8 +234,6 @@ def check_inputs(samples: list[Sample], checkpoint: Path, config: UpdateConfig) 
                 raise update_batch.SampleError(
                     f"{update_batch.describe(sample)}: {name} is {getattr(sample, name)!r} but "
                     f"{update_batch.describe(other)} has {getattr(other, name)!r}; a rollout's samples share one")
-    if len(samples) % config.mini_batches:
-        raise ConfigError(f"mini_batches={config.mini_batches} must divide the number of samples ({len(samples)})")
     longest = max(samples, key=lambda s: len(s.prompt_token_ids) + len(s.response_token_ids))
     tokens = len(longest.prompt_token_ids) + len(longest.response_token_ids)
     if tokens > config.max_tokens_per_micro_batch:  # veRL's micro-batching asserts it, after the model loaded
@@ -293,14 +303,15 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, im
     train_s = time.perf_counter() - train_started
     mask = batch.response_mask.bool()
     tokens = int(mask.sum())
+    steps = config.epochs * len(update_ranks.mini_batch_sizes(len(samples), config.mini_batches))
     metrics = {
         "loss": _mean(train_metrics["loss"]), "grad_norm": _mean(train_metrics["grad_norm"]),
         "entropy": float(entropy[mask].mean()) if tokens else 0.0,
         "reward_mean": update_batch.reward_mean(samples),
         "logprob_gap": correction.pop("logprob_gap"),
-        "samples": len(samples), "optimizer_steps": config.epochs * config.mini_batches,
+        "samples": len(samples), "optimizer_steps": steps,
         "optimizer_state": optimizer_state,
-        "optimizer_steps_total": steps_before + config.epochs * config.mini_batches,
+        "optimizer_steps_total": steps_before + steps,
         "tokens_trained": tokens * config.epochs,
         "train_s": train_s, "tokens_per_s": tokens * config.epochs / train_s, **correction,
         "total_s": time.perf_counter() - started, **unmatched,
