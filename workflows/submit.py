@@ -47,11 +47,11 @@ from steps.contracts import layout  # noqa: E402
 from workflows import commands, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
-from workflows.config import ConfigError, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.config import ConfigError, egress_auto, from_dict, load_config, validate_for_argo  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402
-from workflows.preflight import preflight  # noqa: E402
+from workflows.preflight import preflight, with_api_server  # noqa: E402
 
 ACTIONS = ("run", "eval", "status", "retry", "resubmit", "resume")
 EVAL_FLAGS = ("dataset", "k", "model", "checkpoint", "upstream", "upstream_model")
@@ -201,21 +201,30 @@ def build_workflows(config: RunConfig, evaluation: bool = False) -> list[tuple[s
 
 
 def print_workflows(config: RunConfig, evaluation: bool = False) -> None:
-    """Every Workflow of the run as YAML documents on stdout."""
-    for title, workflow in build_workflows(config, evaluation):
+    """Every Workflow of the run as YAML documents on stdout. A dry run reads no cluster: with
+    `rollout_egress_cidrs: auto` the rollout pods' policy lists no CIDR yet, and stderr says so."""
+    workflows = build_workflows(config, evaluation)
+    if config.network_policy and egress_auto(config):
+        print("dry run: rollout_egress_cidrs is auto, so the rollout pods' NetworkPolicy lists the Kubernetes API "
+              "server's addresses only once they are read from the cluster at submit; here it lists none",
+              file=sys.stderr)
+    for title, workflow in workflows:
         print(f"---\n# {title}")
         print(workflow.to_yaml(), end="")
 
 
-def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool = False) -> None:
-    """The cluster preflight (where reachable) and the server's lint of every Workflow; creates nothing."""
+def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool = False) -> RunConfig:
+    """The cluster preflight (where reachable) and the server's lint of every Workflow; creates nothing. Returns
+    the config to render the Workflows with (`rollout_egress_cidrs: auto` read from the cluster: `with_api_server`)."""
     notes, problems = preflight(config)
     for note in notes:
         print(f"preflight: {note}", file=sys.stderr)
     if problems:
         raise ConfigError("; ".join(problems))
+    config = with_api_server(config)
     for _, workflow in build_workflows(config, evaluation):
         client.lint(workflow)
+    return config
 
 
 def start(config: RunConfig, args: argparse.Namespace) -> int:
@@ -233,13 +242,13 @@ def start(config: RunConfig, args: argparse.Namespace) -> int:
     if not config.argo_server:
         return run_locally(config)
     client = argo_client(config)
-    check_before_submit(config, client)
+    submitted = check_before_submit(config, client)
     if manifest.read_run_config(config.run_url) is not None:
         raise ConfigError(f"run {config.run!r} already exists in {config.store}; continue it with "
                           f"`python workflows/submit.py resume --run {config.run}`")
     manifest.write_run_config(config.run_url, config.to_dict())
     print(f"run {config.run}: {config.iterations} iterations, manifest in {layout.manifest_url(config.run_url)}", flush=True)
-    return drive(config, client, args.poll)
+    return drive(submitted, client, args.poll)  # the manifest keeps `auto`: a resumed run reads the addresses anew
 
 
 def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> int:
@@ -253,11 +262,11 @@ def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> 
     if not config.argo_server:
         return run_locally(config, evaluates)
     client = argo_client(config)
-    check_before_submit(config, client, evaluation=True)
+    submitted = check_before_submit(config, client, evaluation=True)
     manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
     print(f"eval {config.run}: {evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
           f"k={config.eval_k}; manifest in {layout.manifest_url(config.run_url)}", flush=True)
-    return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
+    return drive_evaluation(submitted, client, 0, args.poll) or show_summary(config, 0)
 
 
 def run_locally(config: RunConfig, evaluates: dict | None = None) -> int:
@@ -525,6 +534,7 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
     if args.action == "resume" and not config.argo_server:
         return run_locally(config, evaluates)
     client = argo_client(config)
+    config = with_api_server(config)  # the Workflows it submits from here render the API server's addresses of now
     if args.action in ("retry", "resubmit"):
         entry = pick(config, args.iteration, evaluates is not None)
         if args.action == "retry":

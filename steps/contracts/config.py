@@ -94,9 +94,9 @@ class RunConfig:
     memo_max_age: str = "72h"
     # network isolation of the rollout pods (docs/workflows.md, "Network isolation")
     network_policy: bool = True  # the Workflow applies NetworkPolicies: rollout pods reach only the proxy
-    rollout_egress_cidrs: str = ""  # comma-separated CIDRs rollout pods may reach too: Argo's executor needs the
-    # Kubernetes API server and the S3 endpoint (the preflight names the API server's addresses)
-    rollout_dns: bool = False  # let rollout pods ask kube-dns (the executor reaching S3 by name needs it)
+    rollout_egress_cidrs: str = "auto"  # comma-separated CIDRs rollout pods may reach too: Argo's executor needs the
+    # Kubernetes API server's addresses; "auto": the `kubernetes` endpoints (and ClusterIP), read at submit
+    rollout_dns: bool = False  # let rollout pods ask kube-dns (nothing of OpenForge's needs it: all is by IP)
     rollout_oom_guard: bool = True  # the rollout container gets SYS_RESOURCE so its runner outlives an OOM kill
 
     def with_run_name(self) -> "RunConfig":
