@@ -350,7 +350,8 @@ def test_the_shipped_example_submits_with_the_api_servers_addresses(fake_argo, s
     argv = ["--config", str(CLUSTER), "--argo-server", fake_argo.url, "--poll", "0.01", f"store={s3_store}",
             "run=net", "iterations=1"]
     assert submit.main(argv) == 2 and fake_argo.requests == []
-    monkeypatch.setattr("workflows.preflight.load_core_api", lambda: (FakeCoreApi(), ""))
+    monkeypatch.setattr("workflows.preflight.load_core_api", lambda: (FakeCoreApi(["192.168.0.7"]), ""))
+    monkeypatch.setattr("kubernetes.client.DiscoveryV1Api", lambda api_client: FakeDiscoveryApi(ENDPOINTS))
     assert submit.main(argv) == 0
     applied = yaml.safe_load(template(fake_argo.workflows["openforge-net-it0"]["spec"], "isolate-rollouts")
                              ["resource"]["manifest"])
