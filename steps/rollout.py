@@ -233,12 +233,14 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
         enter(spec.out, "setup")
         if spec.harness not in HARNESSES:
             raise InfraError(f"unknown harness {spec.harness!r}; choose from {', '.join(HARNESSES)}")
-        task = load_task(spec.task)
-        result.task = task.name
-        taken, rollout = register(spec, {**spec.metadata, "task": task.name, "harness": spec.harness,
+        # Registered before the task is read (its name is its folder's), so that a task that cannot be read is
+        # still an infra error the proxy takes the result of (`send_result`), counted like any other.
+        taken, rollout = register(spec, {**spec.metadata, "task": spec.task.name, "harness": spec.harness,
                                          "sample": spec.sample})
         spec = replace(spec, rollout_id=taken)
         result.rollout_id = taken
+        task = load_task(spec.task)
+        result.task = task.name
         exe, harness = install_harness(spec)
         box = open_sandbox(spec.isolation, spec.out, task, bounds=spec.bounds, harness=harness,
                            budget=harness_budget(spec), agent_uid=spec.agent_uid)

@@ -157,6 +157,19 @@ def test_the_runner_sends_its_result_through_the_proxy(results_proxy, scripted, 
     assert (spec.out / "status").read_text() == "ok"
 
 
+def test_an_infra_error_result_reaches_the_store_too(results_proxy, s3_store: str, tmp_path: Path) -> None:
+    """A rollout whose task cannot be read (attempt 2, Argo's retry 1) is an infra_error whose result the proxy
+    stores all the same, in its retry's folder: the evaluation and the tables count it, as they did the S3
+    artifact's. (The runner registers before reading the task, so the proxy has opened its rollout.)"""
+    spec = RolloutSpec(task=tmp_path / "no-such-task", harness="direct", proxy_url=results_proxy.url,
+                       rollout_id="it3-no-such-task-s0", out=tmp_path / "out", admin_key=ADMIN_KEY, attempt=2,
+                       send_result="iteration")
+    result = run_rollout(spec)
+    assert result.status == "infra_error" and result.rollout_id == "it3-no-such-task-s0-a2"
+    kept = stored(layout.result_url(s3_store, 3, "it3-no-such-task-s0-r1"))
+    assert kept == json.loads((spec.out / "result.json").read_text()) and kept["status"] == "infra_error"
+
+
 def test_a_result_the_proxy_refuses_makes_an_infra_error(proxy, scripted, tmp_path: Path) -> None:
     """The proxy has no run to write into: the rollout ran and was graded, but its result cannot reach the store,
     so it is an infra_error (exit code 3: retried) and OUT says why."""
