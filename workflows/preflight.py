@@ -193,6 +193,8 @@ def api_server_cidrs(api, discovery=None) -> list[str]:
 
 UNREADABLE = ("set rollout_egress_cidrs to the API server's addresses (kubectl get endpointslices -n default "
               "-l kubernetes.io/service-name=kubernetes) or let this account read them")
+AUTO_UNREADABLE = ("rollout_egress_cidrs is auto, but the Kubernetes API server's addresses (the `kubernetes` "
+                   f"EndpointSlices or Endpoints in namespace default) could not be read: {UNREADABLE}")
 
 
 EMPTY = ("rollout_egress_cidrs is empty, so Argo's executor in each rollout pod cannot reach the Kubernetes API server "
@@ -224,9 +226,7 @@ def network_checks(api, config: RunConfig, discovery=None) -> tuple[list[str], l
     addresses = api_server_addresses(api, discovery)
     if egress_auto(config):
         if not addresses:
-            return notes, [f"rollout_egress_cidrs is auto, but the Kubernetes API server's addresses (the "
-                           f"`kubernetes` EndpointSlices or Endpoints in namespace default) could not be read: "
-                           f"{UNREADABLE}"]
+            return notes, [AUTO_UNREADABLE]
         cidrs = ", ".join(api_server_cidrs(api, discovery))
         return notes + [f"rollout pods may reach the Kubernetes API server at {cidrs} (rollout_egress_cidrs: auto)"], []
     if not egress_cidrs(config):
@@ -238,13 +238,14 @@ def network_checks(api, config: RunConfig, discovery=None) -> tuple[list[str], l
                        f"{', '.join(missing)} (the `kubernetes` endpoints in namespace default), which Argo's executor "
                        f"in each rollout pod must reach: add them, or set rollout_egress_cidrs to auto"]
     if not addresses:
-        notes.append(f"could not read the Kubernetes API server's addresses to check that rollout_egress_cidrs covers "
-                     f"them (the `kubernetes` endpoints in namespace default)")
+        notes.append("could not read the Kubernetes API server's addresses to check that rollout_egress_cidrs covers "
+                     "them (the `kubernetes` endpoints in namespace default)")
     return notes, []
 
 
 def preflight(config: RunConfig) -> tuple[list[str], list[str]]:
-    """(notes, problems) for the configured cluster; a note only when no cluster is reachable from here."""
+    """(notes, problems) for the configured cluster. With no cluster reachable from here, a note that it was skipped,
+    and the problems of a rollout network that needs one (`unreachable_problems`)."""
     api, why = load_core_api()
     if api is None:
         return [f"{why}; skipped the cluster preflight"], unreachable_problems(config, why)
@@ -269,6 +270,5 @@ def with_api_server(config: RunConfig, api=None, discovery=None) -> RunConfig:
         discovery = client.DiscoveryV1Api(api.api_client)
     cidrs = api_server_cidrs(api, discovery)
     if not cidrs:
-        raise ConfigError(f"rollout_egress_cidrs is auto, but the Kubernetes API server's addresses could not be read "
-                          f"from the cluster: {UNREADABLE}")
+        raise ConfigError(AUTO_UNREADABLE)
     return dataclasses.replace(config, rollout_egress_cidrs=",".join(cidrs))
