@@ -15,6 +15,10 @@ output parameters; written by the runner after the agent stopped, in a folder th
 for `ok` and `agent_timeout`, 3 for `infra_error` (the workflow retries only those; an infrastructure
 failure is never scored as a reward of 0).
 
+With `--send-result`, the runner also hands `result.json` to the proxy, which writes it to the store (a rollout pod
+holds no store credentials and reaches nothing but the proxy and the Kubernetes API: docs/workflows.md, "Network
+isolation"); a result the proxy does not take makes the rollout an infra_error.
+
 `--isolation pod` is for a Kubernetes rollout pod, which already runs the task's image: no bubblewrap and
 no Dockerfile replay, the workspace is the pod's working folder (the image's WORKDIR), the harness runs
 as an unprivileged uid (`--agent-uid`, when the runner is root) and the task folder must be root-only
@@ -71,6 +75,7 @@ class RolloutSpec:
     agent_uid: int = AGENT_UID  # pod mode, root runner: the uid the harness runs as
     bounds: Bounds = field(default_factory=Bounds)  # what the rollout may leave on the host (logs, the graded copy)
     harness_memory_mb: int = 0  # the harness's own memory beside the task's; 0: its module's MEMORY_MB
+    send_result: str = ""  # "iteration" or "evaluation": result.json also goes to the proxy, into the store
 
 
 def proxy_client(spec: RolloutSpec) -> ProxyClient:
@@ -228,12 +233,14 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
         enter(spec.out, "setup")
         if spec.harness not in HARNESSES:
             raise InfraError(f"unknown harness {spec.harness!r}; choose from {', '.join(HARNESSES)}")
-        task = load_task(spec.task)
-        result.task = task.name
-        taken, rollout = register(spec, {**spec.metadata, "task": task.name, "harness": spec.harness,
+        # Registered before the task is read (its name is its folder's), so that a task that cannot be read is
+        # still an infra error the proxy takes the result of (`send_result`), counted like any other.
+        taken, rollout = register(spec, {**spec.metadata, "task": spec.task.name, "harness": spec.harness,
                                          "sample": spec.sample})
         spec = replace(spec, rollout_id=taken)
         result.rollout_id = taken
+        task = load_task(spec.task)
+        result.task = task.name
         exe, harness = install_harness(spec)
         box = open_sandbox(spec.isolation, spec.out, task, bounds=spec.bounds, harness=harness,
                            budget=harness_budget(spec), agent_uid=spec.agent_uid)
@@ -262,8 +269,24 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
         earlier = f"; before that: {result.error}" if result.error else ""
         result.status, result.reward = INFRA_ERROR, None
         result.error = f"{spec.out / RESULT_FILE} could not be written ({unwritten}){earlier}"
+    elif spec.send_result:
+        send_result(spec, result)
     write_outputs(spec.out, result)
     return result
+
+
+def send_result(spec: RolloutSpec, result: RolloutResult) -> None:
+    """Hands `OUT/result.json` to the proxy, which writes it to the store (`steps.proxy.results`): a rollout pod
+    reaches nothing but the proxy and the Kubernetes API. A result that cannot be sent makes the rollout an
+    infra_error (retried; the proxy refuses a rollout it never opened, as one that failed before registering)."""
+    try:
+        proxy_client(spec).send_result(result.to_json(), retry=spec.attempt - 1,
+                                       evaluation=spec.send_result == "evaluation")
+    except ProxyClientError as exc:
+        earlier = f"; before that: {result.error}" if result.error and result.status == INFRA_ERROR else ""
+        result.status, result.reward = INFRA_ERROR, None
+        result.error = f"the result could not be sent to the proxy ({exc}){earlier}"
+        write_result(spec.out, result)
 
 
 def output_values(result: RolloutResult) -> dict[str, str]:
@@ -329,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isolation", choices=ISOLATIONS, default="bwrap",
                    help="bwrap: a bubblewrap sandbox from the task's Dockerfile (default); pod: this Kubernetes pod")
     p.add_argument("--agent-uid", type=int, default=AGENT_UID, help="pod mode: the unprivileged uid the harness runs as")
+    p.add_argument("--send-result", choices=("iteration", "evaluation"),
+                   help="also hand result.json to the proxy, which writes it to the store as an iteration's (or "
+                        "its evaluation's) result for --retry (a rollout pod: steps/proxy/results.py)")
     limits = p.add_argument_group("limits", "what the rollout may take and leave behind (docs/reliability.md, Limits)")
     limits.add_argument("--harness-memory-mb", type=int, default=0,
                         help="the harness's own memory beside the task's memory_mb (0: its module's MEMORY_MB)")
@@ -356,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                        metadata=args.metadata, isolation=args.isolation, agent_uid=args.agent_uid,
                        bounds=Bounds(log_bytes=args.log_mb * MIB, graded_files=args.graded_max_files,
                                      graded_seconds=args.graded_copy_s),
-                       harness_memory_mb=args.harness_memory_mb)
+                       harness_memory_mb=args.harness_memory_mb, send_result=args.send_result or "")
     try:
         result = run_rollout(spec)
     except Exception as exc:  # noqa: BLE001 - run_rollout catches its own; this is a bug outside its guard

@@ -81,6 +81,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--store", required=True, help="local folder or s3:// URL for recorded calls")
     p.add_argument("--host", default="127.0.0.1", help="the proxy's interface (0.0.0.0 in a pod)")
     p.add_argument("--tasks", default="", help="the run's dataset snapshots, which the proxy serves to rollout pods")
+    p.add_argument("--run-url", help="the run's folder in the store, where the proxy writes the rollout results "
+                                     "rollout pods send it (with --iteration; steps/proxy/results.py)")
+    p.add_argument("--iteration", type=int, help="the iteration whose rollout results the proxy writes")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--gpus", type=int, default=1, help="GPUs of each replica (vLLM's tensor parallelism)")
     p.add_argument("--replicas", type=int, default=1, help="vLLM servers behind the one proxy")
@@ -118,6 +121,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if (args.model is None) == (args.upstream is None):
         p.error("give either --model (a checkpoint to serve with vLLM) or --upstream (a server already running), "
                 "not both or neither")
+    if (args.run_url is None) != (args.iteration is None):
+        p.error("--run-url and --iteration go together: the proxy writes rollout results under both")
     if args.upstream is not None and not net.is_upstream_url(args.upstream):
         p.error(f"--upstream must be {net.UPSTREAM_URL}")
     try:
@@ -148,8 +153,13 @@ def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int], model: str
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
                               weight_version=args.weight_version, sampling=args.sampling,
                               image_limit=args.image_limit if vision else 0, limits=args.limits,
-                              extra=["--tasks", args.tasks] if args.tasks else [],
-                              tool_images=vision and template.is_file() and renders_tool_images(template.read_text()))
+                              tool_images=vision and template.is_file() and renders_tool_images(template.read_text()),
+                              extra=[*(["--tasks", args.tasks] if args.tasks else []), *results_flags(args)])
+
+
+def results_flags(args: argparse.Namespace) -> list[str]:
+    """The proxy's `--run-url` and `--iteration`, where it writes rollout results, when given."""
+    return [] if args.run_url is None else ["--run-url", args.run_url, "--iteration", str(args.iteration)]
 
 
 def upstream_base(url: str) -> str:
@@ -194,7 +204,7 @@ def upstream_proxy_argv(args: argparse.Namespace) -> list[str]:
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
                               weight_version=args.weight_version, sampling=args.sampling,
                               upstream_model=args.upstream_model or args.model_name, external=True, limits=args.limits,
-                              extra=["--tasks", args.tasks] if args.tasks else [])
+                              extra=[*(["--tasks", args.tasks] if args.tasks else []), *results_flags(args)])
 
 
 def serve_upstream(args: argparse.Namespace) -> int:

@@ -138,7 +138,9 @@ def s3_server() -> Iterator[dict]:
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ProxyProcess]]:
     """A factory: `proxy(upstream, store=None, extra=[], env=None)` starts the real proxy and waits for /health.
 
-    The store defaults to a fresh local folder; pass an `s3://` URL (and `env=s3_server["env"]`) for S3.
+    It writes rollout results under a run folder of its own, as iteration 0's (`--run-url`, `--iteration`; `extra`
+    may name others). The store defaults to a fresh local folder; pass an `s3://` URL (and `env=s3_server["env"]`)
+    for S3.
     The admin key is `ADMIN_KEY`. Module-scoped, so module fixtures can share one proxy; every proxy
     started is stopped when the test module ends.
     """
@@ -147,7 +149,9 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Pr
 
     def start(upstream: str, store: str | None = None, extra: list[str] = (), env: dict | None = None) -> ProxyProcess:
         store = store or str(tmp_path / f"store-{len(started)}")
-        process = start_proxy(upstream, store, ADMIN_KEY, extra=list(extra), env=env,
+        # Where it writes the results rollout pods send it, as the serve pod's proxy does (steps/proxy/results.py)
+        results = ["--run-url", str(tmp_path / f"run-{len(started)}"), "--iteration", "0"]
+        process = start_proxy(upstream, store, ADMIN_KEY, extra=results + list(extra), env=env,
                               log_path=tmp_path / f"proxy-{len(started)}.log")
         started.append(process)
         return process

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from test_workflows import FakeArgoServer, cluster_config, fake_argo, s3_store  # noqa: F401 - fixtures
+from test_workflows import NO_CLUSTER_EGRESS, FakeArgoServer, cluster_config, fake_argo, s3_store  # noqa: F401 - fixtures
 from steps import manifest
 from workflows import submit
 from workflows.config import ConfigError, validate_for_argo
@@ -80,10 +80,11 @@ def test_pod_identity_needs_a_rollout_service_account_of_its_own() -> None:
 
 # ---- what the Workflow says ----
 
-def test_pod_identity_references_no_s3_secret_but_the_rollouts_upload() -> None:
-    """With pod identity no pod's env holds S3 keys (the SDK takes the service account's identity); the rollout
-    pods run under the rollout service account, their executor under the Workflow's, and their result upload alone
-    keeps `s3_secret`'s keys. Control: the same templates in `secret` mode carry the keys."""
+def test_pod_identity_references_no_s3_secret() -> None:
+    """With pod identity no pod's env holds S3 keys (the SDK takes the service account's identity) and no Secret of
+    the store is named anywhere; the rollout pods run under the rollout service account (their results go through
+    the proxy: they hold no store access at all), their executor under the Workflow's. Control: the same templates
+    in `secret` mode carry the keys."""
     identity, secret = templates(*POD_IDENTITY), templates("s3_region=us-west-2")
     for name, template in identity.items():
         assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(store_envs(template)), name
@@ -96,13 +97,14 @@ def test_pod_identity_references_no_s3_secret_but_the_rollouts_upload() -> None:
     keyed = [n for n, t in secret.items() if "AWS_SECRET_ACCESS_KEY" in store_envs(t)]
     assert {"serve", "trajectories", "update", "record", "report"} <= set(keyed)
     assert all("serviceAccountName" not in secret[n] for n in ROLLOUTS)  # secret mode, none set: as before
-    text = iteration_workflow(cluster_config("run=creds", *POD_IDENTITY), 0).to_yaml()
-    assert text.count("name: openforge-s3") == 2 * len(ROLLOUTS)  # each rollout's artifact: access and secret key
+    assert "name: openforge-s3" not in iteration_workflow(cluster_config("run=creds", *POD_IDENTITY), 0).to_yaml()
+    assert "name: openforge-s3" in iteration_workflow(cluster_config("run=creds"), 0).to_yaml()  # the control
 
 
-def test_the_region_reaches_every_pod_and_artifact() -> None:
-    """`s3_region` is AWS_REGION and AWS_DEFAULT_REGION in every pod that reads the store, the artifacts' region,
-    and without `s3_endpoint` their endpoint is AWS's regional one. Control: with an endpoint, that endpoint."""
+def test_the_region_reaches_every_pod_that_reads_the_store() -> None:
+    """`s3_region` is AWS_REGION and AWS_DEFAULT_REGION in every pod that reads the store; without `s3_endpoint`
+    no endpoint is set (the SDK's regional one). Control: with an endpoint, that endpoint. The rollout pods read
+    no store (their results go through the proxy): no store env at all."""
     workflow = templates(*POD_IDENTITY)
     readers = {name: t for name, t in workflow.items() if store_envs(t)}
     assert {"serve", "trajectories", "update", "record", "report"} <= set(readers)
@@ -110,12 +112,8 @@ def test_the_region_reaches_every_pod_and_artifact() -> None:
         envs = store_envs(template)
         assert envs["AWS_REGION"]["value"] == envs["AWS_DEFAULT_REGION"]["value"] == "us-west-2"
         assert "AWS_ENDPOINT_URL" not in envs
-    for name in ROLLOUTS:
-        (artifact,) = workflow[name]["outputs"]["artifacts"]
-        assert artifact["s3"]["endpoint"] == "s3.us-west-2.amazonaws.com" and artifact["s3"]["region"] == "us-west-2"
+    assert not set(readers) & set(ROLLOUTS) and "artifacts" not in workflow["rollout"].get("outputs", {})
     minio = templates("s3_region=us-east-1")  # cluster-example.yaml's MinIO endpoint
-    (artifact,) = minio["rollout"]["outputs"]["artifacts"]
-    assert (artifact["s3"]["endpoint"], artifact["s3"]["insecure"]) == ("minio.openforge.svc:9000", True)
     assert store_envs(minio["serve"])["AWS_ENDPOINT_URL"]["value"] == "http://minio.openforge.svc:9000"
 
 
@@ -180,7 +178,8 @@ def test_preflight_checks_the_identities_of_the_service_accounts() -> None:
     and carry none; each problem one sentence with the fix. Control: a correct cluster has no such problem."""
     from workflows.preflight import check_cluster
 
-    config = cluster_config("run=t", *POD_IDENTITY)
+    # network_policy off: the rollout egress checks of the same preflight are tests/test_rollout_network.py's
+    config = cluster_config("run=t", *POD_IDENTITY, "network_policy=false")
     for accounts in ({"openforge": IRSA, "openforge-rollout": {}}, {"openforge": GKE, "openforge-rollout": {}}):
         assert check_cluster(FakeServiceAccounts(accounts), config)[1] == []
     cases = [({"openforge": {}, "openforge-rollout": {}}, "service account 'openforge' carries no cloud identity"),
@@ -190,11 +189,11 @@ def test_preflight_checks_the_identities_of_the_service_accounts() -> None:
         (found,) = check_cluster(FakeServiceAccounts(accounts), config)[1]
         assert problem in found and "kubectl -n openforge" in found
     # secret mode: the rollout pods' account, `service_account` unless rollout_service_account names another, too
-    secret = cluster_config("run=t")
+    secret = cluster_config("run=t", "network_policy=false")
     (found,) = check_cluster(FakeServiceAccounts({"openforge": IRSA}), secret)[1]
     assert "service account 'openforge' runs the rollout pods (the agents) but carries" in found
     assert not check_cluster(FakeServiceAccounts({"openforge": {}}), secret)[1]
-    separate = cluster_config("run=t", "rollout_service_account=openforge-rollout")
+    separate = cluster_config("run=t", "rollout_service_account=openforge-rollout", "network_policy=false")
     assert not check_cluster(FakeServiceAccounts({"openforge": IRSA, "openforge-rollout": {}}), separate)[1]
     assert check_cluster(FakeServiceAccounts({"openforge": {}, "openforge-rollout": GKE}), separate)[1]
 
@@ -220,7 +219,8 @@ def test_the_driver_writes_the_manifest_at_the_configs_endpoint(s3_server: dict,
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     store = f"s3://{s3_server['bucket']}/driver-endpoint{len(shell_endpoint)}"
     args = ["--config", "configs/cluster-example.yaml", "--argo-server", fake_argo.url, "--poll", "0.01",
-            f"store={store}", f"s3_endpoint={s3_server['endpoint_url']}", "s3_region=us-east-1", "iterations=1"]
+            f"store={store}", f"s3_endpoint={s3_server['endpoint_url']}", "s3_region=us-east-1", "iterations=1",
+            *NO_CLUSTER_EGRESS]
 
     def run(name: str) -> int:
         s3fs.S3FileSystem.clear_instance_cache()  # each run builds its client from the environment of now
@@ -284,7 +284,7 @@ def test_the_argo_servers_certificate_is_verified(https_argo, s3_server: dict, s
     def run(name: str, *extra: str) -> tuple[int, str]:
         code = submit.main(["--config", "configs/cluster-example.yaml", "--argo-server", server.url, "--poll", "0.01",
                             f"store={s3_store}", f"s3_endpoint={s3_server['endpoint_url']}", f"run={name}",
-                            "iterations=1", *extra])
+                            "iterations=1", *NO_CLUSTER_EGRESS, *extra])
         return code, capsys.readouterr().err
 
     for extra in ((), (f"argo_ca_bundle={other}",)):

@@ -25,12 +25,15 @@ from steps.tasks import load_dataset
 from steps.contracts import layout
 from steps.contracts.manifest import IterationRecord
 from steps.contracts.rollout import PlannedRollout, RolloutResult, plan_json
+from steps.proxy import results
+from steps.proxy.config import ProxyConfig
 from workflows import commands, submit
 from workflows.config import load_config
 from workflows.evaluation import evaluation_workflow
 from workflows.iteration import APP_ROLLOUTS_FILE, iteration_workflow
 from workflows.lint import semantic_problems
-from test_workflows import FakeArgoServer, fake_argo, s3_store  # noqa: F401 - the fake Argo Server and its fixtures
+from test_workflows import (NO_CLUSTER_EGRESS, FakeArgoServer, fake_argo,  # noqa: F401 - the fake Argo Server and
+                            s3_store)  # its fixtures
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "configs" / "cluster-example.yaml"
@@ -419,8 +422,13 @@ def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folder
     assert templates["evaluate"]["container"]["command"] == commands.evaluate(config, 0, dataset=stored)
     assert templates["record"]["container"]["command"] == commands.record_eval(config, 0, "{{workflow.name}}",
                                                                                "{{workflow.status}}")
-    key = templates["rollout"]["outputs"]["artifacts"][0]["s3"]["key"]
-    assert key == "runs/ev/evals/iteration-0/results/{{inputs.parameters.rollout_id}}-r{{retries}}/result.json"
+    # Each rollout sends its result as the evaluation's, which the serve pod's proxy writes into evals/iteration-0.
+    rollout, serve = templates["rollout"]["container"]["command"], templates["serve"]["container"]["command"]
+    assert rollout[rollout.index("--send-result") + 1] == "evaluation"
+    assert (serve[serve.index("--run-url") + 1], serve[serve.index("--iteration") + 1]) == (config.run_url, "0")
+    proxy = ProxyConfig("u", "s", "k", run_url=config.run_url, iteration=0)
+    assert (results.result_url(proxy, "ev0-t-s0", 0, evaluation=True)
+            == "s3://openforge/runs/ev/evals/iteration-0/results/ev0-t-s0-r0/result.json")
     trajectories = templates["trajectories"]["container"]["command"]
     assert trajectories[trajectories.index("--out") + 1] == layout.eval_trajectories_url(config.run_url, 0)
     assert "--eval" in commands.plan(config, 0, evaluation=True) and semantic_problems({"spec": spec}) == []
@@ -428,17 +436,23 @@ def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folder
 
 def test_each_argo_attempt_of_a_rollout_uploads_its_own_result_under_its_own_id(tmp_path: Path) -> None:
     """Argo retries a rollout step with the same parameters: each retry (`{{retries}}` 0, 1, ...) runs as its own
-    attempt id and uploads to its own key, so that a retry that passed never overwrites the infra error before
-    it (control: the planned id alone gives both attempts one key), in training and evaluation alike."""
+    attempt id and the proxy writes its result under its own retry folder, so that a retry that passed never
+    overwrites the infra error before it (control: one retry number gives both attempts one URL), in training and
+    evaluation alike."""
     config = load_config(CLUSTER, ["run=r", "harness=direct", "eval_every=1"])
     templates = [t for t in iteration_workflow(config, 0).to_dict()["spec"]["templates"]
                  if t["name"] in ("rollout", "eval-rollout")]
     assert len(templates) == 2
+    proxy = ProxyConfig("u", "s", "k", run_url=config.run_url, iteration=0)
     for template in templates:
-        (key,) = [a["s3"]["key"] for a in template["outputs"]["artifacts"]]
-        assert len({key.replace("{{retries}}", retry) for retry in "01"}) == 2
         command = template["container"]["command"] + template["container"].get("args", [])
         assert command[command.index("--retry") + 1] == "{{retries}}"
+        evaluation = command[command.index("--send-result") + 1] == "evaluation"
+        urls = {results.result_url(proxy, plan.attempt_id("ev0-a-s0", retry + 1), retry, evaluation)
+                for retry in (0, 1)}
+        assert len(urls) == 2
+        assert len({results.result_url(proxy, plan.attempt_id("ev0-a-s0", attempt), 0, evaluation)
+                    for attempt in (1, 2)}) == 1
     argv = [sys.executable, "-m", "steps.rollout", "--task", str(tmp_path / "no-task"), "--harness", "direct",
             "--proxy-url", "http://127.0.0.1:9", "--rollout-id", "ev0-a-s0", "--retry", "1", "--out", str(tmp_path / "o")]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120,
@@ -459,7 +473,8 @@ def test_an_iteration_with_eval_every_evaluates_its_checkpoint_on_the_same_serve
             assert tasks["eval-rollout"] == "serve && eval-plan && isolate-rollouts && isolate-serve"
             rollout = next(t for t in spec["templates"] if t["name"] == "eval-rollout")
             assert rollout["metadata"]["labels"] == {"openforge.dev/role": "rollout"}  # the same NetworkPolicy
-            assert f"evals/iteration-{iteration}/results" in json.dumps(rollout)
+            command = rollout["container"]["command"]
+            assert command[command.index("--send-result") + 1] == "evaluation"  # the proxy writes it to evals/
             evaluate_task = next(t for t in collect["dag"]["tasks"] if t["name"] == "evaluate")
             assert evaluate_task["continueOn"] == {"failed": True, "error": True}  # a failed eval stops no update
     assert submit.build_workflows(config)[-1][1].name == "openforge-t-eval3"
@@ -479,7 +494,8 @@ def fake_summary(run_url: str, iteration: int, k: int = 2) -> dict:
 
 def drive(fake: FakeArgoServer, store: str, *args: str) -> int:
     """`submit.py` in-process against the fake server and the S3 store."""
-    return submit.main([*args, "--config", str(CLUSTER), "--argo-server", fake.url, "--poll", "0.01", f"store={store}"])
+    return submit.main([*args, "--config", str(CLUSTER), "--argo-server", fake.url, "--poll", "0.01", f"store={store}",
+                        *NO_CLUSTER_EGRESS])
 
 
 def test_an_eval_run_on_argo_is_one_workflow_followed_and_recorded(fake_argo: FakeArgoServer, s3_store: str,

@@ -11,6 +11,8 @@ import pytest
 
 from steps.contracts import layout
 from steps.contracts.rollout import PlannedRollout, plan_json
+from steps.proxy import results
+from steps.proxy.config import ProxyConfig
 from workflows import local
 from workflows.config import load_config
 from workflows.iteration import iteration_workflow
@@ -124,11 +126,15 @@ def test_local_runner_and_argo_put_every_file_at_the_same_url(local_commands: di
     assert flag(command["update"], "--trajectories") == layout.run_partition_url(run.run_url, "t", 1)
     assert flag(command["update"], "--out") == layout.checkpoint_url(run.run_url, 2, run.model)
     assert flag(command["serve"], "--store") == layout.calls_url(run.run_url)
-    # A rollout's result: the local runner's --out folder (its attempt id) and the Argo artifact's key (one
-    # folder per retry), both under the iteration's results folder that the trajectories step reads.
+    # A rollout's result: the local runner's --out folder (its attempt id) and where the serve pod's proxy writes
+    # what an Argo rollout sends it (one folder per retry), both under the iteration's results folder that the
+    # trajectories step reads.
     assert flag(local_commands["rollout"], "--out") == layout.rollout_url(run.run_url, 1, "it1-hello-file-s1")
-    assert "/" + argo["rollout"]["outputs"]["artifacts"][0]["s3"]["key"] == \
-        layout.result_url(run.run_url, 1, layout.retry_folder("{{inputs.parameters.rollout_id}}", "{{retries}}"))
+    proxy = ProxyConfig("u", "s", "k", run_url=flag(command["serve"], "--run-url"),
+                        iteration=int(flag(command["serve"], "--iteration")))
+    assert flag(command["rollout"], "--send-result") == "iteration"
+    assert results.result_url(proxy, "it1-hello-file-s1-a2", 1, evaluation=False) == \
+        layout.result_url(run.run_url, 1, layout.retry_folder("it1-hello-file-s1", 1))
     # The plan's sample number reaches the rollout step on both.
     assert flag(local_commands["rollout"], "--sample") == "1"
     assert flag(command["rollout"], "--sample") == "{{inputs.parameters.sample}}"

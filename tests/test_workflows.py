@@ -49,6 +49,9 @@ from workflows.lint import semantic_problems
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTER = REPO / "configs" / "cluster-example.yaml"
+# What a driver without Kubernetes access (these tests: no kubeconfig) sets instead of `auto`: the API server's
+# addresses (tests/test_rollout_network.py checks `auto` itself)
+NO_CLUSTER_EGRESS = ("rollout_egress_cidrs=10.0.0.5/32",)
 # Hera 7.1 calls pydantic's deprecated .json() on every request; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
 # Every scheduling key set, on each pod group (tests/test_scheduling.py checks where each one lands).
@@ -493,7 +496,7 @@ def test_rollout_egress_extras_and_no_policy() -> None:
     assert policies(bare) == {} and semantic_problems({"spec": bare}) == []
     fanout = next(t for t in template(bare, "collect")["dag"]["tasks"] if t["name"] == "rollout")
     assert fanout["depends"] == "serve && plan"
-    with pytest.raises(ConfigError, match="'rollout_egress_cidrs' must list CIDRs .* '10.0.0.300/32' is not one"):
+    with pytest.raises(ConfigError, match="'rollout_egress_cidrs' must be auto or list CIDRs .* '10.0.0.300/32' is not one"):
         validate_for_argo(cluster_config("rollout_egress_cidrs=10.0.0.300/32"))
     with pytest.raises(ConfigError, match="'network_policy' must be true or false, got 'yes please'"):
         cluster_config("network_policy=yes please")
@@ -592,7 +595,7 @@ def test_preflight_names_what_is_missing() -> None:
 
     notes, problems = check_cluster(FakeCoreApi(), cluster_config("run=t"))
     assert "only a CNI that enforces them applies" in notes[0] and len(notes) == 2 and len(problems) == 2
-    assert "Kubernetes API server (10.0.0.5/32)" in notes[1] and "set rollout_egress_cidrs" in notes[1]
+    assert "may reach the Kubernetes API server at 10.0.0.5/32 (rollout_egress_cidrs: auto)" in notes[1]
     notes, _ = check_cluster(FakeCoreApi(), cluster_config("run=t", "rollout_egress_cidrs=10.0.0.5/32"))
     assert len(notes) == 1
     assert "secret 'openforge-admin' is missing in namespace 'openforge'" in problems[0]
@@ -707,7 +710,7 @@ def s3_store(s3_server: dict, monkeypatch: pytest.MonkeyPatch, request) -> str:
 def drive(fake: FakeArgoServer, store: str, *args: str) -> int:
     """Runs `submit.py` in-process against the fake server and the S3 store."""
     return submit.main([*args, "--config", str(CLUSTER), "--argo-server", fake.url, "--poll", "0.01",
-                        f"store={store}"])
+                        f"store={store}", *NO_CLUSTER_EGRESS])
 
 
 def test_submit_runs_one_workflow_per_iteration(fake_argo: FakeArgoServer, s3_store: str, capsys) -> None:
@@ -721,7 +724,8 @@ def test_submit_runs_one_workflow_per_iteration(fake_argo: FakeArgoServer, s3_st
                      ("/api/v1/workflows/openforge/lint", "openforge-sub-it1"),
                      ("/api/v1/workflows/openforge", "openforge-sub-it0"),
                      ("/api/v1/workflows/openforge", "openforge-sub-it1")]
-    config = cluster_config("run=sub", "iterations=2", f"store={s3_store}", f"argo_server={fake_argo.url}")
+    config = cluster_config("run=sub", "iterations=2", f"store={s3_store}", f"argo_server={fake_argo.url}",
+                            *NO_CLUSTER_EGRESS)
     assert fake_argo.workflows["openforge-sub-it1"] == iteration_workflow(config, 1).build().model_dump(by_alias=True, exclude_none=True)
     assert all(auth == "Bearer test-token" for *_, auth in fake_argo.requests)
     records = manifest.read_iterations(f"{s3_store}/sub")
@@ -760,7 +764,8 @@ def test_resubmit_memoized(fake_argo: FakeArgoServer, s3_store: str) -> None:
 
 def test_resume_after_the_driver_died(fake_argo: FakeArgoServer, s3_store: str) -> None:
     """resume: a succeeded iteration is skipped, a running one is followed (not recreated), the rest submitted."""
-    config = cluster_config("run=rm", "iterations=3", f"store={s3_store}", f"argo_server={fake_argo.url}")
+    config = cluster_config("run=rm", "iterations=3", f"store={s3_store}", f"argo_server={fake_argo.url}",
+                            *NO_CLUSTER_EGRESS)
     manifest.write_run_config(config.run_url, config.to_dict())
     submit.mark(config, 0, workflow_name(config, 0), "Succeeded")
     submit.mark(config, 1, workflow_name(config, 1), "Running")  # the driver died while iteration 1 ran
@@ -982,13 +987,13 @@ def test_serve_against_an_upstream_starts_no_vllm_and_takes_no_gpu(monkeypatch: 
 
 
 def test_rollout_nodes_show_the_runners_status_and_reward() -> None:
-    """The rollout template's output parameters are the files steps.rollout writes into OUT, the folder its
-    result.json is uploaded from, with defaults for a pod that died before writing them."""
+    """The rollout template's output parameters are the files steps.rollout writes into OUT (its `--out`, where
+    its result.json is written before the runner sends it to the proxy), with defaults for a pod that died
+    before writing them."""
     from steps.contracts.rollout import NO_REWARD
 
     rollout = template(iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"], "rollout")
-    out = rollout["outputs"]["artifacts"][0]["path"].rsplit("/", 1)[0]
-    assert out == rollout["container"]["command"][rollout["container"]["command"].index("--out") + 1]
+    out = rollout["container"]["command"][rollout["container"]["command"].index("--out") + 1]
     parameters = {p["name"]: p["valueFrom"] for p in rollout["outputs"]["parameters"]}
     assert parameters == {"status": {"path": f"{out}/{layout.STATUS_FILE}", "default": "no_result"},
                           "reward": {"path": f"{out}/{layout.REWARD_FILE}", "default": NO_REWARD}}
@@ -1420,10 +1425,11 @@ def test_preflight_counts_the_gpu_nodes_a_multi_node_update_needs() -> None:
     assert check_cluster(FakeCoreApi(2), config, jobsets)[1] == [] and len(jobsets.calls) == 2
     halves = cluster_config("run=t", "update_nodes=2", "update_gpus=4", "rollout_egress_cidrs=10.0.0.5/32")
     assert check_cluster(FakeCoreApi(1), halves, jobsets)[1] == []
-    assert check_cluster(FakeCoreApi(1), cluster_config("run=t", "update_nodes=3", "update_gpus=4"), jobsets)[1] == [
+    assert check_cluster(FakeCoreApi(1), cluster_config("run=t", "update_nodes=3", "update_gpus=4", *NO_CLUSTER_EGRESS),
+                         jobsets)[1] == [
         "update_nodes is 3, but the nodes offer only 2 slot(s) of update_gpus=4 nvidia.com/gpu; lower update_nodes or "
         "add GPU nodes"]
-    assert check_cluster(FakeCoreApi(1), cluster_config("run=t", "update_gpus=8"), None)[1] == []
+    assert check_cluster(FakeCoreApi(1), cluster_config("run=t", "update_gpus=8", *NO_CLUSTER_EGRESS), None)[1] == []
 
 
 def test_the_local_runner_refuses_a_multi_node_update(tmp_path: Path, capsys) -> None:

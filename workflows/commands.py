@@ -41,7 +41,7 @@ def update_overrides(config: RunConfig) -> list[str]:
 
 def serve(config: RunConfig, model: str, store: str, weight_version: str | int, host: str = "127.0.0.1",
           device: str = "cpu", port: int = PROXY_PORT, python: str = "python", model_dir: str | None = None,
-          tasks: str | None = None) -> list[str]:
+          tasks: str | None = None, results_of: int | None = None) -> list[str]:
     """vLLM on `model` (a folder, or a URL fetched to `model_dir`) plus the recording proxy on
     `host:port` (`steps.serve`), `serve_replicas` vLLM servers behind it when more than one; with
     `config.upstream`, only the proxy, in front of that server (no `model`, no vLLM options: `upstream_model`,
@@ -49,6 +49,7 @@ def serve(config: RunConfig, model: str, store: str, weight_version: str | int, 
 
     What one rollout may take (`steps.proxy.config.ROLLOUT_LIMITS`) is passed only where the run changes it. With
     `tasks` (an Argo run's `layout.datasets_url`), the proxy serves rollout pods their task folders from there.
+    With `results_of`, an iteration, the proxy writes the results its rollout pods send it (`steps.proxy.results`).
 
     >>> serve(RunConfig(upstream="http://10.0.0.5:8000", model_name="m"), "unused", "calls", 0)[:7]
     ['python', '-m', 'steps.serve', '--upstream', 'http://10.0.0.5:8000', '--upstream-model', 'm']
@@ -56,7 +57,8 @@ def serve(config: RunConfig, model: str, store: str, weight_version: str | int, 
     ['--store-quota-mb', '64']
     """
     proxy = ["--model-name", config.model_name, "--port", str(port), "--store", store, "--host", host,
-             *(["--tasks", tasks] if tasks else [])]
+             *(["--tasks", tasks] if tasks else []),
+             *(["--run-url", config.run_url, "--iteration", str(results_of)] if results_of is not None else [])]
     if config.upstream:
         return [python, "-m", "steps.serve", "--upstream", config.upstream,
                 "--upstream-model", config.upstream_model or config.model_name, *proxy,
@@ -136,17 +138,20 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
 
 
 def rollout(config: RunConfig, task: str, rollout_id: str, sample: int | str, proxy_url: str, out: str,
-            python: str = "python", isolation: str = "bwrap", attempt: int = 1, retry: str | None = None) -> list[str]:
+            python: str = "python", isolation: str = "bwrap", attempt: int = 1, retry: str | None = None,
+            send_result: str | None = None) -> list[str]:
     """Attempt `attempt` of the planned rollout `rollout_id` (or, with `retry`, Argo's `{{retries}}`, attempt
     retry + 1), sample `sample` of `task`, through the proxy; exit code 3 means infra_error (`steps.rollout`).
 
     `isolation`: "bwrap" (a local bubblewrap sandbox) or "pod" (the Kubernetes rollout pod is the sandbox).
+    `send_result` ("iteration" or "evaluation"): the result.json also goes to the proxy, which writes it to the store.
     """
     return [python, "-m", "steps.rollout", "--task", task, "--harness", config.harness, "--proxy-url", proxy_url,
             "--rollout-id", rollout_id, "--sample", str(sample), *(["--attempt", str(attempt)] if attempt != 1 else []),
             *(["--retry", retry] if retry is not None else []),
             "--out", out, "--model-name", config.model_name,
-            *(["--isolation", isolation] if isolation != "bwrap" else []), *rollout_limits(config)]
+            *(["--isolation", isolation] if isolation != "bwrap" else []),
+            *(["--send-result", send_result] if send_result else []), *rollout_limits(config)]
 
 
 def rollout_limits(config: RunConfig) -> list[str]:

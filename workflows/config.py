@@ -53,6 +53,7 @@ OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 TOLERATION_FIELDS = ("key", "operator", "value", "effect", "tolerationSeconds")
 TOLERATION_CHOICES = {"operator": ("Exists", "Equal"), "effect": ("NoSchedule", "PreferNoSchedule", "NoExecute")}
 RESOURCE_FIELDS = ("cpu", "memory", "ephemeral_storage", "cpu_limit", "memory_limit", "ephemeral_storage_limit")
+EGRESS_AUTO = "auto"  # rollout_egress_cidrs: the API server's addresses, read from the cluster at submit
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
@@ -335,14 +336,24 @@ def validate_for_argo(config: RunConfig, training: bool = True) -> None:
         try:
             ipaddress.ip_network(cidr)
         except ValueError:
-            raise ConfigError(f"config key 'rollout_egress_cidrs' must list CIDRs such as 10.0.0.1/32, separated by "
-                              f"commas; {cidr!r} is not one") from None
+            raise ConfigError(f"config key 'rollout_egress_cidrs' must be auto or list CIDRs such as 10.0.0.1/32, "
+                              f"separated by commas; {cidr!r} is not one") from None
+
+
+def egress_auto(config: RunConfig) -> bool:
+    """Whether `rollout_egress_cidrs` is `auto`: the driver reads the API server's addresses from the cluster at
+    submit (`workflows.preflight.with_api_server`); until then the rollout pods' policy lists no CIDR."""
+    return config.rollout_egress_cidrs.strip() == EGRESS_AUTO
 
 
 def egress_cidrs(config: RunConfig) -> list[str]:
-    """`rollout_egress_cidrs` as a list.
+    """`rollout_egress_cidrs` as a list (none for an unresolved `auto`).
 
     >>> egress_cidrs(RunConfig(rollout_egress_cidrs=" 10.0.0.1/32, 10.96.0.0/12 ,"))
     ['10.0.0.1/32', '10.96.0.0/12']
+    >>> egress_cidrs(RunConfig(rollout_egress_cidrs="auto"))
+    []
     """
+    if egress_auto(config):
+        return []
     return [cidr.strip() for cidr in config.rollout_egress_cidrs.split(",") if cidr.strip()]

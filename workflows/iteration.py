@@ -7,17 +7,18 @@
 The outer DAG `iteration` runs `collect` then `update`. `collect` is a DAG of its own so that the `serve`
 daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajectories are done, before
 `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's /health answers; reached at
-`{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list, and writes those of tasks with an
-`[environment] app` into its output `app-rollouts`), `rollout` (one pod per item of that list, given its task,
-sample and rollout id, in the task's image, with the harness and OpenForge copied in by init containers, the
-verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an unprivileged uid; the
-task's CPUs, memory, disk and GPUs with the harness's own budget added (`rollout_resources`); no service account
-token; retried only on exit code 3, infra_error), `rollout-app` (the same, one pod per app rollout, with the app as
-a sidecar container on the pod's loopback: `rollout_template`), `trajectories` (Parquet to S3). Before the
-rollouts, `isolate-rollouts` and `isolate-serve` apply two NetworkPolicies owned by the Workflow (deleted with it):
-a rollout pod reaches only this Workflow's serve pod on the proxy port (plus `rollout_egress_cidrs`, and DNS with
-`rollout_dns`, for Argo's executor) and accepts no connection; the serve pod's proxy accepts only this Workflow's
-rollout and trajectories pods.
+`{{tasks.serve.ip}}`; its proxy writes the rollouts' results to the store), `plan` (prints the rollouts as a JSON
+list, and writes those of tasks with an `[environment] app` into its output `app-rollouts`), `rollout` (one pod per
+item of that list, given its task, sample and rollout id, in the task's image, with the harness and OpenForge copied
+in by init containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an
+unprivileged uid; the task's CPUs, memory, disk and GPUs with the harness's own budget added (`rollout_resources`);
+no service account token and no store credentials: its result goes through the proxy; retried only on exit code 3,
+infra_error), `rollout-app` (the same, one pod per app rollout, with the app as a sidecar container on the pod's
+loopback: `rollout_template`), `trajectories` (Parquet to S3). Before the rollouts, `isolate-rollouts` and
+`isolate-serve` apply two NetworkPolicies owned by the Workflow (deleted with it): a rollout pod reaches only this
+Workflow's serve pod on the proxy port (plus `rollout_egress_cidrs`, the Kubernetes API server's addresses for
+Argo's executor, and DNS only with `rollout_dns`) and accepts no connection; the serve pod's proxy accepts only this
+Workflow's rollout and trajectories pods.
 `update` (veRL, GPU) writes the next checkpoint, whose URI is fixed by the config, so the driver needs no
 output from this workflow to chain the next one; with `update_nodes` > 1 it creates a JobSet of that many pods
 (`workflows.jobset`, owned by the Workflow) and waits for it, after `clean-update` deleted any earlier JobSet of the
@@ -32,14 +33,13 @@ from the pods' service account, never from this YAML.
 import hashlib
 import json
 import re
-from urllib.parse import urlparse
 
 import yaml
-from hera.workflows import (DAG, Container, EmptyDirVolume, Env, NoneArchiveStrategy, Parameter, Resource,
-                            RetryStrategy, S3Artifact, SecretEnv, Task, UserContainer, Workflow)
+from hera.workflows import (DAG, Container, EmptyDirVolume, Env, Parameter, Resource,
+                            RetryStrategy, SecretEnv, Task, UserContainer, Workflow)
 from hera.workflows.models import (Backoff, Capabilities, ContainerPort, ContinueOn, EmptyDirVolumeSource,
                                    ExecutorConfig, HTTPGetAction, PodGC, Probe, ResourceRequirements,
-                                   SecretKeySelector, SecurityContext, TTLStrategy, ValueFrom, Volume, VolumeMount)
+                                   SecurityContext, TTLStrategy, ValueFrom, Volume, VolumeMount)
 
 from steps.harnesses import ALL_HARNESSES as HARNESSES, allowance
 from steps.harnesses.base import NODE_VERSION
@@ -163,38 +163,6 @@ def admin_env(config: RunConfig) -> list:
     return [SecretEnv(name="OPENFORGE_ADMIN_KEY", secret_name=config.admin_secret, secret_key="admin-key")]
 
 
-def artifact_endpoint(config: RunConfig) -> tuple[str, bool]:
-    """(host[:port], insecure) of the store for Argo's S3 artifacts: `s3_endpoint`'s, else AWS's regional endpoint
-    `s3.<region>.amazonaws.com` (docs.aws.amazon.com/general/latest/gr/s3.html), or the global one without a region.
-
-    >>> artifact_endpoint(RunConfig(s3_region="eu-west-1"))
-    ('s3.eu-west-1.amazonaws.com', False)
-    >>> artifact_endpoint(RunConfig(s3_endpoint="http://minio:9000", s3_region="eu-west-1"))
-    ('minio:9000', True)
-    """
-    if config.s3_endpoint:
-        endpoint = urlparse(config.s3_endpoint)
-        return endpoint.netloc, endpoint.scheme == "http"
-    return (f"s3.{config.s3_region}.amazonaws.com" if config.s3_region else "s3.amazonaws.com"), False
-
-
-def s3_artifact(config: RunConfig, name: str, url: str, path: str, single_file: bool = False,
-                optional: bool | None = None) -> S3Artifact:
-    """An artifact at `url` (s3://bucket/key) in the config's S3; a single file untarred. Only the rollout pods
-    upload one (their result), and they carry no cloud identity whatever `s3_credentials` says (the agent shares the
-    pod: docs/workflows.md, "Credentials"), so its keys are always `s3_secret`'s, which Argo's executor reads through
-    the Kubernetes API (secretKeyRef), out of the agent's reach."""
-    parsed = urlparse(url)
-    endpoint, insecure = artifact_endpoint(config)
-    return S3Artifact(
-        name=name, path=path, bucket=parsed.netloc, key=parsed.path.lstrip("/"),
-        endpoint=endpoint, insecure=insecure, region=config.s3_region or None,
-        access_key_secret=SecretKeySelector(name=config.s3_secret, key="access-key"),
-        secret_key_secret=SecretKeySelector(name=config.s3_secret, key="secret-key"),
-        archive=NoneArchiveStrategy() if single_file else None, optional=optional,
-    )
-
-
 def serve_template(config: RunConfig, iteration: int) -> Container:
     """vLLM on this iteration's checkpoint plus the proxy: a daemon, ready when the proxy's /health answers.
 
@@ -206,7 +174,7 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     first = iteration if config.upstream else commands.served_first(config, iteration)
     command = commands.serve(config, config.checkpoint_url(first), layout.calls_url(config.run_url), first,
                              host="0.0.0.0", device="gpu", model_dir=MODEL_DIR,
-                             tasks=layout.datasets_url(config.run_url))
+                             tasks=layout.datasets_url(config.run_url), results_of=iteration)
     command += [] if config.upstream else commands.follow_flags(config, iteration)
     env = admin_env(config) + s3_env(config)
     if config.upstream:  # its key, if it needs one: the admin Secret's optional `upstream-api-key`
@@ -376,7 +344,9 @@ def rollout_pod_patch(config: RunConfig, app: bool = False) -> str:
 
 def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False, name: str = "rollout",
                      app: bool = False) -> Container:
-    """One rollout in the task's image, the pod as its sandbox; retried only on infra_error; result.json to S3.
+    """One rollout in the task's image, the pod as its sandbox; retried only on infra_error; result.json to the
+    proxy, which writes it to the store (`steps.proxy.results`): the pod has no store credentials and no S3 artifact,
+    so Argo's executor there needs only the Kubernetes API (docs/workflows.md, "Network isolation").
     With `app`, for a task with an `[environment] app`, the pod also runs that app as its sidecar (`app_sidecar`)
     and takes the item's `app` as an input.
 
@@ -386,13 +356,11 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
     and `reward` are output parameters, which the Argo UI shows per node: files the runner writes into OUT after
     the agent stopped (OUT is root-only, 0700, and the agent a separate uid: `PodSandbox.create`), with defaults
     for a pod that died.
-    An evaluation's rollout writes its result into the evaluation's folder.
+    An evaluation's rollout sends its result as the evaluation's. Each attempt of the step (`{{retries}}`: 0, 1,
+    ...) runs as its own attempt id and its result goes into its own folder (`layout.retry_folder`), so that a
+    retry never overwrites the infra error before it: every attempt is counted.
     """
     out = "/tmp/rollout"
-    # Each attempt of the step (`{{retries}}`: 0, 1, ...) runs as its own attempt id and uploads into its own
-    # folder, so that a retry never overwrites the infra error before it: every attempt is counted.
-    result_url = (layout.eval_result_url if evaluation else layout.result_url)(
-        config.run_url, iteration, layout.retry_folder("{{inputs.parameters.rollout_id}}", "{{retries}}"))
     inits, sidecars, volumes = ([*init_containers(config), task_init_container(config, evaluation)], [],
                                 [EmptyDirVolume(name="openforge", mount_path=SHARED)])
     if app:
@@ -408,14 +376,13 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
         command=commands.rollout(config, f"{TASKS}/{{{{inputs.parameters.task}}}}",
                                  "{{inputs.parameters.rollout_id}}", "{{inputs.parameters.sample}}",
                                  "{{inputs.parameters.proxy_url}}", out,
-                                 python=f"{SHARED}/python/bin/python3", isolation="pod", retry="{{retries}}"),
+                                 python=f"{SHARED}/python/bin/python3", isolation="pod", retry="{{retries}}",
+                                 send_result="evaluation" if evaluation else "iteration"),
         env=admin_env(config) + [Env(name="PYTHONPATH", value=f"{SHARED}/app"),
                                  Env(name="PYTHONSAFEPATH", value="1"),
                                  Env(name="LD_LIBRARY_PATH", value=f"{SHARED}/python/lib"),
                                  Env(name="OPENFORGE_CACHE", value=SHARED)],
-        # optional: a rollout that died before writing result.json must fail by its exit code, not the upload
-        outputs=[s3_artifact(config, "result", result_url, f"{out}/{layout.RESULT_FILE}", single_file=True, optional=True),
-                 Parameter(name="status", value_from=ValueFrom(path=f"{out}/{layout.STATUS_FILE}", default=NO_STATUS)),
+        outputs=[Parameter(name="status", value_from=ValueFrom(path=f"{out}/{layout.STATUS_FILE}", default=NO_STATUS)),
                  Parameter(name="reward", value_from=ValueFrom(path=f"{out}/{layout.REWARD_FILE}", default=NO_REWARD))],
         resources=ResourceRequirements(**rollout_resources(config, app, task=False)),
         # The runner keeps the OOM killer off itself (steps.sandbox.pod.protect_runner), which needs SYS_RESOURCE; the

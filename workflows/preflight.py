@@ -3,10 +3,14 @@ the GPU nodes the run needs (and, with `update_nodes` > 1, JobSet)?
 
 Runs only when a cluster is reachable (a kubeconfig or an in-cluster service account and an API
 server that answers); otherwise it says it skipped. Each missing thing is one sentence with the
-command that fixes it. It also notes what the rollout pods' NetworkPolicies need from the cluster
-(a CNI that enforces them; the API server's addresses for Argo's executor), which it cannot check.
+command that fixes it. With `network_policy`, Argo's executor in each rollout pod must reach the API server's
+endpoint addresses: `rollout_egress_cidrs` must cover them (`auto`: read them at submit, `with_api_server`), and a
+config whose rollout pods could not reach them is refused, also with no cluster to read them from. It notes what
+it cannot check: a CNI that enforces NetworkPolicies.
 """
 
+import dataclasses
+import ipaddress
 import json
 from collections.abc import Callable
 
@@ -16,7 +20,8 @@ import yaml
 from workflows import jobset
 from steps.contracts.config import RunConfig
 
-from workflows.config import egress_cidrs
+from steps.settings import ConfigError
+from workflows.config import egress_auto, egress_cidrs
 
 SECRET_KEYS = {"s3_secret": ("access-key", "secret-key"), "admin_secret": ("admin-key",)}
 # The annotations that give a service account's pods a cloud identity: EKS IRSA's role
@@ -53,13 +58,15 @@ def _status(call: Callable[[], object]) -> int | None:
         return 0
 
 
-def check_cluster(api, config: RunConfig, custom=None) -> tuple[list[str], list[str]]:
+def check_cluster(api, config: RunConfig, custom=None, discovery=None) -> tuple[list[str], list[str]]:
     """(notes, problems) for the run's namespace, Secrets and GPU nodes, read through `api` (CoreV1Api); with
-    `update_nodes` > 1, JobSet too, through `custom` (CustomObjectsApi)."""
+    `update_nodes` > 1, JobSet too, through `custom` (CustomObjectsApi); the rollout pods' network
+    (`network_checks`, the API server's EndpointSlices through `discovery`, a DiscoveryV1Api)."""
     ns = config.namespace
     status = _status(lambda: api.read_namespace(ns, _request_timeout=10))
     if status == 0:
-        return ["the cluster's API server did not answer; skipped the cluster preflight"], []
+        return (["the cluster's API server did not answer; skipped the cluster preflight"],
+                unreachable_problems(config, "its API server did not answer"))
     if status == 404:
         return [], [f"namespace {ns!r} does not exist (kubectl create namespace {ns})"]
     notes, problems = [], []
@@ -93,7 +100,8 @@ def check_cluster(api, config: RunConfig, custom=None) -> tuple[list[str], list[
     if config.update_nodes > 1:
         more_notes, more_problems = check_jobset(custom, config)
         notes, problems = notes + more_notes, problems + more_problems
-    return notes + network_notes(api, config), problems
+    network_notes, network_problems = network_checks(api, config, discovery)
+    return notes + network_notes, problems + network_problems
 
 
 def check_identities(api, config: RunConfig) -> tuple[list[str], list[str]]:
@@ -174,35 +182,134 @@ def _message(exc) -> str:
         return str(exc.reason)
 
 
-def api_server_addresses(api) -> list[str]:
-    """The Kubernetes API server's addresses (the `kubernetes` Endpoints in `default`), or [] if unreadable."""
+def api_server_addresses(api, discovery=None) -> list[str]:
+    """The Kubernetes API server's own addresses: those of the `kubernetes` Service's EndpointSlices in `default`
+    (through `discovery`, a DiscoveryV1Api), else of its Endpoints (through `api`); [] if neither can be read.
+
+    These, not the Service's ClusterIP, are what a NetworkPolicy must let through: Calico and Cilium apply policy
+    after kube-proxy (or their own load balancer) has translated the ClusterIP to an endpoint (docs/workflows.md,
+    "Network isolation")."""
+    if discovery is not None:
+        try:
+            slices = discovery.list_namespaced_endpoint_slice(
+                "default", label_selector="kubernetes.io/service-name=kubernetes", _request_timeout=10).items
+            found = [address for piece in slices for endpoint in piece.endpoints or []
+                     if endpoint.conditions is None or endpoint.conditions.ready is not False
+                     for address in endpoint.addresses or []]
+            if found:
+                return sorted(set(found))
+        except Exception:  # noqa: BLE001 - often forbidden to users; the Endpoints may still be readable
+            pass
     try:
         endpoints = api.read_namespaced_endpoints("kubernetes", "default", _request_timeout=10)
-        return [address.ip for subset in endpoints.subsets or [] for address in subset.addresses or []]
-    except Exception:  # noqa: BLE001 - often forbidden to users; the note then names no address
+        return sorted({address.ip for subset in endpoints.subsets or [] for address in subset.addresses or []})
+    except Exception:  # noqa: BLE001 - often forbidden to users: the caller says what to set instead
         return []
 
 
-def network_notes(api, config: RunConfig) -> list[str]:
-    """What the rollout pods' NetworkPolicies need that no API call can confirm (docs/workflows.md)."""
+def host_cidr(ip: str) -> str:
+    """One address as a CIDR of itself.
+
+    >>> host_cidr("10.0.0.5"), host_cidr("fd00::1")
+    ('10.0.0.5/32', 'fd00::1/128')
+    """
+    return ipaddress.ip_network(ip).with_prefixlen
+
+
+def api_server_cidrs(api, discovery=None) -> list[str]:
+    """What `rollout_egress_cidrs: auto` renders: the API server's endpoint addresses (`api_server_addresses`),
+    then the `kubernetes` Service's ClusterIP, each as a /32 (/128). The ClusterIP is for a network plugin that
+    applies policy before the address is translated, which Kubernetes leaves undefined (NetworkPolicy docs,
+    "ipBlock"); [] when the endpoints cannot be read."""
+    addresses = api_server_addresses(api, discovery)
+    if not addresses:
+        return []
+    try:
+        cluster_ip = api.read_namespaced_service("kubernetes", "default", _request_timeout=10).spec.cluster_ip
+    except Exception:  # noqa: BLE001 - the endpoints are what Calico and Cilium match; the ClusterIP is extra
+        cluster_ip = None
+    extra = [cluster_ip] if cluster_ip and cluster_ip not in addresses else []
+    return [host_cidr(ip) for ip in addresses + extra]
+
+
+UNREADABLE = ("set rollout_egress_cidrs to the API server's addresses (kubectl get endpointslices -n default "
+              "-l kubernetes.io/service-name=kubernetes) or let this account read them")
+AUTO_UNREADABLE = ("rollout_egress_cidrs is auto, but the Kubernetes API server's addresses (the `kubernetes` "
+                   f"EndpointSlices or Endpoints in namespace default) could not be read: {UNREADABLE}")
+
+
+EMPTY = ("rollout_egress_cidrs is empty, so Argo's executor in each rollout pod cannot reach the Kubernetes API server "
+         "to report the rollout's outputs: set it to auto or to the API server's addresses")
+
+
+def unreachable_problems(config: RunConfig, why: str) -> list[str]:
+    """What the rollout pods' policy cannot do without a cluster to read (`why` none is reachable): `auto` has no
+    addresses to render, and an empty list lets Argo's executor reach no API server."""
     if not config.network_policy:
-        return ["network_policy is false: rollout pods (the agents) reach whatever the cluster's network lets them"]
+        return []
+    if egress_auto(config):
+        return [f"rollout_egress_cidrs is auto, but no cluster is reachable from here ({why}) to read the "
+                f"Kubernetes API server's addresses from: {UNREADABLE}"]
+    if not egress_cidrs(config):
+        return [EMPTY]
+    return []
+
+
+def network_checks(api, config: RunConfig, discovery=None) -> tuple[list[str], list[str]]:
+    """(notes, problems) of the rollout pods' NetworkPolicy: Argo's executor there must reach the API server's
+    endpoint addresses, which `rollout_egress_cidrs` must cover (explicitly or as `auto`); that a CNI enforces
+    NetworkPolicy at all no API call can confirm (docs/workflows.md)."""
+    if not config.network_policy:
+        return ["network_policy is false: rollout pods (the agents) reach whatever the cluster's network lets them"], []
     notes = ["rollout pods are isolated by NetworkPolicies, which only a CNI that enforces them applies (Calico, "
              "Cilium, ...; flannel alone does not); the workflow's service account must be allowed to apply "
              "networking.k8s.io networkpolicies"]
+    addresses = api_server_addresses(api, discovery)
+    if egress_auto(config):
+        if not addresses:
+            return notes, [AUTO_UNREADABLE]
+        cidrs = ", ".join(api_server_cidrs(api, discovery))
+        return notes + [f"rollout pods may reach the Kubernetes API server at {cidrs} (rollout_egress_cidrs: auto)"], []
     if not egress_cidrs(config):
-        found = ", ".join(f"{ip}/32" for ip in api_server_addresses(api)) or "its addresses"
-        notes.append(f"rollout_egress_cidrs is empty, so Argo's executor in each rollout pod reaches neither the "
-                     f"Kubernetes API server ({found}) nor the S3 endpoint: set rollout_egress_cidrs to both "
-                     f"(and rollout_dns=true when S3 is reached by name)")
-    return notes
+        return notes, [EMPTY]
+    allowed = [ipaddress.ip_network(cidr, strict=False) for cidr in egress_cidrs(config)]
+    missing = [ip for ip in addresses if not any(ipaddress.ip_address(ip) in net for net in allowed)]
+    if missing:
+        return notes, [f"rollout_egress_cidrs does not cover the Kubernetes API server's addresses "
+                       f"{', '.join(missing)} (the `kubernetes` endpoints in namespace default), which Argo's executor "
+                       f"in each rollout pod must reach: add them, or set rollout_egress_cidrs to auto"]
+    if not addresses:
+        notes.append("could not read the Kubernetes API server's addresses to check that rollout_egress_cidrs covers "
+                     "them (the `kubernetes` endpoints in namespace default)")
+    return notes, []
 
 
 def preflight(config: RunConfig) -> tuple[list[str], list[str]]:
-    """(notes, problems) for the configured cluster; a note only when no cluster is reachable from here."""
+    """(notes, problems) for the configured cluster. With no cluster reachable from here, a note that it was skipped,
+    and the problems of a rollout network that needs one (`unreachable_problems`)."""
     api, why = load_core_api()
     if api is None:
-        return [f"{why}; skipped the cluster preflight"], []
+        return [f"{why}; skipped the cluster preflight"], unreachable_problems(config, why)
     from kubernetes import client
 
-    return check_cluster(api, config, client.CustomObjectsApi(api.api_client))
+    return check_cluster(api, config, client.CustomObjectsApi(api.api_client), client.DiscoveryV1Api(api.api_client))
+
+
+def with_api_server(config: RunConfig, api=None, discovery=None) -> RunConfig:
+    """The config to render at submit: with `rollout_egress_cidrs: auto` (and `network_policy`), the API server's
+    addresses read from the cluster now (`api_server_cidrs`, through `api` and `discovery`, by default the
+    configured cluster's), so that each submission renders those of the moment; any other config as it is.
+    A ConfigError when they cannot be read."""
+    if not (config.network_policy and egress_auto(config)):
+        return config
+    if api is None:
+        api, why = load_core_api()
+        if api is None:
+            raise ConfigError(unreachable_problems(config, why)[0])
+        from kubernetes import client
+
+        discovery = client.DiscoveryV1Api(api.api_client)
+    cidrs = api_server_cidrs(api, discovery)
+    if not cidrs:
+        raise ConfigError(AUTO_UNREADABLE)
+    return dataclasses.replace(config, rollout_egress_cidrs=",".join(cidrs))

@@ -63,13 +63,13 @@ from steps.contracts import layout  # noqa: E402
 from workflows import commands, images, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
-from workflows.config import REPO_ROOT, ConfigError, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.config import REPO_ROOT, ConfigError, egress_auto, from_dict, load_config, validate_for_argo  # noqa: E402
 from workflows.datasets import stage_datasets, tasks_of  # noqa: E402
 from workflows.driver import driver_workflow, workflow_name as driver_workflow_name  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402
-from workflows.preflight import preflight  # noqa: E402
+from workflows.preflight import preflight, with_api_server  # noqa: E402
 
 ACTIONS = ("run", "eval", "status", "retry", "resubmit", "resume", "images")
 EVAL_FLAGS = ("dataset", "k", "model", "checkpoint", "upstream", "upstream_model")
@@ -250,25 +250,35 @@ def build_workflows(config: RunConfig, evaluation: bool = False) -> list[tuple[s
 
 
 def print_workflows(config: RunConfig, evaluation: bool = False, detach: bool = False) -> None:
-    """Every Workflow of the run as YAML documents on stdout (with `detach`, the driver's first)."""
+    """Every Workflow of the run as YAML documents on stdout (with `detach`, the driver's first). A dry run reads
+    no cluster: with `rollout_egress_cidrs: auto` the rollout pods' policy lists no CIDR yet, and stderr says so."""
     driver = [(f"the driver of run {config.run}", checked(driver_workflow(config)))] if detach else []
-    for title, workflow in [*driver, *build_workflows(config, evaluation)]:
+    workflows = [*driver, *build_workflows(config, evaluation)]
+    if config.network_policy and egress_auto(config):
+        print("dry run: rollout_egress_cidrs is auto, so the rollout pods' NetworkPolicy lists the Kubernetes API "
+              "server's addresses only once they are read from the cluster at submit; here it lists none",
+              file=sys.stderr)
+    for title, workflow in workflows:
         print(f"---\n# {title}")
         print(workflow.to_yaml(), end="")
 
 
-def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool = False, detach: bool = False) -> None:
+def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool = False,
+                        detach: bool = False) -> RunConfig:
     """The cluster preflight (where reachable) and the server's lint of every Workflow (with `detach`, the driver's
-    too); creates nothing."""
+    too); creates nothing. Returns the config to render the Workflows with (`rollout_egress_cidrs: auto` read from
+    the cluster: `with_api_server`)."""
     notes, problems = preflight(config)
     for note in notes:
         print(f"preflight: {note}", file=sys.stderr)
     if problems:
         raise ConfigError("; ".join(problems))
+    config = with_api_server(config)
     for _, workflow in build_workflows(config, evaluation):
         client.lint(workflow)
     if detach:
         client.lint(checked(driver_workflow(config)))
+    return config
 
 
 def start(config: RunConfig, args: argparse.Namespace) -> int:
@@ -286,14 +296,16 @@ def start(config: RunConfig, args: argparse.Namespace) -> int:
     if not config.argo_server:
         return run_locally(config, detach=args.detach)
     client = argo_client(config)
-    check_before_submit(config, client, detach=args.detach)
+    submitted = check_before_submit(config, client, detach=args.detach)
     if manifest.read_run_config(config.run_url) is not None:
         raise ConfigError(f"run {config.run!r} already exists in {config.store}; continue it with "
                           f"`python workflows/submit.py resume --run {config.run}`")
     stage(config)
     manifest.write_run_config(config.run_url, config.to_dict())
     print(f"run {config.run}: {config.iterations} iterations, manifest in {layout.manifest_url(config.run_url)}", flush=True)
-    return detach(config, client) if args.detach else drive(config, client, args.poll)
+    if args.detach:
+        return detach(config, client)  # the driver in the cluster reads the addresses itself
+    return drive(submitted, client, args.poll)  # the manifest keeps `auto`: a resumed run reads the addresses anew
 
 
 def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> int:
@@ -307,14 +319,14 @@ def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> 
     if not config.argo_server:
         return run_locally(config, evaluates, detach=args.detach)
     client = argo_client(config)
-    check_before_submit(config, client, evaluation=True, detach=args.detach)
+    submitted = check_before_submit(config, client, evaluation=True, detach=args.detach)
     stage(config)
     manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
     print(f"eval {config.run}: {evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
           f"k={config.eval_k}; manifest in {layout.manifest_url(config.run_url)}", flush=True)
     if args.detach:
         return detach(config, client)
-    return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
+    return drive_evaluation(submitted, client, 0, args.poll) or show_summary(config, 0)
 
 
 def stage(config: RunConfig) -> None:
@@ -608,6 +620,7 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
     if args.action == "resume" and not config.argo_server:
         return run_locally(config, evaluates, detach=args.detach)
     client = argo_client(config)
+    config = with_api_server(config)  # the Workflows it submits from here render the API server's addresses of now
     if args.action in ("retry", "resubmit"):
         entry = pick(config, args.iteration, evaluates is not None)
         if args.action == "retry":

@@ -121,7 +121,7 @@ class RunConfig:
     service_account: str = "openforge"
     s3_secret: str = "openforge-s3"  # keys access-key, secret-key
     # secret: the pods' S3 keys come from s3_secret; pod-identity: from their service account's cloud identity
-    # (EKS IRSA, GKE Workload Identity), but for the rollout pods' result upload (docs/workflows.md, "Credentials")
+    # (EKS IRSA, GKE Workload Identity); the rollout pods reach no store either way (docs/workflows.md, "Credentials")
     s3_credentials: str = "secret"
     rollout_service_account: str = ""  # the rollout pods' (the agents'), with no cloud identity; empty: service_account
     argo_ca_bundle: str = ""  # a PEM file of the CA that signed the Argo server's certificate; env ARGO_CA_BUNDLE wins
@@ -157,9 +157,9 @@ class RunConfig:
     memo_max_age: str = "72h"
     # network isolation of the rollout pods (docs/workflows.md, "Network isolation")
     network_policy: bool = True  # the Workflow applies NetworkPolicies: rollout pods reach only the proxy
-    rollout_egress_cidrs: str = ""  # comma-separated CIDRs rollout pods may reach too: Argo's executor needs the
-    # Kubernetes API server and the S3 endpoint (the preflight names the API server's addresses)
-    rollout_dns: bool = False  # let rollout pods ask kube-dns (the executor reaching S3 by name needs it)
+    rollout_egress_cidrs: str = "auto"  # comma-separated CIDRs rollout pods may reach too: Argo's executor needs the
+    # Kubernetes API server's addresses; "auto": the `kubernetes` endpoints (and ClusterIP), read at submit
+    rollout_dns: bool = False  # let rollout pods ask kube-dns (nothing of OpenForge's needs it: all is by IP)
     rollout_oom_guard: bool = True  # the rollout container gets SYS_RESOURCE so its runner outlives an OOM kill
 
     def store_env(self) -> dict[str, str]:

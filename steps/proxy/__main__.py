@@ -97,6 +97,9 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
                    "rollout pods by GET /tasks/{dataset}/{task} (admin key)")
     p.add_argument("--admin-key", default=os.environ.get("OPENFORGE_ADMIN_KEY"))
     p.add_argument("--public-url", help="base URL harnesses reach the proxy at (default: the request's host)")
+    p.add_argument("--run-url", help="the run's folder in the store: PUT /rollouts/{id}/result writes rollout "
+                                     "results there (with --iteration; default: no results are stored)")
+    p.add_argument("--iteration", type=int, help="the iteration whose rollout results PUT /rollouts/{id}/result writes")
     p.add_argument("--model-name", dest="model", help="served model name (default: the first of upstream /v1/models)")
     p.add_argument("--upstream-model", help="the model name sent upstream (default: --model-name)")
     p.add_argument("--external-upstream", action="store_true",
@@ -143,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         p.error("--external-upstream takes one --upstream: replicas are vLLM servers the serve step started")
     if len(set(args.upstream)) < len(args.upstream):
         p.error("each --upstream must be a different server: a replica named twice would count its load twice")
+    if (args.run_url is None) != (args.iteration is None) or (args.iteration or 0) < 0:
+        p.error("--run-url and --iteration go together (results are written under both), --iteration 0 or more")
     if not args.admin_key:
         p.error("an admin key is required: pass --admin-key or set OPENFORGE_ADMIN_KEY")
     upstream_key = os.environ.get("OPENFORGE_UPSTREAM_API_KEY") or None
@@ -151,7 +156,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     return ProxyConfig(
         upstream=args.upstream[0], replicas=tuple(args.upstream[1:]), replica_policy=args.replica_policy,
         store=args.store, admin_key=args.admin_key, tasks=args.tasks, host=args.host, port=args.port,
-        public_url=args.public_url, model=args.model, weight_version=args.weight_version,
+        public_url=args.public_url, run_url=args.run_url, iteration=args.iteration, model=args.model,
+        weight_version=args.weight_version,
         upstream_model=args.upstream_model, external_upstream=args.external_upstream,
         upstream_api_key=upstream_key,
         forced_sampling=forced_sampling(p, args.sampling),

@@ -1,8 +1,9 @@
 """The recording proxy's HTTP app: admin routes, per-rollout dialect routes, one error handler.
 
 Admin routes (admin key): POST /rollouts, GET /rollouts, GET /rollouts/{id}/calls (and the records skipped),
-POST /rollouts/{id}/close, POST /weights/pause|resume|update, GET /replicas, GET /tasks/{dataset}/{task} (one task
-folder of the run's dataset as a tar, for a rollout pod's init container: `steps.datasets`).
+POST /rollouts/{id}/close, PUT /rollouts/{id}/result (`results`), POST /weights/pause|resume|update, GET /replicas,
+GET /tasks/{dataset}/{task} (one task folder of the run's dataset as a tar, for a rollout pod's init container:
+`steps.datasets`).
 Rollout routes (that rollout's key): /rollouts/{id}/v1/chat/completions, /v1/responses,
 /v1/messages, /v1/models.
 """
@@ -24,7 +25,7 @@ from starlette.exceptions import HTTPException
 
 from steps import datasets
 from steps.contracts import layout
-from steps.proxy import chat, messages, responses
+from steps.proxy import chat, messages, responses, results
 from steps.proxy.config import ProxyConfig
 from steps.proxy.errors import (
     ProxyError,
@@ -38,6 +39,7 @@ from steps.proxy.serving import (
     api_key,
     json_answer,
     read_headers,
+    read_body,
     read_json,
     receive_body,
     serve_call,
@@ -150,6 +152,17 @@ async def close(request: Request, rollout_id: str) -> dict:
     request.app.state.replicas.release(await request.app.state.sessions.get(rollout_id))
     rollout = await request.app.state.sessions.close(rollout_id)
     return {"rollout_id": rollout_id, "closed_at": rollout.closed_at, "num_calls": rollout.next_index}
+
+
+@admin.put("/rollouts/{rollout_id}/result")
+async def put_result(request: Request, rollout_id: str, retry: int, evaluation: bool = False) -> dict:
+    """Writes a rollout pod's result.json to the store (`results.store_result`): only for a rollout this proxy
+    opened, by its own id, at most `results.RESULT_MAX_BYTES`."""
+    require_admin(request)
+    await request.app.state.sessions.get(rollout_id)  # 404 for a rollout this proxy never opened
+    body = await read_body(request, results.RESULT_MAX_BYTES)
+    url = await results.store_result(request.app.state.config, rollout_id, body, retry, evaluation)
+    return {"rollout_id": rollout_id, "url": url}
 
 
 @admin.post("/weights/pause")

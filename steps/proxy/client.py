@@ -4,6 +4,7 @@ runner and the tests. Standard library only: the rollout pod's Python has little
     client = ProxyClient("http://127.0.0.1:8100", admin_key)
     rollout = client.register("it0-hello-file-s0", {"sample": 0})  # {"rollout_id", "api_key", "openai_base_url", ...}
     client.close("it0-hello-file-s0")
+    client.send_result(result.to_json(), retry=0)                   # a rollout pod's result.json, into the store
     recorded = client.calls("it0-hello-file-s0")                   # .calls, in order; .skipped: unreadable records
 
 Every failure is a `ProxyClientError` carrying the HTTP status (None when the proxy did not answer) and
@@ -119,6 +120,13 @@ class ProxyClient:
         """The rollout's recorded calls, in order, and the stored records skipped. 404: never registered."""
         answer = self.request("GET", f"/rollouts/{rollout_id}/calls", timeout_s=CALLS_TIMEOUT_S, idempotent=True)
         return RecordedCalls(answer["calls"], answer.get("skipped") or [])
+
+    def send_result(self, result: dict, retry: int, evaluation: bool = False) -> dict:
+        """Hands a rollout pod's result.json (`RolloutResult.to_json()`) to the proxy, which writes it to the store
+        for Argo's retry number `retry` (`steps.proxy.results`): {"rollout_id", "url"}. Writing it again changes
+        nothing, so it is sent again when the proxy could not be reached."""
+        query = f"retry={retry}" + ("&evaluation=true" if evaluation else "")
+        return self.request("PUT", f"/rollouts/{result['rollout_id']}/result?{query}", result, idempotent=True)
 
     def pause_weights(self) -> dict:
         """Holds new model calls and waits for those in flight; answers like `health`."""

@@ -46,6 +46,10 @@ class ProxyConfig:
     host: str = "127.0.0.1"
     port: int = 8100
     public_url: str | None = None
+    # Where rollout pods' results go (PUT /rollouts/{id}/result, steps/proxy/results.py): the run's folder in the
+    # store and the iteration whose rollouts (and evaluation) this proxy serves; None: it stores no results.
+    run_url: str | None = None
+    iteration: int | None = None
     model: str | None = None  # the model name harnesses ask for and /v1/models lists
     upstream_model: str | None = None  # the name the upstream is sent; None: `model`
     # A server the serve step did not start (a vLLM elsewhere, any OpenAI-compatible endpoint): calls it answers

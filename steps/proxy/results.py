@@ -1,0 +1,70 @@
+"""Rollout results through the proxy: a rollout pod's runner hands its `result.json` to the proxy, which writes
+it to the store, so that a rollout pod needs no store credentials and no route to the store (docs/workflows.md,
+"Network isolation").
+
+    PUT /rollouts/{rollout_id}/result?retry=R[&evaluation=true]   (admin key; the body: result.json)
+
+The proxy writes it to `layout.result_url` (or `eval_result_url`) of its `--run-url` and `--iteration`, in the
+folder of Argo's retry number R of the planned rollout (`layout.retry_folder`): the exact URL the rollout step's
+S3 output artifact had. Only a rollout this proxy opened may be written, only by its own id, and only a result
+that names that id.
+"""
+
+import asyncio
+import os
+
+import fsspec
+
+from steps.contracts import layout
+from steps.contracts.rollout import RecordError, parse_result
+from steps.plan import attempt_of
+from steps.proxy.config import ProxyConfig
+from steps.proxy.errors import ProxyError
+
+RESULT_MAX_BYTES = 1024 * 1024  # one result.json; its logs stay in the pod, so 1 MiB is far more than one needs
+
+
+def result_url(config: ProxyConfig, rollout_id: str, retry: int, evaluation: bool) -> str:
+    """Where the result of rollout `rollout_id` (an attempt id, `ID-aK`) at Argo's retry number `retry` goes.
+
+    Attempt K of a planned rollout runs at retry K-1 or earlier (a rerun step takes the next free attempt), so a
+    retry number past that is refused: a runner writes its own rollout's folders only.
+
+    >>> result_url(ProxyConfig("u", "s", "k", run_url="s3://b/runs/r", iteration=2), "it2-t-s0-a2", 1, False)
+    's3://b/runs/r/results/iteration-2/it2-t-s0-r1/result.json'
+    """
+    if not config.run_url or config.iteration is None:
+        raise ProxyError(409, "this proxy stores no results: it was started without --run-url and --iteration")
+    planned, attempt = attempt_of(rollout_id)
+    if not 0 <= retry < attempt:
+        raise ProxyError(400, f"retry must be 0 to {attempt - 1} for rollout {rollout_id!r} (attempt {attempt}), "
+                              f"got {retry}", param="retry")
+    where = layout.eval_result_url if evaluation else layout.result_url
+    return where(config.run_url, config.iteration, layout.retry_folder(planned, retry))
+
+
+def checked_result(rollout_id: str, body: bytes) -> bytes:
+    """The body, if it is a result.json that names `rollout_id`; else a 400 naming what is wrong."""
+    try:
+        result = parse_result(body, "the result")
+    except RecordError as exc:
+        raise ProxyError(400, str(exc)) from None
+    if result.rollout_id != rollout_id:
+        raise ProxyError(400, f"the result names rollout {result.rollout_id!r}, not {rollout_id!r} of this route",
+                         param="rollout_id")
+    return body
+
+
+def write_file(url: str, data: bytes) -> None:
+    """Writes one small file whole at `url` (a local path or an fsspec URL such as s3://)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    fs.pipe_file(path, data)
+
+
+async def store_result(config: ProxyConfig, rollout_id: str, body: bytes, retry: int, evaluation: bool) -> str:
+    """Writes a checked result.json of rollout `rollout_id` to its store URL (`result_url`); returns that URL."""
+    url = result_url(config, rollout_id, retry, evaluation)
+    await asyncio.to_thread(write_file, url, checked_result(rollout_id, body))
+    return url
