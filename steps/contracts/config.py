@@ -22,7 +22,8 @@ class RunConfig:
 
     harness: str = "codex"
     run: str = ""  # empty: <harness>-<UTC timestamp>, filled in by `with_run_name`
-    model: str = "runs/tiny-model"  # base checkpoint: local folder or s3:// URL
+    model: str = "runs/tiny-model"  # base checkpoint: local folder, s3:// URL, or hub model hf://org/name[@revision]
+    hub_endpoint: str = "https://huggingface.co"  # where a hub `model` is fetched from (steps/fetch_model.py)
     model_name: str = "tiny"
     dataset: str = "steps/tasks/builtin"
     iterations: int = 2
@@ -75,6 +76,7 @@ class RunConfig:
     service_account: str = "openforge"
     s3_secret: str = "openforge-s3"  # keys access-key, secret-key
     admin_secret: str = "openforge-admin"  # key admin-key
+    hub_secret: str = "openforge-hub"  # key token: the hub token for a gated or private `model`; optional (public: none)
     image_registry: str = "ghcr.io/openforge"
     image_tag: str = "0.1.0"
     serve_gpus: int = 1  # per replica: vLLM's tensor parallelism
