@@ -121,10 +121,11 @@ def hub_problem(response: httpx.Response, model: HubModel, token: bool) -> str:
     return f"the hub answered {status} for model {model.repo}"
 
 
-def resolve(client: httpx.Client, endpoint: str, model: HubModel, token: bool) -> tuple[str, dict[str, int | None]]:
+def resolve(client: httpx.Client, endpoint: str, model: HubModel, token: bool,
+            backoff_s: float = 1.0) -> tuple[str, dict[str, int | None]]:
     """(the commit `model`'s revision is, the wanted files of that commit with their sizes when the hub gives them)."""
     url = f"{endpoint}/api/models/{model.repo}/revision/{quote(model.revision, safe='')}"
-    response = request(client, url, {"blobs": "true"})
+    response = request(client, url, {"blobs": "true"}, backoff_s)
     if response.status_code != 200:
         raise HubError(hub_problem(response, model, token))
     info = response.json()
@@ -135,51 +136,62 @@ def resolve(client: httpx.Client, endpoint: str, model: HubModel, token: bool) -
     return info["sha"], files
 
 
+def pause(attempt: int, backoff_s: float) -> None:
+    """Waits before try `attempt` + 2: `backoff_s` doubled each time, at most 30 s."""
+    time.sleep(min(backoff_s * 2**attempt, 30))
+
+
 def request(client: httpx.Client, url: str, params: dict | None = None, backoff_s: float = 1.0) -> httpx.Response:
-    """A GET (its body read), retried on a transient failure; the last answer, whatever it is."""
-    for attempt in range(ATTEMPTS):
+    """A GET (its body read), tried again after a transient failure; the last try's answer, whatever it is."""
+    for attempt in range(ATTEMPTS - 1):
         try:
             response = client.get(url, params=params)
-        except httpx.TransportError:
-            if attempt == ATTEMPTS - 1:
-                raise
-        else:
-            if response.status_code not in RETRIED_STATUS or attempt == ATTEMPTS - 1:
+            if response.status_code not in RETRIED_STATUS:
                 return response
-        time.sleep(min(backoff_s * 2**attempt, 30))
-    raise AssertionError("unreachable")
+        except httpx.TransportError:
+            pass
+        pause(attempt, backoff_s)
+    return client.get(url, params=params)
+
+
+class Transient(Exception):
+    """A download that may succeed when tried again: a retried status, a body shorter than the hub said."""
 
 
 def stream_file(client: httpx.Client, url: str, fs, path: str, size: int | None, progress) -> int:
-    """Streams one file from `url` to `path` on `fs`, CHUNK bytes at a time; returns its bytes. A short or failed
-    transfer raises (httpx.TransportError, HubError) for `copy_file` to try again."""
+    """Streams one file from `url` to `path` on `fs`, CHUNK bytes at a time; returns its bytes. Raises Transient
+    (or httpx.TransportError) for a failure worth another try, HubError for a refusal."""
     written = 0
     with client.stream("GET", url) as response:
+        if response.status_code in RETRIED_STATUS:
+            raise Transient(f"HTTP {response.status_code}")
         if response.status_code != 200:
-            raise HubError(f"HTTP {response.status_code}")
+            raise HubError(f"the hub refused {url.rsplit('/', 1)[-1]} (HTTP {response.status_code}), which it had "
+                           f"listed")
         with fs.open(path, "wb") as out:
             for chunk in response.iter_bytes(CHUNK):
                 out.write(chunk)
                 written += len(chunk)
                 progress(written)
     if size is not None and written != size:
-        raise HubError(f"got {written} bytes of {size}")
+        raise Transient(f"got {written} bytes of {size}")
     return written
 
 
 def copy_file(client: httpx.Client, url: str, fs, path: str, size: int | None, progress,
               backoff_s: float = 1.0) -> int:
-    """`stream_file`, from the start again after a transient failure (ATTEMPTS tries); a 401/403/404 at once."""
+    """`stream_file`, from the start again after a transient failure, ATTEMPTS tries in all."""
+    name = url.rsplit("/", 1)[-1]
     for attempt in range(ATTEMPTS):
         try:
             return stream_file(client, url, fs, path, size, progress)
-        except (httpx.TransportError, HubError) as exc:
-            final = isinstance(exc, HubError) and str(exc) in ("HTTP 401", "HTTP 403", "HTTP 404")
-            if final or attempt == ATTEMPTS - 1:
-                raise HubError(f"{url.rsplit('/', 1)[-1]} could not be fetched ({exc})") from None
-            print(f"fetch-model: {url.rsplit('/', 1)[-1]}: {exc}; trying again", file=sys.stderr, flush=True)
-        time.sleep(min(backoff_s * 2**attempt, 30))
-    raise AssertionError("unreachable")
+        except (httpx.TransportError, Transient) as exc:
+            problem = str(exc) or type(exc).__name__
+            if attempt == ATTEMPTS - 1:
+                raise HubError(f"{name} could not be fetched in {ATTEMPTS} tries ({problem})") from None
+            print(f"fetch-model: {name}: {problem}; trying again", file=sys.stderr, flush=True)
+            pause(attempt, backoff_s)
+    raise HubError(f"{name} could not be fetched")  # not reached: the last try returned or raised
 
 
 def read_record(run_url: str) -> FetchedModel | None:
@@ -202,7 +214,7 @@ def fetch_model(model: HubModel, run_url: str, endpoint: str = DEFAULT_ENDPOINT,
     headers = {"authorization": f"Bearer {token}"} if token else {}
     endpoint = endpoint.rstrip("/")
     with httpx.Client(headers=headers, follow_redirects=True, timeout=httpx.Timeout(60.0, connect=30.0)) as client:
-        sha, files = resolve(client, endpoint, model, token is not None)
+        sha, files = resolve(client, endpoint, model, token is not None, backoff_s)
         fs, root = fsspec.core.url_to_fs(layout.base_model_url(run_url))
         fs.makedirs(root, exist_ok=True)
         total, done, said = sum(size or 0 for size in files.values()), 0, [0.0]

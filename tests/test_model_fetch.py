@@ -23,7 +23,7 @@ import yaml
 
 from steps.contracts import layout
 from steps.contracts.config import RunConfig
-from steps.fetch_model import FetchedModel, HubModel, fetch_model, hub_model, read_record, wanted
+from steps.fetch_model import FetchedModel, HubError, HubModel, fetch_model, hub_model, read_record, wanted
 from steps.net import HOST
 from workflows import commands, shape
 from workflows.config import ConfigError, load_config, validate_for_argo
@@ -38,6 +38,7 @@ REPO_ID = "tiny-org/tiny-model"
 TOKEN = "hf_secret_token_0123456789"
 pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
 GOLDEN_HUB = "iteration-codex-hub-it0.yaml"
+API = "api"  # FakeHub.flaky's key for the revision route
 HUB_OVERRIDES = ["run=golden", "iterations=2", f"model=hf://{REPO_ID}"]
 
 
@@ -46,13 +47,15 @@ class FakeHub:
     /api/models/{repo}/revision/{revision}` (the commit `sha` and `siblings` with sizes), `GET
     /{repo}/resolve/{sha}/{file}` (the bytes); `RepoNotFound` (401 anonymous, 404 with a token) for any other
     repository, `RevisionNotFound` for another revision. It records each request's path and authorization header,
-    and fails the first `flaky` downloads of a file with a 503 (a transient error) or cuts them short."""
+    and fails the first `flaky` downloads of a file with a 503 (a transient error) or cuts them short, and the first
+    `flaky[API]` answers of the revision route with those statuses; it lists but refuses (404) the files in
+    `unserved`."""
 
     def __init__(self, folder: Path, gated: bool = False) -> None:
         self.files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
         self.files["README.md"] = b"# tiny\n"  # not wanted: never fetched
         self.sha = hashlib.sha1(b"".join(sorted(self.files.values()))).hexdigest()
-        self.gated, self.requests, self.flaky = gated, [], {}
+        self.gated, self.requests, self.flaky, self.unserved = gated, [], {}, set()
         self.server = ThreadingHTTPServer((HOST, 0), self.handler())
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://{HOST}:{self.server.server_address[1]}"
@@ -80,6 +83,8 @@ class FakeHub:
                 if path.startswith(api):
                     return self.info(path[len(api):], auth)
                 prefix = f"/{REPO_ID}/resolve/{hub.sha}/"
+                if path[len(prefix):] in hub.unserved:
+                    return self.answer(404, b"{}", {"X-Error-Code": "EntryNotFound"})
                 if path.startswith(prefix) and path[len(prefix):] in hub.files:
                     return self.file(path[len(prefix):])
                 self.refuse(auth)
@@ -89,6 +94,8 @@ class FakeHub:
                             {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"})
 
             def info(self, revision: str, auth: str | None) -> None:
+                if hub.flaky.get(API):
+                    return self.answer(hub.flaky[API].pop(0), b"busy")
                 if hub.gated and auth != f"Bearer {TOKEN}":
                     return self.answer(403, b"{}", {"X-Error-Code": "GatedRepo"})
                 if revision not in ("main", hub.sha):
@@ -192,6 +199,20 @@ def test_transient_errors_are_retried(hub: FakeHub, s3_store: str) -> None:
     fetch_model(HubModel(REPO_ID), run_url, hub.url, backoff_s=0.01)
     assert hub.downloads().count(weights) == 3
     assert store_files(layout.base_model_url(run_url))[weights] == hub.files[weights]
+
+
+def test_the_revision_route_is_retried_but_a_refused_file_is_not(hub: FakeHub, s3_store: str) -> None:
+    """A 502 then a 429 from the revision route are tried again; a 404 for a listed file is not (one sentence, no
+    record written)."""
+    hub.flaky = {API: [502, 429]}
+    record, _ = fetch_model(HubModel(REPO_ID), f"{s3_store}/run", hub.url, backoff_s=0.01)
+    assert record.sha == hub.sha and [p for p, _ in hub.requests if p.startswith("/api/")].count(
+        f"/api/models/{REPO_ID}/revision/main") == 3
+    hub.flaky, hub.unserved, before = {}, {"tokenizer.json"}, hub.downloads().count("tokenizer.json")
+    with pytest.raises(HubError, match=r"^the hub refused tokenizer.json \(HTTP 404\), which it had listed$"):
+        fetch_model(HubModel(REPO_ID), f"{s3_store}/other", hub.url, backoff_s=0.01)
+    assert hub.downloads().count("tokenizer.json") == before + 1
+    assert read_record(f"{s3_store}/other") is None
 
 
 def test_the_token_is_a_bearer_header_only_when_given_and_never_printed(hub: FakeHub, s3_store: str) -> None:
