@@ -113,7 +113,8 @@ def hub_problem(response: httpx.Response, model: HubModel, token: bool) -> str:
                 f"named by hub_secret holds (key token)" + ("" if token else ", and create that Secret"))
     if code == "RevisionNotFound":
         return f"model {model.repo} has no revision {model.revision!r} on the hub (a branch, a tag or a commit)"
-    if status == 401 and token and response.headers.get("X-Error-Message") == "Invalid credentials in Authorization header":
+    invalid = response.headers.get("X-Error-Message") == "Invalid credentials in Authorization header"
+    if status == 401 and token and invalid:
         return "the hub refused the token from the Secret named by hub_secret (invalid credentials)"
     if status in (401, 404):
         hint = "" if token else "; a private or gated model needs a token (the Secret named by config key hub_secret)"
@@ -216,6 +217,8 @@ def fetch_model(model: HubModel, run_url: str, endpoint: str = DEFAULT_ENDPOINT,
     with httpx.Client(headers=headers, follow_redirects=True, timeout=httpx.Timeout(60.0, connect=30.0)) as client:
         sha, files = resolve(client, endpoint, model, token is not None, backoff_s)
         fs, root = fsspec.core.url_to_fs(layout.base_model_url(run_url))
+        if fs.exists(root):  # what a fetch cut short left, maybe of another commit: no stray shard is ever served
+            fs.rm(root, recursive=True)
         fs.makedirs(root, exist_ok=True)
         total, done, said = sum(size or 0 for size in files.values()), 0, [0.0]
 

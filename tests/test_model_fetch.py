@@ -180,14 +180,15 @@ def test_fetch_streams_the_model_into_the_store_once(hub: FakeHub, s3_store: str
 
 
 def test_a_half_written_copy_is_fetched_again(hub: FakeHub, s3_store: str) -> None:
-    """No record, no copy: files an interrupted fetch left are never taken for the model; control: with the record
-    there, nothing is fetched."""
+    """No record, no copy: files an interrupted fetch left are never taken for the model, and none is left beside
+    the new copy (control, that a run with the record is not fetched again: the first test)."""
     run_url = f"{s3_store}/run"
     fs, root = fsspec.core.url_to_fs(layout.base_model_url(run_url))
     fs.pipe_file(f"{root}/config.json", b"half")
+    fs.pipe_file(f"{root}/model-00002-of-00002.safetensors", b"a shard of an earlier commit")
     assert read_record(run_url) is None
     fetch_model(HubModel(REPO_ID), run_url, hub.url)
-    assert store_files(layout.base_model_url(run_url))["config.json"] == hub.files["config.json"]
+    assert store_files(layout.base_model_url(run_url)) == {n: d for n, d in hub.files.items() if wanted(n)}
     assert "config.json" in hub.downloads()
 
 

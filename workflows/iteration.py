@@ -5,8 +5,9 @@
     print(iteration_workflow(load_config("configs/cluster-example.yaml", ["run=demo"]), 0).to_yaml())
 
 The outer DAG `iteration` runs `collect` then `update`; with a hub `model` (`hf://org/name`), the first
-iteration's runs `fetch-model` before them, which streams the model into the run's store once (`steps.fetch_model`). `collect` is a DAG of its own so that the `serve`
-daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajectories are done, before
+iteration's runs `fetch-model` before them, which streams the model into the run's store once (`steps.fetch_model`).
+`collect` is a DAG of its own so that the `serve` daemon (vLLM + proxy, one GPU pod) is stopped as soon as the
+rollouts and trajectories are done, before
 `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's /health answers; reached at
 `{{tasks.serve.ip}}`), `plan` (prints the rollouts as a JSON list, and writes those of tasks with an
 `[environment] app` into its output `app-rollouts`), `rollout` (one pod per item of that list, given its task,

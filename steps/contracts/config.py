@@ -76,7 +76,7 @@ class RunConfig:
     service_account: str = "openforge"
     s3_secret: str = "openforge-s3"  # keys access-key, secret-key
     admin_secret: str = "openforge-admin"  # key admin-key
-    hub_secret: str = "openforge-hub"  # key token: the hub token for a gated or private `model`; optional (public: none)
+    hub_secret: str = "openforge-hub"  # key token: the token for a gated or private hub `model`; optional
     image_registry: str = "ghcr.io/openforge"
     image_tag: str = "0.1.0"
     serve_gpus: int = 1  # per replica: vLLM's tensor parallelism

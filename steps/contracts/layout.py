@@ -22,7 +22,8 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     │   └── iteration-<N>-attempt-<K>/    local runner: what an earlier, dead start of iteration N left
     ├── trajectories/
     │   └── run=<run>/iteration=<N>/      calls.parquet, rollouts.parquet, samples.parquet, behaviour.parquet
-    ├── base-model/                       a hub `model` (hf://org/name): its files, fetched once (steps.fetch_model);
+    ├── base-model/                       a hub `model` (hf://org/name): its files, fetched once
+    │                                     (steps.fetch_model);
     │                                     iteration 0 serves and trains from here; manifest/base-model.json,
     │                                     written last, pins the commit they are from and marks them complete
     ├── checkpoints/
