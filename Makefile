@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(HASH)
 TRAIN_VENV := .venv-train
 TRAIN_STAMP := $(TRAIN_VENV)/.installed-$(HASH)
 
-.PHONY: setup train-setup system harnesses test test-fast run bench clean
+.PHONY: setup train-setup system harnesses test test-fast run bench images clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -74,6 +74,13 @@ bench: setup train-setup
 	$(TRAIN_VENV)/bin/python benchmarks/update_throughput.py
 	$(TRAIN_VENV)/bin/python benchmarks/update_images.py
 	$(BIN)/python benchmarks/image_store.py
+
+# OpenForge's images (images/*.Dockerfile), built with this machine's docker, podman, buildah or nerdctl and pushed
+# as $(REGISTRY)/<name>:$(TAG) (docs/images.md); `make images REGISTRY=ghcr.io/me TAG=0.1.0 ARGS=--dry-run` prints
+# the commands. The task images are built in the cluster: python workflows/submit.py images --dataset D.
+images: $(STAMP)
+	@test -n "$(REGISTRY)" -a -n "$(TAG)" || { echo "usage: make images REGISTRY=ghcr.io/me TAG=0.1.0 [ARGS=--dry-run]" >&2; exit 2; }
+	$(BIN)/python workflows/submit.py images --registry $(REGISTRY) --tag $(TAG) $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(TRAIN_VENV) .pytest_cache

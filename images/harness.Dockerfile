@@ -2,6 +2,7 @@
 # /opt/openforge/harnesses/<name>-<version> and node-<version>, and browser-use's virtualenv,
 # browser-use-<version>. It runs nothing itself: the rollout pod's init container copies the harness it needs
 # into the shared emptyDir (workflows/iteration.py). Chromium is the task image's (images/gui-task/Dockerfile).
+# Built and pushed with the others (docs/images.md): make images REGISTRY=ghcr.io/openforge TAG=0.1.0, i.e.
 #   docker build -f images/harness.Dockerfile -t ghcr.io/openforge/harness:0.1.0 .
 FROM node:24.22.3-bookworm-slim AS install
 # bookworm's python3 is 3.11, which `steps.harnesses` needs; npm installs run on the pinned Node it installs.

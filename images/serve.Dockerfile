@@ -1,4 +1,5 @@
 # The serve image: vLLM 0.33 (CUDA) + this package; runs `python -m steps.serve` (vLLM + recording proxy).
+# Built and pushed with the others (docs/images.md): make images REGISTRY=ghcr.io/openforge TAG=0.1.0, i.e.
 #   docker build -f images/serve.Dockerfile -t ghcr.io/openforge/serve:0.1.0 .
 # Pin the base by digest when publishing.
 FROM vllm/vllm-openai:v0.33.0

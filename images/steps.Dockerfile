@@ -2,6 +2,7 @@
 # (`steps.manifest record`, `steps.report`), the serve step in front of an existing endpoint (`steps.serve
 # --upstream`: the proxy alone), and is the source the rollout pod's init container copies OpenForge from
 # (/usr/local: Python with the package and its dependencies; /opt/openforge/app: the repository, tasks included).
+# Built and pushed with the others (docs/images.md): make images REGISTRY=ghcr.io/openforge TAG=0.1.0, i.e.
 #   docker build -f images/steps.Dockerfile -t ghcr.io/openforge/steps:0.1.0 .
 # Pin the base by digest when publishing (docker buildx imagetools inspect python:3.11.14-slim-bookworm).
 FROM python:3.11.14-slim-bookworm

@@ -1,4 +1,5 @@
 # The train image: veRL 0.9.1 on CUDA torch 2.13.0 + this package; runs `python -m steps.update`.
+# Built and pushed with the others (docs/images.md): make images REGISTRY=ghcr.io/openforge TAG=0.1.0, i.e.
 #   docker build -f images/train.Dockerfile -t ghcr.io/openforge/train:0.1.0 .
 # Pin the base by digest when publishing.
 FROM nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04

@@ -1,14 +1,14 @@
 """Which rollouts one iteration runs: tasks x samples per task, printed as a JSON list.
 
     python -m steps.plan --dataset steps/tasks/builtin --iteration 0 --tasks-per-iteration 4 \
-        --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--image-tag 0.1.0] \
-        [--app-rollouts /tmp/app-rollouts.json]
+        --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--app-rollouts /tmp/app-rollouts.json]
     python -m steps.plan --eval --dataset steps/tasks/builtin --iteration 0 --samples-per-task 3   # an evaluation
 
 Each item is a `steps.contracts.rollout.PlannedRollout` (`plan_json`; read back with `read_plan`): `{"task",
 "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb", "storage_mb", "gpus", "app"}`: the task folder
 (relative to the working folder), the sample number, a rollout id unique within the run, the container image the
-rollout runs in (the task's `docker_image`, else `<image-prefix><task name>:<image-tag>`), the rollout's deadline
+rollout runs in (`task_image`: the task's `docker_image`, else `<image-prefix><task name>:<content hash of its
+environment folder>`, the image `python workflows/submit.py images --dataset D` builds), the rollout's deadline
 in seconds (agent + verifier timeouts + setup margin), the CPUs, memory (MiB), disk (MiB) and GPUs the task's
 `[environment]` asks for (Harbor's defaults 1, 2048, 10240, 0 where it is silent), from which the rollout pod's
 requests and limits are made (`workflows.iteration.rollout_resources`, which adds the harness's own budget), and
@@ -87,8 +87,14 @@ def pick_tasks(tasks: list[Task], iteration: int, count: int, seed: int) -> list
     return [ordered[(start + i) % len(ordered)] for i in range(count)]
 
 
+def task_image(task: Task, image_prefix: str) -> str:
+    """The image a task's rollouts run in: its `docker_image` as is, else the one built from its environment
+    folder, tagged with that folder's content hash (`Task.image_tag`), so an OpenForge upgrade rebuilds nothing."""
+    return task.config.docker_image or f"{image_prefix}{task.name}:{task.image_tag}"
+
+
 def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_per_task: int, seed: int = 0,
-         image_prefix: str = "openforge-task-", image_tag: str = "latest", root: Path | None = None,
+         image_prefix: str = "openforge-task-", root: Path | None = None,
          evaluation: bool = False) -> list[PlannedRollout]:
     """The iteration's rollouts, task by task, `samples_per_task` samples each; with `evaluation`, every task
     (`tasks_per_iteration` is not used) under `ev<N>-` ids."""
@@ -98,7 +104,7 @@ def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_pe
     for task in chosen:
         path = task.path.resolve()
         folder = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-        image = task.config.docker_image or f"{image_prefix}{task.name}:{image_tag}"
+        image = task_image(task, image_prefix)
         deadline = int(task.config.agent_timeout_s + task.config.verifier_timeout_s + SETUP_MARGIN_S)
         resources = task.config.resources
         for sample in range(samples_per_task):
@@ -118,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples-per-task", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--image-prefix", default="openforge-task-")
-    p.add_argument("--image-tag", default="latest")
     p.add_argument("--app-rollouts", type=Path, help="write the rollouts of tasks with an [environment] app to this "
                    "file (a JSON list) instead of stdout")
     p.add_argument("--eval", action="store_true", help="every task of the dataset, --samples-per-task tries each, "
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no task of {args.dataset} could be loaded", file=sys.stderr)
         return 2
     rollouts = plan(tasks, args.iteration, args.tasks_per_iteration or 0, args.samples_per_task, args.seed,
-                    args.image_prefix, args.image_tag, evaluation=args.eval)
+                    args.image_prefix, evaluation=args.eval)
     if args.app_rollouts is not None:
         args.app_rollouts.write_text(plan_json([r for r in rollouts if r.app]))
         rollouts = [r for r in rollouts if not r.app]

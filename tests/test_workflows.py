@@ -61,6 +61,8 @@ GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, i
     "evaluation-codex-final.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 2),
     "iteration-codex-2nodes-it0.yaml": (["run=golden", "iterations=2", "update_nodes=2", "update_gpus=8"], 0),
     "iteration-browser-use-it0.yaml": (["run=golden", "harness=browser-use", "dataset=steps/tasks/gui"], 0),
+    "iteration-codex-podidentity-it0.yaml": (["run=golden", "s3_credentials=pod-identity", "s3_endpoint=",
+                                              "rollout_service_account=openforge-rollout", "s3_region=us-west-2"], 0),
 }
 
 
@@ -562,6 +564,9 @@ def test_preflight_names_what_is_missing() -> None:
             if name == "openforge-admin":
                 raise ApiException(status=404)
 
+        def read_namespaced_service_account(self, name, namespace, **_):
+            return SimpleNamespace(metadata=SimpleNamespace(annotations={}))
+
         def list_node(self, **_):
             return SimpleNamespace(items=[SimpleNamespace(status=SimpleNamespace(allocatable={"cpu": "8"}))])
 
@@ -617,8 +622,9 @@ class FakeArgoServer:
             return 200, body["workflow"]
         if method == "POST" and not rest:
             name = body["workflow"]["metadata"]["name"]
-            if name in self.workflows:
-                return 409, {"code": 6, "message": f"workflows.argoproj.io \"{name}\" already exists"}
+            if name in self.workflows:  # grpc-gateway v1's error body (Argo's swagger: grpc.gateway.runtime.Error)
+                taken = f"workflows.argoproj.io \"{name}\" already exists"
+                return 409, {"error": taken, "code": 6, "message": taken, "details": []}  # 6: ALREADY_EXISTS
             self.workflows[name] = body["workflow"]
             return 200, body["workflow"]
         name = rest[0] if rest else ""
@@ -1377,6 +1383,9 @@ def test_preflight_counts_the_gpu_nodes_a_multi_node_update_needs() -> None:
 
         def read_namespaced_secret(self, name, namespace, **_):
             return {}
+
+        def read_namespaced_service_account(self, name, namespace, **_):
+            return SimpleNamespace(metadata=SimpleNamespace(annotations={}))
 
         def list_node(self, **_):
             gpus = SimpleNamespace(status=SimpleNamespace(allocatable={"nvidia.com/gpu": "8"}))

@@ -4,14 +4,19 @@
     client.lint(workflow); name = client.create(workflow); phase = client.wait(name)
 
 Routes used (Argo Server API v1): lint `POST /api/v1/workflows/{ns}/lint`, create `POST /api/v1/workflows/{ns}`,
-get `GET /api/v1/workflows/{ns}/{name}`, retry `PUT .../{name}/retry`, resubmit `PUT .../{name}/resubmit`.
+get `GET /api/v1/workflows/{ns}/{name}`, retry `PUT .../{name}/retry`, resubmit `PUT .../{name}/resubmit`,
+delete `DELETE .../{name}`.
 `wait` polls `get` itself: Hera 7.1's `Workflow.wait()` raises on the empty phase right after
 creation and returns at `Pending`.
+The server's TLS certificate is verified against the system's CAs, or `verify` (a CA bundle file); `verify=False`
+accepts any (Argo's server makes itself a self-signed certificate unless given one: argo-workflows
+docs/tls.md), and the driver says so.
 """
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import requests
 from hera.exceptions import AlreadyExists, HeraException, NotFound, Unauthorized
@@ -19,7 +24,7 @@ from hera.workflows import Workflow, WorkflowsService
 from hera.workflows.models import (WorkflowCreateRequest, WorkflowLintRequest, WorkflowResubmitRequest,
                                    WorkflowRetryRequest)
 
-from workflows.iteration import ROLLOUT_TEMPLATES
+from workflows.iteration import ROLLOUT_TEMPLATES, RUN_NAME_ANNOTATION
 
 DONE = ("Succeeded", "Failed", "Error")
 RETRY_FAILED_ROLLOUTS = "templateName=rollout,phase=Failed"
@@ -31,11 +36,20 @@ class ArgoError(RuntimeError):
 
 
 class _TimeoutSession(requests.Session):
-    """A session whose requests time out (Hera passes none, so an unreachable server would hang)."""
+    """A session whose requests time out (Hera passes none, so an unreachable server would hang); with a
+    `token_file`, each request's bearer token is read from that file (a pod's service account token, which the
+    kubelet rewrites before it expires)."""
+
+    def __init__(self, token_file: str | None = None) -> None:
+        super().__init__()
+        self.token_file = token_file
 
     def request(self, method, url, **kwargs):  # type: ignore[override]
-        """`requests.Session.request` with a default timeout."""
+        """`requests.Session.request` with a default timeout (and the token file's token)."""
         kwargs.setdefault("timeout", REQUEST_TIMEOUT_S)
+        if self.token_file:
+            token = Path(self.token_file).read_text().strip()
+            kwargs["headers"] = {**(kwargs.get("headers") or {}), "Authorization": f"Bearer {token}"}
         return super().request(method, url, **kwargs)
 
 
@@ -52,11 +66,13 @@ class Progress:
 class ArgoClient:
     """One Argo Server and namespace."""
 
-    def __init__(self, server: str, token: str | None, namespace: str) -> None:
+    def __init__(self, server: str, token: str | None, namespace: str, verify: bool | str = True,
+                 token_file: str | None = None) -> None:
         self.server = server.rstrip("/")
         self.namespace = namespace
+        # Hera hands `verify_ssl` to requests' `verify`, which takes a CA bundle's path as well as a bool.
         self.service = WorkflowsService(host=self.server, token=token or None, namespace=namespace,
-                                        verify_ssl=True, session=_TimeoutSession())
+                                        verify_ssl=verify, session=_TimeoutSession(token_file))  # type: ignore[arg-type]
 
     def ui_link(self, name: str) -> str:
         """The workflow's page in the Argo UI."""
@@ -66,6 +82,10 @@ class ArgoClient:
         """Runs one API call; every failure becomes an ArgoError naming the server and the call."""
         try:
             return fn(*args, **kwargs)
+        except requests.exceptions.SSLError:
+            raise ArgoError(f"the Argo server at {self.server} presented a TLS certificate this machine does not trust "
+                            f"({what}); give the CA that signed it with argo_ca_bundle=PATH or env ARGO_CA_BUNDLE, "
+                            f"or accept any certificate with --argo-insecure") from None
         except requests.exceptions.RequestException as exc:
             raise ArgoError(f"cannot reach the Argo server at {self.server} ({what}): {type(exc).__name__}") from None
         except Unauthorized:
@@ -82,13 +102,42 @@ class ArgoClient:
         self._call(f"linting {workflow.name}", self.service.lint_workflow, req)
 
     def create(self, workflow: Workflow) -> str:
-        """Submits the workflow; returns its name. One that already exists is left as it is (resume)."""
+        """Submits the workflow; returns its name. One of that name that already exists is followed as it is if it
+        belongs to the same run (a resumed driver); one of another run is an ArgoError naming that run."""
         req = WorkflowCreateRequest(namespace=self.namespace, workflow=workflow.build())
         try:
             created = self._call(f"creating {workflow.name}", self.service.create_workflow, req)
-        except AlreadyExists:
+        except AlreadyExists:  # the server's 409, grpc-gateway's ALREADY_EXISTS (code 6)
+            self.check_owner(str(workflow.name), (workflow.annotations or {}).get(RUN_NAME_ANNOTATION))
             return str(workflow.name)
         return created.metadata.name
+
+    def check_owner(self, name: str, run: str | None) -> None:
+        """An ArgoError unless the existing workflow `name` belongs to run `run` (its `RUN_NAME_ANNOTATION`)."""
+        try:
+            existing = self._call(f"reading {name}", self.service.get_workflow, name)
+        except NotFound:  # deleted since the create was refused
+            raise ArgoError(f"workflow {name} was deleted while it was being created; submit again") from None
+        owner = (existing.metadata.annotations or {}).get(RUN_NAME_ANNOTATION)
+        if owner != run:
+            whose = f"run {owner!r}" if owner is not None else "no OpenForge run"
+            raise ArgoError(f"workflow {name} already exists in namespace {self.namespace} and belongs to {whose}, "
+                            f"not to run {run!r}; give this run another name (run=...) or delete that workflow")
+
+    def phase_if_any(self, name: str) -> str | None:
+        """The workflow's phase ("" right after creation), or None when there is no workflow of that name."""
+        try:
+            wf = self._call(f"reading {name}", self.service.get_workflow, name)
+        except NotFound:
+            return None
+        return (wf.status.phase if wf.status else None) or ""
+
+    def delete(self, name: str) -> None:
+        """Deletes the workflow (its pods and the objects it owns go with it); one already gone is fine."""
+        try:
+            self._call(f"deleting {name}", self.service.delete_workflow, name)
+        except NotFound:
+            pass
 
     def progress(self, name: str) -> Progress:
         """The workflow's phase ("" right after creation) and its rollout pods' counts."""

@@ -95,6 +95,12 @@ def fetch_model(config: RunConfig, python: str = "python") -> list[str]:
             "--endpoint", config.hub_endpoint]
 
 
+def task_image_prefix(config: RunConfig) -> str:
+    """What a built task image's name starts with (`steps.plan.task_image` adds the task and its content tag): the
+    plan names its rollouts' images with it, and `python workflows/submit.py images --dataset D` pushes them so."""
+    return f"{config.image_registry}/task-"
+
+
 def plan(config: RunConfig, iteration: int | str, python: str = "python", evaluation: bool = False,
          app_rollouts: str | None = None) -> list[str]:
     """Prints the iteration's rollouts as a JSON list (`steps.plan`); with `evaluation`, those of the
@@ -107,7 +113,7 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
         chosen = ["--dataset", config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
                   str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task)]
     return [python, "-m", "steps.plan", *chosen, "--seed", str(config.seed),
-            "--image-prefix", f"{config.image_registry}/task-", "--image-tag", config.image_tag,
+            "--image-prefix", task_image_prefix(config),
             *(["--app-rollouts", app_rollouts] if app_rollouts else [])]
 
 
@@ -246,3 +252,10 @@ def record_eval(config: RunConfig, iteration: int | str, workflow: str, status: 
 def report(config: RunConfig, python: str = "python") -> list[str]:
     """The run's report, written to `layout.reports_url(run_url)` in the store (`steps.report`)."""
     return [python, "-m", "steps.report", "--run", config.run, "--store", config.store]
+
+
+def resume(config: RunConfig, argo_server: str, python: str = "python") -> list[str]:
+    """The driver continuing the run from its manifest in the store (`submit.py resume`), talking to `argo_server`:
+    what the detached driver's pod runs, each attempt the same (resume skips what succeeded, follows what runs)."""
+    return [python, "workflows/submit.py", "resume", "--run", config.run, "--argo-server", argo_server,
+            f"store={config.store}"]

@@ -11,6 +11,7 @@ anything starts.
 import dataclasses
 import difflib
 import ipaddress
+import re
 from pathlib import Path
 
 from steps import net, sampling, settings
@@ -31,6 +32,10 @@ DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 # More update nodes than any cluster this targets, refused at load rather than at run time; the JobSet's pod names
 # are checked against JobSet's 63 characters up to here (workflows.jobset, tests/test_workflows.py).
 MAX_UPDATE_NODES = 1000
+S3_CREDENTIALS = ("secret", "pod-identity")  # `s3_credentials`: keys from `s3_secret`, or the pod's cloud identity
+# An AWS region code (us-east-1, eu-central-2, us-gov-west-1, ap-southeast-4): docs.aws.amazon.com/general/latest/gr/
+# rande.html. Other S3-compatible stores name theirs freely (MinIO's default is us-east-1): only the shape is checked.
+REGION = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 MIN_MAX_PIXELS = 28 * 28  # the smallest pixel cap that still holds one merged patch (Qwen2.5-VL's 2x2 of 14 px)
 TINY_VISION_MODEL = "runs/tiny-vision-model"  # configs/gui.yaml's model: built by the local runner like the tiny model
 # Folders the local runner builds when missing: never read as hub ids, though they look like `org/name`.
@@ -71,7 +76,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         hint = f"did you mean {close[0]}? " if close else ""
         raise ConfigError(f"unknown harness {config.harness!r}; {hint}choose one of {', '.join(HARNESSES)}")
     for key in ("iterations", "tasks_per_iteration", "samples_per_task", "max_tokens_cap", "parallel_rollouts",
-                "epochs", "eval_k", "update_nodes", "serve_replicas", "update_timeout_s"):
+                "epochs", "eval_k", "update_nodes", "serve_replicas", "update_timeout_s", "driver_deadline_s"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
     if config.update_nodes > MAX_UPDATE_NODES:
@@ -94,6 +99,11 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
     check_serving(config)
+    # A Secret's name is a DNS subdomain (kubernetes.io/docs/concepts/overview/working-with-objects/names/).
+    secret = config.registry_secret
+    if not (re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", secret) and len(secret) <= 253):
+        raise ConfigError(f"config key 'registry_secret' must be a Kubernetes Secret's name (lower-case letters, "
+                          f"digits, '-' and '.'), got {secret!r}")
     if config.learning_rate <= 0:
         raise ConfigError(f"config key 'learning_rate' must be more than 0, got {config.learning_rate}")
     settings = sampling.settings(config)
@@ -113,9 +123,13 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         raise ConfigError(f"update_config {config.update_config!r} is not a file; give the update step's flat YAML, "
                           f"relative to the repository (e.g. configs/update.yaml)")
     check_update_config(config)
+    check_access(config)
     if config.report_url_base and not config.report_url_base.startswith(("http://", "https://")):
         raise ConfigError(f"config key 'report_url_base' must be an http:// or https:// URL at which a browser opens "
                           f"the store's root (e.g. https://reports.example.com/runs), got {config.report_url_base!r}")
+    if not config.argo_server_in_cluster.startswith(("http://", "https://")):
+        raise ConfigError(f"config key 'argo_server_in_cluster' must be an http:// or https:// URL at which a pod reaches "
+                          f"the Argo Server (e.g. https://argo-server.argo:2746), got {config.argo_server_in_cluster!r}")
     if config.upstream and not net.is_upstream_url(config.upstream):
         # Not echoed: a URL refused here may hold a password or a key.
         raise ConfigError(f"config key 'upstream' must be {net.UPSTREAM_URL}: the base of an OpenAI-compatible server")
@@ -126,6 +140,25 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if check_dataset and not dataset_path(config).exists():
         raise ConfigError(f"dataset {config.dataset!r} does not exist (looked in {dataset_path(config)}); "
                           f"give a task folder, a folder of task folders, or a .txt/.yaml list")
+
+
+def check_access(config: RunConfig) -> None:
+    """The keys that say how the store and the Argo server are reached: a ConfigError on the first bad one."""
+    if config.s3_credentials not in S3_CREDENTIALS:
+        raise ConfigError(f"config key 's3_credentials' must be one of {', '.join(S3_CREDENTIALS)} (keys from "
+                          f"s3_secret, or the pods' cloud identity), got {config.s3_credentials!r}")
+    if config.s3_region and not REGION.fullmatch(config.s3_region):
+        raise ConfigError(f"config key 's3_region' must be a region code such as us-west-2, or empty, "
+                          f"got {config.s3_region!r}")
+    if config.s3_endpoint and not config.s3_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"config key 's3_endpoint' must be an http:// or https:// URL (e.g. "
+                          f"http://minio.openforge.svc:9000), or empty for AWS, got {config.s3_endpoint!r}")
+    if config.argo_ca_bundle and config.argo_insecure_tls:
+        raise ConfigError("config keys 'argo_ca_bundle' and 'argo_insecure_tls' contradict each other: verify the "
+                          "Argo server with the CA bundle, or accept any certificate, not both")
+    if config.argo_ca_bundle and not Path(config.argo_ca_bundle).is_file():
+        raise ConfigError(f"config key 'argo_ca_bundle' (or env ARGO_CA_BUNDLE) must be a PEM file of the CA that "
+                          f"signed the Argo server's certificate; {config.argo_ca_bundle!r} is not a file")
 
 
 def check_serving(config: RunConfig) -> None:
@@ -209,6 +242,11 @@ def validate_for_argo(config: RunConfig) -> None:
         if Path(getattr(config, key)).is_absolute():
             raise ConfigError(f"config key {key!r} must be relative to the repository for an Argo run "
                               f"(the images hold the repository at /opt/openforge/app), got {getattr(config, key)!r}")
+    if config.s3_credentials == "pod-identity" and config.rollout_service_account in ("", config.service_account):
+        raise ConfigError(f"config key 'rollout_service_account' must name a service account other than "
+                          f"service_account ({config.service_account!r}) when s3_credentials is pod-identity: the "
+                          f"rollout pods run the agent, which must not get the store's identity (docs/workflows.md, "
+                          f"\"Credentials\")")
     for cidr in egress_cidrs(config):
         try:
             ipaddress.ip_network(cidr)

@@ -27,9 +27,11 @@ iteration. The exit handler `exit` writes the iteration's outcome to the run man
 report to the store (`report`, which may fail without changing the outcome), and, across nodes, deletes the
 JobSet of a Workflow that did not succeed (`delete-update`); the Workflow's description links to that report in
 the Argo UI. Every container command comes from
-`workflows.commands`; credentials come from Kubernetes Secrets (`secretKeyRef`), never from this YAML.
+`workflows.commands`; credentials come from Kubernetes Secrets (`secretKeyRef`) or, with `s3_credentials: pod-identity`,
+from the pods' service account, never from this YAML.
 """
 
+import hashlib
 import json
 import re
 from urllib.parse import urlparse
@@ -65,6 +67,14 @@ WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"  # Argo's own label on eve
 # take them for pods of the Workflow.
 UPDATE_WORKFLOW_LABEL = "openforge.dev/workflow"
 RUN_LABEL, ITERATION_LABEL = "openforge.dev/run", "openforge.dev/iteration"  # on the Workflow and the update JobSet
+RUN_NAME_ANNOTATION = "openforge.dev/run-name"  # the exact run name, on every Workflow of the run (`ArgoClient.create`)
+# A run's id (`run_id`) is at most 36 characters, so that its longest Workflow name, `openforge-<id>-eval<N>` plus the
+# `-<5 random>` Argo's resubmit appends, stays within the 63 characters Argo accepts for a Workflow's name (its
+# validation's `maxCharsInObjectName`: the name is the `workflows.argoproj.io/workflow` label value of every pod, and
+# a label value is at most 63 characters). Pods themselves are named `<workflow>-<template>-<hash>` (Argo's v2 pod
+# names, workflow/util/pod_name.go), cut to 253 characters by Argo.
+RUN_ID_CHARS, RUN_HASH_CHARS = 36, 10
+READABLE_ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 NO_STATUS = "no_result"  # a rollout node's status when its runner wrote none (the pod died, or hit its deadline)
 ROLLOUT_TEMPLATES = shape.ROLLOUT_STEPS  # the rollout pods: without and with the task's app as a sidecar
 RESOURCE_INPUTS = ("cpus", "memory_mb", "storage_mb", "gpus")  # the plan item's task resources, rollout inputs alike
@@ -99,9 +109,26 @@ GPU = "nvidia.com/gpu"
 GPUS_OR_NULL = "{{=sprig.ternary(inputs.parameters.gpus, 'null', inputs.parameters.gpus != '0')}}"
 
 
+def run_id(run: str) -> str:
+    """The run's id, unique per exact run name: a name that already is a readable id (lower-case letters and digits,
+    single dashes between, at most `RUN_ID_CHARS`) is its own id; any other is a readable prefix, `--` and
+    `RUN_HASH_CHARS` hex characters of the name's SHA-256. `--` never occurs in a name kept as it is, so two runs
+    share an id only if their hashes collide (`exp_1` and `EXP-1`, or two long names alike in their first 40
+    characters, no longer share their Workflows).
+
+    >>> run_id("demo"), run_id("exp_1"), run_id("EXP-1")
+    ('demo', 'exp-1--dd8fdeeda3', 'exp-1--c94ad8f222')
+    """
+    if READABLE_ID.fullmatch(run) and len(run) <= RUN_ID_CHARS:
+        return run
+    prefix_chars = RUN_ID_CHARS - len("--") - RUN_HASH_CHARS
+    prefix = re.sub(r"[^a-z0-9]+", "-", run.lower())[:prefix_chars].strip("-") or "run"
+    return f"{prefix}--{hashlib.sha256(run.encode()).hexdigest()[:RUN_HASH_CHARS]}"
+
+
 def run_label(config: RunConfig) -> str:
-    """The run's name as a Kubernetes label value: lower case letters, digits and dashes, <= 40 chars."""
-    return re.sub(r"[^a-z0-9-]+", "-", config.run.lower()).strip("-")[:40].rstrip("-") or "run"
+    """The run's id (`run_id`): its Workflows' and update JobSets' `openforge.dev/run` label and part of their names."""
+    return run_id(config.run)
 
 
 def workflow_name(config: RunConfig, iteration: int) -> str:
@@ -115,10 +142,14 @@ def image(config: RunConfig, name: str) -> str:
 
 
 def s3_env(config: RunConfig) -> list:
-    """S3 credentials for s3fs/boto3, from the Secret; the endpoint is not a secret."""
-    env = [SecretEnv(name="AWS_ACCESS_KEY_ID", secret_name=config.s3_secret, secret_key="access-key"),
-           SecretEnv(name="AWS_SECRET_ACCESS_KEY", secret_name=config.s3_secret, secret_key="secret-key")]
-    return env + ([Env(name="AWS_ENDPOINT_URL", value=config.s3_endpoint)] if config.s3_endpoint else [])
+    """The store's settings for s3fs/boto3 (`RunConfig.store_env`: endpoint, region, not secrets); with
+    `s3_credentials: secret` its keys from the Secret, with `pod-identity` none: the SDKs' default chain then takes
+    the web identity the pod's service account brings (EKS injects AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE,
+    GKE answers on its metadata server)."""
+    keys = [SecretEnv(name="AWS_ACCESS_KEY_ID", secret_name=config.s3_secret, secret_key="access-key"),
+            SecretEnv(name="AWS_SECRET_ACCESS_KEY", secret_name=config.s3_secret, secret_key="secret-key")]
+    return (keys if config.s3_credentials == "secret" else []) + [Env(name=k, value=v) for k, v in
+                                                                   config.store_env().items()]
 
 
 def admin_env(config: RunConfig) -> list:
@@ -126,14 +157,32 @@ def admin_env(config: RunConfig) -> list:
     return [SecretEnv(name="OPENFORGE_ADMIN_KEY", secret_name=config.admin_secret, secret_key="admin-key")]
 
 
+def artifact_endpoint(config: RunConfig) -> tuple[str, bool]:
+    """(host[:port], insecure) of the store for Argo's S3 artifacts: `s3_endpoint`'s, else AWS's regional endpoint
+    `s3.<region>.amazonaws.com` (docs.aws.amazon.com/general/latest/gr/s3.html), or the global one without a region.
+
+    >>> artifact_endpoint(RunConfig(s3_region="eu-west-1"))
+    ('s3.eu-west-1.amazonaws.com', False)
+    >>> artifact_endpoint(RunConfig(s3_endpoint="http://minio:9000", s3_region="eu-west-1"))
+    ('minio:9000', True)
+    """
+    if config.s3_endpoint:
+        endpoint = urlparse(config.s3_endpoint)
+        return endpoint.netloc, endpoint.scheme == "http"
+    return (f"s3.{config.s3_region}.amazonaws.com" if config.s3_region else "s3.amazonaws.com"), False
+
+
 def s3_artifact(config: RunConfig, name: str, url: str, path: str, single_file: bool = False,
                 optional: bool | None = None) -> S3Artifact:
-    """An artifact at `url` (s3://bucket/key) in the config's S3, credentials by secretKeyRef; a single file untarred."""
+    """An artifact at `url` (s3://bucket/key) in the config's S3; a single file untarred. Only the rollout pods
+    upload one (their result), and they carry no cloud identity whatever `s3_credentials` says (the agent shares the
+    pod: docs/workflows.md, "Credentials"), so its keys are always `s3_secret`'s, which Argo's executor reads through
+    the Kubernetes API (secretKeyRef), out of the agent's reach."""
     parsed = urlparse(url)
-    endpoint = urlparse(config.s3_endpoint) if config.s3_endpoint else None
+    endpoint, insecure = artifact_endpoint(config)
     return S3Artifact(
         name=name, path=path, bucket=parsed.netloc, key=parsed.path.lstrip("/"),
-        endpoint=endpoint.netloc if endpoint else "s3.amazonaws.com", insecure=bool(endpoint and endpoint.scheme == "http"),
+        endpoint=endpoint, insecure=insecure, region=config.s3_region or None,
         access_key_secret=SecretKeySelector(name=config.s3_secret, key="access-key"),
         secret_key_secret=SecretKeySelector(name=config.s3_secret, key="secret-key"),
         archive=NoneArchiveStrategy() if single_file else None, optional=optional,
@@ -350,6 +399,9 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
         security_context=(SecurityContext(capabilities=Capabilities(add=["SYS_RESOURCE"]))
                           if config.rollout_oom_guard else None),
         automount_service_account_token=False,  # the agent has no business with the Kubernetes API
+        # The pod's own service account: one with no cloud identity, since EKS's webhook gives the role's token to
+        # every container of the pod and GKE's metadata server answers any of them (docs/workflows.md, "Credentials").
+        service_account_name=config.rollout_service_account or None,
         executor=ExecutorConfig(service_account_name=config.service_account),  # Argo's wait container does
         active_deadline_seconds="{{inputs.parameters.deadline}}",
         retry_strategy=RetryStrategy(limit=config.rollout_retries, retry_policy="Always",
@@ -585,7 +637,7 @@ def run_workflow(config: RunConfig, name: str, templates: list, labels: dict[str
     templates = [*templates, *(policy_template(n, policy) for n, policy in isolation_policies(config).items())]
     return Workflow(
         name=name, namespace=config.namespace, labels={RUN_LABEL: run_label(config), **labels},
-        annotations={"workflows.argoproj.io/description": report_link(config)},
+        annotations={"workflows.argoproj.io/description": report_link(config), RUN_NAME_ANNOTATION: config.run},
         entrypoint=templates[0].name, on_exit="exit", templates=templates,
         service_account_name=config.service_account,
         pod_gc=PodGC(strategy="OnWorkflowSuccess"), ttl_strategy=TTLStrategy(seconds_after_success=7 * 24 * 3600),

@@ -1,5 +1,5 @@
-"""Before submitting: does the cluster have the namespace, the Secrets and GPU nodes the run needs (and, with
-`update_nodes` > 1, JobSet)?
+"""Before submitting: does the cluster have the namespace, the Secrets, the service accounts' cloud identities and
+the GPU nodes the run needs (and, with `update_nodes` > 1, JobSet)?
 
 Runs only when a cluster is reachable (a kubeconfig or an in-cluster service account and an API
 server that answers); otherwise it says it skipped. Each missing thing is one sentence with the
@@ -19,6 +19,10 @@ from steps.contracts.config import RunConfig
 from workflows.config import egress_cidrs
 
 SECRET_KEYS = {"s3_secret": ("access-key", "secret-key"), "admin_secret": ("admin-key",)}
+# The annotations that give a service account's pods a cloud identity: EKS IRSA's role
+# (docs.aws.amazon.com/eks/latest/userguide/associate-service-account-role.html) and GKE Workload Identity's Google
+# service account (cloud.google.com/kubernetes-engine/docs/how-to/workload-identity).
+IDENTITY_ANNOTATIONS = ("eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account")
 
 
 def load_core_api() -> tuple[object | None, str]:
@@ -68,6 +72,8 @@ def check_cluster(api, config: RunConfig, custom=None) -> tuple[list[str], list[
                             f"(kubectl -n {ns} create secret generic {name} {literals})")
         elif status:
             notes.append(f"could not check secret {name!r} (HTTP {status})")
+    more_notes, more_problems = check_identities(api, config)
+    notes, problems = notes + more_notes, problems + more_problems
     needed = max(config.serve_gpus * config.serve_replicas, config.update_gpus)  # the replicas share one serve pod
     if needed:
         try:
@@ -88,6 +94,41 @@ def check_cluster(api, config: RunConfig, custom=None) -> tuple[list[str], list[
         more_notes, more_problems = check_jobset(custom, config)
         notes, problems = notes + more_notes, problems + more_problems
     return notes + network_notes(api, config), problems
+
+
+def check_identities(api, config: RunConfig) -> tuple[list[str], list[str]]:
+    """(notes, problems) for the service accounts' cloud identities (docs/workflows.md, "Credentials"): with
+    `s3_credentials: pod-identity`, `service_account` carries one; the rollout pods' (the agents'), which is
+    `rollout_service_account` or else `service_account`, exists and carries none."""
+    from kubernetes.client.exceptions import ApiException
+
+    ns, notes, problems = config.namespace, [], []
+    rollouts = config.rollout_service_account or config.service_account
+    pod_identity = config.s3_credentials == "pod-identity"
+    wanted = [(config.service_account, True)] if pod_identity else []
+    # the same account both ways is refused by the config's own check, with its fix
+    wanted += [(rollouts, False)] if not (pod_identity and rollouts == config.service_account) else []
+    for name, needs_identity in wanted:
+        try:
+            annotations = api.read_namespaced_service_account(name, ns, _request_timeout=10).metadata.annotations or {}
+        except ApiException as exc:
+            if exc.status == 404:
+                problems.append(f"service account {name!r} is missing in namespace {ns!r} (kubectl -n {ns} create "
+                                f"serviceaccount {name})")
+            else:
+                notes.append(f"could not check service account {name!r} (HTTP {exc.status})")
+            continue
+        found = [key for key in IDENTITY_ANNOTATIONS if annotations.get(key)]
+        if needs_identity and not found:
+            problems.append(f"s3_credentials is pod-identity, but service account {name!r} carries no cloud identity; "
+                            f"annotate it (kubectl -n {ns} annotate serviceaccount {name} "
+                            f"{IDENTITY_ANNOTATIONS[0]}=arn:aws:iam::ACCOUNT:role/ROLE, or "
+                            f"{IDENTITY_ANNOTATIONS[1]}=NAME@PROJECT.iam.gserviceaccount.com on GKE)")
+        elif not needs_identity and found:
+            problems.append(f"service account {name!r} runs the rollout pods (the agents) but carries the cloud "
+                            f"identity {found[0]}, which every container of those pods would get; name one without "
+                            f"it in rollout_service_account (kubectl -n {ns} create serviceaccount openforge-rollout)")
+    return notes, problems
 
 
 def check_jobset(custom, config: RunConfig) -> tuple[list[str], list[str]]:

@@ -6,23 +6,36 @@
     python workflows/submit.py retry    --run NAME [--iteration N]                # rerun a failed iteration's failed steps
     python workflows/submit.py resubmit --run NAME [--iteration N] [--memoized]   # a fresh copy, reusing succeeded steps
     python workflows/submit.py resume   --run NAME                                # continue after the driver stopped
+    python workflows/submit.py ... --detach        # run, eval, resume, retry, resubmit: the driver as a pod, then return
     python workflows/submit.py eval --harness H --dataset D --k 3 [--model M | --checkpoint RUN:ITERATION] \
         [--upstream URL --upstream-model NAME] [key=value ...]                    # evaluate: every task x k tries
+    python workflows/submit.py images --registry R --tag T [--builder B] [--no-push] [--dry-run]  # OpenForge's images
+    python workflows/submit.py images --dataset D [--config FILE] [--dry-run]      # the task images, in the cluster
 
 The Argo server is `--argo-server URL`, else env ARGO_SERVER, else the config's `argo_server`; its
-token comes from env ARGO_TOKEN. Without a server the run goes to the local runner
-(`workflows.local.run_local`). With one, every iteration's Workflow is checked first (the config,
-the cluster where one is reachable, the server's lint), then submitted one after the other: each
+token comes from env ARGO_TOKEN; its certificate is checked against env ARGO_CA_BUNDLE, else the config's
+`argo_ca_bundle`, else the system's CAs, or not at all with `--argo-insecure` (`argo_insecure_tls`). The driver
+reaches the store at the config's `s3_endpoint` and `s3_region`, as the pods do (`use_store`). Without a server
+the run goes to the local runner (`workflows.local.run_local`). With one, every iteration's Workflow is checked
+first (the config, the cluster where one is reachable, the server's lint), then submitted one after the other: each
 waits for the previous iteration's checkpoint; with `max_staleness` S >= 1 the next one as soon as the previous
 one's collect DAG has succeeded, at most S ahead of the last ended (`drive_overlapped`). The run manifest in the store
 (`<store>/<run>/manifest/`) records every iteration's workflow, checkpoint and phase, so `resume`
 picks up where a stopped driver left off. A bad config, an unknown harness, an unreachable server or a
 missing dataset stops everything with one sentence and exit code 2 before anything is submitted.
 
+With `--detach` the driver itself runs in the cluster (`workflows.driver`: a Workflow whose one pod runs `resume`,
+reaching the Argo server at `argo_server_in_cluster`), and this command returns once that Workflow is created; the
+run's config is in the store first, so `status`, `retry` and `resume` work from any machine with the store and
+the server. A second `--detach` while the run's driver is still running is refused.
+
 `eval` starts an eval run (docs/eval.md): a run in the store whose run.json says what it evaluates, with one
 evaluation (`workflows.evaluation`, or locally `workflows.local.run_local_eval`); `status`, `retry` and
 `resume` take it like a training run. A training run's `eval_every` evaluations are in its iteration
 Workflows; the driver submits the final checkpoint's evaluation after the last iteration.
+
+`images` builds and pushes the images a cluster run pulls (`workflows.images`, docs/images.md): OpenForge's own with
+the container builder of this machine, or with `--dataset` one image per task, built by a Workflow in the cluster.
 """
 
 import argparse
@@ -30,9 +43,12 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import fsspec
+import urllib3
+from botocore.exceptions import BotoCoreError
 from hera.workflows import Workflow
 
 if __package__ in (None, ""):  # run as `python workflows/submit.py`: make the repository importable
@@ -43,17 +59,19 @@ from steps.evaluate import cell, format_table  # noqa: E402
 from steps.contracts.manifest import DONE, EvalRecord, IterationRecord  # noqa: E402
 from steps.metrics import harness_killed_warning  # noqa: E402
 from steps.plan import MAX_EVAL_K  # noqa: E402
+from steps.tasks import DatasetError, load_dataset  # noqa: E402
 from steps.contracts import layout  # noqa: E402
-from workflows import commands, shape  # noqa: E402
+from workflows import commands, images, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
-from workflows.config import ConfigError, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.config import ConfigError, dataset_path, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.driver import driver_workflow, workflow_name as driver_workflow_name  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402
 from workflows.preflight import preflight  # noqa: E402
 
-ACTIONS = ("run", "eval", "status", "retry", "resubmit", "resume")
+ACTIONS = ("run", "eval", "status", "retry", "resubmit", "resume", "images")
 EVAL_FLAGS = ("dataset", "k", "model", "checkpoint", "upstream", "upstream_model")
 
 
@@ -67,16 +85,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config", help="a flat YAML run config; configs/default.yaml fills the rest")
     p.add_argument("--run", help="the run's name (status, retry, resubmit, resume)")
     p.add_argument("--argo-server", help="Argo Server URL (default: env ARGO_SERVER, then the config)")
+    p.add_argument("--argo-insecure", action="store_true",
+                   help="accept any TLS certificate from the Argo server (argo_insecure_tls); prints a warning")
     p.add_argument("--dry-run", action="store_true", help="print every Workflow of the run as YAML; submit nothing")
     p.add_argument("--iteration", type=int, help="the iteration to retry or resubmit (default: the first failed)")
     p.add_argument("--memoized", action="store_true", help="resubmit reusing the outputs of succeeded steps")
+    p.add_argument("--detach", action="store_true", help="run the driver itself in the cluster (a Workflow) and return")
     p.add_argument("--poll", type=float, default=10.0, help="seconds between status polls (default 10)")
-    p.add_argument("--dataset", help="eval: the tasks to evaluate on")
+    p.add_argument("--dataset", help="eval: the tasks to evaluate on; images: the tasks whose images to build")
     p.add_argument("--k", help="eval: tries per task, the k of pass@k and pass^k (default: the config's eval_k)")
     p.add_argument("--model", help="eval: the checkpoint to evaluate (a folder or s3:// URL; default: the config's)")
     p.add_argument("--checkpoint", help="eval: RUN:ITERATION, the checkpoint that iteration of a run in the store serves")
     p.add_argument("--upstream", help="eval: an OpenAI-compatible server already running, evaluated behind the proxy")
     p.add_argument("--upstream-model", help="eval: the model name that upstream serves")
+    p.add_argument("--registry", help="images: where OpenForge's images are pushed, e.g. ghcr.io/me")
+    p.add_argument("--tag", help="images: the tag of OpenForge's images, e.g. 0.1.0 (the config's image_tag)")
+    p.add_argument("--builder", help=f"images: the container builder ({', '.join(images.BUILDERS)}; default: the "
+                   f"first on PATH)")
+    p.add_argument("--push", action=argparse.BooleanOptionalAction, default=True,
+                   help="images: push after building (default: push)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. iterations=3")
     args = p.parse_intermixed_args(rest)
     args.action = action
@@ -90,7 +117,20 @@ def build_config(args: argparse.Namespace, flags: list[str] = ()) -> RunConfig:
     overrides += [f"run={args.run}"] if args.run else []
     server = args.argo_server or os.environ.get("ARGO_SERVER")
     overrides += [f"argo_server={server}"] if server else []
-    return load_config(args.config, overrides)
+    ca_bundle = os.environ.get("ARGO_CA_BUNDLE")
+    overrides += [f"argo_ca_bundle={ca_bundle}"] if ca_bundle else []
+    overrides += ["argo_insecure_tls=true"] if args.argo_insecure else []
+    return use_store(load_config(args.config, overrides))
+
+
+def use_store(config: RunConfig) -> RunConfig:
+    """The config, after pointing this process's s3fs/boto3 at its store (`RunConfig.store_env`: endpoint, region),
+    which the config wins over the shell's environment for: the driver must write the manifest where the pods read
+    it. AWS_ENDPOINT_URL_S3 would win over AWS_ENDPOINT_URL in botocore, so the config's endpoint drops it."""
+    if config.s3_endpoint:
+        os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+    os.environ.update(config.store_env())
+    return config
 
 
 def check_eval_flags(args: argparse.Namespace) -> None:
@@ -162,20 +202,29 @@ def build_eval_config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
 
 
 def stored_config(config: RunConfig) -> RunConfig:
-    """The config a run was started with (from its manifest); the Argo server and namespace of now win."""
+    """The config a run was started with (from its manifest); the Argo server and its TLS settings of now win;
+    the driver then uses the stored run's store settings (`use_store`)."""
     if not config.run:
         raise ConfigError("name the run with --run NAME (its folder under the store)")
     stored = manifest.read_run_config(config.run_url)
     if stored is None:
         raise ConfigError(f"no run named {config.run!r} in the store {config.store!r} (no {layout.run_config_url(config.run_url)})")
-    return dataclasses.replace(from_dict(stored), argo_server=config.argo_server or stored.get("argo_server", ""))
+    now = {key: getattr(config, key) for key in ("argo_ca_bundle", "argo_insecure_tls")}  # this machine's, like the server
+    return use_store(dataclasses.replace(from_dict(stored), **now,
+                                         argo_server=config.argo_server or stored.get("argo_server", "")))
 
 
 def argo_client(config: RunConfig) -> ArgoClient:
     """The client for the configured server; a ConfigError when there is none."""
     if not config.argo_server:
         raise ConfigError("no Argo server configured: pass --argo-server URL or set ARGO_SERVER")
-    return ArgoClient(config.argo_server, os.environ.get("ARGO_TOKEN"), config.namespace)
+    if config.argo_insecure_tls:
+        print(f"warning: not verifying the TLS certificate of the Argo server at {config.argo_server} "
+              f"(argo_insecure_tls); anyone on the path can read ARGO_TOKEN", file=sys.stderr)
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # the line above says it once
+    verify = config.argo_ca_bundle or not config.argo_insecure_tls
+    return ArgoClient(config.argo_server, os.environ.get("ARGO_TOKEN"), config.namespace, verify=verify,
+                      token_file=os.environ.get("ARGO_TOKEN_FILE"))  # the detached driver's service account token
 
 
 def checked(workflow: Workflow) -> Workflow:
@@ -200,15 +249,17 @@ def build_workflows(config: RunConfig, evaluation: bool = False) -> list[tuple[s
     return workflows
 
 
-def print_workflows(config: RunConfig, evaluation: bool = False) -> None:
-    """Every Workflow of the run as YAML documents on stdout."""
-    for title, workflow in build_workflows(config, evaluation):
+def print_workflows(config: RunConfig, evaluation: bool = False, detach: bool = False) -> None:
+    """Every Workflow of the run as YAML documents on stdout (with `detach`, the driver's first)."""
+    driver = [(f"the driver of run {config.run}", checked(driver_workflow(config)))] if detach else []
+    for title, workflow in [*driver, *build_workflows(config, evaluation)]:
         print(f"---\n# {title}")
         print(workflow.to_yaml(), end="")
 
 
-def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool = False) -> None:
-    """The cluster preflight (where reachable) and the server's lint of every Workflow; creates nothing."""
+def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool = False, detach: bool = False) -> None:
+    """The cluster preflight (where reachable) and the server's lint of every Workflow (with `detach`, the driver's
+    too); creates nothing."""
     notes, problems = preflight(config)
     for note in notes:
         print(f"preflight: {note}", file=sys.stderr)
@@ -216,6 +267,8 @@ def check_before_submit(config: RunConfig, client: ArgoClient, evaluation: bool 
         raise ConfigError("; ".join(problems))
     for _, workflow in build_workflows(config, evaluation):
         client.lint(workflow)
+    if detach:
+        client.lint(checked(driver_workflow(config)))
 
 
 def start(config: RunConfig, args: argparse.Namespace) -> int:
@@ -228,43 +281,48 @@ def start(config: RunConfig, args: argparse.Namespace) -> int:
         print(f"run {config.run}: samples at {sampling.describe(unmatched)}, which the update does not reproduce "
               f"(allow_unmatched_sampling: true); every update's metrics name them", file=sys.stderr)
     if args.dry_run:
-        print_workflows(config)
+        print_workflows(config, detach=args.detach)
         return 0
     if not config.argo_server:
-        return run_locally(config)
+        return run_locally(config, detach=args.detach)
     client = argo_client(config)
-    check_before_submit(config, client)
+    check_before_submit(config, client, detach=args.detach)
     if manifest.read_run_config(config.run_url) is not None:
         raise ConfigError(f"run {config.run!r} already exists in {config.store}; continue it with "
                           f"`python workflows/submit.py resume --run {config.run}`")
     manifest.write_run_config(config.run_url, config.to_dict())
     print(f"run {config.run}: {config.iterations} iterations, manifest in {layout.manifest_url(config.run_url)}", flush=True)
-    return drive(config, client, args.poll)
+    return detach(config, client) if args.detach else drive(config, client, args.poll)
 
 
 def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> int:
     """A new eval run: print its Workflow (--dry-run), run it locally, or check, record and submit it."""
     if args.dry_run:
-        print_workflows(config, evaluation=True)
+        print_workflows(config, evaluation=True, detach=args.detach)
         return 0
     if manifest.read_run_config(config.run_url) is not None:
         raise ConfigError(f"run {config.run!r} already exists in {config.store}; continue it with "
                           f"`python workflows/submit.py resume --run {config.run}`")
     if not config.argo_server:
-        return run_locally(config, evaluates)
+        return run_locally(config, evaluates, detach=args.detach)
     client = argo_client(config)
-    check_before_submit(config, client, evaluation=True)
+    check_before_submit(config, client, evaluation=True, detach=args.detach)
     manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
     print(f"eval {config.run}: {evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
           f"k={config.eval_k}; manifest in {layout.manifest_url(config.run_url)}", flush=True)
+    if args.detach:
+        return detach(config, client)
     return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
 
 
-def run_locally(config: RunConfig, evaluates: dict | None = None) -> int:
+def run_locally(config: RunConfig, evaluates: dict | None = None, detach: bool = False) -> int:
     """The embedded default: the local runner (imported here so Argo runs never need it); an eval run's when
-    `evaluates` says what it evaluates."""
+    `evaluates` says what it evaluates. `detach` (a driver in a cluster) is a ConfigError: there is none."""
     from workflows.local import run_local, run_local_eval
 
+    if detach:
+        raise ConfigError("--detach runs the driver in the cluster; give the Argo server with --argo-server URL "
+                          "or ARGO_SERVER")
     try:
         return run_local(config) if evaluates is None else run_local_eval(config, evaluates)
     except NotImplementedError as exc:
@@ -513,7 +571,20 @@ def show_status(config: RunConfig, evaluates: dict | None) -> int:
                   f"{numbers.get('infra_errors')} infra errors, {cell(numbers.get('harness_killed'))} harnesses killed"
                   if numbers else "")
         print(f"eval {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}{scores}")
+    if client:
+        show_driver(config, client)
     return 0
+
+
+def show_driver(config: RunConfig, client: ArgoClient) -> None:
+    """The line of the run's detached driver (`--detach`), where it has one: its live phase and UI link."""
+    name = driver_workflow_name(config)
+    try:
+        phase = client.phase_if_any(name)
+    except ArgoError:  # the server is down: the lines above said what the manifest knows
+        return
+    if phase is not None:
+        print(f"driver: {phase or 'Pending':<10} {name}  {client.ui_link(name)}")
 
 
 def act(config: RunConfig, args: argparse.Namespace) -> int:
@@ -523,7 +594,7 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
     if args.action == "status":
         return show_status(config, evaluates)
     if args.action == "resume" and not config.argo_server:
-        return run_locally(config, evaluates)
+        return run_locally(config, evaluates, detach=args.detach)
     client = argo_client(config)
     if args.action in ("retry", "resubmit"):
         entry = pick(config, args.iteration, evaluates is not None)
@@ -536,16 +607,93 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
         (mark_eval if isinstance(entry, EvalRecord) else mark)(config, entry.iteration, name, "Running")
         if args.action == "retry" and config.max_staleness and isinstance(entry, IterationRecord):
             retry_stopped_behind(config, client, entry)  # after the mark: their wait reads it as running again
+    if args.detach:
+        client.lint(checked(driver_workflow(config)))
+        return detach(config, client)
     if evaluates is not None:
         return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
     return drive(config, client, args.poll)
+
+
+def build_images(args: argparse.Namespace) -> int:
+    """`images`: OpenForge's images (--registry, --tag), or with --dataset the task images, in the cluster."""
+    if args.dataset is None:
+        return images.build_images(args.registry, args.tag, args.builder, args.push, args.dry_run)
+    if args.registry or args.tag or args.builder:
+        raise ConfigError("--registry, --tag and --builder build OpenForge's images; task images (--dataset) go to "
+                          "the config's image_registry (image_registry=R) and are tagged with their content")
+    return start_task_images(build_config(args, [f"dataset={args.dataset}"]), args)
+
+
+def start_task_images(config: RunConfig, args: argparse.Namespace) -> int:
+    """Builds the dataset's missing task images in the cluster: prints the Workflow (--dry-run), or uploads the
+    build contexts to the store, submits it and waits for it."""
+    if not config.store.startswith("s3://"):
+        raise ConfigError(f"config key 'store' must be an s3:// URL to build task images in the cluster (each build "
+                          f"reads its context from there), got {config.store!r}")
+    try:
+        tasks, errors = load_dataset(dataset_path(config))
+    except DatasetError as exc:
+        raise ConfigError(str(exc)) from None
+    for error in errors:
+        print(f"warning: skipping broken task {error.task}: {error.message}", file=sys.stderr)
+    builds, notes = images.task_builds(tasks, config)
+    for note in notes:
+        print(note, file=sys.stderr)
+    if not builds:
+        print(f"every task image of {config.dataset} is in place; nothing to build")
+        return 0
+    workflow = checked(images.task_images_workflow(config, builds))
+    if args.dry_run:
+        for build in builds:
+            print(f"# {build.task.environment_dir} -> {build.context}")
+        print(workflow.to_yaml(), end="")
+        return 0
+    client = argo_client(config)
+    client.lint(workflow)
+    images.upload_contexts(builds)
+    name = client.create(workflow)
+    print(f"building {len(builds)} task images: {client.ui_link(name)}")
+    phase = client.wait(name, args.poll)
+    print(f"task images: {phase}")
+    return 0 if phase == "Succeeded" else 1
+def detach(config: RunConfig, client: ArgoClient, gone_s: float = 60.0) -> int:
+    """Creates the run's driver Workflow (`workflows.driver`) and returns 0. One still running is a ConfigError;
+    an ended one of this run is deleted first (its name is the run's one driver name). The run's config is already
+    in the store, so `status`, `retry` and `resume` work from any machine with the store and the server."""
+    workflow = driver_workflow(config)
+    name = str(workflow.name)
+    phase = client.phase_if_any(name)
+    if phase is not None:
+        client.check_owner(name, config.run)
+        if phase not in DONE:
+            raise ConfigError(f"run {config.run!r} already has a driver running in the cluster (workflow {name}, "
+                              f"{phase or 'Pending'}); follow it with `python workflows/submit.py status --run "
+                              f"{config.run}`, or stop that workflow first")
+        client.delete(name)
+        deadline = time.monotonic() + gone_s
+        while client.phase_if_any(name) is not None:  # Kubernetes deletes asynchronously; the create needs the name
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the run's ended driver workflow {name} was not deleted within {gone_s:.0f} s; "
+                                  f"delete it (argo delete {name}) and detach again")
+            time.sleep(1.0)
+    client.create(workflow)
+    print(f"run {config.run}: the driver runs in the cluster as workflow {name}: {client.ui_link(name)}; "
+          f"follow it with `python workflows/submit.py status --run {config.run}`", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parses, checks, acts; one sentence and exit code 2 for anything wrong before a submission."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if args.action == "images":
+            return build_images(args)
+        if args.registry or args.tag or args.builder:
+            raise ConfigError("--registry, --tag and --builder are flags of `python workflows/submit.py images`")
         check_eval_flags(args)
+        if args.detach and args.action == "status":
+            raise ConfigError("--detach starts the run's driver in the cluster; `status` only reads the run")
         if args.action == "eval":
             return start_eval(*build_eval_config(args), args)
         config = build_config(args)
@@ -553,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ArgoError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # the store (run manifest) cannot be read or written
+    except (OSError, BotoCoreError) as exc:  # the store (run manifest) cannot be read or written, or reached
         print(f"error: the store could not be used: {exc}", file=sys.stderr)
         return 2
 

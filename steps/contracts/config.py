@@ -68,17 +68,27 @@ class RunConfig:
     epochs: int = 1  # passes over the iteration's samples
     # where everything goes
     store: str = "runs"  # local folder or s3:// URL
-    s3_endpoint: str = ""  # e.g. http://minio.openforge.svc:9000; empty: AWS
+    s3_endpoint: str = ""  # e.g. http://minio.openforge.svc:9000; empty: AWS (s3.<s3_region>.amazonaws.com)
+    s3_region: str = ""  # e.g. us-west-2: every pod's and the driver's AWS_REGION; empty: the SDK's own default
     report_url_base: str = ""  # an http(s) URL serving the store's root to browsers: the Workflows link the report there
     # the cluster (used only with an Argo server)
     argo_server: str = ""  # empty: run locally
+    argo_server_in_cluster: str = "https://argo-server.argo:2746"  # the Argo Server as a pod reaches it: the --detach driver's
+    driver_deadline_s: int = 7 * 24 * 3600  # --detach: each attempt of the driver pod is stopped after this long
     namespace: str = "openforge"
     service_account: str = "openforge"
     s3_secret: str = "openforge-s3"  # keys access-key, secret-key
+    # secret: the pods' S3 keys come from s3_secret; pod-identity: from their service account's cloud identity
+    # (EKS IRSA, GKE Workload Identity), but for the rollout pods' result upload (docs/workflows.md, "Credentials")
+    s3_credentials: str = "secret"
+    rollout_service_account: str = ""  # the rollout pods' (the agents'), with no cloud identity; empty: service_account
+    argo_ca_bundle: str = ""  # a PEM file of the CA that signed the Argo server's certificate; env ARGO_CA_BUNDLE wins
+    argo_insecure_tls: bool = False  # accept any certificate from the Argo server (a warning says so); --argo-insecure
     admin_secret: str = "openforge-admin"  # key admin-key
     hub_secret: str = "openforge-hub"  # key token: the token for a gated or private hub `model`; optional
     image_registry: str = "ghcr.io/openforge"
-    image_tag: str = "0.1.0"
+    image_tag: str = "0.1.0"  # OpenForge's own images; task images are tagged with their content (steps/plan.py)
+    registry_secret: str = "openforge-registry"  # a docker-registry Secret (key .dockerconfigjson): task image pushes
     serve_gpus: int = 1  # per replica: vLLM's tensor parallelism
     update_gpus: int = 1  # per update node: torchrun's processes there (FSDP2 shards the model over all of them)
     update_nodes: int = 1  # more than 1: the update runs as a JobSet across that many pods (docs/workflows.md)
@@ -100,6 +110,16 @@ class RunConfig:
     # Kubernetes API server and the S3 endpoint (the preflight names the API server's addresses)
     rollout_dns: bool = False  # let rollout pods ask kube-dns (the executor reaching S3 by name needs it)
     rollout_oom_guard: bool = True  # the rollout container gets SYS_RESOURCE so its runner outlives an OOM kill
+
+    def store_env(self) -> dict[str, str]:
+        """The store's endpoint and region as the environment s3fs, boto3 and Argo's executor read (no credentials):
+        what every pod gets and what the driver sets for itself, so that all of them reach the same store.
+
+        >>> RunConfig(s3_endpoint="http://minio:9000", s3_region="eu-west-1").store_env()["AWS_DEFAULT_REGION"]
+        'eu-west-1'
+        """
+        region = {"AWS_REGION": self.s3_region, "AWS_DEFAULT_REGION": self.s3_region} if self.s3_region else {}
+        return {**({"AWS_ENDPOINT_URL": self.s3_endpoint} if self.s3_endpoint else {}), **region}
 
     def with_run_name(self) -> "RunConfig":
         """This config with `run` filled in when it was left empty."""

@@ -38,6 +38,9 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     ├── logs/                             local runner: one log per step, serve's and vLLM's
     └── reports/                          the run's report (steps.report): index.html and its pages
 
+Beside the runs, `<store>/task-contexts/<task>-<hash>.tar.gz` holds each task image's build context
+(`task_context_url`), which `python workflows/submit.py images --dataset D` uploads and the in-cluster build reads.
+
 Every step and both runners (`workflows/local.py`, `workflows/iteration.py`) take their URLs from here,
 so a run written by one is read by the other. This module imports nothing beyond the standard library:
 the rollout pod's Python imports it through `steps.rollout`.
@@ -68,6 +71,16 @@ def run_url(store: str, run: str) -> str:
     's3://bucket/runs/demo'
     """
     return _join(store, run)
+
+
+def task_context_url(store: str, task: str, tag: str) -> str:
+    """A task image's build context in the store: its environment folder as a tar.gz, named by the task and the
+    folder's content hash (the image's tag), so an unchanged folder is uploaded once.
+
+    >>> task_context_url("s3://bucket/runs/", "hello-file", "0123456789abcdef")
+    's3://bucket/runs/task-contexts/hello-file-0123456789abcdef.tar.gz'
+    """
+    return _join(store, "task-contexts", f"{task}-{tag}.tar.gz")
 
 
 def calls_url(run_url: str) -> str:

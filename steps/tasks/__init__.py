@@ -23,6 +23,8 @@ From the shell (see `steps/tasks/__main__.py`):
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import tomllib
 from collections.abc import Sequence
@@ -104,6 +106,11 @@ class Task:
         return path if path.is_file() else None
 
     @property
+    def image_tag(self) -> str:
+        """The tag of the image built from `environment/`: its content hash (`environment_hash`)."""
+        return environment_hash(self.environment_dir)
+
+    @property
     def test_script(self) -> Path:
         """The verifier's entry point, `tests/test.sh`."""
         return self.tests_dir / "test.sh"
@@ -122,6 +129,37 @@ class Task:
     def category(self) -> str:
         """`[metadata] category`, or "" when unset."""
         return str(self.config.metadata.get("category", ""))
+
+
+def environment_hash(folder: Path) -> str:
+    """The content hash of a task's environment folder: 16 hex digits of SHA-256 over every file's relative path,
+    executable bit and bytes (a symlink's target text), in sorted path order; mtimes and owners do not count, so
+    a copy or a fresh checkout hashes the same, and the task image tagged with it is rebuilt only when what goes
+    into it changes. Only the executable bit of a mode counts: it is all git keeps, so the driver's checkout and
+    the steps image's copy (whose other bits follow each machine's umask) agree. A missing folder hashes as empty.
+
+    >>> import os, tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _ = (folder / "Dockerfile").write_text("FROM python:3.11-slim\\n")
+    >>> before = environment_hash(folder)
+    >>> os.utime(folder / "Dockerfile", (0, 0)); environment_hash(folder) == before   # mtime: the same
+    True
+    >>> os.chmod(folder / "Dockerfile", 0o755); environment_hash(folder) == before    # executable: another
+    False
+    >>> len(before), environment_hash(folder / "missing")
+    (16, 'e3b0c44298fc1c14')
+    """
+    digest = hashlib.sha256()
+    paths = sorted(folder.rglob("*"), key=lambda p: p.relative_to(folder).as_posix()) if folder.is_dir() else []
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            continue
+        content = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+        executable = "x" if not path.is_symlink() and path.stat().st_mode & 0o100 else "-"
+        name = path.relative_to(folder).as_posix()
+        # Lengths first: no two different folders can write the same stream of bytes.
+        digest.update(f"{len(name.encode())}:{name}:{executable}:{len(content)}:".encode() + content)
+    return digest.hexdigest()[:16]
 
 
 def load_task(path: Path | str) -> Task:

@@ -1,0 +1,55 @@
+"""The driver as a pod in the cluster: the Workflow `python workflows/submit.py --detach` creates, then returns.
+
+    from workflows.config import load_config
+    from workflows.driver import driver_workflow
+    print(driver_workflow(load_config("configs/cluster-example.yaml", ["run=demo"])).to_yaml())
+
+One container in the steps image runs `submit.py resume --run NAME` (`commands.resume`) against the Argo Server at
+`argo_server_in_cluster`, with the run's service account, whose token (the projected file Kubernetes mounts, re-read
+on every request: `ARGO_TOKEN_FILE`) is its Argo token, and the S3 env every step gets (`iteration.s3_env`).
+`resume` reads the run's config and manifest from the store, so each attempt continues where the last one stopped:
+Argo retries the pod (up to `DRIVER_RETRIES`) unless it exited 1 (an iteration failed: a person decides, with
+`retry`), and stops an attempt after `driver_deadline_s`. What the service account needs: docs/workflows.md, "The
+driver in the cluster".
+"""
+
+from hera.workflows import Container, Env, Resources, RetryStrategy, Workflow
+from hera.workflows.models import Backoff, TTLStrategy
+
+from steps.contracts.config import RunConfig
+from workflows import commands
+from workflows.iteration import RUN_LABEL, RUN_NAME_ANNOTATION, ROLE, image, report_link, run_label, s3_env
+
+# Kubernetes mounts the service account's token here in every pod that automounts it (the projected volume
+# `kube-api-access-*`); the kubelet rewrites the file before the token expires, so the driver reads it per request.
+TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+DRIVER_RETRIES = 20
+# Exit code 1 is a run stopped at a failed iteration or evaluation (`submit.stopped`): resuming would stop there
+# again. Anything else (the pod lost with its node, the Argo Server unreachable for a while) is retried; Argo
+# gives `lastRetry.exitCode` as a string, "-1" when the container has none (docs/retries.md, conditional retries).
+RETRY_UNLESS_STOPPED = "lastRetry.exitCode != '1'"
+
+
+def workflow_name(config: RunConfig) -> str:
+    """The driver's Workflow name: one per run, so that a second one is found and refused (DNS-1123, <= 63)."""
+    return f"openforge-{run_label(config)}-driver"
+
+
+def driver_workflow(config: RunConfig) -> Workflow:
+    """The Workflow whose one pod drives the run (`submit.py resume`) until it ends."""
+    driver = Container(
+        name="driver", image=image(config, "steps"), working_dir="/opt/openforge/app",
+        command=commands.resume(config, config.argo_server_in_cluster),
+        env=[*s3_env(config), Env(name="ARGO_TOKEN_FILE", value=TOKEN_FILE)],
+        resources=Resources(cpu_request=0.25, memory_request="512Mi"), labels={ROLE: "driver"},
+        active_deadline_seconds=config.driver_deadline_s,
+        retry_strategy=RetryStrategy(limit=DRIVER_RETRIES, retry_policy="Always", expression=RETRY_UNLESS_STOPPED,
+                                     backoff=Backoff(duration="1m", factor=2, max_duration="1h")),
+    )
+    return Workflow(
+        name=workflow_name(config), namespace=config.namespace, entrypoint="driver", templates=[driver],
+        labels={RUN_LABEL: run_label(config), ROLE: "driver"},
+        annotations={"workflows.argoproj.io/description": report_link(config), RUN_NAME_ANNOTATION: config.run},
+        service_account_name=config.service_account,
+        ttl_strategy=TTLStrategy(seconds_after_completion=7 * 24 * 3600),  # its log, a week, as the iterations'
+    )
