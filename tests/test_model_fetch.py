@@ -21,6 +21,7 @@ import fsspec
 import pytest
 import yaml
 
+from steps import manifest
 from steps.contracts import layout
 from steps.contracts.config import RunConfig
 from steps.fetch_model import FetchedModel, HubError, HubModel, fetch_model, hub_model, read_record, wanted
@@ -31,7 +32,8 @@ from workflows.evaluation import evaluation_workflow
 from workflows.iteration import iteration_workflow
 from workflows.lint import semantic_problems
 
-from test_workflows import CLUSTER, GOLDEN, s3_store, schema_errors, workflow_validator  # noqa: F401 (fixtures)
+from test_workflows import (CLUSTER, GOLDEN, drive, fake_argo, s3_store, schema_errors,  # noqa: F401 (fixtures)
+                            workflow_validator)
 
 REPO = Path(__file__).resolve().parents[1]
 REPO_ID = "tiny-org/tiny-model"
@@ -356,3 +358,15 @@ def test_an_eval_run_of_a_hub_model_fetches_it() -> None:
     tasks = {t["name"]: t for t in next(t for t in spec["templates"] if t["name"] == "evaluation")["dag"]["tasks"]}
     assert tasks["collect"]["depends"] == "fetch-model"
     assert semantic_problems(evaluation_workflow(hub_config(), 0).to_dict()) == []
+
+
+def test_the_driver_submits_a_hub_run(fake_argo, s3_store: str, s3_server: dict) -> None:  # noqa: F811 (fixtures)
+    """`submit.py` with a hub model: the run's config keeps it as hf://, iteration 0's Workflow fetches it first and
+    serves the copy, iteration 1's does not fetch."""
+    endpoint = f"s3_endpoint={s3_server['endpoint_url']}"  # the driver's store is the config's (submit.use_store)
+    assert drive(fake_argo, s3_store, "run=hub", "iterations=2", f"model={REPO_ID}", endpoint) == 0
+    assert manifest.read_run_config(f"{s3_store}/hub")["model"] == f"hf://{REPO_ID}"
+    dags = {name: {t["name"]: t.get("depends") for t in next(
+        tpl for tpl in workflow["spec"]["templates"] if tpl["name"] == "iteration")["dag"]["tasks"]}
+        for name, workflow in fake_argo.workflows.items()}
+    assert dags["openforge-hub-it0"]["collect"] == "fetch-model" and "fetch-model" not in dags["openforge-hub-it1"]
