@@ -195,6 +195,16 @@ def copy_file(client: httpx.Client, url: str, fs, path: str, size: int | None, p
     raise HubError(f"{name} could not be fetched")  # not reached: the last try returned or raised
 
 
+def remove_strays(fs, root: str, names: set[str]) -> None:
+    """Removes what else is in the copy's folder (a fetch cut short of an earlier commit left a shard this one does not
+    have), so that no stray shard is served. Only after the copy: a fetch of the same commit running beside this one
+    (iterations 0..max_staleness may start together) loses none of its files."""
+    fs.invalidate_cache()
+    for path in fs.find(root):
+        if path[len(root.rstrip("/")) + 1:] not in names:
+            fs.rm_file(path)
+
+
 def read_record(run_url: str) -> FetchedModel | None:
     """The run's record of its fetched model, or None when the run holds no whole copy."""
     stored = manifest.read_json(layout.base_model_record_url(run_url))
@@ -217,8 +227,6 @@ def fetch_model(model: HubModel, run_url: str, endpoint: str = DEFAULT_ENDPOINT,
     with httpx.Client(headers=headers, follow_redirects=True, timeout=httpx.Timeout(60.0, connect=30.0)) as client:
         sha, files = resolve(client, endpoint, model, token is not None, backoff_s)
         fs, root = fsspec.core.url_to_fs(layout.base_model_url(run_url))
-        if fs.exists(root):  # what a fetch cut short left, maybe of another commit: no stray shard is ever served
-            fs.rm(root, recursive=True)
         fs.makedirs(root, exist_ok=True)
         total, done, said = sum(size or 0 for size in files.values()), 0, [0.0]
 
@@ -234,6 +242,7 @@ def fetch_model(model: HubModel, run_url: str, endpoint: str = DEFAULT_ENDPOINT,
             done += fetched[name]
             print(f"fetch-model: {number}/{len(files)} files, {done / 1e6:.0f}/{total / 1e6:.0f} MB: {name}",
                   file=sys.stderr, flush=True)
+    remove_strays(fs, root, set(fetched))
     record = FetchedModel(str(model), sha, endpoint, fetched)
     manifest.write_json(layout.base_model_record_url(run_url), asdict(record))
     return record, True
