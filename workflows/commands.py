@@ -99,6 +99,17 @@ def vllm_flags(config: RunConfig, device: str) -> list[str]:
     return flags + [f"--vllm-arg={arg}" for arg in config.vllm_args]
 
 
+def fetch_model(config: RunConfig, python: str = "python") -> list[str]:
+    """Fetches the hub `model` into the run's store, unless the run holds it already (`steps.fetch_model`); the
+    token is the step's environment's, never an argument.
+
+    >>> fetch_model(RunConfig(model="hf://Qwen/Qwen3-8B", run="demo"))[3:]
+    ['--model', 'hf://Qwen/Qwen3-8B', '--run-url', 'runs/demo', '--endpoint', 'https://huggingface.co']
+    """
+    return [python, "-m", "steps.fetch_model", "--model", config.model, "--run-url", config.run_url,
+            "--endpoint", config.hub_endpoint]
+
+
 def task_image_prefix(config: RunConfig) -> str:
     """What a built task image's name starts with (`steps.plan.task_image` adds the task and its content tag): the
     plan names its rollouts' images with it, and `python workflows/submit.py images --dataset D` pushes them so."""
@@ -180,8 +191,8 @@ def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int
     ['--model', 'runs/tiny-model', '--max-pixels', '200704']
     """
     stale = ["--max-staleness", str(config.max_staleness)] if config.max_staleness and out is None else []
-    model = [] if config.upstream else ["--model", config.model, *(["--max-pixels", str(config.max_pixels)]
-                                                                  if config.max_pixels else [])]
+    pixels = ["--max-pixels", str(config.max_pixels)] if config.max_pixels else []
+    model = [] if config.upstream else ["--model", config.checkpoint_url(0), *pixels]
     return [python, "-m", "steps.trajectories", "--proxy-url", proxy_url, "--results", results,
             "--out", out or layout.trajectories_url(config.run_url), "--run", config.run, "--iteration", str(iteration),
             *model, *stale]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 
 from steps import net, sampling, settings
+from steps.fetch_model import hub_model
 from steps.harnesses import ALL_HARNESSES as HARNESSES
 from steps.plan import MAX_EVAL_K
 from steps.settings import ConfigError
@@ -26,6 +27,7 @@ from steps.vllm_server import check_vllm_args
 from workflows import datasets
 from workflows.commands import RUN_UPDATE_KEYS, update_overrides
 from steps.contracts.config import PodSettings, RunConfig
+from steps.contracts.layout import HUB_SCHEME
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -54,15 +56,30 @@ TOLERATION_FIELDS = ("key", "operator", "value", "effect", "tolerationSeconds")
 TOLERATION_CHOICES = {"operator": ("Exists", "Equal"), "effect": ("NoSchedule", "PreferNoSchedule", "NoExecute")}
 RESOURCE_FIELDS = ("cpu", "memory", "ephemeral_storage", "cpu_limit", "memory_limit", "ephemeral_storage_limit")
 EGRESS_AUTO = "auto"  # rollout_egress_cidrs: the API server's addresses, read from the cluster at submit
+TINY_VISION_MODEL = "runs/tiny-vision-model"  # configs/gui.yaml's model: built by the local runner like the tiny model
+# Folders the local runner builds when missing: never read as hub ids, though they look like `org/name`.
+BUILT_MODELS = (RunConfig.model, TINY_VISION_MODEL)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
                 check_dataset: bool = True) -> RunConfig:
     """Defaults, then the YAML file at `path`, then `key=value` overrides; checked field by field
     (`steps.settings`: strict types, a renamed or misspelt key named)."""
-    config = settings.load(RunConfig, [DEFAULT_CONFIG, *([path] if path else [])], overrides)
+    config = with_hub_model(settings.load(RunConfig, [DEFAULT_CONFIG, *([path] if path else [])], overrides))
     validate(config, check_dataset=check_dataset)
     return config
+
+
+def with_hub_model(config: RunConfig) -> RunConfig:
+    """The config with a hub `model` spelt `hf://org/name[@revision]`: a bare `org/name[@revision]` is one when no
+    such folder exists here or in the repository (an existing folder wins) and the local runner does not build it;
+    decided once, here, so that every step after reads the same `model`."""
+    model = config.model
+    if model.startswith(HUB_SCHEME) or model in BUILT_MODELS or "://" in model:
+        return config
+    if Path(model).exists() or (REPO_ROOT / model).exists() or (hub := hub_model(model)) is None:
+        return config
+    return dataclasses.replace(config, model=str(hub))
 
 
 def from_dict(raw: dict) -> RunConfig:
@@ -122,6 +139,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
                           f"on such samples anyway")
     if not config.store:
         raise ConfigError("config key 'store' is empty; give a local folder or an s3:// URL")
+    check_hub_model(config)
     if not (REPO_ROOT / config.update_config).is_file():
         raise ConfigError(f"update_config {config.update_config!r} is not a file; give the update step's flat YAML, "
                           f"relative to the repository (e.g. configs/update.yaml)")
@@ -239,6 +257,16 @@ def check_toleration(group: str, toleration: dict) -> None:
                           f"{toleration['tolerationSeconds']!r}; give whole seconds")
 
 
+def check_hub_model(config: RunConfig) -> None:
+    """A hub `model` names a repository as the hub spells them, and `hub_endpoint` is an http(s) URL."""
+    if config.model.startswith(HUB_SCHEME) and hub_model(config.model) is None:
+        raise ConfigError(f"config key 'model' names a hub model as hf://org/name[@revision] (letters, digits, '-', "
+                          f"'_' and '.'), got {config.model!r}")
+    if not config.hub_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"config key 'hub_endpoint' must be an http:// or https:// URL (the hub's, e.g. "
+                          f"https://huggingface.co), got {config.hub_endpoint!r}")
+
+
 def check_vision_serving(config: RunConfig) -> None:
     """The vision keys: at least one image per prompt, a pixel cap of 0 (the checkpoint's) or at least one
     merged patch, and a chat template file that is there."""
@@ -313,12 +341,15 @@ def model_length(folder: Path) -> int:
 
 def validate_for_argo(config: RunConfig, training: bool = True) -> None:
     """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3 (and so
-    must the model, unless an `upstream` serves the evaluation and nothing is loaded); a `training` run must set
-    `max_model_len`, which its update's micro-batch is checked against."""
-    for key in ("store", *(() if config.upstream else ("model",))):
+    must the model, unless it is a hub model, fetched into the store, or an `upstream` serves the evaluation and
+    nothing is loaded); a `training` run must set `max_model_len`, which its update's micro-batch is checked
+    against."""
+    hub = config.model.startswith(HUB_SCHEME)
+    for key in ("store", *(() if config.upstream or hub else ("model",))):
         if not getattr(config, key).startswith("s3://"):
-            raise ConfigError(f"config key {key!r} must be an s3:// URL for an Argo run (pods share no folder), "
-                              f"got {getattr(config, key)!r}")
+            hub_too = " or a hub model, hf://org/name," if key == "model" else ""
+            raise ConfigError(f"config key {key!r} must be an s3:// URL{hub_too} for an Argo run (pods share no "
+                              f"folder), got {getattr(config, key)!r}")
     if training and not config.max_model_len:  # the model is not here to read its length from
         raise ConfigError("config key 'max_model_len' must be set for an Argo run (0, the model's own length, "
                           "cannot be read before the model is fetched), e.g. 40960 for Qwen3; the update's "

@@ -4,8 +4,10 @@
     from workflows.iteration import iteration_workflow
     print(iteration_workflow(load_config("configs/cluster-example.yaml", ["run=demo"]), 0).to_yaml())
 
-The outer DAG `iteration` runs `collect` then `update`. `collect` is a DAG of its own so that the `serve`
-daemon (vLLM + proxy, one GPU pod) is stopped as soon as the rollouts and trajectories are done, before
+The outer DAG `iteration` runs `collect` then `update`; with a hub `model` (`hf://org/name`), the first
+iteration's runs `fetch-model` before them, which streams the model into the run's store once (`steps.fetch_model`).
+`collect` is a DAG of its own so that the `serve` daemon (vLLM + proxy, one GPU pod) is stopped as soon as the
+rollouts and trajectories are done, before
 `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's /health answers; reached at
 `{{tasks.serve.ip}}`; its proxy writes the rollouts' results to the store), `plan` (prints the rollouts as a JSON
 list, and writes those of tasks with an `[environment] app` into its output `app-rollouts`), `rollout` (one pod per
@@ -44,6 +46,7 @@ from hera.workflows.models import (Backoff, Capabilities, ContainerPort, Continu
 from steps.harnesses import ALL_HARNESSES as HARNESSES, allowance
 from steps.harnesses.base import NODE_VERSION
 from steps.contracts.rollout import NO_REWARD
+from steps.fetch_model import TOKEN_ENV
 from steps.sandbox.app import APP_STATE_DIR, APP_STORAGE_MB
 from steps.sandbox.pod import APP_LIVE
 from steps.contracts import layout
@@ -200,6 +203,17 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
         readiness_probe=Probe(http_get=HTTPGetAction(path="/health", port=commands.PROXY_PORT),
                               initial_delay_seconds=20, period_seconds=10, failure_threshold=180),
     )
+
+
+def fetch_model_template(config: RunConfig) -> Container:
+    """Fetches the hub `model` into the run's store (`steps.fetch_model`), once per run: it does nothing when the run
+    holds the model already. The token is the `hub_secret` Secret's key `token`, optional (a public model needs no
+    Secret: Kubernetes leaves out the variable of an optional key it does not find, Kubernetes API `SecretKeySelector`
+    `optional`); it streams to S3, so the pod needs no disk for the weights."""
+    token = SecretEnv(name=TOKEN_ENV, secret_name=config.hub_secret, secret_key="token", optional=True)
+    return Container(name=shape.FETCH_MODEL, image=image(config, "steps"), working_dir="/opt/openforge/app",
+                     command=commands.fetch_model(config), env=[token, *s3_env(config)],
+                     retry_strategy=RetryStrategy(limit=2, retry_policy="OnError"), **step_pod(config, "1", "1Gi"))
 
 
 def plan_template(config: RunConfig, iteration: int, evaluation: bool = False, name: str = "plan") -> Container:
@@ -635,7 +649,8 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
                  trajectories_template(config, iteration), update_template(config, iteration), *delete,
                  *([wait_template(config, iteration)] if waits else []), exit_dag(nodes),
                  record_template(config, iteration), report_template(config),
-                 *(evaluation_templates(config, iteration, "eval-") if evaluation else [])]
+                 *(evaluation_templates(config, iteration, "eval-") if evaluation else []),
+                 *([fetch_model_template(config)] if shape.fetches_model(config, iteration) else [])]
     return run_workflow(config, workflow_name(config, iteration), templates, {ITERATION_LABEL: str(iteration)})
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from steps import manifest
 from steps.contracts.manifest import EvalRecord, IterationRecord
 from steps.evaluate import cell, format_table
+from steps.fetch_model import TOKEN_ENV
 from steps.metrics import harness_killed_warning, harness_kills, iteration_metrics
 from steps.net import free_port
 from steps.plan import attempt_id
@@ -45,7 +46,7 @@ from steps.contracts.rollout import (AGENT_TIMEOUT, INFRA_ERROR, INFRA_EXIT_CODE
 from workflows import commands, shape
 from steps.contracts.config import RunConfig
 
-from workflows.config import REPO_ROOT
+from workflows.config import REPO_ROOT, TINY_VISION_MODEL
 
 UPSTREAM_KEY = "OPENFORGE_UPSTREAM_API_KEY"  # serve's alone (step_env)
 SERVE_START_TIMEOUT_S = 900
@@ -88,8 +89,10 @@ def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
 
 def step_env(admin_key: str) -> dict:
     """The steps' environment: this one with the admin key, less the upstream's key, which only serve gets
-    (`start_serve`): a rollout's harness or agent never sees it."""
-    return {**{k: v for k, v in os.environ.items() if k != UPSTREAM_KEY}, "OPENFORGE_ADMIN_KEY": admin_key}
+    (`start_serve`), and the hub token, which only fetch-model gets (`fetch_base_model`): a rollout's harness or
+    agent never sees them."""
+    return {**{k: v for k, v in os.environ.items() if k not in (UPSTREAM_KEY, TOKEN_ENV)},
+            "OPENFORGE_ADMIN_KEY": admin_key}
 
 
 def start_serve(config: RunConfig, model_dir: str, version: int, env: dict, logs: Path) -> tuple[subprocess.Popen, str]:
@@ -370,7 +373,9 @@ def run_evaluation(config: RunConfig, iteration: int, proxy_url: str, env: dict,
         return shape.Outcome(shape.SUCCEEDED)
 
     try:
-        run_dag(shape.evaluation(), {**steps.actions(), "collect": collect})
+        # A hub model was fetched before serve started on it (`base_model`): here its step has nothing left to do.
+        fetched = {shape.FETCH_MODEL: lambda step: shape.Outcome(shape.SUCCEEDED)}
+        run_dag(shape.evaluation(config, iteration), {**steps.actions(), "collect": collect, **fetched})
     except (StepFailed, OSError):
         end_evaluation(config, entry, None)
         raise
@@ -458,12 +463,11 @@ def refresh_report(run_url: str) -> None:
         say(f"report not written: {type(exc).__name__}: {exc}")
 
 
-TINY_VISION_MODEL = "runs/tiny-vision-model"  # configs/gui.yaml's model: built here like the tiny model
-
-
 def base_model(config: RunConfig) -> str:
-    """The base checkpoint: built here (the tiny model, or with `TINY_VISION_MODEL` the tiny vision model; no
-    download) when that default folder is missing."""
+    """The base checkpoint: a hub model fetched into the run's store (once: `fetch_base_model`); built here (the
+    tiny model, or with `TINY_VISION_MODEL` the tiny vision model; no download) when that default folder is missing."""
+    if shape.fetches_model(config, 0):
+        return fetch_base_model(config)
     path = Path(config.model)
     if not path.exists():
         vision = path == REPO_ROOT / TINY_VISION_MODEL
@@ -476,6 +480,16 @@ def base_model(config: RunConfig) -> str:
     return str(path)
 
 
+def fetch_base_model(config: RunConfig) -> str:
+    """The hub model's copy in the run (`layout.base_model_url`), fetched by the same step as on Argo
+    (`steps.fetch_model`: skipped when the run holds it already), with this machine's `HF_TOKEN` if set."""
+    say(f"fetching {config.model} into {layout.base_model_url(config.run_url)} (once per run)")
+    logs = Path(layout.logs_url(config.run_url))
+    run_step(shape.FETCH_MODEL, commands.fetch_model(config, python=sys.executable), dict(os.environ),
+             logs / f"{shape.FETCH_MODEL}.log")
+    return config.checkpoint_url(0)
+
+
 def absolute(config: RunConfig) -> RunConfig:
     """Paths made absolute (steps run from the repository root): the store from here, the model and the
     datasets from here when they exist here, else from the repository root."""
@@ -483,7 +497,8 @@ def absolute(config: RunConfig) -> RunConfig:
         path = Path(value)
         return value if path.is_absolute() else str(path.resolve() if path.exists() else REPO_ROOT / path)
 
-    return replace(config, store=str(Path(config.store).resolve()), model=resolve(config.model),
+    model = config.model if config.model.startswith(layout.HUB_SCHEME) else resolve(config.model)
+    return replace(config, store=str(Path(config.store).resolve()), model=model,
                    dataset=resolve(config.dataset), eval_dataset=config.eval_dataset and resolve(config.eval_dataset))
 
 

@@ -21,6 +21,7 @@ the local steps' outcomes, so a difference between the two runners is one in thi
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from steps.contracts import layout
 from steps.contracts.config import RunConfig
 
 # A step's end, as Argo names it in `depends`.
@@ -35,6 +36,7 @@ PLANNED = "result"  # the plan's standard output: its rollouts without an app, a
 APP_ROLLOUTS = "app-rollouts"  # the plan's output parameter: the rollouts of tasks with an app, as a JSON list
 ROLLOUT_STEPS = ("rollout", "rollout-app")  # the rollout fan-outs: without and with the task's app as a sidecar
 ISOLATION_STEPS = ("isolate-rollouts", "isolate-serve")  # the NetworkPolicies a Workflow applies before its rollouts
+FETCH_MODEL = "fetch-model"  # a hub `model` into the run's store, before the first serve (steps.fetch_model)
 
 
 @dataclass(frozen=True)
@@ -129,25 +131,49 @@ def collect(config: RunConfig, evaluation: bool) -> list[Step]:
             *(fanout("eval-", isolate, keep_going=True) + [evaluate] if evaluation else [])]
 
 
+def fetches_model(config: RunConfig, iteration: int) -> bool:
+    """Whether the Workflow of iteration `iteration` (an eval run's: 0) first fetches the hub `model` into the run:
+    when its serve starts on the base model, that is iteration 0 (with `max_staleness` S, every iteration up to S,
+    which may start before iteration 0 ended; the step does nothing when the run holds the model already).
+
+    >>> [fetches_model(RunConfig(model="hf://Qwen/Qwen3-8B", max_staleness=1), i) for i in range(3)]
+    [True, True, False]
+    >>> fetches_model(RunConfig(model="s3://b/models/q"), 0)
+    False
+    """
+    return config.model.startswith(layout.HUB_SCHEME) and not config.upstream and iteration <= config.max_staleness
+
+
 def update_waits(config: RunConfig, iteration: int) -> bool:
     """Whether iteration `iteration`'s update first waits for the checkpoint the previous update writes: with
     `max_staleness` >= 1 its rollouts ran beside that update, and it never trains on an unknown base."""
     return config.max_staleness > 0 and iteration > 0
 
 
+def fetch(config: RunConfig, iteration: int) -> tuple[list[Step], tuple[Need, ...]]:
+    """([fetch-model] when `fetches_model`, what `collect` then waits for)."""
+    if not fetches_model(config, iteration):
+        return [], ()
+    return [Step(FETCH_MODEL)], (Need(FETCH_MODEL),)
+
+
 def iteration(config: RunConfig, iteration: int) -> list[Step]:
-    """The outer DAG of iteration `iteration`: collect, [wait-checkpoint], update. Across nodes, any earlier update
-    JobSet of the iteration is deleted first (`clean-update`): one JobSet at a time writes the checkpoint."""
+    """The outer DAG of iteration `iteration`: [fetch-model], collect, [wait-checkpoint], update. Across nodes, any
+    earlier update JobSet of the iteration is deleted first (`clean-update`): one JobSet at a time writes the
+    checkpoint."""
     before = "wait-checkpoint" if update_waits(config, iteration) else "collect"
     update = [Step("clean-update", (Need(before),)), Step("update", (Need("clean-update"),))] \
         if config.update_nodes > 1 else [Step("update", (Need(before),))]
-    return [Step("collect"), *([Step("wait-checkpoint", (Need("collect"),))] if before != "collect" else []), *update]
+    fetching, after = fetch(config, iteration)
+    return [*fetching, Step("collect", after),
+            *([Step("wait-checkpoint", (Need("collect"),))] if before != "collect" else []), *update]
 
 
-def evaluation() -> list[Step]:
-    """An evaluation Workflow's outer DAG: collect, then evaluate whether or not every rollout succeeded (a rollout
-    failed after its retries is an infra error to count)."""
-    return [Step("collect"), Step("evaluate", (Need("collect", FINISHED),))]
+def evaluation(config: RunConfig, iteration: int) -> list[Step]:
+    """An evaluation Workflow's outer DAG: [fetch-model], collect, then evaluate whether or not every rollout
+    succeeded (a rollout failed after its retries is an infra error to count)."""
+    fetching, after = fetch(config, iteration)
+    return [*fetching, Step("collect", after), Step("evaluate", (Need("collect", FINISHED),))]
 
 
 def exit_handler(delete_update: bool = False) -> list[Step]:

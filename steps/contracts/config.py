@@ -60,7 +60,8 @@ class RunConfig:
 
     harness: str = "codex"
     run: str = ""  # empty: <harness>-<UTC timestamp>, filled in by `with_run_name`
-    model: str = "runs/tiny-model"  # base checkpoint: local folder or s3:// URL
+    model: str = "runs/tiny-model"  # base checkpoint: local folder, s3:// URL, or hub model hf://org/name[@revision]
+    hub_endpoint: str = "https://huggingface.co"  # where a hub `model` is fetched from (steps/fetch_model.py)
     model_name: str = "tiny"
     dataset: str = "steps/tasks/builtin"  # a path here, an s3:// prefix of task folders, or harbor://NAME@VERSION
     # Harbor's registry.json (a URL or a file) that `harbor://NAME@VERSION` datasets are looked up in
@@ -127,6 +128,7 @@ class RunConfig:
     argo_ca_bundle: str = ""  # a PEM file of the CA that signed the Argo server's certificate; env ARGO_CA_BUNDLE wins
     argo_insecure_tls: bool = False  # accept any certificate from the Argo server (a warning says so); --argo-insecure
     admin_secret: str = "openforge-admin"  # key admin-key
+    hub_secret: str = "openforge-hub"  # key token: the token for a gated or private hub `model`; optional
     image_registry: str = "ghcr.io/openforge"
     image_tag: str = "0.1.0"  # OpenForge's own images; task images are tagged with their content (steps/plan.py)
     registry_secret: str = "openforge-registry"  # a docker-registry Secret (key .dockerconfigjson): task image pushes

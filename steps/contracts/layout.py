@@ -12,6 +12,7 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     │   │                                 also says what it evaluates: steps.manifest.EVAL_FIELD)
     │   ├── datasets.json                 Argo runs: where each dataset came from, its tasks pinned by content
     │   │                                 hash (and a Harbor dataset's git commits), written at submit
+    │   ├── base-model.json               a hub `model`: the commit fetched, its files (steps.fetch_model)
     │   ├── iteration-<N>.json            one per iteration: workflow, checkpoints, phase, the update's metrics
     │   └── eval-<N>.json                 one per evaluation: workflow, checkpoint, phase, the overall numbers
     ├── datasets/                         Argo runs: a snapshot of the tasks, uploaded at submit (steps.datasets)
@@ -26,6 +27,10 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     │   └── iteration-<N>-attempt-<K>/    local runner: what an earlier, dead start of iteration N left
     ├── trajectories/
     │   └── run=<run>/iteration=<N>/      calls.parquet, rollouts.parquet, samples.parquet, behaviour.parquet
+    ├── base-model/                       a hub `model` (hf://org/name): its files, fetched once
+    │                                     (steps.fetch_model);
+    │                                     iteration 0 serves and trains from here; manifest/base-model.json,
+    │                                     written last, pins the commit they are from and marks them complete
     ├── checkpoints/
     │   └── iteration-<N>/                N >= 1: what iteration N-1's update wrote (iteration 0 serves
     │       └── metrics.json              the run's `model`); the update's metrics beside the weights
@@ -55,6 +60,9 @@ STATUS_FILE, REWARD_FILE = "status", "reward"
 # stop the rollout at its deadline (workflows/local.py).
 PHASE_FILE = "phase"
 METRICS_FILE = "metrics.json"  # the update's metrics, in the checkpoint folder it wrote
+# A `model` that names a Hugging Face Hub repository (`hf://org/name[@revision]`) rather than a folder or a URL in the
+# store: fetched into the run's `base-model/` (`steps.fetch_model`), which iteration 0 then serves and trains from.
+HUB_SCHEME = "hf://"
 
 
 def _join(url: str, *parts: str) -> str:
@@ -197,12 +205,28 @@ def staleness_url(partition: str) -> str:
 
 
 def checkpoint_url(run_url: str, iteration: int, base_model: str) -> str:
-    """The checkpoint iteration `iteration` serves: the base model, then what the previous update wrote.
+    """The checkpoint iteration `iteration` serves: the base model (a hub model's copy in the run), then what the
+    previous update wrote.
 
     >>> checkpoint_url("runs/demo", 0, "models/base"), checkpoint_url("runs/demo", 2, "models/base")
     ('models/base', 'runs/demo/checkpoints/iteration-2')
+    >>> checkpoint_url("s3://b/runs/demo", 0, "hf://Qwen/Qwen3-8B@main")
+    's3://b/runs/demo/base-model'
     """
-    return base_model if iteration == 0 else _join(run_url, "checkpoints", f"iteration-{iteration}")
+    if iteration == 0:
+        return base_model_url(run_url) if base_model.startswith(HUB_SCHEME) else base_model
+    return _join(run_url, "checkpoints", f"iteration-{iteration}")
+
+
+def base_model_url(run_url: str) -> str:
+    """Where a hub model's files are fetched to in the run (`steps.fetch_model`): iteration 0's checkpoint."""
+    return _join(run_url, "base-model")
+
+
+def base_model_record_url(run_url: str) -> str:
+    """The record of a hub model's fetch (`manifest/base-model.json`): the commit it pinned and its files; written
+    last, so a run holding it holds the whole copy."""
+    return _join(manifest_url(run_url), "base-model.json")
 
 
 def metrics_url(checkpoint: str) -> str:
