@@ -320,7 +320,7 @@ def test_the_build_pod_reads_its_context_from_the_store_and_pushes_with_the_secr
     assert container["volumeMounts"] == [{"name": "registry", "mountPath": "/kaniko/.docker"}]
     env = {e["name"]: e.get("value") or e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
     assert env == {"AWS_ACCESS_KEY_ID": "openforge-s3", "AWS_SECRET_ACCESS_KEY": "openforge-s3",
-                   "S3_ENDPOINT": "http://minio.openforge.svc:9000", "S3_FORCE_PATH_STYLE": "true",
+                   "AWS_ENDPOINT_URL": "http://minio.openforge.svc:9000", "S3_ENDPOINT": "http://minio.openforge.svc:9000", "S3_FORCE_PATH_STYLE": "true",
                    "AWS_REGION": "us-east-1"}
     (build,) = spec["templates"][1]["dag"]["tasks"]
     assert build["withItems"] == [{"context": b.context, "image": b.image} for b in golden_builds()]
@@ -348,17 +348,20 @@ def test_the_context_tar_is_the_folder_and_the_same_for_the_same_folder(tmp_path
 
 
 def test_the_driver_uploads_contexts_then_submits_the_workflow(fake_argo: FakeArgoServer, s3_store: str,  # noqa: F811
-                                                              registry: FakeRegistry, tmp_path: Path, capsys) -> None:
+                                                              s3_server: dict, registry: FakeRegistry,
+                                                              tmp_path: Path, capsys) -> None:
     """`images --dataset D`: contexts to the store, the Workflow linted, created and waited for; a second run
     with every tag in the registry builds nothing."""
     dataset = tmp_path / "dataset"
     for name in ("hello-file", "csv-stats"):
         shutil.copytree(BUILTIN / name, dataset / name)
     argv = ["images", "--dataset", str(dataset), "--config", str(CLUSTER), "--argo-server", fake_argo.url,
-            "--poll", "0.01", f"store={s3_store}", f"image_registry={registry.host}/me"]
+            "--poll", "0.01", f"store={s3_store}", f"s3_endpoint={s3_server['endpoint_url']}",
+            f"image_registry={registry.host}/me"]  # the driver reaches the store at the config's endpoint
     assert submit.main(argv) == 0
     tasks, _ = load_dataset(dataset)
-    config = cluster_config("run=t", f"store={s3_store}", f"image_registry={registry.host}/me")
+    config = cluster_config("run=t", f"store={s3_store}", f"s3_endpoint={s3_server['endpoint_url']}",
+                            f"image_registry={registry.host}/me")
     builds, _ = images.task_builds(tasks, config, exists=lambda image: False)
     expected = images.task_images_workflow(config, builds)
     assert [(path, body["workflow"]["metadata"]["name"]) for _, path, body, _ in fake_argo.calls("POST")] == [

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fsspec
-from hera.workflows import DAG, Container, Env, Parameter, RetryStrategy, SecretEnv, SecretVolume, Workflow
+from hera.workflows import DAG, Container, Env, Parameter, RetryStrategy, SecretVolume, Workflow
 from hera.workflows.models import KeyToPath, PodGC, TTLStrategy
 
 from steps.contracts import layout
@@ -40,6 +40,7 @@ from steps.plan import task_image
 from steps.settings import ConfigError
 from steps.tasks import Task
 from workflows.commands import task_image_prefix
+from workflows.iteration import s3_env, step_pod
 
 REPO = Path(__file__).resolve().parents[1]
 # name -> (Dockerfile, build context), both relative to the repository root. gui-task is the base a GUI task's
@@ -247,11 +248,14 @@ def upload_contexts(builds: list[TaskBuild]) -> None:
 
 def kaniko_template(config: RunConfig) -> Container:
     """One kaniko pod: the context from the store, the Dockerfile at its root, the image pushed to its destination."""
-    env = [SecretEnv(name="AWS_ACCESS_KEY_ID", secret_name=config.s3_secret, secret_key="access-key"),
-           SecretEnv(name="AWS_SECRET_ACCESS_KEY", secret_name=config.s3_secret, secret_key="secret-key")]
-    if config.s3_endpoint:  # MinIO and the like: path-style URLs; the AWS SDK wants a region, which MinIO ignores
-        env += [Env(name="S3_ENDPOINT", value=config.s3_endpoint), Env(name="S3_FORCE_PATH_STYLE", value="true"),
-                Env(name="AWS_REGION", value="us-east-1")]
+    # The store as every other pod reads it (keys, or with `s3_credentials: pod-identity` the service account's
+    # identity; endpoint and region). Kaniko's S3 context reads S3_ENDPOINT and S3_FORCE_PATH_STYLE for MinIO and
+    # the like (its pkg/buildcontext/s3.go), and its AWS SDK wants a region, which MinIO ignores.
+    env = s3_env(config)
+    if config.s3_endpoint:
+        env += [Env(name="S3_ENDPOINT", value=config.s3_endpoint), Env(name="S3_FORCE_PATH_STYLE", value="true")]
+    if not config.s3_region:
+        env.append(Env(name="AWS_REGION", value="us-east-1"))
     return Container(
         name="kaniko", image=KANIKO,
         # The emissary executor runs the command it is given; kaniko's image has no shell to look one up with.
@@ -262,7 +266,7 @@ def kaniko_template(config: RunConfig) -> Container:
         env=env,
         volumes=[SecretVolume(name="registry", secret_name=config.registry_secret, mount_path=KANIKO_DOCKER_CONFIG,
                               items=[KeyToPath(key=DOCKER_CONFIG_KEY, path="config.json")])],
-        retry_strategy=RetryStrategy(limit=2),
+        retry_strategy=RetryStrategy(limit=2), **step_pod(config, "1", "2Gi"),
     )
 
 
