@@ -65,6 +65,17 @@ def vllm_process(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         stop_vllm(server)
 
 
+@pytest.fixture(autouse=True)
+def restore_environment() -> Iterator[None]:
+    """Puts back this process's environment after each test: the driver points its own s3fs/boto3 at the config's
+    store by setting AWS_* there (`workflows.submit.use_store`), as a real driver should, and one test's store must
+    not become the next one's."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def start_vllm_early(request: pytest.FixtureRequest) -> None:
     """Starts the session's vLLM at the first test when a selected test will use it: its start (half a

@@ -495,7 +495,7 @@ def fake_summary(run_url: str, iteration: int, k: int = 2) -> dict:
 def drive(fake: FakeArgoServer, store: str, *args: str) -> int:
     """`submit.py` in-process against the fake server and the S3 store."""
     return submit.main([*args, "--config", str(CLUSTER), "--argo-server", fake.url, "--poll", "0.01", f"store={store}",
-                        *NO_CLUSTER_EGRESS])
+                        f"s3_endpoint={os.environ['AWS_ENDPOINT_URL']}", *NO_CLUSTER_EGRESS])
 
 
 def test_an_eval_run_on_argo_is_one_workflow_followed_and_recorded(fake_argo: FakeArgoServer, s3_store: str,

@@ -13,11 +13,13 @@ import re
 import time
 
 import pytest
+from pathlib import Path
 import yaml
 from hera.exceptions import AlreadyExists
 from hera.workflows.models import WorkflowCreateRequest
 
 from steps import manifest
+from steps.settings import ConfigError
 from workflows import jobset
 from workflows.argo import ArgoClient
 from workflows.driver import RETRY_UNLESS_STOPPED, TOKEN_FILE, driver_workflow
@@ -165,7 +167,8 @@ def test_detach_creates_only_the_driver(argo: DeletingArgoServer, s3_store: str,
     started = time.monotonic()
     assert drive(argo, s3_store, "--harness", "codex", "run=dt", "iterations=2", "--detach") == 0
     assert time.monotonic() - started < 10
-    config = cluster_config("run=dt", "iterations=2", f"store={s3_store}", f"argo_server={argo.url}")
+    config = cluster_config("run=dt", "iterations=2", f"store={s3_store}", f"argo_server={argo.url}",
+                            f"s3_endpoint={os.environ['AWS_ENDPOINT_URL']}")
     linted = [body["workflow"]["metadata"]["name"] for _, path, body, _ in argo.calls("POST") if path.endswith("/lint")]
     created = [body["workflow"]["metadata"]["name"] for _, path, body, _ in argo.calls("POST")
                if not path.endswith("/lint")]
@@ -264,3 +267,26 @@ def test_the_driver_keys_are_checked() -> None:
         cluster_config("driver_deadline_s=0")
     config = cluster_config("argo_server_in_cluster=http://argo-server.argo:2746", "driver_deadline_s=1")
     assert (config.argo_server_in_cluster, config.driver_deadline_s) == ("http://argo-server.argo:2746", 1)
+
+
+def test_the_driver_trusts_the_in_cluster_server_by_the_mounted_ca(tmp_path: Path) -> None:
+    """Argo's server has a self-signed certificate unless given one, which no system CA signed: with `argo_ca_secret`
+    the driver's pod mounts that Secret's ca.crt and its `resume` checks the server against it; with
+    `argo_insecure_tls` it passes that on; with neither it trusts the system's CAs. Each command's overrides are
+    read back as the pod's `submit.py` reads them (the mounted file is made here). Control: no Secret, no mount."""
+    mounted = driver_workflow(cluster_config("run=ca", "argo_ca_secret=argo-server-ca")).to_dict()
+    spec, = mounted["spec"]["templates"]
+    assert spec["volumes"] == [{"name": "argo-ca", "secret": {"secretName": "argo-server-ca",
+                                                              "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]
+    assert spec["container"]["volumeMounts"] == [{"name": "argo-ca", "mountPath": "/etc/openforge/argo-ca"}]
+    override = spec["container"]["command"][-1]
+    assert override == "argo_ca_bundle=/etc/openforge/argo-ca/ca.crt"
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert cluster_config(f"argo_ca_bundle={ca}").argo_ca_bundle == str(ca)  # the pod's own load accepts it
+    insecure, = driver_workflow(cluster_config("run=ca", "argo_insecure_tls=true")).to_dict()["spec"]["templates"]
+    assert insecure["container"]["command"][-1] == "argo_insecure_tls=true" and "volumes" not in insecure
+    plain, = driver_workflow(cluster_config("run=ca")).to_dict()["spec"]["templates"]
+    assert plain["container"]["command"][-1].startswith("store=") and "volumes" not in plain
+    with pytest.raises(ConfigError, match="argo_ca_secret"):
+        cluster_config("argo_ca_secret=Not_A_Name")

@@ -708,9 +708,10 @@ def s3_store(s3_server: dict, monkeypatch: pytest.MonkeyPatch, request) -> str:
 
 
 def drive(fake: FakeArgoServer, store: str, *args: str) -> int:
-    """Runs `submit.py` in-process against the fake server and the S3 store."""
+    """Runs `submit.py` in-process against the fake server and the S3 store (`s3_store`'s endpoint as the config's:
+    the driver reaches the store where the config says, as the pods do)."""
     return submit.main([*args, "--config", str(CLUSTER), "--argo-server", fake.url, "--poll", "0.01",
-                        f"store={store}", *NO_CLUSTER_EGRESS])
+                        f"store={store}", f"s3_endpoint={os.environ['AWS_ENDPOINT_URL']}", *NO_CLUSTER_EGRESS])
 
 
 def test_submit_runs_one_workflow_per_iteration(fake_argo: FakeArgoServer, s3_store: str, capsys) -> None:
@@ -725,7 +726,7 @@ def test_submit_runs_one_workflow_per_iteration(fake_argo: FakeArgoServer, s3_st
                      ("/api/v1/workflows/openforge", "openforge-sub-it0"),
                      ("/api/v1/workflows/openforge", "openforge-sub-it1")]
     config = cluster_config("run=sub", "iterations=2", f"store={s3_store}", f"argo_server={fake_argo.url}",
-                            *NO_CLUSTER_EGRESS)
+                            f"s3_endpoint={os.environ['AWS_ENDPOINT_URL']}", *NO_CLUSTER_EGRESS)
     assert fake_argo.workflows["openforge-sub-it1"] == iteration_workflow(config, 1).build().model_dump(by_alias=True, exclude_none=True)
     assert all(auth == "Bearer test-token" for *_, auth in fake_argo.requests)
     records = manifest.read_iterations(f"{s3_store}/sub")

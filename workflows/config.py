@@ -172,6 +172,9 @@ def check_access(config: RunConfig) -> None:
     if config.s3_endpoint and not config.s3_endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"config key 's3_endpoint' must be an http:// or https:// URL (e.g. "
                           f"http://minio.openforge.svc:9000), or empty for AWS, got {config.s3_endpoint!r}")
+    if config.argo_ca_secret and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", config.argo_ca_secret):
+        raise ConfigError(f"config key 'argo_ca_secret' must be a Kubernetes Secret's name (lower-case letters, "
+                          f"digits, '-' and '.') holding ca.crt, or empty, got {config.argo_ca_secret!r}")
     if config.argo_ca_bundle and config.argo_insecure_tls:
         raise ConfigError("config keys 'argo_ca_bundle' and 'argo_insecure_tls' contradict each other: verify the "
                           "Argo server with the CA bundle, or accept any certificate, not both")

@@ -13,12 +13,13 @@ Argo retries the pod (up to `DRIVER_RETRIES`) unless it exited 1 (an iteration f
 driver in the cluster".
 """
 
-from hera.workflows import Container, Env, Resources, RetryStrategy, Workflow
-from hera.workflows.models import Backoff, TTLStrategy
+from hera.workflows import Container, Env, RetryStrategy, SecretVolume, Workflow
+from hera.workflows.models import Backoff, KeyToPath, TTLStrategy
 
 from steps.contracts.config import RunConfig
 from workflows import commands
-from workflows.iteration import RUN_LABEL, RUN_NAME_ANNOTATION, ROLE, image, report_link, run_label, s3_env
+from workflows.iteration import (RUN_LABEL, RUN_NAME_ANNOTATION, ROLE, image, report_link, run_label, s3_env,
+                                 step_pod)
 
 # Kubernetes mounts the service account's token here in every pod that automounts it (the projected volume
 # `kube-api-access-*`); the kubelet rewrites the file before the token expires, so the driver reads it per request.
@@ -28,6 +29,21 @@ DRIVER_RETRIES = 20
 # again. Anything else (the pod lost with its node, the Argo Server unreachable for a while) is retried; Argo
 # gives `lastRetry.exitCode` as a string, "-1" when the container has none (docs/retries.md, conditional retries).
 RETRY_UNLESS_STOPPED = "lastRetry.exitCode != '1'"
+# Where the driver's pod finds the in-cluster Argo Server's CA (`argo_ca_secret`'s key `ca.crt`): Argo's server makes
+# itself a self-signed certificate unless it is given one (argo-workflows docs/tls.md), which no system CA signed.
+CA_FOLDER, CA_KEY = "/etc/openforge/argo-ca", "ca.crt"
+
+
+def tls_overrides(config: RunConfig) -> list[str]:
+    """How the driver's pod checks the in-cluster server's certificate, as config overrides of its `resume`: the CA
+    of `argo_ca_secret` mounted at `CA_FOLDER`, else `argo_insecure_tls` as the run has it, else the system's CAs.
+
+    >>> tls_overrides(RunConfig(argo_ca_secret="argo-ca")), tls_overrides(RunConfig(argo_insecure_tls=True))
+    (['argo_ca_bundle=/etc/openforge/argo-ca/ca.crt'], ['argo_insecure_tls=true'])
+    """
+    if config.argo_ca_secret:
+        return [f"argo_ca_bundle={CA_FOLDER}/{CA_KEY}"]
+    return ["argo_insecure_tls=true"] if config.argo_insecure_tls else []
 
 
 def workflow_name(config: RunConfig) -> str:
@@ -39,10 +55,12 @@ def driver_workflow(config: RunConfig) -> Workflow:
     """The Workflow whose one pod drives the run (`submit.py resume`) until it ends."""
     driver = Container(
         name="driver", image=image(config, "steps"), working_dir="/opt/openforge/app",
-        command=commands.resume(config, config.argo_server_in_cluster),
+        command=commands.resume(config, config.argo_server_in_cluster) + tls_overrides(config),
         env=[*s3_env(config), Env(name="ARGO_TOKEN_FILE", value=TOKEN_FILE)],
-        resources=Resources(cpu_request=0.25, memory_request="512Mi"), labels={ROLE: "driver"},
-        active_deadline_seconds=config.driver_deadline_s,
+        volumes=[SecretVolume(name="argo-ca", secret_name=config.argo_ca_secret, mount_path=CA_FOLDER,
+                              items=[KeyToPath(key=CA_KEY, path=CA_KEY)])] if config.argo_ca_secret else None,
+        **{**step_pod(config, "250m", "512Mi", labels={ROLE: "driver"}),
+           "active_deadline_seconds": config.driver_deadline_s},
         retry_strategy=RetryStrategy(limit=DRIVER_RETRIES, retry_policy="Always", expression=RETRY_UNLESS_STOPPED,
                                      backoff=Backoff(duration="1m", factor=2, max_duration="1h")),
     )

@@ -126,6 +126,7 @@ class RunConfig:
     s3_credentials: str = "secret"
     rollout_service_account: str = ""  # the rollout pods' (the agents'), with no cloud identity; empty: service_account
     argo_ca_bundle: str = ""  # a PEM file of the CA that signed the Argo server's certificate; env ARGO_CA_BUNDLE wins
+    argo_ca_secret: str = ""  # --detach: a Secret (key ca.crt) with the CA of argo_server_in_cluster's certificate
     argo_insecure_tls: bool = False  # accept any certificate from the Argo server (a warning says so); --argo-insecure
     admin_secret: str = "openforge-admin"  # key admin-key
     hub_secret: str = "openforge-hub"  # key token: the token for a gated or private hub `model`; optional
