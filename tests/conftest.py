@@ -22,13 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from proxy_process import ProxyProcess, start_proxy, stop_proxy
+from proxy_process import ADMIN_KEY, ProxyProcess, start_proxy, stop_proxy
 from steps.net import HOST, free_port
 from steps.tiny_model import build_tiny_model
 from steps.vllm_server import VllmServer, stop_vllm
 from vllm_process import spawn_vllm, wait_ready
 
-ADMIN_KEY = "test-admin-key"
 MODEL_NAME = "tiny"
 S3_BUCKET = "openforge-test"
 # Nothing in a test may download: tokenizers and models load from local folders only.

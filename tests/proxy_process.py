@@ -24,6 +24,8 @@ from steps.net import HOST, free_port
 from steps.proxy.__main__ import command_line
 from steps.proxy.client import ProxyClient, ProxyClientError
 
+ADMIN_KEY = "test-admin-key"  # the admin key of every proxy the tests start (conftest's `proxy` fixture)
+
 
 @dataclass
 class ProxyProcess:

@@ -22,7 +22,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from conftest import ADMIN_KEY, free_port
+from proxy_process import ADMIN_KEY
+from steps.net import free_port
 from steps import datasets, manifest, plan
 from steps.contracts import layout
 from steps.settings import ConfigError

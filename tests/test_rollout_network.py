@@ -20,7 +20,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from conftest import ADMIN_KEY
+from proxy_process import ADMIN_KEY
 from steps.contracts import layout
 from steps.contracts.rollout import RolloutResult
 from steps.proxy.client import ProxyClientError
