@@ -113,15 +113,15 @@ def task_tar(dataset: str, folder: str, max_bytes: int = MAX_TASK_BYTES) -> byte
         raise TaskArchiveError(f"task {folder!r} is not a task folder name (letters, digits, '.', '_' and '-')")
     fs, root = fsspec.core.url_to_fs(dataset)
     base = f"{root.rstrip('/')}/{folder}"
-    keys = fs.find(base) if fs.isdir(base) else []
-    if not keys:
+    found = fs.find(base, detail=True) if fs.isdir(base) else {}  # one listing gives every file's size
+    if not found:
         raise TaskArchiveError(f"task {folder!r} is not in the run's dataset")
-    total = sum(fs.size(key) for key in keys)
+    total = sum(info["size"] for info in found.values())
     if total > max_bytes:
         raise TaskArchiveError(f"task {folder!r} holds {total} bytes, over the limit of {max_bytes}")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for key in sorted(keys):
+        for key in sorted(found):
             data = fs.cat_file(key)
             info = tarfile.TarInfo(key[len(base):].lstrip("/"))
             info.size, info.mode = len(data), 0o644

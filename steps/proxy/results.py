@@ -11,7 +11,6 @@ that names that id.
 """
 
 import asyncio
-import os
 
 import fsspec
 
@@ -58,8 +57,7 @@ def checked_result(rollout_id: str, body: bytes) -> bytes:
 def write_file(url: str, data: bytes) -> None:
     """Writes one small file whole at `url` (a local path or an fsspec URL such as s3://)."""
     fs, path = fsspec.core.url_to_fs(url)
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)  # a local store's folders; nothing on S3
     fs.pipe_file(path, data)
 
 
