@@ -68,10 +68,12 @@ def vllm_process(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def restore_environment() -> Iterator[None]:
     """Puts back this process's environment after each test: the driver points its own s3fs/boto3 at the config's
     store by setting AWS_* there (`workflows.submit.use_store`), as a real driver should, and one test's store must
-    not become the next one's."""
-    saved = dict(os.environ)
+    not become the next one's. Only the store's variables: what a process sets up once for itself (the update's
+    CPU process group reads RANK, WORLD_SIZE, ... that `steps.update.cpu` sets at its first use) must stay."""
+    saved = {key: value for key, value in os.environ.items() if key.startswith("AWS_")}
     yield
-    os.environ.clear()
+    for key in [key for key in os.environ if key.startswith("AWS_")]:
+        del os.environ[key]
     os.environ.update(saved)
 
 
