@@ -34,7 +34,7 @@ from steps.update import batch as update_batch, cpu as update_cpu, ranks as upda
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish, unmark
 from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
-from steps.update.samples import check_inputs
+from steps.update.samples import check_inputs, vocab_size  # noqa: F401 (vocab_size: the tests read it here)
 # What a skipped update (`steps.update.skip`, which decides before torch is imported) shares with this one.
 from steps.update.skip import (CHECKPOINT_FILES, NO_ADVANTAGE, _copy_files, _write_folder, _write_text,  # noqa: F401
                                copy_checkpoint, optimizer_settings, parse_args, saved_optimizer, skipped_metrics,
