@@ -26,8 +26,8 @@ def test_every_step_with_a_command_line_has_a_script() -> None:
     """Each `python -m` entry point of a step and the driver is a script, named after what it runs."""
     assert {target.split(":")[0] for target in SCRIPTS.values()} == {
         "workflows.submit", "steps.serve", "steps.proxy.__main__", "steps.plan", "steps.rollout",
-        "steps.trajectories.__main__", "steps.update.train", "steps.tasks.__main__", "steps.harnesses.__main__",
-        "steps.manifest", "steps.evaluate", "steps.report.__main__"}
+        "steps.trajectories.__main__", "steps.update.__main__", "steps.tasks.__main__", "steps.harnesses.__main__",
+        "steps.manifest", "steps.evaluate", "steps.report.__main__", "steps.export"}
     assert all(name.startswith("openforge-") for name in SCRIPTS)
 
 

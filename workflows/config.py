@@ -308,7 +308,7 @@ def check_update_config(config: RunConfig) -> None:
 def check_micro_batch(config: RunConfig, micro_batch: int) -> None:
     """Refuses a micro-batch smaller than the longest sample: a sample (a call's prompt + response) is at most
     `max_model_len` tokens and is never split over micro-batches, and the update refuses a longer one only after
-    the iteration's rollouts ran (`steps.update.train.check_inputs`). `max_model_len` 0 is the model's own length,
+    the iteration's rollouts ran (`steps.update.samples.check_inputs`). `max_model_len` 0 is the model's own length,
     read from its config.json when it is a folder here; elsewhere it is checked by `validate_for_argo`."""
     longest = config.max_model_len or model_length(model_folder(config))
     if longest and micro_batch < longest:

@@ -18,7 +18,6 @@ CPU; the CPU-only adjustments are in `steps.update.cpu` and apply only without a
 config key is refused in one sentence (exit code 2) before any model is loaded (`docs/update.md`).
 """
 
-import argparse
 import importlib.util
 import json
 import math
@@ -31,20 +30,16 @@ from pathlib import Path
 
 import torch
 
-from steps import settings
 from steps.update import batch as update_batch, cpu as update_cpu, ranks as update_ranks, reshard, vision
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish, unmark
 from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
+from steps.update.samples import check_inputs, vocab_size  # noqa: F401 (vocab_size: the tests read it here)
+# What a skipped update (`steps.update.skip`, which decides before torch is imported) shares with this one.
+from steps.update.skip import (CHECKPOINT_FILES, NO_ADVANTAGE, _copy_files, _write_folder, _write_text,  # noqa: F401
+                               copy_checkpoint, optimizer_settings, parse_args, saved_optimizer, skipped_metrics,
+                               write_skipped)
 
-# `metrics.json`'s "skipped" value when no step was taken: every rollout's advantage was 0.
-NO_ADVANTAGE = "no advantage"
-# Files copied from the input checkpoint so the output folder is a complete model for vLLM.
-# A vision model's processor files come along (its image processor, its processor's and chat template).
-CHECKPOINT_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                    "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "vocab.json",
-                    "merges.txt", "added_tokens.json", "preprocessor_config.json", "processor_config.json",
-                    "video_preprocessor_config.json"]
 # The checkpoint's subfolder `OPTIMIZER_DIR` holds the optimiser state in veRL's own format
 # (`optim_world_size_*_rank_*.pt`: AdamW's moments and step count; `extra_state_*.pt`: lr scheduler and
 # RNG) plus our `state.json`. What veRL's checkpoint manager saves and loads there (the weights travel
@@ -189,58 +184,6 @@ def no_gradient(advantages: dict[str, float], config: UpdateConfig) -> bool:
     return config.entropy_coeff == 0 and all(value == 0 for value in advantages.values())
 
 
-def optimizer_settings(config: UpdateConfig) -> dict:
-    """What a saved optimiser state records: AdamW's hyperparameters, which it must have been saved with to be
-    carried, and the world size (veRL's files are one shard per rank; another is resharded).
-
-    >>> optimizer_settings(UpdateConfig())["betas"]
-    [0.9, 0.999]
-    """
-    return {"learning_rate": config.learning_rate, "betas": list(config.betas),
-            "weight_decay": config.weight_decay, "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
-
-
-def saved_optimizer(checkpoint: Path, config: UpdateConfig) -> tuple[dict | None, str]:
-    """The checkpoint's `state.json` when its optimiser state is to be carried, else None; and, for metrics,
-    "carried" or "fresh: " and why.
-
-    A state saved with another learning_rate, betas or weight decay starts fresh: veRL's load would restore
-    the saved values and silently override the config's. A state saved by another number of ranks carries,
-    resharded (`steps.update.reshard`).
-    """
-    if not config.carry_optimizer:
-        return None, "fresh: carry_optimizer is off"
-    path = checkpoint / OPTIMIZER_DIR / "state.json"
-    if not path.is_file():
-        return None, "fresh: the checkpoint has no optimizer state"
-    # a state saved before `lr` was renamed still carries
-    saved, wanted = settings.with_new_names(json.loads(path.read_text())), optimizer_settings(config)
-    changed = [name for name, value in wanted.items() if name != "world_size" and saved.get(name) != value]
-    if changed:
-        return None, f"fresh: saved with another {', '.join(changed)}"
-    ranks = saved.get("world_size", 1)
-    return saved, "carried" if ranks == wanted["world_size"] else f"carried, resharded from world size {ranks}"
-
-
-def check_inputs(samples: list[Sample], checkpoint: Path, config: UpdateConfig) -> None:
-    """Refuses, before any model is loaded, samples the checkpoint cannot train on (`check_sample` with its
-    vocabulary: a `SampleError`) and a config that does not fit them (a `ConfigError`)."""
-    vocab, first = vocab_size(checkpoint), {}
-    for sample in samples:
-        update_batch.check_sample(sample, vocab)
-        other = first.setdefault(sample.rollout_id, sample)
-        for name in ("reward", "task"):  # the advantage is per rollout: one reward in one task group
-            if getattr(sample, name) != getattr(other, name):
-                raise update_batch.SampleError(
-                    f"{update_batch.describe(sample)}: {name} is {getattr(sample, name)!r} but "
-                    f"{update_batch.describe(other)} has {getattr(other, name)!r}; a rollout's samples share one")
-    longest = max(samples, key=lambda s: len(s.prompt_token_ids) + len(s.response_token_ids))
-    tokens = len(longest.prompt_token_ids) + len(longest.response_token_ids)
-    if tokens > config.max_tokens_per_micro_batch:  # veRL's micro-batching asserts it, after the model loaded
-        raise ConfigError(f"max_tokens_per_micro_batch={config.max_tokens_per_micro_batch} is less than "
-                          f"{update_batch.describe(longest)}'s {tokens} tokens; set it to at least {tokens}")
-
-
 def check_gpus() -> None:
     """Refuses, on a machine with GPUs, more ranks per node than it has GPUs (a `ConfigError`); every rank of the
     node sees the same numbers, so all refuse together."""
@@ -248,18 +191,6 @@ def check_gpus() -> None:
     if torch.cuda.is_available() and per_node > torch.cuda.device_count():
         raise ConfigError(f"update_gpus={per_node} but this node has {torch.cuda.device_count()} GPU(s); set "
                           "update_gpus to at most that (one update process per GPU)")
-
-
-def vocab_size(checkpoint: Path) -> int | None:
-    """The checkpoint's vocabulary size from its `config.json` (a multimodal one's `text_config`); None if
-    it names none, and then token ids are only checked to be >= 0."""
-    try:
-        config = json.loads((checkpoint / "config.json").read_text())
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"--checkpoint {checkpoint}: no readable config.json ({error}); give a Hugging Face "
-                          "model folder") from None
-    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
-    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, images_url: str | None = None,
@@ -281,10 +212,7 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, im
     # Logprobs the trainer cannot reproduce: every metrics.json of the run says so.
     unmatched = {"unmatched_sampling": config.unmatched_sampling} if config.unmatched_sampling else {}
     if no_gradient(advantages, config):
-        return None, {**unmatched, "skipped": NO_ADVANTAGE, "reward_mean": update_batch.reward_mean(samples),
-                      "samples": len(samples), "optimizer_steps": 0, "tokens_trained": 0,
-                      "optimizer_state": "copied unchanged" if saved else optimizer_state,
-                      "optimizer_steps_total": steps_before, "total_s": time.perf_counter() - started}
+        return None, skipped_metrics(samples, config, saved, optimizer_state, started)
     worker, _ = build_worker(checkpoint, config, max(len(s.response_token_ids) for s in samples))
     ranks = update_ranks.current()
     if saved and saved.get("world_size", 1) == ranks.world_size:
@@ -385,48 +313,6 @@ def save_optimizer(worker, out: Path, config: UpdateConfig, steps_total: int, ow
     return target
 
 
-def copy_checkpoint(checkpoint: Path, out: Path, optimizer: bool = True) -> Path:
-    """The input checkpoint's weights, config, tokenizer files and (`optimizer`) optimiser state in `out`,
-    unchanged (a skipped update)."""
-    out.mkdir(parents=True, exist_ok=True)
-    _copy_files(sorted(checkpoint.glob("*.safetensors*")) + [checkpoint / name for name in CHECKPOINT_FILES], out)
-    if optimizer and (checkpoint / OPTIMIZER_DIR).is_dir():
-        _write_folder(out / OPTIMIZER_DIR, lambda folder: shutil.copytree(checkpoint / OPTIMIZER_DIR, folder))
-    return out
-
-
-def _copy_files(paths: list[Path], out: Path) -> None:
-    """Copies those of `paths` that exist into `out`, each under a partial name renamed when complete."""
-    for path in paths:
-        if path.is_file():
-            partial = out / f".{path.name}.partial"
-            shutil.copyfile(path, partial)
-            os.replace(partial, out / path.name)
-
-
-def _write_text(path: Path, text: str) -> None:
-    """`path` holds `text` whole or is untouched: written under a partial name, renamed when complete."""
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_text(text)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def _write_folder(target: Path, fill) -> Path:
-    """`fill` writes a fresh partial folder, which then replaces `target`: a reader never sees half of it
-    (`fill` None: the ranks wrote it already, `save_optimizer`)."""
-    partial = target.with_name(f".{target.name}.partial")
-    if fill is not None:
-        shutil.rmtree(partial, ignore_errors=True)
-        fill(partial)
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(partial, target)
-    return target
-
-
 def _progress(line: str) -> None:
     print(f"steps.update: {line}", file=sys.stderr, flush=True)
 
@@ -438,9 +324,7 @@ def write_output(worker, checkpoint: Path, out: Path, metrics: dict, config: Upd
     writes all but the other ranks' optimizer shards (`owner`: as `save_optimizer`)."""
     if worker is None:
         if ranks.first:
-            _progress(f"{NO_ADVANTAGE}: every task's rollouts earned the same reward, so there is no gradient; "
-                      "the weights and optimizer state are copied unchanged")
-            copy_checkpoint(checkpoint, out, optimizer=config.carry_optimizer)
+            write_skipped(checkpoint, out, config)
     else:
         save_checkpoint(worker, checkpoint, out, write=ranks.first)
         if config.carry_optimizer:
@@ -462,21 +346,6 @@ def publish_output(local: Path, url: str, ranks: update_ranks.Ranks, trained: bo
         update_ranks.barrier()
     if ranks.first:
         publish(local, url)
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The CLI: URLs, the config file, and `key=value` overrides."""
-    parser = argparse.ArgumentParser(prog="python -m steps.update", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trajectories", required=True, help="samples.parquet file or its partition folder")
-    parser.add_argument("--checkpoint", required=True, help="Hugging Face model folder (local or s3://)")
-    parser.add_argument("--out", required=True, help="folder for the new checkpoint and metrics.json")
-    parser.add_argument("--images", default="", help="the run's image folder (local or s3://), where the "
-                        "samples' images are stored by SHA-256; needed only when samples name images")
-    parser.add_argument("--max-pixels", type=int, default=0, help="the pixel cap serving gave vLLM (the run's "
-                        "max_pixels); 0: the checkpoint's own image processor's")
-    parser.add_argument("--config", default="configs/update.yaml", help="flat YAML of UpdateConfig fields")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of config fields")
-    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
