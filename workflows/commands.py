@@ -96,7 +96,18 @@ def vllm_flags(config: RunConfig, device: str) -> list[str]:
         flags += ["--image-limit", str(config.image_limit)]
     if device == "gpu":
         flags += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
-    return flags + [f"--vllm-arg={arg}" for arg in config.vllm_args]
+    return flags + lora_flags(config) + [f"--vllm-arg={arg}" for arg in config.vllm_args]
+
+
+def lora_flags(config: RunConfig) -> list[str]:
+    """A LoRA run's serve flags: its rank, and its base model (iteration 0's checkpoint), which the serve fetches
+    once while each iteration's checkpoint holds only the adapter; none for a full-weight run.
+
+    >>> lora_flags(RunConfig())
+    []
+    """
+    rank = getattr(config, "lora_rank", 0)  # RunConfig's key of the LoRA update (docs/config.md)
+    return ["--lora-rank", str(rank), "--base-model", config.checkpoint_url(0)] if rank > 0 else []
 
 
 def fetch_model(config: RunConfig, python: str = "python") -> list[str]:
