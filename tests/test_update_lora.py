@@ -147,12 +147,7 @@ def test_the_next_update_continues_the_adapter_and_its_optimizer(updates: dict) 
 @pytest.mark.slow
 def test_a_skipped_update_copies_the_adapter_folder_unchanged(updates: dict, tmp_path: Path, base: Path) -> None:
     """No advantage: the adapter and its optimizer state are copied as they are, no base weights appear."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = [{**{name: getattr(s, name) for name in update_batch.SAMPLE_COLUMNS}, "reward": 0.5}
-            for s in updates["samples"]]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "samples.parquet")
+    equal_rewards(updates["samples"], tmp_path)
     source = updates["outs"][1]
     assert update.main(["--trajectories", str(tmp_path), "--checkpoint", str(source), "--base-model", str(base),
                         "--out", str(tmp_path / "out"), *OVERRIDES]) == 0
@@ -160,6 +155,30 @@ def test_a_skipped_update_copies_the_adapter_folder_unchanged(updates: dict, tmp
     assert json.loads((tmp_path / "out" / update.METRICS_FILE).read_text())["skipped"] == update.NO_ADVANTAGE
     del copied["metrics.json"]
     assert copied == {name: value for name, value in digest(source).items() if name != "metrics.json"}
+
+
+@pytest.mark.slow
+def test_a_skipped_first_update_still_writes_a_fresh_adapter(updates: dict, tmp_path: Path, base: Path) -> None:
+    """No advantage in iteration 0: the checkpoint is a fresh adapter (lora_B = 0: the base model exactly), not
+    a copy of the base weights, so that every checkpoint of a LoRA run is an adapter; the control is the
+    skipped later update above, which copies."""
+    equal_rewards(updates["samples"], tmp_path)
+    assert update.main(["--trajectories", str(tmp_path), "--checkpoint", str(base), "--base-model", str(base),
+                        "--out", str(tmp_path / "out"), *OVERRIDES]) == 0
+    assert not list((tmp_path / "out").glob("model*.safetensors"))
+    metrics = json.loads((tmp_path / "out" / update.METRICS_FILE).read_text())
+    assert metrics["skipped"] == update.NO_ADVANTAGE and metrics["adapter"] == "fresh"
+    tensors = adapter_tensors(tmp_path / "out")
+    assert len(tensors) == 28 and all(t.abs().max() == 0 for name, t in tensors.items() if "lora_B" in name)
+
+
+def equal_rewards(samples: list[update_batch.Sample], folder: Path) -> None:
+    """`samples` with every reward 0.5 (no advantage anywhere) as `folder`/samples.parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{**{name: getattr(s, name) for name in update_batch.SAMPLE_COLUMNS}, "reward": 0.5} for s in samples]
+    pq.write_table(pa.Table.from_pylist(rows), folder / "samples.parquet")
 
 
 def test_an_adapter_without_its_base_model_or_of_another_rank_is_refused(tmp_path: Path) -> None:
@@ -223,3 +242,38 @@ def test_vllm_serves_the_adapter_with_the_trainers_logprobs_and_the_base_model_i
     print(f"trainer vs vLLM mean |logprob gap|: adapter {gaps[ADAPTER]:.4f}, base model {gaps['tiny']:.4f}")
     assert gaps[ADAPTER] < 0.08
     assert gaps["tiny"] > 10 * gaps[ADAPTER]
+
+
+@pytest.mark.slow
+def test_two_ranks_write_the_adapter_one_rank_writes(updates: dict, base: Path, tmp_path: Path) -> None:
+    """The run's own update command (`workflows.commands.update`: torchrun, 2 gloo ranks, the run's LoRA keys and
+    `--base-model`) from the base model: each rank gathers the adapter's tensors, rank 0 writes the same adapter
+    the 1-rank update wrote (float rounding: the ranks sum gradients in another order), and each rank saves AdamW's
+    state of its shard of the adapter only. The control: the adapter moved far more than the two differ."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from steps.contracts.config import RunConfig
+    from workflows import commands
+
+    run = RunConfig(update_gpus=2, model=str(base), lora_rank=RANK, learning_rate=1e-2)
+    argv = commands.update(run, str(updates["trajectories"]), str(base), str(tmp_path / "out"), python=sys.executable)
+    assert argv[argv.index("--base-model") + 1] == str(base)
+    env = {key: value for key, value in os.environ.items()
+           if key not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}}
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([*argv, *OVERRIDES[2:]], cwd=repo, env={**env, "PYTHONPATH": str(repo)},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two, one = load_file(str(tmp_path / "out" / "adapter_model.safetensors")), adapter_tensors(updates["outs"][0])
+    assert sorted(two) == sorted(one)
+    moved = sum(float(one[name].norm() ** 2) for name in one if "lora_B" in name) ** 0.5
+    differ = sum(float((two[name] - one[name]).norm() ** 2) for name in one) ** 0.5
+    print(f"2 ranks vs 1: adapter difference {differ:.2e}, lora_B moved {moved:.2e}")
+    assert differ < 1e-3 * moved
+    for rank in range(2):
+        state = torch.load(tmp_path / "out" / update.OPTIMIZER_DIR / f"optim_world_size_2_rank_{rank}.pt",
+                           weights_only=False)["state"]
+        assert len(state) == len(one)  # each rank holds its shard of every adapter tensor's moments, nothing else

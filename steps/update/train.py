@@ -144,6 +144,8 @@ def build_worker(checkpoint: Path, config: UpdateConfig, response_width: int | N
         loss_scale_factor=response_width if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
         policy_loss={"loss_mode": config.policy_loss}, use_torch_compile=engine.use_torch_compile)
     contents = CheckpointConfig(save_contents=OPTIMIZER_CONTENTS, load_contents=OPTIMIZER_CONTENTS)
+    if config.lora_rank and adapter is None:  # peft draws a fresh lora_A at random: seeded, it is reproducible
+        torch.manual_seed(config.seed)
     worker = TrainingWorker(TrainingWorkerConfig(model_type="language_model", model_config=model,
                                                  engine_config=engine, optimizer_config=optim,
                                                  checkpoint_config=contents))
