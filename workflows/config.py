@@ -127,6 +127,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     check_pods(config)
     if config.learning_rate <= 0:
         raise ConfigError(f"config key 'learning_rate' must be more than 0, got {config.learning_rate}")
+    check_lora(config)
     settings = sampling.settings(config)
     for key, value in settings.items():
         if why := sampling.problem(key, value):
@@ -282,6 +283,17 @@ def check_vision_serving(config: RunConfig) -> None:
     if config.chat_template and not (template.is_file() or (REPO_ROOT / template).is_file()):
         raise ConfigError(f"config key 'chat_template' must be empty (the checkpoint's) or a Jinja template file, "
                           f"and {config.chat_template!r} is not a file")
+
+
+def check_lora(config: RunConfig) -> None:
+    """Refuses LoRA keys the update would refuse (`steps.update.config`), now rather than at the first update."""
+    if config.lora_rank < 0:
+        raise ConfigError(f"config key 'lora_rank' must be 0 (LoRA off) or more, got {config.lora_rank}")
+    if config.lora_alpha < 1:
+        raise ConfigError(f"config key 'lora_alpha' must be at least 1, got {config.lora_alpha}")
+    if not config.lora_target_modules or not all(name.strip() for name in config.lora_target_modules):
+        raise ConfigError(f"config key 'lora_target_modules' must be a non-empty list of module names (e.g. "
+                          f"[q_proj, v_proj]) or [all-linear], got {list(config.lora_target_modules)}")
 
 
 def check_update_config(config: RunConfig) -> None:

@@ -43,6 +43,10 @@ RANGES: dict[str, settings.Range] = {
     "temperature": (lambda v: v > 0, "a number > 0"),
     "max_tokens_per_micro_batch": (lambda v: v >= 1, "a whole number >= 1"),
     "seed": (lambda v: 0 <= v < 2**32, "a whole number in [0, 2**32)"),
+    "lora_rank": (lambda v: v >= 0, "a whole number >= 0 (0: LoRA off)"),
+    "lora_alpha": (lambda v: v >= 1, "a whole number >= 1"),
+    "lora_target_modules": (lambda v: len(v) >= 1 and all(name.strip() for name in v),
+                            "a non-empty list of module names, e.g. [q_proj, v_proj], or [all-linear]"),
 }
 
 
@@ -72,6 +76,9 @@ class UpdateConfig:
     max_tokens_per_micro_batch: int = 32768
     compute_dtype: str = "bf16"
     seed: int = 0
+    lora_rank: int = 0  # set by the run: > 0 trains a LoRA adapter of this rank, not the model
+    lora_alpha: int = 16
+    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
 
     def __post_init__(self) -> None:
         for name, kind in settings.field_types(UpdateConfig).items():
