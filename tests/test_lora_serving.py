@@ -12,21 +12,29 @@ one that fails to is left out rather than serving the base.
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from steps import serve
 from steps.checkpoint import TRAINING_ONLY, fetch, publish
 from steps.contracts import layout
 from steps.contracts.layout import adapter_name
+from steps.contracts.table_files import partition_url, read_table
 from steps.vllm_server import ServingOptions, stop_vllm
+from test_workflows import cluster_config, schema_errors, workflow_validator  # noqa: F401 (a fixture)
 from vllm_process import start_vllm
+from workflows.iteration import iteration_workflow
+from workflows.lint import semantic_problems
 
+REPO = Path(__file__).resolve().parents[1]
 RANK = 8
 TARGETS = ("q_proj", "v_proj")
 # A prompt longer than many KV blocks, so that its prefix is cached and a stale cache shows.
@@ -269,3 +277,61 @@ def test_every_replica_loads_the_adapter_and_one_that_failed_serves_nothing_unti
                 await fake.stop()
 
     asyncio.run(run())
+
+
+def test_a_lora_runs_argo_serve_fetches_the_base_once_and_follows_adapters(workflow_validator):  # noqa: F811
+    """A LoRA run's iteration 1 on Argo (max_staleness 1: it serves checkpoint 0, then follows checkpoint 1): the serve
+    step gets the rank and the base (iteration 0's checkpoint); the Workflow passes Argo's strict schema and the lint. The default render (`lora_rank` 0) has neither flag (the golden files say so)."""
+    config = cluster_config("run=golden", "iterations=2", "max_staleness=1", "lora_rank=8")
+    workflow = iteration_workflow(config, 1).to_dict()
+    assert schema_errors(workflow_validator, workflow) == [] and semantic_problems(workflow) == []
+    containers = {t["name"]: t["container"] for t in workflow["spec"]["templates"] if t.get("container")}
+    serve_command = containers["serve"]["command"]
+    base = config.checkpoint_url(0)
+    assert serve_command[serve_command.index("--lora-rank") + 1] == "8"
+    assert serve_command[serve_command.index("--base-model") + 1] == base
+    assert "--follow-run-url" in serve_command  # each newer adapter, fetched alone (steps.follow)
+    assert "--base-model" not in str(iteration_workflow(cluster_config("run=golden", "iterations=2"), 1).to_dict())
+
+
+def test_a_rank_vllm_cannot_serve_is_refused_when_the_run_starts_and_others_round_up() -> None:
+    from steps.settings import ConfigError
+    from steps.vllm_server import lora_flags
+    from workflows.config import load_config
+
+    with pytest.raises(ConfigError, match="config key 'lora_rank' must be at most 512, the largest rank vLLM serves"):
+        load_config(None, ["lora_rank=1024"], check_dataset=False)
+    assert lora_flags(4)[2] == "8" and lora_flags(16)[2] == "16" and lora_flags(300)[2] == "320"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(not (REPO / ".venv-train" / "bin" / "python").exists() and not os.environ.get("OPENFORGE_TRAIN_PYTHON"),
+                    reason="veRL's environment (.venv-train) is not set up: run `make train-setup`")
+def test_two_lora_iterations_run_locally_with_a_real_update_and_its_adapter_served(tiny_model, tmp_path):
+    """The embedded default with `lora_rank: 8`: iteration 0 is served by the base, its real update writes an
+    adapter, iteration 1 is served by that adapter (swapped in as `policy-v1`): the calls' records, the calls
+    table and the manifest say so, and the adapter is not the base (its lora_B moved off zero)."""
+    store = tmp_path / "runs"
+    settings = [f"store={store}", "run=lora", "iterations=2", "dataset=steps/tasks/toy", "tasks_per_iteration=1",
+                "samples_per_task=8", "max_tokens_cap=16", "parallel_rollouts=4", f"model={tiny_model}",
+                "lora_rank=8", "lora_alpha=16", "learning_rate=0.01"]
+    done = subprocess.run([sys.executable, "workflows/submit.py", "--harness", "direct", *settings], cwd=REPO,
+                          capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    run = store / "lora"
+    adapter = run / "checkpoints" / "iteration-1"
+    assert (adapter / "adapter_config.json").is_file() and not list(adapter.glob("model*.safetensors"))
+    assert any(tensor.abs().max() > 0 for name, tensor in load_file(adapter / "adapter_model.safetensors").items()
+               if "lora_B" in name), "the update left the adapter at the base"
+    served = {}
+    for call_log in (run / "calls" / "rollouts").glob("*/calls.jsonl"):
+        for call in map(json.loads, call_log.read_text().splitlines()):
+            served.setdefault(call["rollout_id"].split("-")[0], set()).add((call["weight_version"], call.get("adapter")))
+    assert served == {"it0": {("0", None)}, "it1": {("1", adapter_name(1))}}
+    records = {n: json.loads((run / "manifest" / f"iteration-{n}.json").read_text()) for n in (0, 1)}
+    assert (records[0]["adapter"], records[1]["adapter"]) == (None, adapter_name(1))
+    assert records[1]["status"] == "Succeeded"
+    calls = read_table(partition_url(str(run / "trajectories"), "lora", 1), "calls").column("adapter").to_pylist()
+    assert set(calls) == {adapter_name(1)}
+    assert (run / "checkpoints" / "iteration-2" / "adapter_config.json").is_file()  # the second update's adapter

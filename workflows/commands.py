@@ -118,11 +118,12 @@ def lora_flags(config: RunConfig) -> list[str]:
     """A LoRA run's serve flags: its rank, and its base model (iteration 0's checkpoint), which the serve fetches
     once while each iteration's checkpoint holds only the adapter; none for a full-weight run.
 
-    >>> lora_flags(RunConfig())
-    []
+    >>> lora_flags(RunConfig()), lora_flags(RunConfig(lora_rank=8, model="models/base"))
+    ([], ['--lora-rank', '8', '--base-model', 'models/base'])
     """
-    rank = getattr(config, "lora_rank", 0)  # RunConfig's key of the LoRA update (docs/config.md)
-    return ["--lora-rank", str(rank), "--base-model", config.checkpoint_url(0)] if rank > 0 else []
+    if config.lora_rank <= 0:
+        return []
+    return ["--lora-rank", str(config.lora_rank), "--base-model", config.checkpoint_url(0)]
 
 
 def fetch_model(config: RunConfig, python: str = "python") -> list[str]:

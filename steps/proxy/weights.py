@@ -106,7 +106,9 @@ async def _reload(replica: Replica, weights_path: str, version: str, adapter: st
                 "reset_encoder_cache": ("/reset_encoder_cache", None),
                 "update_weight_version": ("/update_weight_version", {"new_version": version})}
     stages = STAGES if adapter is None else ADAPTER_STAGES
-    if adapter is not None and adapter == replica.adapter:  # the same version swapped again: loaded afresh
+    # The same version swapped in again, or a replica whose last swap failed (it may hold this name already, and
+    # vLLM refuses a name loaded twice): the name is unloaded first, and loaded afresh.
+    if adapter is not None and (adapter == replica.adapter or replica.state == "failed"):
         await _unload(replica, adapter, None)
     for stage in stages:
         path, body = requests[stage]
