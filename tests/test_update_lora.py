@@ -4,7 +4,9 @@ model, saves it in peft's format with its optimiser state, the next update conti
 
 Needs the training environment (verl, peft); the vLLM test also the serving env's Python
 (`OPENFORGE_SERVE_PYTHON`, as in tests/test_update.py). Two updates run once per module through the CLI
-(`python -m steps.update ... --base-model`); the vLLM comparison builds one more worker.
+(`python -m steps.update ... --base-model`) and every slow test reads them; besides, two skipped updates, one
+2-rank update under torchrun and, for the vLLM comparison, one more worker: about 4 minutes on 2 shared cores
+with vLLM's start (which runs beside the updates).
 """
 
 import hashlib
