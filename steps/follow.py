@@ -14,7 +14,8 @@ update then fails in its `wait` step, never training on an unknown base). `swap`
 --follow-run-url URL --follow-until N`, once the proxy answers; it fetches each checkpoint (without what only
 training reads) into its own folder below `--model-dir` and swaps it in through the proxy's
 `POST /weights/update`, which holds new calls, lets calls in flight finish, and stamps the rest with the new
-version.
+version. A LoRA run's checkpoint is an adapter: only the adapter is fetched (vLLM serves the base it started on)
+and the proxy loads it beside the base under the version's own name (docs/serving.md, "LoRA").
 """
 
 import argparse

@@ -66,9 +66,19 @@ def read_evaluates(run_url: str) -> dict | None:
 
 
 def record(run_url: str, entry: IterationRecord) -> None:
-    """Writes one iteration's record, stamped with the current time."""
+    """Writes one iteration's record, stamped with the current time; a LoRA run's names the adapter it served."""
     entry.updated = time.time()
+    entry.adapter = entry.adapter or served_adapter(entry.checkpoint, entry.iteration)
     write_json(layout.iteration_record_url(run_url, entry.iteration), entry.to_json())
+
+
+def served_adapter(checkpoint: str, iteration: int) -> str | None:
+    """The adapter iteration `iteration` serves when its checkpoint is a LoRA adapter (its `adapter_config.json`
+    is there: every LoRA iteration after 0), as the proxy names it (`layout.adapter_name`); else None."""
+    if not checkpoint or iteration == 0:
+        return None
+    fs, path = fsspec.core.url_to_fs(layout.adapter_config_url(checkpoint))
+    return layout.adapter_name(iteration) if fs.exists(path) else None
 
 
 def read_iterations(run_url: str) -> dict[int, IterationRecord]:

@@ -7,7 +7,8 @@
         [--gpu-memory-utilization 0.9] [--image-limit 4] [--max-pixels 0] [--chat-template FILE] \
         [--vllm-arg=--enable-prefix-caching ...] \
         [--sampling temperature=1.0 ...] [--store-quota-mb 128] [--store-quota-calls 2048] \
-        [--image-pixel-limit 40000000] [--request-image-mb 32]
+        [--image-pixel-limit 40000000] [--request-image-mb 32] \
+        [--lora-rank 8 --base-model s3://openforge/runs/demo/checkpoints/iteration-0]
 
 `--model` is a checkpoint folder, a hub name (then name its `--tool-call-parser`) or an `s3://` URL; a URL
 is fetched to `--model-dir` first, without what only training reads (`optimizer/`, AdamW's state: twice
@@ -18,6 +19,12 @@ without one is one line and exit code 1), waits until it answers `/health`, then
 probe on the proxy's `/health` means the whole server is ready; that is what the Argo daemon step waits
 for before any rollout starts. vLLM is stopped when the proxy exits. What one rollout may take (`--store-quota-mb`,
 `--store-quota-calls`, `--image-pixel-limit`, `--request-image-mb`: the run config's keys) is passed on to the proxy.
+
+A LoRA run (`--lora-rank R` > 0) serves its base model with vLLM's LoRA flags (`steps.vllm_server.lora_flags`).
+When `--model` is an adapter (a checkpoint folder with `adapter_config.json`: every iteration after 0), only the
+adapter is fetched from it, the base from `--base-model` (iteration 0's checkpoint, fetched once per pod into
+`base/` beside `--model-dir`); vLLM starts on the base and the proxy loads the adapter before it listens
+(`--adapter`, docs/serving.md "LoRA").
 
 `--replicas R` starts R vLLM servers on loopback (each `--gpus` GPUs of the pod, or on CPU its share of the
 cores: `steps.vllm_server.replica_env`; logs `vllm.log`, `vllm-1.log`, ...) and one proxy in front of them all,
@@ -53,6 +60,7 @@ from steps.proxy.__main__ import add_rollout_limits, check_rollout_limits, force
 from steps.proxy.__main__ import command_line as proxy_command_line
 from steps.proxy.__main__ import main as proxy_main
 from steps.proxy.images import renders_tool_images
+from steps.proxy.weights import is_adapter
 from steps.vllm_parsers import UnknownFamily
 from steps.vllm_server import (
     CHECKPOINT_TEMPLATE,
@@ -108,6 +116,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
                    help="the run's sampling, forced by the proxy on every call (repeatable; steps/sampling.py; "
                         "keys not given, or none at all, are forced to their neutral values)")
+    p.add_argument("--lora-rank", type=int, default=0, help="a LoRA run's adapter rank: vLLM serves the base "
+                                                             "with adapters up to it (default 0: full weights)")
+    p.add_argument("--base-model", default="", help="a LoRA run's base model (iteration 0's checkpoint), served "
+                                                    "under --model when that is an adapter")
     p.add_argument("--follow-run-url", help="swap in each checkpoint of this run, up to --follow-until, as its "
                                             "update publishes it (steps.follow; max_staleness >= 1 on Argo)")
     p.add_argument("--follow-until", type=int, help="the last checkpoint to follow")
@@ -139,13 +151,16 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
     return ServingOptions(tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                           max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
                           gpus=args.gpus, image_limit=args.image_limit, max_pixels=args.max_pixels,
-                          chat_template=args.chat_template, vllm_args=tuple(args.vllm_arg))
+                          chat_template=args.chat_template, vllm_args=tuple(args.vllm_arg),
+                          lora_rank=args.lora_rank)
 
 
-def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int], model: str | None = None) -> list[str]:
+def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int], model: str | None = None,
+               adapter: str | None = None) -> list[str]:
     """The proxy's flags: its upstreams are the vLLM servers this step started (one port, or each replica's).
     The served checkpoint `model` decides the images: `--image-limit` for a vision checkpoint (0, every image
-    refused, for a text one), and where tool results' images go, by whether its chat template renders them."""
+    refused, for a text one), and where tool results' images go, by whether its chat template renders them.
+    A LoRA iteration's `adapter` folder is loaded by the proxy before it listens."""
     ports = [vllm_ports] if isinstance(vllm_ports, int) else vllm_ports
     vision = model is not None and is_vision(Path(model))
     template = Path(args.chat_template) if args.chat_template else Path(model or ".") / CHECKPOINT_TEMPLATE
@@ -154,7 +169,22 @@ def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int], model: str
                               weight_version=args.weight_version, sampling=args.sampling,
                               image_limit=args.image_limit if vision else 0, limits=args.limits,
                               tool_images=vision and template.is_file() and renders_tool_images(template.read_text()),
-                              extra=[*(["--tasks", args.tasks] if args.tasks else []), *results_flags(args)])
+                              extra=[*(["--tasks", args.tasks] if args.tasks else []), *results_flags(args),
+                                     *(["--adapter", adapter] if adapter else [])])
+
+
+def fetch_served(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The folder vLLM starts on and a LoRA iteration's adapter folder (None: full weights, or the base alone).
+    `--model` is fetched without what only training reads; when it is an adapter, the base is fetched from
+    `--base-model` into `base/` beside `--model-dir`, once: a pod serving several iterations keeps it."""
+    model = str(fetch(args.model, args.model_dir, skip=TRAINING_ONLY, progress=_progress))
+    if not is_adapter(model):
+        return model, None
+    if args.lora_rank <= 0 or not args.base_model:
+        raise ValueError(f"{args.model} is a LoRA adapter; serve it with --lora-rank (the run's lora_rank) and "
+                         "--base-model (iteration 0's checkpoint)")
+    base = args.model_dir.parent / "base"
+    return str(fetch(args.base_model, base, skip=TRAINING_ONLY, progress=_progress)), model
 
 
 def results_flags(args: argparse.Namespace) -> list[str]:
@@ -235,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.upstream is not None:
         return serve_upstream(args)
     try:
-        model = str(fetch(args.model, args.model_dir, skip=TRAINING_ONLY, progress=_progress))
+        model, adapter = fetch_served(args)
     except (OSError, ValueError) as exc:  # FileNotFoundError included: no checkpoint at the URL
         print(f"error: cannot fetch the checkpoint {args.model}: {exc}", file=sys.stderr)
         return 1
@@ -266,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.follow_run_url:
             follower = start_follower(args.follow_run_url, int(args.weight_version or 0), args.follow_until,
                                       f"http://127.0.0.1:{args.port}", args.model_dir.parent / "followed")
-        proxy_main(proxy_argv(args, ports, model))
+        proxy_main(proxy_argv(args, ports, model, adapter))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

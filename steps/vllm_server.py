@@ -54,7 +54,13 @@ OWNED_FLAGS = {
     "--api-key": "nothing (vLLM is reachable only on loopback, from the proxy, which holds no key for it)",
     "--limit-mm-per-prompt": "`image_limit`", "--chat-template": "`chat_template`",
     "--mm-processor-kwargs": "`max_pixels`",
+    "--enable-lora": "`lora_rank`", "--max-lora-rank": "`lora_rank`", "--max-loras": "`lora_rank`",
+    "--lora-modules": "nothing (the proxy loads each iteration's adapter: steps.proxy.weights)",
 }
+# vLLM's accepted --max-lora-rank values (vllm/config/lora.py MaxLoRARanks): the run's rank is rounded up to one.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Adapters one batch may mix: the one served, and the previous one while a swap unloads it.
+MAX_LORAS = 2
 SHIM_DIR = Path(__file__).parent / "vllm_shim"  # the CPU import shim: steps/vllm_shim/sitecustomize.py
 CHECKPOINT_TEMPLATE = "chat_template.jinja"  # where transformers saves a checkpoint's chat template
 
@@ -72,6 +78,7 @@ class ServingOptions:
     image_limit: int = 4  # images per prompt; vision checkpoints only
     max_pixels: int = 0  # the image processor's pixel cap; 0: the checkpoint's preprocessor_config.json
     chat_template: str = ""  # a template file; empty: the checkpoint's
+    lora_rank: int = 0  # > 0: a LoRA run, served as the base model plus each iteration's adapter
 
 
 def check_vllm_args(args: list[str] | tuple[str, ...], where: str = "vllm_args") -> None:
@@ -111,6 +118,8 @@ def vllm_command(model: str | Path, name: str, port: int, options: ServingOption
         command += ["--reasoning-parser", options.reasoning_parser]
     if is_vision(Path(model)):
         command += vision_flags(Path(model), options)
+    if options.lora_rank > 0:
+        command += lora_flags(options.lora_rank)
     if device == "cpu":
         command += ["--dtype", "bfloat16", "--enforce-eager", "--distributed-executor-backend", "uni",
                     "--max-model-len", str(options.max_model_len or CPU_MAX_MODEL_LEN)]
@@ -120,6 +129,19 @@ def vllm_command(model: str | Path, name: str, port: int, options: ServingOption
         if options.max_model_len:
             command += ["--max-model-len", str(options.max_model_len)]
     return command + list(options.vllm_args)
+
+
+def lora_flags(rank: int) -> list[str]:
+    """vLLM's flags for serving adapters of rank `rank` on the base model: its max rank is the smallest value vLLM
+    accepts that holds `rank`.
+
+    >>> lora_flags(4), lora_flags(8)[2]
+    (['--enable-lora', '--max-lora-rank', '8', '--max-loras', '2'], '8')
+    """
+    accepted = next((value for value in VLLM_LORA_RANKS if value >= rank), None)
+    if accepted is None:
+        raise ValueError(f"lora_rank {rank} is above {VLLM_LORA_RANKS[-1]}, the largest rank vLLM serves")
+    return ["--enable-lora", "--max-lora-rank", str(accepted), "--max-loras", str(MAX_LORAS)]
 
 
 def is_vision(model: Path) -> bool:
@@ -195,11 +217,19 @@ def spawn(command: list[str], model_dir: Path, name: str, port: int, log_path: P
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         # Its own session, so that stopping it also ends the engine-core child process.
-        process = subprocess.Popen(command, env={**vllm_env(kv_cache_gib), **shim_env(command), **(env or {})},
+        process = subprocess.Popen(command, env={**vllm_env(kv_cache_gib), **shim_env(command), **lora_env(command),
+                                                 **(env or {})},
                                    stdin=subprocess.DEVNULL,
                                    stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     return VllmServer(process, Path(model_dir), name, port, log_path)
+
+
+def lora_env(command: list[str]) -> dict[str, str]:
+    """For a LoRA command (`--enable-lora`): the routes that load and unload adapters while serving
+    (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`: vllm/entrypoints/serve/lora/api_router.py refuses them
+    without this variable); else nothing."""
+    return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if "--enable-lora" in command else {}
 
 
 def vllm_env(kv_cache_gib: int = 1) -> dict[str, str]:

@@ -5,8 +5,10 @@ Why a double: the failures these tests need (a reload that succeeds and then a c
 caused on cue in a real vLLM on CPU, and each real one costs minutes to start. This one speaks real HTTP/1.1
 on a loopback port, so the proxy's own client (`steps.proxy.upstream.Upstream`) talks to it exactly as to
 vLLM: `/health`, `POST /collective_rpc` (reload_weights), `/reset_prefix_cache`, `/reset_encoder_cache`,
-`/update_weight_version`, `/weight_info`, `/v1/models` and a non-streaming `/v1/chat/completions` whose answer
-names the weights the server holds ("weights 1") with token ids and logprobs in vLLM's shape. Every answer closes its
+`/update_weight_version`, `/weight_info`, `/v1/models`, a LoRA run's `/v1/load_lora_adapter` and
+`/v1/unload_lora_adapter`, and a non-streaming `/v1/chat/completions` whose answer names the weights the server
+holds ("weights 1"; a call naming a loaded adapter as its model: that adapter's path; an unknown model: vLLM's 404)
+with token ids and logprobs in vLLM's shape. Every answer closes its
 connection, so a stopped server refuses the next request, as a killed vLLM does.
 
     fake = FakeVllm(); await fake.start()      # fake.url
@@ -22,7 +24,8 @@ import time
 from steps.net import free_port
 
 STAGE_PATHS = {"/collective_rpc": "reload_weights", "/reset_prefix_cache": "reset_prefix_cache",
-               "/reset_encoder_cache": "reset_encoder_cache", "/update_weight_version": "update_weight_version"}
+               "/reset_encoder_cache": "reset_encoder_cache", "/update_weight_version": "update_weight_version",
+               "/v1/load_lora_adapter": "load_lora_adapter", "/v1/unload_lora_adapter": "unload_lora_adapter"}
 
 
 class FakeVllm:
@@ -36,6 +39,7 @@ class FakeVllm:
         self.call_delay_s = 0.0  # a chat completion answers after this long (a hung engine: longer than the timeout)
         self.on_stage = None  # called with each stage's name once it is done (a test's cue)
         self.seen: list[str] = []
+        self.adapters: dict[str, str] = {}  # the LoRA adapters loaded: name -> path
         self.called_at: list[float] = []  # when each chat completion arrived (time.monotonic)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -81,9 +85,13 @@ class FakeVllm:
         if path == "/v1/chat/completions":
             self.called_at.append(time.monotonic())
             await asyncio.sleep(self.call_delay_s)
+            model = body.get("model", "tiny")
+            if model != "tiny" and model not in self.adapters:
+                return 404, {"message": f"The model `{model}` does not exist."}
+            weights = self.adapters.get(model, self.weights)
             return 200, {"id": "c", "object": "chat.completion", "model": "tiny", "prompt_token_ids": [1, 2],
                          "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [3],
-                                      "message": {"role": "assistant", "content": f"weights {self.weights}"},
+                                      "message": {"role": "assistant", "content": f"weights {weights}"},
                                       "logprobs": {"content": [{"token": "w", "logprob": -0.5, "bytes": [119],
                                                                 "top_logprobs": []}]}}],
                          "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}}
@@ -97,6 +105,10 @@ class FakeVllm:
             self.weights = body["kwargs"]["weights_path"]
         elif stage == "update_weight_version":
             self.version = body["new_version"]
+        elif stage == "load_lora_adapter":
+            self.adapters[body["lora_name"]] = body["lora_path"]
+        elif stage == "unload_lora_adapter":
+            self.adapters.pop(body["lora_name"], None)
         if self.on_stage is not None:
             self.on_stage(stage)
         return 200, {}

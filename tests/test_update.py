@@ -482,7 +482,8 @@ def test_metrics_json_is_strict_json_when_a_metric_is_not_finite(checkpoint: Pat
     with pytest.raises(ValueError):
         json.dumps(metrics, allow_nan=False)
     assert "NaN" in json.dumps(metrics)
-    monkeypatch.setattr(update, "run_update", lambda samples, checkpoint, config, images_url, max_pixels: (None, dict(metrics)))
+    monkeypatch.setattr(update, "run_update",
+                        lambda samples, checkpoint, config, images_url, max_pixels, base: (None, dict(metrics)))
     assert run_cli(write_samples(simple_samples(), tmp_path / "s"), checkpoint, tmp_path / "out") == 0
 
     def refuse(constant):

@@ -9,6 +9,8 @@ are real values; the command is the same `python -m steps.X ...` line either way
             proxy_url="http://127.0.0.1:8100", out=layout.rollout_url(config.run_url, 0, "it0-hello-file-s0"))
 """
 
+import json
+
 from steps import sampling
 from steps.proxy.config import ROLLOUT_LIMITS, limit_flag
 from steps.contracts import layout
@@ -20,7 +22,8 @@ PROXY_PORT = 8100
 # The update's keys the run sets itself (`update_overrides`), each with the run's key that sets it: `update_args`
 # may not set them, so the update and the rest of the run (the sampler, the plan) cannot disagree.
 RUN_UPDATE_KEYS = {"adv_estimator": "adv_estimator", "learning_rate": "learning_rate", "epochs": "epochs",
-                   "seed": "seed", "temperature": "temperature", "unmatched_sampling": "allow_unmatched_sampling"}
+                   "seed": "seed", "temperature": "temperature", "unmatched_sampling": "allow_unmatched_sampling",
+                   "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_target_modules"}
 
 
 def update_overrides(config: RunConfig) -> list[str]:
@@ -34,7 +37,19 @@ def update_overrides(config: RunConfig) -> list[str]:
     unmatched = sampling.unmatched(sampling.settings(config))
     return [*config.update_args, f"adv_estimator={config.adv_estimator}", f"learning_rate={config.learning_rate!r}",
             f"epochs={config.epochs}", f"seed={config.seed}", f"temperature={config.temperature!r}",
-            *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else [])]
+            *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else []), *lora_overrides(config)]
+
+
+def lora_overrides(config: RunConfig) -> list[str]:
+    """The run's LoRA keys as the update's overrides; none when LoRA is off (the update's defaults are off).
+
+    >>> lora_overrides(RunConfig(lora_rank=8, lora_target_modules=("q_proj", "v_proj")))
+    ['lora_rank=8', 'lora_alpha=16', 'lora_target_modules=["q_proj", "v_proj"]']
+    """
+    if not config.lora_rank:
+        return []
+    return [f"lora_rank={config.lora_rank}", f"lora_alpha={config.lora_alpha}",
+            f"lora_target_modules={json.dumps(list(config.lora_target_modules))}"]
 
 
 # ---- the commands ----
@@ -96,7 +111,19 @@ def vllm_flags(config: RunConfig, device: str) -> list[str]:
         flags += ["--image-limit", str(config.image_limit)]
     if device == "gpu":
         flags += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
-    return flags + [f"--vllm-arg={arg}" for arg in config.vllm_args]
+    return flags + lora_flags(config) + [f"--vllm-arg={arg}" for arg in config.vllm_args]
+
+
+def lora_flags(config: RunConfig) -> list[str]:
+    """A LoRA run's serve flags: its rank, and its base model (iteration 0's checkpoint), which the serve fetches
+    once while each iteration's checkpoint holds only the adapter; none for a full-weight run.
+
+    >>> lora_flags(RunConfig()), lora_flags(RunConfig(lora_rank=8, model="models/base"))
+    ([], ['--lora-rank', '8', '--base-model', 'models/base'])
+    """
+    if config.lora_rank <= 0:
+        return []
+    return ["--lora-rank", str(config.lora_rank), "--base-model", config.checkpoint_url(0)]
 
 
 def fetch_model(config: RunConfig, python: str = "python") -> list[str]:
@@ -233,8 +260,15 @@ def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, pyth
     ['python', '-m', 'steps.update.launch', '--standalone', '--nproc-per-node', '2']
     >>> update(RunConfig(max_pixels=200704), "t", "c", "o")[13:15]  # images gridded at serving's cap
     ['--max-pixels', '200704']
+
+    With `lora_rank` > 0 `checkpoint` is the previous update's adapter (iteration 0's: the base model itself) and
+    the base model is iteration 0's checkpoint:
+
+    >>> update(RunConfig(lora_rank=8, model="models/base"), "t", "runs/r/checkpoints/iteration-1", "o")[7:9]
+    ['--base-model', 'models/base']
     """
-    step = ["-m", "steps.update", "--trajectories", trajectories, "--checkpoint", checkpoint,
+    base = ["--base-model", config.checkpoint_url(0)] if config.lora_rank else []
+    step = ["-m", "steps.update", "--trajectories", trajectories, "--checkpoint", checkpoint, *base,
             "--out", out, "--images", layout.images_url(config.run_url), "--config", config.update_config,
             *(["--max-pixels", str(config.max_pixels)] if config.max_pixels else []), *update_overrides(config)]
     per_node = str(max(config.update_gpus, 1))

@@ -23,7 +23,7 @@ from steps.plan import MAX_EVAL_K
 from steps.settings import ConfigError
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
 from steps.update import config as update_config
-from steps.vllm_server import check_vllm_args
+from steps.vllm_server import VLLM_LORA_RANKS, check_vllm_args
 from workflows import datasets
 from workflows.commands import RUN_UPDATE_KEYS, update_overrides
 from steps.contracts.config import PodSettings, RunConfig
@@ -127,6 +127,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     check_pods(config)
     if config.learning_rate <= 0:
         raise ConfigError(f"config key 'learning_rate' must be more than 0, got {config.learning_rate}")
+    check_lora(config)
     settings = sampling.settings(config)
     for key, value in settings.items():
         if why := sampling.problem(key, value):
@@ -282,6 +283,20 @@ def check_vision_serving(config: RunConfig) -> None:
     if config.chat_template and not (template.is_file() or (REPO_ROOT / template).is_file()):
         raise ConfigError(f"config key 'chat_template' must be empty (the checkpoint's) or a Jinja template file, "
                           f"and {config.chat_template!r} is not a file")
+
+
+def check_lora(config: RunConfig) -> None:
+    """Refuses LoRA keys the update would refuse (`steps.update.config`), now rather than at the first update."""
+    if config.lora_rank < 0:
+        raise ConfigError(f"config key 'lora_rank' must be 0 (LoRA off) or more, got {config.lora_rank}")
+    if config.lora_rank > VLLM_LORA_RANKS[-1]:  # vLLM's --max-lora-rank takes no more (steps.vllm_server.lora_flags)
+        raise ConfigError(f"config key 'lora_rank' must be at most {VLLM_LORA_RANKS[-1]}, the largest rank vLLM "
+                          f"serves, got {config.lora_rank}")
+    if config.lora_alpha < 1:
+        raise ConfigError(f"config key 'lora_alpha' must be at least 1, got {config.lora_alpha}")
+    if not config.lora_target_modules or not all(name.strip() for name in config.lora_target_modules):
+        raise ConfigError(f"config key 'lora_target_modules' must be a non-empty list of module names (e.g. "
+                          f"[q_proj, v_proj]) or [all-linear], got {list(config.lora_target_modules)}")
 
 
 def check_update_config(config: RunConfig) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 # Written only when set: an external upstream's answer without token ids (`untrainable`, `usage`); the reader's
 # note on a field it could not read back (`store_error`), which the proxy never writes.
-ONLY_WHEN_SET = ("untrainable", "usage", "store_error")
+ONLY_WHEN_SET = ("adapter", "untrainable", "usage", "store_error")
 
 
 @dataclass(kw_only=True)
@@ -33,6 +33,7 @@ class CallRecord:
     status: str = "pending"  # pending, then ok, error or aborted when stored
     weight_version: str | int | None = None  # the serving replica's weights when the call went upstream
     replica: int | None = None  # the proxy's choice (steps.proxy.replicas), never the request's; null in older stores
+    adapter: str | None = None  # a LoRA run's: the adapter that served it with the base (steps.proxy.weights)
     # vLLM's prompt ids; as stored, only those after `prompt_shared`'s call's prompt when that is set.
     prompt_token_ids: Any = None
     prompt_shared: dict | None = None  # {"call_index", "tokens"}: the prompt extends that call's (stored only)

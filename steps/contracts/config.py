@@ -109,6 +109,10 @@ class RunConfig:
     adv_estimator: str = "grpo"  # veRL's advantage estimator: grpo, rloo, ... (steps/update/config.py)
     learning_rate: float = 1e-6  # AdamW's, constant
     epochs: int = 1  # passes over the iteration's samples
+    # LoRA: the update trains and saves only a low-rank adapter on the base model (docs/update.md, "LoRA")
+    lora_rank: int = 0  # the adapter's rank; 0: off, the whole model trains
+    lora_alpha: int = 16  # the adapter's scale is lora_alpha / lora_rank
+    lora_target_modules: tuple[str, ...] = ("all-linear",)  # module names the adapter wraps; "all-linear": every linear
     # where everything goes
     store: str = "runs"  # local folder or s3:// URL
     s3_endpoint: str = ""  # e.g. http://minio.openforge.svc:9000; empty: AWS (s3.<s3_region>.amazonaws.com)

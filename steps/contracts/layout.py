@@ -60,6 +60,8 @@ STATUS_FILE, REWARD_FILE = "status", "reward"
 # stop the rollout at its deadline (workflows/local.py).
 PHASE_FILE = "phase"
 METRICS_FILE = "metrics.json"  # the update's metrics, in the checkpoint folder it wrote
+# A LoRA run's checkpoint (after iteration 0's base) is peft's adapter folder: this file beside the adapter's weights.
+ADAPTER_CONFIG = "adapter_config.json"
 # A `model` that names a Hugging Face Hub repository (`hf://org/name[@revision]`) rather than a folder or a URL in the
 # store: fetched into the run's `base-model/` (`steps.fetch_model`), which iteration 0 then serves and trains from.
 HUB_SCHEME = "hf://"
@@ -227,6 +229,21 @@ def base_model_record_url(run_url: str) -> str:
     """The record of a hub model's fetch (`manifest/base-model.json`): the commit it pinned and its files; written
     last, so a run holding it holds the whole copy."""
     return _join(manifest_url(run_url), "base-model.json")
+
+
+def adapter_config_url(checkpoint: str) -> str:
+    """A LoRA checkpoint's `adapter_config.json` (peft's): there only when the checkpoint is an adapter."""
+    return _join(checkpoint, ADAPTER_CONFIG)
+
+
+def adapter_name(version: int | str) -> str:
+    """The name a LoRA run's weight version `version` is served under (its adapter, loaded beside the base): new
+    with each version, as vLLM keys its prefix cache on the adapter's name and path (steps.proxy.weights).
+
+    >>> adapter_name(3)
+    'policy-v3'
+    """
+    return f"policy-v{version}"
 
 
 def metrics_url(checkpoint: str) -> str:

@@ -71,6 +71,7 @@ CALLS = _with_meta("calls", _KEYS + [
     pa.field("finish_reason", pa.string()),
     pa.field("weight_version", pa.string()),
     pa.field("replica", pa.int32()),  # the vLLM replica that served it; null in records of older stores
+    pa.field("adapter", pa.string()),  # a LoRA run's adapter that served it (policy-vN); null: the full weights
     # The settings vLLM sampled the call with (the record's `sampling`: the run's, forced by the proxy).
     pa.field("temperature", pa.float64()),
     pa.field("top_p", pa.float64()),
@@ -151,7 +152,7 @@ BEHAVIOUR = _with_meta("behaviour", _KEYS + [
 ])
 
 # Columns a table gained after schema version 1 was first written: an older file reads with nulls there.
-ADDED_LATER = {"calls": ("temperature", "top_p", "top_k", "replica", "images", "untrainable"), "samples": ("images",),
+ADDED_LATER = {"calls": ("temperature", "top_p", "top_k", "replica", "adapter", "images", "untrainable"), "samples": ("images",),
                "rollouts": ("harness_killed",)}
 
 TABLES: dict[str, pa.Schema] = {"calls": CALLS, "rollouts": ROLLOUTS, "samples": SAMPLES, "behaviour": BEHAVIOUR}

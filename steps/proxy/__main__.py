@@ -106,6 +106,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
                    help="the upstream is a server the serve step did not start: calls without token ids are "
                         "recorded as untrainable, vLLM-only sampling keys at neutral are not sent")
     p.add_argument("--weight-version", help="version of the weights vLLM starts with (default: ask vLLM, else 0)")
+    p.add_argument("--adapter", help="a LoRA adapter folder every replica loads before the proxy listens, served as "
+                                     "--weight-version (steps.proxy.weights; default: none, the model alone)")
     p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
                    help=f"the run's sampling, forced on every call (repeatable; keys {', '.join(sampling.KEYS)}; "
                         f"those not given are forced to their neutral value)")
@@ -157,7 +159,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         upstream=args.upstream[0], replicas=tuple(args.upstream[1:]), replica_policy=args.replica_policy,
         store=args.store, admin_key=args.admin_key, tasks=args.tasks, host=args.host, port=args.port,
         public_url=args.public_url, run_url=args.run_url, iteration=args.iteration, model=args.model,
-        weight_version=args.weight_version,
+        weight_version=args.weight_version, adapter=args.adapter,
         upstream_model=args.upstream_model, external_upstream=args.external_upstream,
         upstream_api_key=upstream_key,
         forced_sampling=forced_sampling(p, args.sampling),

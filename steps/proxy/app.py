@@ -302,6 +302,8 @@ def create_app(config: ProxyConfig) -> ModelCalls:
             await upstream.probe()  # an external upstream's refusals, before any harness's call
         app.state.gate = WeightGate(await initial_version(upstreams, config.weight_version))
         app.state.replicas = Replicas(upstreams, app.state.gate.version, config.replica_policy)
+        if config.adapter:  # a LoRA iteration's serve: its adapter on every replica before any call
+            await swap_weights(app.state.gate, app.state.replicas, config.adapter, app.state.gate.version)
         watch = asyncio.create_task(app.state.replicas.watch()) if len(upstreams) > 1 else None
         yield
         if watch is not None:

@@ -57,6 +57,7 @@ class ProxyConfig:
     external_upstream: bool = False
     upstream_api_key: str | None = field(default=None, repr=False)  # sent upstream as a Bearer token
     weight_version: str | None = None  # None: ask vLLM (/weight_info), else "0"
+    adapter: str | None = None  # a LoRA adapter folder loaded at start, served as `weight_version`
     # The run's sampling (steps/sampling.py), every key, forced on every upstream call; empty: the harness's own.
     forced_sampling: dict = field(default_factory=dict)
     max_tokens_cap: int | None = None

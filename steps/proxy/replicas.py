@@ -54,6 +54,7 @@ class Replica:
     index: int
     upstream: Upstream
     weight_version: str | None
+    adapter: str | None = None  # the LoRA adapter its calls name as their model (steps.proxy.weights); None: the base
     open: dict[str, float] = field(default_factory=dict)  # its rollouts' ids: when each last called
     in_flight: int = 0  # calls it is answering
     state: State = "live"
@@ -69,6 +70,7 @@ class Replica:
     def info(self) -> dict:
         """What the admin route `GET /replicas` shows of it (never its address)."""
         return {"replica": self.index, "state": self.state, "weight_version": self.weight_version,
+                "adapter": self.adapter,
                 "rollouts": self.rollouts, "in_flight": self.in_flight, "reason": self.reason}
 
     def load(self) -> tuple[int, int, int]:
@@ -147,14 +149,14 @@ class Replicas:
 
     async def complete(self, rollout: Rollout, body: dict, served: dict, version: str) -> Completion:
         """One call of `rollout` at the gate's `version` on its replica, whose index and weight version go into
-        `served` (`replica`, `weight_version`: the call record's fields) as it is picked; one that never reached a
-        replica left out goes to the next."""
+        `served` (`replica`, `weight_version`, `adapter`: the call record's fields) as it is picked; one that never
+        reached a replica left out goes to the next. A replica holding an adapter is sent it as the call's model."""
         while True:
             replica = self.pick(rollout, version)
-            served["replica"], served["weight_version"] = replica.index, replica.weight_version
+            served.update(replica=replica.index, weight_version=replica.weight_version, adapter=replica.adapter)
             replica.in_flight += 1
             try:
-                answer = await replica.upstream.complete(body)
+                answer = await replica.upstream.complete(body, model=replica.adapter)
                 replica.timeouts = 0
                 return answer
             except ProxyError as err:
@@ -202,9 +204,9 @@ class Replicas:
             replica.weight_version = weight_version
         log.warning("replica left out", extra={"replica": replica.index, "state": state, "reason": reason})
 
-    def serve(self, replica: Replica, version: str) -> None:
-        """Puts `replica` (back) in service, holding `version`."""
-        replica.state, replica.reason, replica.weight_version = "live", None, version
+    def serve(self, replica: Replica, version: str, adapter: str | None = None) -> None:
+        """Puts `replica` (back) in service, holding `version` (with `adapter` loaded: a LoRA run's)."""
+        replica.state, replica.reason, replica.weight_version, replica.adapter = "live", None, version, adapter
         replica.health_failures.clear()
 
     def _others_live(self, replica: Replica) -> bool:

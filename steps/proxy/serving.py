@@ -290,6 +290,7 @@ async def _complete(state, rollout: Rollout, upstream_body: dict, record: CallRe
         finally:
             record.timings["upstream_ended_at"] = now()
             record.replica, record.weight_version = served.get("replica"), served.get("weight_version")
+            record.adapter = served.get("adapter")
 
 
 def _stored(value):

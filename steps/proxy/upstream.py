@@ -244,10 +244,10 @@ class Upstream:
                 raise ProxyError(502, "upstream /v1/models lists no model") from None
         return self.model
 
-    async def complete(self, chat_body: dict) -> Completion:
+    async def complete(self, chat_body: dict, model: str | None = None) -> Completion:
         """Runs one non-streaming chat completion with token ids and logprobs (to an external upstream, without
-        those `probe` found it refuses)."""
-        chat_body = {**chat_body, "model": await self.served_model(), "stream": False, **self._extras}
+        those `probe` found it refuses), on `model` (a LoRA adapter loaded there) or else the served model."""
+        chat_body = {**chat_body, "model": model or await self.served_model(), "stream": False, **self._extras}
         for name in self._refused:
             chat_body.pop(name, None)
         return parse_completion(await self.send("POST", "/v1/chat/completions", chat_body),

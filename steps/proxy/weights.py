@@ -7,6 +7,16 @@ would be wrong), then its encoder cache (a vision model's image embeddings of th
 clears only the worker's copy, and the same image sent again would then kill the engine with "Encoder cache
 miss"; a text model has none to drop) and its version set; only then do calls resume at the new version.
 
+A LoRA run's checkpoint is an adapter (a folder with peft's `adapter_config.json`): vLLM serves the base model and
+each replica loads the adapter beside it (`POST /v1/load_lora_adapter`, vllm/entrypoints/serve/lora/api_router.py)
+under a name new with each version (`adapter_name`), from the path the caller gives (a new one per version: each
+iteration's checkpoint folder). Calls then name that adapter as their `model` (steps.proxy.replicas). vLLM keys
+its prefix cache on the adapter's (name, path) (vllm/v1/core/kv_cache_utils.py `_gen_lora_extra_hash_keys`), so
+an adapter loaded again under a name and path it had before would be served with the old adapter's cached KV:
+the new name per version avoids that, and the prefix cache is reset after the load all the same. The previous
+adapter is unloaded once the replica serves the new one: the gate holds new calls and lets in-flight ones
+finish first, so by then no call uses it.
+
 A reload is four requests, and any of them can fail. A replica that was never reached keeps its old weights.
 Any other failure (vLLM's error, a timeout, a connection lost mid-request, a cache reset or version update
 failing after the load) leaves it holding weights nobody knows: it is left out ("failed", version unknown)
@@ -16,14 +26,26 @@ naming the version. The swap's answer names each replica that failed, and at whi
 """
 
 import asyncio
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 
+from steps.contracts import layout
+from steps.contracts.layout import adapter_name
 from steps.proxy.errors import ProxyError
 from steps.proxy.replicas import Replica, Replicas, healthy
 from steps.proxy.sessions import WeightGate
 from steps.proxy.upstream import Unreachable, Upstream
 
+log = logging.getLogger("openforge.proxy.weights")
+
 STAGES = ("reload_weights", "reset_prefix_cache", "reset_encoder_cache", "update_weight_version")
+ADAPTER_STAGES = ("load_lora_adapter", "reset_prefix_cache", "update_weight_version")
+
+
+def is_adapter(weights_path: str) -> bool:
+    """Whether the checkpoint folder `weights_path` is a LoRA adapter (peft's format) rather than full weights."""
+    return (Path(weights_path) / layout.ADAPTER_CONFIG).is_file()
 
 
 @dataclass(frozen=True)
@@ -47,16 +69,19 @@ async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, 
     try:
         targets = [replica for replica in replicas.all if replica.state == "live"
                    or (replica.state == "failed" and await healthy(replica.upstream))]
-        outcomes = await asyncio.gather(*(_reload(replica, weights_path, version) for replica in targets))
+        adapter = adapter_name(version) if is_adapter(weights_path) else None
+        outcomes = await asyncio.gather(*(_reload(replica, weights_path, version, adapter) for replica in targets))
     except BaseException:
         await gate.resume()
         raise
     failures = [failure for failure in outcomes if failure is not None]
     for replica, failure in zip(targets, outcomes):
+        if failure is None:
+            await _unload(replica, replica.adapter, adapter)
         if failure is None and replica.state == "dead":  # left out during the swap (the watch): it stays out
-            replica.weight_version = version
+            replica.weight_version, replica.adapter = version, adapter
         elif failure is None:
-            replicas.serve(replica, version)
+            replicas.serve(replica, version, adapter)
         elif failure.reached:
             replicas.leave_out(replica, "failed", f"the weight reload failed at {failure.stage}: {failure.message}")
         elif any(outcome is None for outcome in outcomes):  # never reached: old weights, now not the gate's
@@ -71,22 +96,40 @@ async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, 
     return failures
 
 
-async def _reload(replica: Replica, weights_path: str, version: str) -> Failure | None:
-    """One replica's reload; None when it succeeded, else the stage that failed."""
+async def _reload(replica: Replica, weights_path: str, version: str, adapter: str | None) -> Failure | None:
+    """One replica's reload (of the full weights, or with `adapter` its load); None when it succeeded, else the
+    stage that failed."""
     requests = {"reload_weights": ("/collective_rpc", {"method": "reload_weights",
                                                        "kwargs": {"weights_path": weights_path}}),
+                "load_lora_adapter": ("/v1/load_lora_adapter", {"lora_name": adapter, "lora_path": weights_path}),
                 "reset_prefix_cache": ("/reset_prefix_cache", None),
                 "reset_encoder_cache": ("/reset_encoder_cache", None),
                 "update_weight_version": ("/update_weight_version", {"new_version": version})}
-    for stage in STAGES:
+    stages = STAGES if adapter is None else ADAPTER_STAGES
+    # The same version swapped in again, or a replica whose last swap failed (it may hold this name already, and
+    # vLLM refuses a name loaded twice): the name is unloaded first, and loaded afresh.
+    if adapter is not None and (adapter == replica.adapter or replica.state == "failed"):
+        await _unload(replica, adapter, None)
+    for stage in stages:
         path, body = requests[stage]
         try:
-            await replica.upstream.request("POST", path, body)
+            await replica.upstream.send("POST", path, body)  # vLLM answers some of them in plain text
         except ProxyError as err:
-            reached = stage != STAGES[0] or not isinstance(err, Unreachable)
+            reached = stage != stages[0] or not isinstance(err, Unreachable)
             return Failure(replica.index, stage, err.message.replace(replica.upstream.url, f"replica {replica.index}"),
                            reached)
     return None
+
+
+async def _unload(replica: Replica, old: str | None, new: str | None) -> None:
+    """Unloads adapter `old` from `replica` unless it is `new` or none; a failure is only logged: it costs one of
+    vLLM's adapter slots (its LRU cache evicts one when full), never a wrong answer, as no call names it again."""
+    if old is None or old == new:
+        return
+    try:
+        await replica.upstream.send("POST", "/v1/unload_lora_adapter", {"lora_name": old})
+    except ProxyError as err:
+        log.warning("adapter unload failed", extra={"replica": replica.index, "adapter": old, "error": err.message})
 
 
 async def initial_version(upstreams: list[Upstream], configured: str | None) -> str:

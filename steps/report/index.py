@@ -32,7 +32,8 @@ def summaries(run: Run, only: int | None = None) -> dict[int, dict]:
             out[n] = series.iteration_summary(it.rollouts, it.calls, it.update) | {"status": record.get("status")} \
                 | {f"phase {name}": seconds for name, seconds in (record.get("timings_s") or {}).items()} \
                 | {f"staleness {name}": (record.get("staleness") or {}).get(key) for key, name in STALENESS_COLUMNS
-                   if record.get("staleness")}
+                   if record.get("staleness")} \
+                | ({"adapter": record["adapter"]} if record.get("adapter") else {})  # a LoRA run's
     return out
 
 
@@ -108,8 +109,9 @@ def iterations_table(numbers: dict[int, dict]) -> str:
     stale_keys = [f"staleness {name}" for _, name in STALENESS_COLUMNS
                   if any(f"staleness {name}" in n for n in numbers.values())]
     after_infra = [key for key, _ in ITERATION_COLUMNS].index("infra_errors") + 1
+    lora = ["adapter"] if any("adapter" in n for n in numbers.values()) else []  # which adapter each served
     columns = ITERATION_COLUMNS[:after_infra] + [(k, k) for k in killed_keys] + ITERATION_COLUMNS[after_infra:] + \
-        [(k, k) for k in harness_keys + stale_keys]
+        [(k, k) for k in harness_keys + stale_keys + lora]
     rows = [[n] + [numbers[n].get(k) for k, _ in columns] for n in sorted(numbers)]
     return table(["iteration"] + [name for _, name in columns], rows)
 

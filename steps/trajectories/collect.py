@@ -71,6 +71,7 @@ class _CallFields(msgspec.Struct):
     finish_reason: str | None = None
     weight_version: str | int | float | None = None
     replica: TokenId | None = None
+    adapter: str | None = None
     timings: dict[str, float | None] | None = None
     error: _Error | None = None
     images: list[_ImageRef] | None = None
@@ -197,7 +198,7 @@ def add_calls(rows: Rows, keys: dict, calls: list[CallRecord], built: RolloutSam
                   "prompt_token_ids": call.prompt_token_ids, "response_token_ids": call.response_token_ids,
                   "response_logprobs": call.response_logprobs, "finish_reason": call.finish_reason,
                   "weight_version": None if call.weight_version is None else str(call.weight_version),
-                  "replica": call.replica,
+                  "replica": call.replica, "adapter": call.adapter,
                   **{name: sampled.get(name) for name in ("temperature", "top_p", "top_k")},
                   **{name: timings.get(name) for name in CALL_TIMINGS},
                   "error": (call.error or {}).get("message"), "sample_index": index,

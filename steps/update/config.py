@@ -46,6 +46,10 @@ RANGES: dict[str, settings.Range] = {
     "max_tokens_per_micro_batch": (lambda v: v >= 1, "a whole number >= 1"),
     "seed": (lambda v: 0 <= v < 2**32, "a whole number in [0, 2**32)"),
     "max_file_bytes": (lambda v: v >= 1, "a whole number >= 1"),
+    "lora_rank": (lambda v: v >= 0, "a whole number >= 0 (0: LoRA off)"),
+    "lora_alpha": (lambda v: v >= 1, "a whole number >= 1"),
+    "lora_target_modules": (lambda v: len(v) >= 1 and all(name.strip() for name in v),
+                            "a non-empty list of module names, e.g. [q_proj, v_proj], or [all-linear]"),
 }
 
 
@@ -77,6 +81,9 @@ class UpdateConfig:
     served_dtype: str = "bf16"
     max_file_bytes: int = 5_000_000_000
     seed: int = 0
+    lora_rank: int = 0  # set by the run: > 0 trains a LoRA adapter of this rank, not the model
+    lora_alpha: int = 16
+    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
 
     def __post_init__(self) -> None:
         for name, kind in settings.field_types(UpdateConfig).items():

@@ -7,7 +7,7 @@ first; `steps.update.train` is the update itself and writes the same skip when i
 Provably no gradient: no entropy bonus (`entropy_coeff` 0) and, under a group-baseline estimator
 (`GROUP_BASELINE_ESTIMATORS`: GRPO, RLOO, ...), every task group's rollouts earned one reward, so every advantage
 is 0 (`steps.update.batch.rollout_advantages` sets such groups to exactly 0). Anything else (another estimator,
-samples with images, a refused input) goes the normal way, which decides and refuses as before.
+samples with images, a LoRA run, a refused input) goes the normal way, which decides and refuses as before.
 This module also owns what both paths share: the files a checkpoint copies, the optimiser state's settings, the
 folder writes that a reader never sees half done, and the step's command line.
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from steps import settings
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish, unmark
+from steps.contracts.layout import ADAPTER_CONFIG
 from steps.update.config import ConfigError, UpdateConfig, load_config
 from steps.update.samples import (GROUP_BASELINE_ESTIMATORS, Sample, SampleError, check_inputs,
                                   check_sampled_temperature, flat_groups, read_samples, reward_mean)
@@ -74,7 +75,8 @@ def copy_checkpoint(checkpoint: Path, out: Path, optimizer: bool = True) -> Path
     """The input checkpoint's weights, config, tokenizer files and (`optimizer`) optimiser state in `out`,
     unchanged (a skipped update)."""
     out.mkdir(parents=True, exist_ok=True)
-    _copy_files(sorted(checkpoint.glob("*.safetensors*")) + [checkpoint / name for name in CHECKPOINT_FILES], out)
+    _copy_files(sorted(checkpoint.glob("*.safetensors*")) + [checkpoint / name for name in CHECKPOINT_FILES]
+                + [checkpoint / ADAPTER_CONFIG], out)
     if optimizer and (checkpoint / OPTIMIZER_DIR).is_dir():
         _write_folder(out / OPTIMIZER_DIR, lambda folder: shutil.copytree(checkpoint / OPTIMIZER_DIR, folder))
     return out
@@ -117,6 +119,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m steps.update", description=DESCRIPTION)
     parser.add_argument("--trajectories", required=True, help="samples.parquet file or its partition folder")
     parser.add_argument("--checkpoint", required=True, help="Hugging Face model folder (local or s3://)")
+    parser.add_argument("--base-model", default="", help="with lora_rank > 0: the base model folder (local or "
+                        "s3://) that --checkpoint's adapter is on; --checkpoint may be the base model itself")
     parser.add_argument("--out", required=True, help="folder for the new checkpoint and metrics.json")
     parser.add_argument("--images", default="", help="the run's image folder (local or s3://), where the "
                         "samples' images are stored by SHA-256; needed only when samples name images")
@@ -177,7 +181,8 @@ def main(argv: list[str] | None = None) -> int | None:
         check_sampled_temperature(args.trajectories, config.temperature)
     except (ConfigError, SampleError):
         return None  # refused by the normal path, in its words
-    if any(sample.images for sample in samples) or not provably_no_gradient(samples, config):
+    # A LoRA run goes the normal way: its first update writes a fresh adapter even when nothing trains.
+    if config.lora_rank or any(sample.images for sample in samples) or not provably_no_gradient(samples, config):
         return None
     if os.environ.get("RANK", "0") != "0":
         return 0

@@ -1,6 +1,6 @@
 """The policy update: train the served checkpoint on recorded samples with veRL's real `TrainingWorker`.
 
-    python -m steps.update --trajectories URL --checkpoint DIR_OR_URL --out DIR_OR_URL \\
+    python -m steps.update --trajectories URL --checkpoint DIR_OR_URL [--base-model DIR_OR_URL] --out DIR_OR_URL \\
         --config configs/update.yaml [key=value ...]
 
 `--trajectories` is a `samples.parquet` file or the partition folder holding it (local or `s3://`,
@@ -10,7 +10,9 @@ sampler with the recorded logprobs (bypass or truncated IS), runs veRL's FSDP2 u
 the weights in the served dtype as Hugging Face sharded safetensors (`{out}/model-0000k-of-0000N.safetensors` +
 `model.safetensors.index.json`, `steps.update.shards`) + the input's config and tokenizer files (a folder vLLM
 loads or reloads), `{out}/optimizer/` (the fp32 master weights and AdamW's state, so the next update continues
-this one; `carry_optimizer`) and `{out}/metrics.json`. Under torchrun (`steps.update.launch`, `update_gpus` > 1)
+this one; `carry_optimizer`) and `{out}/metrics.json`. With `lora_rank` > 0 only a LoRA adapter trains and
+`{out}` holds it in peft's format instead of the weights (`--checkpoint` the previous adapter or the base model,
+`--base-model` the base; docs/update.md, "LoRA"). Under torchrun (`steps.update.launch`, `update_gpus` > 1)
 each rank trains its share of the batch (`steps.update.ranks`) and writes its own weight files and optimizer
 shard; rank 0 the index and `metrics.json`; no rank gathers the model. When every rollout's advantage is 0
 (each task's rollouts earned the same reward) there is no gradient: the worker is not built, the input
@@ -35,6 +37,7 @@ import torch
 from steps.update import batch as update_batch, cpu as update_cpu, ranks as update_ranks, reshard, vision
 from steps.update import shards as weight_shards
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish, unmark
+from steps.contracts.layout import ADAPTER_CONFIG
 from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
 from steps.update.samples import check_inputs, vocab_size  # noqa: F401 (vocab_size: the tests read it here)
@@ -49,6 +52,8 @@ from steps.update.skip import (CHECKPOINT_FILES, NO_ADVANTAGE, _copy_files, _wri
 # served dtype), `optim_world_size_*_rank_*.pt` (AdamW's moments and step count) and `extra_state_*.pt` (lr
 # scheduler and RNG), plus our `state.json`. What veRL's checkpoint manager saves there:
 OPTIMIZER_CONTENTS = ["model", "optimizer", "extra"]
+# A LoRA run's checkpoint (`lora_rank` > 0): the adapter in peft's format, no base weights (docs/update.md, "LoRA").
+ADAPTER_FILES = [ADAPTER_CONFIG, "adapter_model.safetensors"]
 
 
 def prepare_runtime() -> None:
@@ -82,9 +87,27 @@ def attention(gpu: bool, flash_attn: bool) -> tuple[str, bool]:
     return ("flash_attention_2", True) if gpu and flash_attn else ("sdpa", False)
 
 
+def lora_settings(config: UpdateConfig, adapter: Path | None) -> dict:
+    """`HFModelConfig`'s LoRA fields: none when `lora_rank` is 0; else the rank, scale and target modules of a
+    fresh adapter, or the `adapter` folder to continue training (veRL's `_build_lora_module` in
+    `workers/engine/fsdp/transformer_impl.py`: `PeftModel.from_pretrained(..., is_trainable=True)`; the rank,
+    scale and modules are then the adapter's own, `check_adapter`).
+
+    >>> lora_settings(UpdateConfig(lora_rank=8), None)["target_modules"]
+    'all-linear'
+    """
+    if not config.lora_rank:
+        return {}
+    # peft takes "all-linear" as a string only: as a list it would name a module called "all-linear"
+    modules = "all-linear" if config.lora_target_modules == ["all-linear"] else list(config.lora_target_modules)
+    return {"lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha, "target_modules": modules,
+            "lora_adapter_path": str(adapter) if adapter is not None else None}
+
+
 def build_worker(checkpoint: Path, config: UpdateConfig, response_width: int | None = None,
-                 load_contents: list[str] = OPTIMIZER_CONTENTS):
-    """veRL's `TrainingWorker` (FSDP2, AdamW) on the HF checkpoint, with veRL's `ppo_loss` set.
+                 load_contents: list[str] = OPTIMIZER_CONTENTS, adapter: Path | None = None):
+    """veRL's `TrainingWorker` (FSDP2, AdamW) on the HF checkpoint, with veRL's `ppo_loss` set; with `lora_rank`
+    > 0 on a LoRA adapter (`adapter`'s, else a fresh one), the only parameters that train (`lora_settings`).
 
     `load_contents`: what its `load_checkpoint` reads (`carried_contents`).
     `response_width` is the whole batch's (the longest response): `seq-mean-token-sum-norm` divides by it.
@@ -103,7 +126,8 @@ def build_worker(checkpoint: Path, config: UpdateConfig, response_width: int | N
     cpu = update_cpu.needed()
     kernel, packed = attention(gpu=not cpu, flash_attn=importlib.util.find_spec("flash_attn") is not None)
     model = HFModelConfig(path=str(checkpoint), override_config={"attn_implementation": kernel},
-                          use_remove_padding=packed, enable_gradient_checkpointing=False)
+                          use_remove_padding=packed, enable_gradient_checkpointing=False,
+                          **lora_settings(config, adapter))
     engine = FSDPEngineConfig(use_dynamic_bsz=True, max_token_len_per_gpu=config.max_tokens_per_micro_batch,
                               infer_max_token_len_per_gpu=config.max_tokens_per_micro_batch, seed=config.seed,
                               mixed_precision={"param_dtype": config.compute_dtype, "reduce_dtype": "fp32",
@@ -119,7 +143,11 @@ def build_worker(checkpoint: Path, config: UpdateConfig, response_width: int | N
         loss_agg_mode=config.loss_agg_mode, entropy_coeff=config.entropy_coeff,
         loss_scale_factor=response_width if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
         policy_loss={"loss_mode": config.policy_loss}, use_torch_compile=engine.use_torch_compile)
-    contents = CheckpointConfig(save_contents=OPTIMIZER_CONTENTS, load_contents=load_contents)
+    # A LoRA run trains the adapter alone, which is saved whole in fp32 (`save_adapter`): no master weights to keep.
+    kept = [content for content in OPTIMIZER_CONTENTS if content != "model"] if config.lora_rank else OPTIMIZER_CONTENTS
+    contents = CheckpointConfig(save_contents=kept, load_contents=[c for c in load_contents if c in kept])
+    if config.lora_rank and adapter is None:  # peft draws a fresh lora_A at random: seeded, it is reproducible
+        torch.manual_seed(config.seed)
     worker = TrainingWorker(TrainingWorkerConfig(model_type="language_model", model_config=model,
                                                  engine_config=engine, optimizer_config=optim,
                                                  checkpoint_config=contents))
@@ -208,13 +236,36 @@ def check_gpus() -> None:
                           "update_gpus to at most that (one update process per GPU)")
 
 
+def adapter_of(checkpoint: Path, base: Path | None, config: UpdateConfig) -> Path | None:
+    """The LoRA adapter `checkpoint` holds (the previous update's), or None (the base model: a fresh adapter).
+    Refuses an adapter without `base`, with another rank than `lora_rank`, or in a run without LoRA."""
+    if not (checkpoint / ADAPTER_CONFIG).is_file():
+        return None
+    rank = json.loads((checkpoint / ADAPTER_CONFIG).read_text()).get("r")
+    if not config.lora_rank:
+        raise ConfigError(f"--checkpoint {checkpoint} is a LoRA adapter (rank {rank}) but lora_rank is 0; set "
+                          "lora_rank to its rank and give its base model with --base-model")
+    if base is None:
+        raise ConfigError(f"--checkpoint {checkpoint} is a LoRA adapter; give its base model with --base-model")
+    if rank != config.lora_rank:
+        raise ConfigError(f"lora_rank={config.lora_rank} but the adapter in --checkpoint {checkpoint} has rank "
+                          f"{rank}; set lora_rank to {rank}")
+    return checkpoint
+
+
 def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, images_url: str | None = None,
-               max_pixels: int = 0):
+               max_pixels: int = 0, base: Path | None = None):
     """Advantages, correction and veRL's update on `samples` (their images read from `images_url`). Returns
-    (worker, metrics) for saving; the worker is None when there was nothing to train (`no_gradient`)."""
-    check_inputs(samples, checkpoint, config)
+    (worker, metrics) for saving; the worker is None when there was nothing to train (`no_gradient`).
+
+    With `lora_rank` > 0 the model is `base` and `checkpoint` the adapter on it (`adapter_of`); iteration 0's
+    checkpoint is the base model itself, and a fresh adapter is made on it (also when nothing trains, so that
+    every LoRA checkpoint is an adapter)."""
+    adapter = adapter_of(checkpoint, base, config)
+    model = base if adapter is not None else checkpoint
+    check_inputs(samples, model, config)
     # before any model is loaded: a sample whose images do not match its image tokens is refused here
-    image_inputs = vision.batch_inputs(samples, checkpoint, images_url, max_pixels)
+    image_inputs = vision.batch_inputs(samples, model, images_url, max_pixels)
     if image_inputs is not None:  # a vision checkpoint: its micro-batches without images train too
         vision.patch_text_only_batches()
     saved, optimizer_state = saved_optimizer(checkpoint, config)
@@ -226,10 +277,16 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, im
     steps_before = saved["optimizer_steps_total"] if saved else 0
     # Logprobs the trainer cannot reproduce: every metrics.json of the run says so.
     unmatched = {"unmatched_sampling": config.unmatched_sampling} if config.unmatched_sampling else {}
-    if no_gradient(advantages, config):
-        return None, skipped_metrics(samples, config, saved, optimizer_state, started)
+    lora = {"adapter": "continued" if adapter else "fresh"} if config.lora_rank else {}
+    if no_gradient(advantages, config) and (adapter is not None or not config.lora_rank):
+        return None, {**lora, **skipped_metrics(samples, config, saved, optimizer_state, started)}
     contents = carried_contents(checkpoint / OPTIMIZER_DIR, saved)
-    worker, _ = build_worker(checkpoint, config, max(len(s.response_token_ids) for s in samples), contents)
+    worker, _ = build_worker(model, config, max(len(s.response_token_ids) for s in samples), contents, adapter)
+    if no_gradient(advantages, config):  # a LoRA run's first update: the fresh adapter is saved untrained
+        return worker, {**unmatched, **lora, "skipped": NO_ADVANTAGE,
+                        "reward_mean": update_batch.reward_mean(samples), "samples": len(samples),
+                        "optimizer_steps": 0, "tokens_trained": 0, "optimizer_state": optimizer_state,
+                        "optimizer_steps_total": 0, "total_s": time.perf_counter() - started}
     ranks = update_ranks.current()
     if saved and saved.get("world_size", 1) == ranks.world_size:
         worker.load_checkpoint(str(checkpoint / OPTIMIZER_DIR))
@@ -260,7 +317,7 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, im
         "optimizer_steps_total": steps_before + steps,
         "tokens_trained": tokens * config.epochs,
         "train_s": train_s, "tokens_per_s": tokens * config.epochs / train_s, **correction,
-        "total_s": time.perf_counter() - started, **unmatched,
+        "total_s": time.perf_counter() - started, **unmatched, **lora,
     }
     return worker, metrics
 
@@ -306,6 +363,32 @@ def save_checkpoint(worker, checkpoint: Path, out: Path, config: UpdateConfig | 
     return out
 
 
+def save_adapter(worker, out: Path, base_model: str, write: bool = True) -> Path:
+    """Write the trained LoRA adapter to `out` in peft's format: `adapter_model.safetensors` (peft's names,
+    `base_model.model.<module>.lora_A.weight`, which vLLM's loader parses: `vllm/lora/utils.py`
+    `parse_fine_tuned_lora_name`) and `adapter_config.json` naming `base_model` (the run's base model).
+
+    Every rank calls it: each adapter tensor is gathered whole on every rank (FSDP2's `full_tensor`, a collective)
+    and only the one with `write` writes. The adapter is small (rank x width per wrapped module), so holding it all
+    on one rank is fine; the base weights are neither gathered nor written.
+    """
+    module = worker.engine.module  # FSDP2 wraps veRL's PeftModel in place: peft's methods are still there
+    # peft's own names (`...lora_A.default.weight`); its save_pretrained drops the adapter name
+    tensors = {name: (value.full_tensor() if hasattr(value, "full_tensor") else value).detach().to("cpu")
+               for name, value in module.state_dict().items() if "lora_" in name}
+    if not write:
+        return out
+    module.peft_config["default"].base_model_name_or_path = base_model
+    partial = out / ".adapter.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    module.save_pretrained(str(partial), state_dict=tensors)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ADAPTER_FILES:  # peft also writes a README.md model card, which is not kept
+        os.replace(partial / name, out / name)
+    shutil.rmtree(partial)
+    return out
+
+
 def save_optimizer(worker, out: Path, config: UpdateConfig, steps_total: int, owner: bool = True) -> Path:
     """Write the optimiser state to `out/optimizer/` with veRL's checkpoint manager, plus `state.json`
     (`optimizer_settings` and the optimiser steps taken since the base model).
@@ -333,17 +416,20 @@ def _progress(line: str) -> None:
 
 
 def write_output(worker, checkpoint: Path, out: Path, metrics: dict, config: UpdateConfig,
-                 ranks: update_ranks.Ranks = update_ranks.Ranks(), owner: bool = True) -> None:
-    """The new checkpoint in `out`: the trained weights and optimiser state, or the input's unchanged when
-    nothing was trained (`worker` None); then `metrics.json`, strict JSON, last. Every rank calls it; rank 0
-    writes all but the other ranks' optimizer shards (`owner`: as `save_optimizer`)."""
+                 ranks: update_ranks.Ranks = update_ranks.Ranks(), owner: bool = True, base_model: str = "") -> None:
+    """The new checkpoint in `out`: the trained weights (with `lora_rank` > 0 the adapter only, on `base_model`)
+    and optimiser state, or the input's unchanged when nothing was trained (`worker` None); then `metrics.json`,
+    strict JSON, last. Every rank calls it; rank 0 writes all but the other ranks' optimizer shards (`owner`: as
+    `save_optimizer`)."""
     if worker is None:
         if ranks.first:
             write_skipped(checkpoint, out, config)
+    elif config.lora_rank:
+        save_adapter(worker, out, base_model, write=ranks.first)
     else:
         save_checkpoint(worker, checkpoint, out, config, first=ranks.first)
-        if config.carry_optimizer:
-            save_optimizer(worker, out, config, metrics["optimizer_steps_total"], owner=owner)
+    if worker is not None and config.carry_optimizer:
+        save_optimizer(worker, out, config, metrics["optimizer_steps_total"], owner=owner)
     if ranks.first:
         _write_text(out / METRICS_FILE, json.dumps(metrics, indent=2, allow_nan=False) + "\n")
 
@@ -381,8 +467,12 @@ def main(argv: list[str] | None = None) -> int:
         return update_ranks.refuse(f"steps.update: {error}")
     with tempfile.TemporaryDirectory(prefix="openforge-update-") as tmp:
         checkpoint = fetch(args.checkpoint, Path(tmp) / "in", progress=say)
+        base = None
+        if args.base_model:
+            base = checkpoint if args.base_model == args.checkpoint else fetch(args.base_model, Path(tmp) / "base",
+                                                                                progress=say)
         try:
-            worker, metrics = run_update(samples, checkpoint, config, args.images or None, args.max_pixels)
+            worker, metrics = run_update(samples, checkpoint, config, args.images or None, args.max_pixels, base)
         except (ConfigError, update_batch.SampleError) as error:
             return update_ranks.refuse(f"steps.update: {error}")
         metrics = strict_metrics(metrics)
@@ -396,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                 unmark(args.out)
             update_ranks.barrier()  # before any rank writes a file of it
             write_output(worker, checkpoint, local_out, metrics, config, ranks,
-                         owner=ranks.first or is_remote(args.out))
+                         owner=ranks.first or is_remote(args.out), base_model=args.base_model or args.checkpoint)
             if is_remote(args.out):
                 publish_output(local_out, args.out, ranks, trained=worker is not None)
         except OSError as error:  # a full disk, a lost store: the infrastructure's, retried like one
