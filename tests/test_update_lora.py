@@ -62,11 +62,10 @@ def lora_vllm(request: pytest.FixtureRequest, base: Path,
     if not any(item.name == VLLM_TEST for item in request.session.items):
         yield None
         return
-    options = ServingOptions(vllm_args=("--enable-lora", "--max-lora-rank", str(RANK)))
+    options = ServingOptions(lora_rank=RANK)  # the serve step's own LoRA flags (`steps.vllm_server.lora_flags`)
     port = free_port()
     server = spawn(vllm_command(base.resolve(), "tiny", port, options), base.resolve(), "tiny", port,
-                   tmp_path_factory.mktemp("lora-vllm") / "vllm.log",
-                   env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
+                   tmp_path_factory.mktemp("lora-vllm") / "vllm.log")
     try:
         yield server
     finally:
