@@ -13,9 +13,15 @@ failing after the load) leaves it holding weights nobody knows: it is left out (
 until a later swap reloads it. Calls are served only by replicas holding the gate's version
 (steps.proxy.replicas), so no call is served by mixed or unknown weights; with none left, calls get a 503
 naming the version. The swap's answer names each replica that failed, and at which stage.
+
+Where vLLM cannot reload a model in place (a mixture-of-experts model on CPU: `steps.vllm_server.reloads_in_place`),
+the serve step that started the replicas hands the proxy a `Restart`: each replica is then stopped and started
+again on the new checkpoint (stage "restart", minutes rather than a fraction of a second), behind the same gate, and
+its version set. A fresh process has no caches of the old weights to drop.
 """
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from steps.proxy.errors import ProxyError
@@ -24,6 +30,10 @@ from steps.proxy.sessions import WeightGate
 from steps.proxy.upstream import Unreachable, Upstream
 
 STAGES = ("reload_weights", "reset_prefix_cache", "reset_encoder_cache", "update_weight_version")
+RESTART_STAGES = ("restart", "update_weight_version")
+# Stops replica `index` and starts it again serving the checkpoint folder `weights_path`, on the same address; blocks
+# until it answers /health and raises RuntimeError (one sentence) when it cannot. Runs on a worker thread.
+Restart = Callable[[int, str], None]
 
 
 @dataclass(frozen=True)
@@ -40,20 +50,24 @@ class Failure:
         return {"replica": self.replica, "stage": self.stage, "error": self.message}
 
 
-async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, version: str) -> list[Failure]:
-    """Reloads the replicas' weights from `weights_path` (a Hugging Face folder) and serves them as `version`;
-    the failures of a swap that reached at least one replica, a 502 naming every failure when none reloaded."""
+async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, version: str,
+                       restart: Restart | None = None) -> list[Failure]:
+    """Reloads the replicas' weights from `weights_path` (a Hugging Face folder) and serves them as `version`
+    (with `restart`: restarts each replica on it instead); the failures of a swap that reached at least one
+    replica, a 502 naming every failure when none reloaded."""
     await gate.pause()
     try:
+        # A replica a failed restart left out is restarted again, answering /health or not.
         targets = [replica for replica in replicas.all if replica.state == "live"
-                   or (replica.state == "failed" and await healthy(replica.upstream))]
-        outcomes = await asyncio.gather(*(_reload(replica, weights_path, version) for replica in targets))
+                   or (replica.state == "failed" and (restart is not None or await healthy(replica.upstream)))]
+        outcomes = await asyncio.gather(*(_reload(replica, weights_path, version, restart) for replica in targets))
     except BaseException:
         await gate.resume()
         raise
     failures = [failure for failure in outcomes if failure is not None]
     for replica, failure in zip(targets, outcomes):
-        if failure is None and replica.state == "dead":  # left out during the swap (the watch): it stays out
+        # Left out during the swap (the watch) stays out; a restarted one was refusing /health while it started.
+        if failure is None and replica.state == "dead" and restart is None:
             replica.weight_version = version
         elif failure is None:
             replicas.serve(replica, version)
@@ -71,17 +85,22 @@ async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, 
     return failures
 
 
-async def _reload(replica: Replica, weights_path: str, version: str) -> Failure | None:
-    """One replica's reload; None when it succeeded, else the stage that failed."""
+async def _reload(replica: Replica, weights_path: str, version: str, restart: Restart | None = None) -> Failure | None:
+    """One replica's reload (or restart); None when it succeeded, else the stage that failed."""
     requests = {"reload_weights": ("/collective_rpc", {"method": "reload_weights",
                                                        "kwargs": {"weights_path": weights_path}}),
                 "reset_prefix_cache": ("/reset_prefix_cache", None),
                 "reset_encoder_cache": ("/reset_encoder_cache", None),
                 "update_weight_version": ("/update_weight_version", {"new_version": version})}
-    for stage in STAGES:
-        path, body = requests[stage]
+    for stage in STAGES if restart is None else RESTART_STAGES:
         try:
+            if stage == "restart":
+                await asyncio.to_thread(restart, replica.index, weights_path)
+                continue
+            path, body = requests[stage]
             await replica.upstream.request("POST", path, body)
+        except RuntimeError as err:  # the restart's own sentence; the replica was stopped, so it holds nothing
+            return Failure(replica.index, stage, str(err), reached=True)
         except ProxyError as err:
             reached = stage != STAGES[0] or not isinstance(err, Unreachable)
             return Failure(replica.index, stage, err.message.replace(replica.upstream.url, f"replica {replica.index}"),
