@@ -31,6 +31,11 @@ cores: `steps.vllm_server.replica_env`; logs `vllm.log`, `vllm-1.log`, ...) and 
 which keeps each rollout on one replica (steps/proxy/replicas.py). A replica that dies is left out by the proxy
 and not restarted: its rollouts go on on the others.
 
+Where vLLM cannot reload the checkpoint in place (a mixture-of-experts model on CPU:
+`steps.vllm_server.reloads_in_place`), the proxy's weight swap (`POST /weights/update`) restarts each replica on the
+new checkpoint instead, through this step, which owns the processes (`Replicas.restart`); calls wait at the gate
+meanwhile, as during a reload.
+
     OPENFORGE_ADMIN_KEY=... [OPENFORGE_UPSTREAM_API_KEY=...] python -m steps.serve \
         --upstream http://10.0.0.5:8000 --upstream-model Qwen/Qwen3-8B --model-name qwen3-8b --port 8100 \
         --store s3://openforge/runs/demo/calls [--sampling temperature=1.0 ...]
@@ -68,6 +73,7 @@ from steps.vllm_server import (
     VllmServer,
     check_vllm_args,
     is_vision,
+    reloads_in_place,
     replica_env,
     signal_group,
     spawn,
@@ -296,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.follow_run_url:
             follower = start_follower(args.follow_run_url, int(args.weight_version or 0), args.follow_until,
                                       f"http://127.0.0.1:{args.port}", args.model_dir.parent / "followed")
-        proxy_main(proxy_argv(args, ports, model, adapter))
+        restart = None if reloads_in_place(Path(model), args.device) else ReplicaRestart(servers, args).restart
+        proxy_main(proxy_argv(args, ports, model, adapter), restart)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -353,6 +360,38 @@ def _answers_health(server: VllmServer) -> bool:
             return answer.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+class ReplicaRestart:
+    """Restarts one replica on a new checkpoint, for the proxy's weight swap where vLLM cannot reload in place."""
+
+    def __init__(self, servers: list[VllmServer], args: argparse.Namespace) -> None:
+        self.servers, self.args = servers, args
+
+    def restart(self, index: int, weights_path: str) -> None:
+        """Stops replica `index` and starts it on the checkpoint folder `weights_path`, on its port, with its share
+        of the machine; returns once it answers /health (RuntimeError with its log tail when it cannot)."""
+        old, args = self.servers[index], self.args
+        stop(old)
+        started = time.monotonic()
+        try:
+            command = vllm_command(weights_path, args.model_name, old.port, serving_options(args), device=args.device)
+        except UnknownFamily as exc:
+            raise RuntimeError(str(exc)) from None
+        self.servers[index] = spawn(command, Path(weights_path), args.model_name, old.port, old.log_path,
+                                    env=replica_env(index, args.replicas, args.device, args.gpus))
+        wait_all_healthy([self.servers[index]], args.start_timeout)
+        _progress(f"vLLM replica {index} restarted on {weights_path} in {time.monotonic() - started:.0f} s")
+
+
+def stop(server: VllmServer, grace_s: float = 20.0) -> None:
+    """Stops one replica: SIGTERM to its process group, up to `grace_s`, then SIGKILL to what is left."""
+    signal_group(server, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while server.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    signal_group(server, signal.SIGKILL)
+    server.process.wait()
 
 
 def stop_all(servers: list[VllmServer], grace_s: float = 20.0) -> None:

@@ -1,6 +1,6 @@
 """A tiny Qwen2-style model built locally in seconds: no download, same files for the same seed.
 
-    python -m steps.tiny_model OUT_DIR [--seed 0] [--whitespace-penalty 80] [--vision [qwen2_5_vl|qwen3_vl]]
+    python -m steps.tiny_model OUT_DIR [--seed 0] [--whitespace-penalty 80] [--vision [qwen2_5_vl|qwen3_vl]] [--moe]
 
 The model is random (2 layers, hidden size 128), so it says nothing useful, but it has everything
 the serving path touches: a byte-level BPE tokenizer trained on the Python standard library's own
@@ -15,6 +15,9 @@ Qwen3-VL): the same text tokenizer plus Qwen's vision tokens, a 2-block vision t
 processor's `preprocessor_config.json` with a small pixel cap (a 1280x720 screenshot is 252 image tokens)
 and the same chat template, which also renders each image part, in any turn (user and tool turns
 included), as `<|vision_start|><|image_pad|><|vision_end|>`; text-only prompts render byte-identically.
+
+`--moe` builds a tiny mixture-of-experts model of the Qwen3-MoE family instead (the paper's model's family):
+the same tokenizer and chat template, 2 layers of 8 experts with 2 routed per token.
 
 Determinism: the tokenizer depends only on the training text (this Python's standard library, so
 the same Python version gives the same vocabulary) and the weights only on the seed.
@@ -169,28 +172,37 @@ def discourage_whitespace(model, whitespace_ids: list[int], channel: float = 2.0
             layer.input_layernorm.weight[0] = 0.0
             layer.post_attention_layernorm.weight[0] = 0.0
             layer.self_attn.o_proj.weight[0].zero_()
-            layer.mlp.down_proj.weight[0].zero_()
+            if hasattr(layer.mlp, "experts"):  # Qwen3-MoE: each expert's down projection, (experts, out, in)
+                layer.mlp.experts.down_proj[:, 0].zero_()
+            else:
+                layer.mlp.down_proj.weight[0].zero_()
         head.copy_(embed)
         head[:, 0] = 0.0
         head[whitespace_ids, 0] = -penalty
 
 
 def build_model(out_dir: Path, vocab_size: int, eos_id: int, pad_id: int, seed: int,
-                whitespace_ids: list[int], whitespace_penalty: float = 80.0) -> None:
-    """Saves a randomly initialised 2-layer Qwen2 causal LM (bf16 safetensors)."""
+                whitespace_ids: list[int], whitespace_penalty: float = 80.0, moe: bool = False) -> None:
+    """Saves a randomly initialised 2-layer Qwen2 causal LM (with `moe`: a Qwen3-MoE one; bf16 safetensors)."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    config = Qwen2Config(
+    common = dict(
         vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # vLLM's CPU attention needs 32+
-        max_position_embeddings=32768, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
         # The default init (0.02) gives near-uniform next-token distributions; a wide one makes most
         # greedy choices clear, rather than near-ties that bf16 rounding could flip between runs.
         initializer_range=0.2, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
     )
+    if moe:  # every layer sparse (mlp_only_layers empty), top-2 of 8 experts, weights renormalised as Qwen3-MoE's
+        config = Qwen3MoeConfig(**common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                                moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                                mlp_only_layers=[], decoder_sparse_step=1)
+    else:
+        config = Qwen2Config(**common, rope_theta=10000.0)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = (Qwen3MoeForCausalLM if moe else Qwen2ForCausalLM)(config)
     if whitespace_penalty:
         discourage_whitespace(model, whitespace_ids, penalty=whitespace_penalty)
     model = model.to(torch.bfloat16)
@@ -247,16 +259,20 @@ def save_image_processor(out_dir: Path, family: str) -> None:
     path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
 
 
-def build_tiny_model(out_dir: Path, seed: int = 0, whitespace_penalty: float = 80.0, vision: str = "") -> Path:
+def build_tiny_model(out_dir: Path, seed: int = 0, whitespace_penalty: float = 80.0, vision: str = "",
+                     moe: bool = False) -> Path:
     """Builds the tiny model and tokenizer into `out_dir` (created if needed) and returns it.
 
     `whitespace_penalty` 0 leaves whitespace tokens unbiased. The bias hangs on one residual channel, so
     a large learning rate that rescales the residual can flip it and flood replies with whitespace;
     `benchmarks/learning_signal.py`, which trains at such a rate and forces no tool calls, uses 0.
-    `vision` names a VISION_FAMILIES family: a vision-language model with its image processor instead.
+    `vision` names a VISION_FAMILIES family: a vision-language model with its image processor instead;
+    `moe` builds a Qwen3-MoE text model instead.
     """
     if vision and vision not in VISION_FAMILIES:
         raise ValueError(f"vision must be one of {', '.join(VISION_FAMILIES)}, not {vision!r}")
+    if vision and moe:
+        raise ValueError("vision and moe cannot be combined: the tiny mixture-of-experts model is text only")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir, vision=bool(vision))
@@ -266,7 +282,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0, whitespace_penalty: float = 8
         save_image_processor(out_dir, vision)
         return out_dir
     build_model(out_dir, len(tokenizer), tokenizer.convert_tokens_to_ids(EOS_TOKEN),
-                tokenizer.convert_tokens_to_ids(PAD_TOKEN), seed, whitespace_ids, whitespace_penalty)
+                tokenizer.convert_tokens_to_ids(PAD_TOKEN), seed, whitespace_ids, whitespace_penalty, moe)
     return out_dir
 
 
@@ -279,10 +295,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="logit penalty on whitespace-only tokens (0: none)")
     p.add_argument("--vision", nargs="?", const="qwen2_5_vl", default="", choices=list(VISION_FAMILIES),
                    help="a vision-language model of this family instead (default family: qwen2_5_vl)")
+    p.add_argument("--moe", action="store_true", help="a Qwen3-MoE model (8 experts, top-2) instead")
     args = p.parse_args(argv)
-    path = build_tiny_model(args.out_dir, args.seed, args.whitespace_penalty, args.vision)
+    if args.vision and args.moe:
+        p.error("--vision and --moe cannot be combined: the tiny mixture-of-experts model is text only")
+    path = build_tiny_model(args.out_dir, args.seed, args.whitespace_penalty, args.vision, args.moe)
     print(json.dumps({"model_dir": str(path.resolve()), "seed": args.seed,
-                      "whitespace_penalty": args.whitespace_penalty, "vision": args.vision or None}))
+                      "whitespace_penalty": args.whitespace_penalty, "vision": args.vision or None, "moe": args.moe}))
 
 
 if __name__ == "__main__":

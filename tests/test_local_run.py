@@ -57,6 +57,17 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def always_training_update_config(folder: Path) -> Path:
+    """The default update config with a small entropy bonus, written to `folder`: every update trains, even in the
+    rare iteration where all rewards are equal (no advantage), which steps.update would otherwise skip, leaving the
+    served weights unchanged."""
+    update_config = folder / "update.yaml"
+    defaults = (REPO / "configs" / "update.yaml").read_text()
+    assert "\nentropy_coeff: 0.0\n" in defaults
+    update_config.write_text(defaults.replace("\nentropy_coeff: 0.0\n", "\nentropy_coeff: 0.001\n"))
+    return update_config
+
+
 @dataclass
 class LocalRun:
     """The one end-to-end run of this module (minutes): its store, its first iteration record as first
@@ -74,12 +85,7 @@ def local_run(tiny_model, tmp_path_factory) -> LocalRun:
     """Two iterations of the embedded default, killed in the middle of iteration 1, then resumed."""
     tmp_path = tmp_path_factory.mktemp("local-run")
     store = tmp_path / "runs"
-    # A small entropy bonus: every update trains, even in the rare iteration where all 8 rewards are equal
-    # (no advantage), which steps.update would otherwise skip, leaving the served weights unchanged.
-    update_config = tmp_path / "update.yaml"
-    defaults = (REPO / "configs" / "update.yaml").read_text()
-    assert "\nentropy_coeff: 0.0\n" in defaults
-    update_config.write_text(defaults.replace("\nentropy_coeff: 0.0\n", "\nentropy_coeff: 0.001\n"))
+    update_config = always_training_update_config(tmp_path)
     settings = [f"store={store}", "run=loop", "iterations=2", "dataset=steps/tasks/toy", "tasks_per_iteration=1",
                 "samples_per_task=8", "max_tokens_cap=16", "parallel_rollouts=4", f"model={tiny_model}",
                 f"update_config={update_config}", "eval_every=2", "eval_k=2"]

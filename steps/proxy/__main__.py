@@ -23,6 +23,7 @@ import yaml
 
 from steps import logs, sampling
 from steps.proxy.app import create_app
+from steps.proxy.weights import Restart
 from steps.proxy.config import ROLLOUT_LIMITS, ProxyConfig, limit_flag
 from steps.proxy.connections import connection_cap, raise_open_file_limit
 from steps.proxy.http_server import protocol_factory
@@ -190,11 +191,12 @@ def forced_sampling(p: argparse.ArgumentParser, items: list[str]) -> dict:
     return {**sampling.NEUTRAL, **given} if given else {}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Starts the proxy and serves until interrupted; exit code 0 once it has shut down."""
+def main(argv: list[str] | None = None, restart: Restart | None = None) -> int:
+    """Starts the proxy and serves until interrupted; exit code 0 once it has shut down. `restart`: given by the
+    serve step when its replicas are restarted on new weights rather than reloaded in place (steps.proxy.weights)."""
     config = parse_args(argv)
     logs.setup(config.log_level)
-    app = create_app(config)
+    app = create_app(config, restart)
     # Each call allocates thousands of short-lived JSON containers; with CPython's default thresholds the
     # collector ran several times per call and re-scanned every module object, 0.5-2 ms of CPU per call at
     # 64 sessions (benchmarks/proxy_overhead.py). Freeze what startup made and collect young objects rarely.

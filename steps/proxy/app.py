@@ -49,7 +49,7 @@ from steps.proxy.replicas import Replicas
 from steps.proxy.sessions import Sessions, StoreQuota, WeightGate
 from steps.proxy.store import CallStore
 from steps.proxy.upstream import Upstream
-from steps.proxy.weights import initial_version, swap_weights
+from steps.proxy.weights import Restart, initial_version, swap_weights
 
 log = logging.getLogger("openforge.proxy")
 
@@ -191,7 +191,7 @@ async def update(request: Request) -> dict:
     require_admin(request)
     body = await admin_body(request, WeightUpdate)
     failures = await swap_weights(request.app.state.gate, request.app.state.replicas, body.weights_path,
-                                  body.weight_version)
+                                  body.weight_version, request.app.state.restart)
     return {**await health(request), "failed": [failure.info() for failure in failures]}
 
 
@@ -287,11 +287,13 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return _error_response(request, _unexpected(request.url.path, exc))
 
 
-def create_app(config: ProxyConfig) -> ModelCalls:
-    """Builds the proxy app; store, sessions, upstream client and weight gate live for its lifespan."""
+def create_app(config: ProxyConfig, restart: Restart | None = None) -> ModelCalls:
+    """Builds the proxy app; store, sessions, upstream client and weight gate live for its lifespan. `restart`:
+    how the serve step that started the replicas restarts one on new weights, where they cannot reload in place
+    (steps.proxy.weights)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.config = config
+        app.state.config, app.state.restart = config, restart
         app.state.store = CallStore(config.store, fsync=config.fsync)
         app.state.sessions = Sessions(app.state.store, StoreQuota(config.store_quota_mb, config.store_quota_calls))
         upstreams = [Upstream(url, timeout_s=config.upstream_timeout_s, model=config.upstream_model or config.model,

@@ -137,7 +137,7 @@ class ProxyClient:
         return self.request("POST", "/weights/resume", {} if weight_version is None else {"weight_version": weight_version})
 
     def update_weights(self, weights_path: str, weight_version: str) -> dict:
-        """Serves the checkpoint at `weights_path` from now on (pause, vLLM reloads in place, resume) as
-        `weight_version`; answers like `health`, with `failed`: the replicas that failed, and at which stage."""
+        """Serves the checkpoint at `weights_path` from now on (pause, vLLM reloads in place or restarts on it,
+        resume) as `weight_version`; answers like `health`, with `failed`: the replicas that failed, and at which stage."""
         return self.request("POST", "/weights/update", {"weights_path": weights_path, "weight_version": weight_version},
                             timeout_s=WEIGHTS_TIMEOUT_S)

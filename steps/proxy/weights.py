@@ -23,10 +23,16 @@ failing after the load) leaves it holding weights nobody knows: it is left out (
 until a later swap reloads it. Calls are served only by replicas holding the gate's version
 (steps.proxy.replicas), so no call is served by mixed or unknown weights; with none left, calls get a 503
 naming the version. The swap's answer names each replica that failed, and at which stage.
+
+Where vLLM cannot reload a model in place (a mixture-of-experts model on CPU: `steps.vllm_server.reloads_in_place`),
+the serve step that started the replicas hands the proxy a `Restart`: each replica is then stopped and started
+again on the new checkpoint (stage "restart", minutes rather than a fraction of a second), behind the same gate, and
+its version set. A fresh process has no caches of the old weights to drop.
 """
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +54,12 @@ def is_adapter(weights_path: str) -> bool:
     return (Path(weights_path) / layout.ADAPTER_CONFIG).is_file()
 
 
+RESTART_STAGES = ("restart", "update_weight_version")
+# Stops replica `index` and starts it again serving the checkpoint folder `weights_path`, on the same address; blocks
+# until it answers /health and raises RuntimeError (one sentence) when it cannot. Runs on a worker thread.
+Restart = Callable[[int, str], None]
+
+
 @dataclass(frozen=True)
 class Failure:
     """Why one replica's reload failed: the stage, vLLM's or the connection's message, and whether anything was sent."""
@@ -62,15 +74,20 @@ class Failure:
         return {"replica": self.replica, "stage": self.stage, "error": self.message}
 
 
-async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, version: str) -> list[Failure]:
-    """Reloads the replicas' weights from `weights_path` (a Hugging Face folder) and serves them as `version`;
-    the failures of a swap that reached at least one replica, a 502 naming every failure when none reloaded."""
+async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, version: str,
+                       restart: Restart | None = None) -> list[Failure]:
+    """Reloads the replicas' weights from `weights_path` (a Hugging Face folder) and serves them as `version`
+    (with `restart`: restarts each replica on it instead); the failures of a swap that reached at least one
+    replica, a 502 naming every failure when none reloaded."""
     await gate.pause()
     try:
+        # A replica a failed restart left out is restarted again, answering /health or not.
         targets = [replica for replica in replicas.all if replica.state == "live"
-                   or (replica.state == "failed" and await healthy(replica.upstream))]
+                   or (replica.state == "failed" and (restart is not None or await healthy(replica.upstream)))]
         adapter = adapter_name(version) if is_adapter(weights_path) else None
-        outcomes = await asyncio.gather(*(_reload(replica, weights_path, version, adapter) for replica in targets))
+        restart = None if adapter is not None else restart  # an adapter leaves the base's weights as they are
+        outcomes = await asyncio.gather(*(_reload(replica, weights_path, version, adapter, restart)
+                                          for replica in targets))
     except BaseException:
         await gate.resume()
         raise
@@ -78,7 +95,8 @@ async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, 
     for replica, failure in zip(targets, outcomes):
         if failure is None:
             await _unload(replica, replica.adapter, adapter)
-        if failure is None and replica.state == "dead":  # left out during the swap (the watch): it stays out
+        # Left out during the swap (the watch) stays out; a restarted one was refusing /health while it started.
+        if failure is None and replica.state == "dead" and restart is None:
             replica.weight_version, replica.adapter = version, adapter
         elif failure is None:
             replicas.serve(replica, version, adapter)
@@ -96,24 +114,30 @@ async def swap_weights(gate: WeightGate, replicas: Replicas, weights_path: str, 
     return failures
 
 
-async def _reload(replica: Replica, weights_path: str, version: str, adapter: str | None) -> Failure | None:
-    """One replica's reload (of the full weights, or with `adapter` its load); None when it succeeded, else the
-    stage that failed."""
+async def _reload(replica: Replica, weights_path: str, version: str, adapter: str | None,
+                  restart: Restart | None = None) -> Failure | None:
+    """One replica's reload (of the full weights, with `adapter` its load, with `restart` a restart on them); None
+    when it succeeded, else the stage that failed."""
     requests = {"reload_weights": ("/collective_rpc", {"method": "reload_weights",
                                                        "kwargs": {"weights_path": weights_path}}),
                 "load_lora_adapter": ("/v1/load_lora_adapter", {"lora_name": adapter, "lora_path": weights_path}),
                 "reset_prefix_cache": ("/reset_prefix_cache", None),
                 "reset_encoder_cache": ("/reset_encoder_cache", None),
                 "update_weight_version": ("/update_weight_version", {"new_version": version})}
-    stages = STAGES if adapter is None else ADAPTER_STAGES
+    stages = RESTART_STAGES if restart is not None else STAGES if adapter is None else ADAPTER_STAGES
     # The same version swapped in again, or a replica whose last swap failed (it may hold this name already, and
     # vLLM refuses a name loaded twice): the name is unloaded first, and loaded afresh.
     if adapter is not None and (adapter == replica.adapter or replica.state == "failed"):
         await _unload(replica, adapter, None)
     for stage in stages:
-        path, body = requests[stage]
         try:
+            if stage == "restart":
+                await asyncio.to_thread(restart, replica.index, weights_path)
+                continue
+            path, body = requests[stage]
             await replica.upstream.send("POST", path, body)  # vLLM answers some of them in plain text
+        except RuntimeError as err:  # the restart's own sentence; the replica was stopped, so it holds nothing
+            return Failure(replica.index, stage, str(err), reached=True)
         except ProxyError as err:
             reached = stage != stages[0] or not isinstance(err, Unreachable)
             return Failure(replica.index, stage, err.message.replace(replica.upstream.url, f"replica {replica.index}"),
