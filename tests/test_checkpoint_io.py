@@ -40,6 +40,7 @@ def saved_checkpoint(folder: Path, world_size: int) -> Path:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(b"x" * size)
     (folder / "optimizer" / "state.json").write_text(json.dumps({"world_size": world_size}))
+    (folder / "metrics.json").write_text('{"loss":1}')  # 10 bytes, as counted
     return folder
 
 
@@ -158,3 +159,33 @@ def test_keep_checkpoints_deletes_the_old_ones_but_never_a_protected_one(store: 
     # max_staleness 2 after 9: 7 may still be served, and 4 and 6 are no longer evaluated nor scheduled here
     assert checkpoint.retire(replace(keep, eval_every=0, max_staleness=2), 9, evaluations=[]) == [4, 6]
     assert checkpoint.written(run_url) == [2, 7, 8, 9]
+
+
+def test_both_drivers_retire_old_checkpoints_when_an_iteration_succeeds(tmp_path: Path, capsys) -> None:
+    """The local runner's `finish` and the Argo driver's `mark` (Succeeded) delete what `keep_checkpoints: 1`
+    lets go once the iteration's checkpoint is written, and say so; the Argo driver marking one Running deletes
+    nothing (the control: its checkpoint is not written yet)."""
+    from steps.contracts.manifest import IterationRecord
+    from workflows import local, submit
+
+    config = RunConfig(store=str(tmp_path / "store"), run="r", iterations=9, keep_checkpoints=1)
+    write_run(config.run_url, tmp_path, range(1, 6))
+    submit.mark(config, 3, "wf-3", "Running")
+    assert checkpoint.written(config.run_url) == [1, 2, 3, 4, 5]
+    submit.mark(config, 3, "wf-3", "Succeeded")  # wrote checkpoint 4
+    assert checkpoint.written(config.run_url) == [4, 5]
+    summary = {"update": None, "timings_s": {}, "staleness": None, "phase_times": {}}
+    local.finish(config, IterationRecord(iteration=4, workflow="local"), summary)  # wrote checkpoint 5
+    assert checkpoint.written(config.run_url) == [5]
+    said = capsys.readouterr()
+    assert "keep_checkpoints=1: deleted the checkpoints of iterations 1, 2, 3" in said.out  # the Argo driver's
+    assert "keep_checkpoints=1: deleted the checkpoints of iterations 4" in said.err  # the local runner's
+
+
+def test_a_pin_that_is_not_an_iteration_is_refused_in_one_sentence() -> None:
+    """Control: a list of iterations passes."""
+    from workflows.config import ConfigError, from_dict, validate
+
+    validate(from_dict({"pin_checkpoints": [3, 5], "keep_checkpoints": 2}), check_dataset=False)
+    with pytest.raises(ConfigError, match="'pin_checkpoints' must be a list of iteration numbers"):
+        validate(from_dict({"pin_checkpoints": [-1]}), check_dataset=False)
