@@ -144,6 +144,15 @@ def fetch_rank(url: str, local: Path, rank: int = 0, world_size: int = 1, local_
     return local
 
 
+def fetch_shards(url: str, local: Path, progress: Callable[[str], None] | None = None) -> None:
+    """Downloads the per-rank files of `url`'s `optimizer/` that `local/optimizer/` lacks (`fetch_rank` fetched
+    one rank's): a skipped update's rank 0 copies every rank's state to the new checkpoint."""
+    if is_remote(url):
+        folder = local / OPTIMIZER_DIR
+        download(f"{url.rstrip('/')}/{OPTIMIZER_DIR}", folder, progress=progress,
+                 keep=lambda path: bool(RANK_FILE.search(path)) and not (folder / path).exists())
+
+
 def release(node: Path | None, local_rank: int, local_world_size: int) -> None:
     """This rank is done with `node` (`fetch_rank`); the last of the node's ranks to say so removes it."""
     if node is None or not node.exists():

@@ -509,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
             worker, metrics = run_update(samples, checkpoint, config, args.images or None, args.max_pixels)
         except (ConfigError, update_batch.SampleError) as error:
             return update_ranks.refuse(f"steps.update: {error}")
+        if worker is None and ranks.first:  # the input is copied unchanged, every rank's optimizer state with it
+            store.fetch_shards(args.checkpoint, checkpoint, progress=say)
         metrics = strict_metrics(metrics)
         if "not_finite" in metrics:
             say(f"warning: {', '.join(metrics['not_finite'])} not finite, written as null")
