@@ -189,3 +189,17 @@ def test_a_pin_that_is_not_an_iteration_is_refused_in_one_sentence() -> None:
     validate(from_dict({"pin_checkpoints": [3, 5], "keep_checkpoints": 2}), check_dataset=False)
     with pytest.raises(ConfigError, match="'pin_checkpoints' must be a list of iteration numbers"):
         validate(from_dict({"pin_checkpoints": [-1]}), check_dataset=False)
+
+
+def test_a_skipped_updates_rank_0_fetches_the_other_ranks_shards_it_copies(s3_url: str, tmp_path: Path) -> None:
+    """A skipped update copies the input whole: rank 0, which fetched its own shard, fetches the others' (and
+    nothing twice). Control: before that its folder lacks rank 1's."""
+    checkpoint.publish(saved_checkpoint(tmp_path / "saved", 2), s3_url)
+    local = checkpoint.fetch_rank(s3_url, tmp_path / "rank-0", rank=0, world_size=2)
+    shards = {str(p.relative_to(local)) for p in (local / "optimizer").glob("*_rank_*.pt")}
+    assert shards == own_shards(0, 2)
+    read = checkpoint.IO.read_bytes
+    checkpoint.fetch_shards(s3_url, local)
+    assert {str(p.relative_to(local)) for p in (local / "optimizer").glob("*_rank_*.pt")} == own_shards(0, 2) | \
+        own_shards(1, 2)
+    assert checkpoint.IO.read_bytes - read == 3 * SHARD
