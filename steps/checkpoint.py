@@ -204,9 +204,10 @@ def upload(local: Path, url: str, files: Iterable[Path]) -> None:
 
 
 def publish_rank(local: Path, url: str, rank: int) -> None:
-    """Uploads this rank's own files of `local/optimizer/` (`*_rank_{rank}.pt`) to a remote `url`: on another
-    node than rank 0's, only this rank has them."""
-    upload(local, url, sorted((local / OPTIMIZER_DIR).glob(f"*_rank_{rank}.pt")))
+    """Uploads to a remote `url` the files only this rank wrote in `local` (on another node than rank 0's, only it
+    has them): its weight files (`model-*.safetensors`, `steps.update.shards`) and `optimizer/*_rank_{rank}.pt`."""
+    upload(local, url, [*sorted(local.glob("model-*.safetensors")),
+                        *sorted((local / OPTIMIZER_DIR).glob(f"*_rank_{rank}.pt"))])
 
 
 def delete(url: str) -> None:

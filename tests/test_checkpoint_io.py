@@ -118,8 +118,8 @@ def test_publishing_and_deleting_are_counted(s3_url: str, tmp_path: Path) -> Non
     after = checkpoint.IO.as_dict()
     assert after["written_objects"] - before["written_objects"] == len(files)
     assert after["written_bytes"] - before["written_bytes"] == sum(p.stat().st_size for p in files)
-    checkpoint.publish_rank(saved, f"{s3_url}-rank", 1)
-    assert checkpoint.IO.written_objects - after["written_objects"] == 3
+    checkpoint.publish_rank(saved, f"{s3_url}-rank", 1)  # the weight files it wrote and its 3 shards
+    assert checkpoint.IO.written_objects - after["written_objects"] == 2 + 3
     deleted = checkpoint.IO.deleted_objects
     checkpoint.delete(s3_url)
     assert checkpoint.IO.deleted_objects - deleted == len(files)

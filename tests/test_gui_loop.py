@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from steps.proxy.images import REFERENCE_PREFIX
 from steps.contracts.table_files import read_table
 from steps.contracts import layout
+from steps.update.shards import read_weights
 
 REPO = Path(__file__).resolve().parents[1]
 # timeout: the run's own, two iterations of a vision model's update on CPU (minutes each on two busy cores)
@@ -66,7 +67,7 @@ def test_two_iterations_of_a_gui_agent_train_on_its_screenshots_and_serve_the_ne
     checkpoint = run / "checkpoints" / "iteration-1"
     for name in ("preprocessor_config.json", "chat_template.jinja", "tokenizer.json", "config.json"):
         assert (checkpoint / name).read_bytes() == (tiny_vision_model / name).read_bytes(), name
-    before, after = load_file(tiny_vision_model / "model.safetensors"), load_file(checkpoint / "model.safetensors")
+    before, after = load_file(tiny_vision_model / "model.safetensors"), read_weights(checkpoint)
     # The builder saves the tower as `visual.*`, transformers 5 (the update) as `model.visual.*`: vLLM reads both.
     after = {name.removeprefix("model.") if "visual" in name else name: value for name, value in after.items()}
     tower = [name for name in before if name.startswith("visual.")]

@@ -210,7 +210,7 @@ def test_two_ranks_train_uneven_mini_batches_as_one_rank_does(tiny_model: Path, 
     trajectories = write_samples(craft_samples(tiny_model, seed=0), tmp_path / "samples")
     config = tmp_path / "update.yaml"
     config.write_text((REPO / "configs" / "update.yaml").read_text()
-                      + "compute_dtype: fp32\nweight_decay: 0.0\nmini_batches: 2\n")
+                      + "compute_dtype: fp32\nweight_decay: 0.0\nmini_batches: 2\nserved_dtype: fp32\n")
     runs = {}
     for gpus in (1, 2):
         run = RunConfig(update_gpus=gpus, update_config=str(config), learning_rate=1e-3)

@@ -17,14 +17,14 @@ import pytest
 pytest.importorskip("verl", reason="verl==0.9.1 is not installed in this environment (the training env)")
 torch = pytest.importorskip("torch")
 
-from steps.update import batch as update_batch, train as update  # noqa: E402
+from steps.update import batch as update_batch, shards, train as update  # noqa: E402
 from steps.tiny_model import build_tiny_model  # noqa: E402
 from steps.update.config import load_config  # noqa: E402
 from update_reference import craft_samples, load_model, reference_update, response_logprobs, write_samples  # noqa: E402
 
 # fp32 compute so that the worker and the reference loop agree to float rounding; a large lr so that
 # one step visibly moves the weights.
-OVERRIDES = ["learning_rate=1e-3", "compute_dtype=fp32", "weight_decay=0.0"]
+OVERRIDES = ["learning_rate=1e-3", "compute_dtype=fp32", "weight_decay=0.0", "served_dtype=fp32"]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def updated(checkpoint: Path, samples, tmp_path_factory: pytest.TempPathFactory)
     """One update through veRL's worker, its saved checkpoint, and the reference loop on the same batch."""
     config = load_config(None, OVERRIDES)
     worker, metrics = update.run_update(samples, checkpoint, config)
-    out = update.save_checkpoint(worker, checkpoint, tmp_path_factory.mktemp("updated"))
+    out = update.save_checkpoint(worker, checkpoint, tmp_path_factory.mktemp("updated"), config)
     update.save_optimizer(worker, out, config, metrics["optimizer_steps_total"])
     params = parameters(worker)
     batch = update_batch.pad(samples, update_batch.rollout_advantages(samples, config))
@@ -199,7 +199,7 @@ def test_masked_tokens_get_no_gradient(checkpoint: Path, samples, updated: dict)
 def test_checkpoint_loads_and_changes_output(updated: dict, checkpoint: Path, samples) -> None:
     """The written folder is a complete HF model with the trained weights; it moved the policy the right way."""
     out = updated["out"]
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+    assert {"config.json", shards.INDEX_FILE, "tokenizer.json", "tokenizer_config.json"} <= {
         path.name for path in out.iterdir()}
     loaded, original = load_model(out), load_model(checkpoint)
     for name, tensor in loaded.state_dict().items():
@@ -292,7 +292,7 @@ def test_cli_trains_on_samples_parquet(checkpoint: Path, samples, tmp_path: Path
     assert code == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
-    assert (tmp_path / "out" / "model.safetensors").exists()
+    assert shards.weight_files(tmp_path / "out")
     assert update.main(["--trajectories", str(tmp_path), "--checkpoint", str(checkpoint), "--out",
                         str(tmp_path / "bad"), "correction=nope"]) == 2
 
@@ -316,7 +316,9 @@ def test_cli_skips_the_step_when_no_rollout_has_an_advantage(updated: dict, samp
     assert metrics["reward_mean"] == pytest.approx(0.5)
     optimizer = [f"{update.OPTIMIZER_DIR}/{path.name}" for path in (checkpoint / update.OPTIMIZER_DIR).glob("*.*")]
     assert len(optimizer) >= 3  # optim_*.pt, extra_state_*.pt, state.json
-    for name in ("model.safetensors", "config.json", "tokenizer.json", *optimizer):
+    weights = [path.name for path in checkpoint.glob("*.safetensors*")]
+    assert shards.INDEX_FILE in weights and len(weights) > 1
+    for name in (*weights, "config.json", "tokenizer.json", *optimizer):
         assert (tmp_path / "out" / name).read_bytes() == (checkpoint / name).read_bytes(), name
 
 

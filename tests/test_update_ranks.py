@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
 
 from steps.tiny_model import build_tiny_model  # noqa: E402
-from steps.update import ranks as update_ranks, train as update_train  # noqa: E402
+from steps.update import ranks as update_ranks, shards, train as update_train  # noqa: E402
 from update_reference import craft_samples, write_samples  # noqa: E402
 from steps.contracts import layout  # noqa: E402
 from workflows import commands  # noqa: E402
@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 # on 1 of 1.35M weights; the relative difference 4e-5).
 WEIGHTS = 1e-3
 METRICS = 1e-4
-UPDATE = ["compute_dtype: fp32", "weight_decay: 0.0", "mini_batches: 3"]
+UPDATE = ["compute_dtype: fp32", "weight_decay: 0.0", "mini_batches: 3", "served_dtype: fp32"]
 DISTRIBUTED_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 
 
@@ -98,7 +98,7 @@ def launcher_free_env() -> dict[str, str]:
 
 def weights(run: dict) -> dict[str, torch.Tensor]:
     assert run["code"] == 0, run["stderr"][-3000:]
-    return load_file(str(run["out"] / "model.safetensors"))
+    return shards.read_weights(run["out"])
 
 
 def metrics(run: dict) -> dict:
@@ -132,7 +132,7 @@ def test_two_ranks_make_the_update_one_rank_makes(runs: dict) -> None:
 
 
 def test_rank_0_writes_the_checkpoint_and_every_rank_its_optimizer_shard(runs: dict) -> None:
-    """One model.safetensors and metrics.json, one optimizer shard (and extra state) per rank, the world
+    """The weights' index and metrics.json, one optimizer shard (and extra state) per rank, the world
     size in state.json; one JSON line of metrics on stdout (rank 0's), no leftover partial folder."""
     out = runs["two"]["out"]
     names = {path.name for path in (out / "optimizer").iterdir()}
@@ -140,7 +140,7 @@ def test_rank_0_writes_the_checkpoint_and_every_rank_its_optimizer_shard(runs: d
     assert {f"extra_state_world_size_2_rank_{rank}.pt" for rank in (0, 1)} <= names
     assert not any("world_size_1" in name for name in names)
     assert json.loads((out / "optimizer" / "state.json").read_text())["world_size"] == 2
-    assert {"model.safetensors", "metrics.json", "config.json", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert {shards.INDEX_FILE, "metrics.json", "config.json", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     assert not [p for p in out.iterdir() if p.name.endswith(".partial")]
     (line,) = [line for line in runs["two"]["stdout"].splitlines() if line.startswith('{"')]  # veRL prints too
     assert json.loads(line) == metrics(runs["two"])
@@ -195,11 +195,12 @@ def test_a_skipped_update_on_two_ranks_copies_the_checkpoint_once(runs: dict) ->
     unchanged and says so once (the trained 2-rank runs are the control: they wrote new weights)."""
     skipped, source = runs["skipped"], runs["two"]["out"]
     assert metrics(skipped)["skipped"] == "no advantage" and metrics(skipped)["optimizer_state"] == "copied unchanged"
-    for name in ("model.safetensors", *(f"optimizer/{kind}_world_size_2_rank_{rank}.pt"
+    for name in (*(path.name for path in source.glob("*.safetensors*")), *(f"optimizer/{kind}_world_size_2_rank_{rank}.pt"
                                         for kind in ("optim", "extra_state") for rank in (0, 1))):
         assert (skipped["out"] / name).read_bytes() == (source / name).read_bytes(), name
     assert skipped["stderr"].count("steps.update: no advantage: ") == 1
-    assert (runs["two_again"]["out"] / "model.safetensors").read_bytes() != (source / "model.safetensors").read_bytes()
+    again, before = weights(runs["two_again"]), weights(runs["two"])
+    assert any(not again[name].equal(before[name]) for name in before)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ __all__ = ["ConfigError", "UpdateConfig", "load_config"]
 
 CORRECTIONS = ("bypass", "tis")
 COMPUTE_DTYPES = ("bf16", "fp32")
+SERVED_DTYPES = ("bf16", "fp16", "fp32")  # the written weights' (steps.update.shards.SERVED_DTYPES)
 # veRL's outcome-reward estimators that need nothing but rewards and groups (no critic, no baselines).
 ADV_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gpg")
 # veRL 0.9.1's registered policy losses (core_algos.POLICY_LOSS_REGISTRY) but "bypass_mode", which wants
@@ -24,7 +25,8 @@ POLICY_LOSSES = ("vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_c
                  "cispo")
 # veRL 0.9.1's loss aggregations (core_algos.agg_loss).
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-CHOICES = {"correction": CORRECTIONS, "compute_dtype": COMPUTE_DTYPES, "adv_estimator": ADV_ESTIMATORS,
+CHOICES = {"correction": CORRECTIONS, "compute_dtype": COMPUTE_DTYPES, "served_dtype": SERVED_DTYPES,
+           "adv_estimator": ADV_ESTIMATORS,
            "policy_loss": POLICY_LOSSES, "loss_agg_mode": LOSS_AGG_MODES}
 # Each field's allowed range: (test, what the message says is accepted).
 RANGES: dict[str, settings.Range] = {
@@ -43,6 +45,7 @@ RANGES: dict[str, settings.Range] = {
     "temperature": (lambda v: v > 0, "a number > 0"),
     "max_tokens_per_micro_batch": (lambda v: v >= 1, "a whole number >= 1"),
     "seed": (lambda v: 0 <= v < 2**32, "a whole number in [0, 2**32)"),
+    "max_file_bytes": (lambda v: v >= 1, "a whole number >= 1"),
 }
 
 
@@ -71,6 +74,8 @@ class UpdateConfig:
     unmatched_sampling: str = ""  # set by the run: sampling it cannot reproduce ("top_p=0.9"), named in the metrics
     max_tokens_per_micro_batch: int = 32768
     compute_dtype: str = "bf16"
+    served_dtype: str = "bf16"
+    max_file_bytes: int = 5_000_000_000
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -5,7 +5,9 @@ veRL saves the optimizer as one `torch.save` file per rank (`optim_world_size_N_
 size. FSDP2 shards every parameter the same way at any world size (dimension 0 cut in chunks of
 ceil(rows / ranks), as `torch.chunk`), so the saved shards, joined in rank order, are the whole moments, and
 each rank's new part is a range of their rows. The files are memory-mapped and one parameter's moments are
-joined at a time.
+joined at a time. The fp32 master weights veRL saves beside them (`model_world_size_N_rank_R.pt`: the module's
+`state_dict`, FSDP2's same dim-0 DTensor shards; `fsdp_checkpoint_manager.py`, `save_checkpoint`) are resharded
+the same way, one parameter joined at a time (`load_weights`).
 """
 
 from pathlib import Path
@@ -16,6 +18,32 @@ import torch
 def optimizer_file(folder: Path, world_size: int, rank: int) -> Path:
     """veRL's name for one rank's optimizer shard."""
     return folder / f"optim_world_size_{world_size}_rank_{rank}.pt"
+
+
+def weights_file(folder: Path, world_size: int, rank: int) -> Path:
+    """veRL's name for one rank's shard of the fp32 master weights."""
+    return folder / f"model_world_size_{world_size}_rank_{rank}.pt"
+
+
+def has_weights(folder: Path, world_size: int) -> bool:
+    """Whether `folder` holds the master weights of every one of `world_size` ranks (a checkpoint written before
+    they were saved has none: the update then starts from the served weights)."""
+    return all(weights_file(folder, world_size, rank).is_file() for rank in range(world_size))
+
+
+def load_weights(module: torch.nn.Module, folder: Path, saved_world_size: int) -> None:
+    """Loads into `module` (FSDP2's, on this rank) the fp32 master weights saved by `saved_world_size` ranks."""
+    from torch.distributed.tensor import DTensor
+
+    saved = [torch.load(weights_file(folder, saved_world_size, rank), mmap=True, weights_only=False)
+             for rank in range(saved_world_size)]
+    state = {}
+    for name, param in module.state_dict().items():
+        if not isinstance(param, DTensor):  # not sharded: every rank saved the whole of it
+            state[name] = _local(saved[0][name]).clone()
+            continue
+        state[name] = _my_rows(torch.cat([_local(shard[name]) for shard in saved]), param)
+    module.load_state_dict(state)
 
 
 def load(optimizer: torch.optim.Optimizer, folder: Path, saved_world_size: int) -> None:

@@ -7,15 +7,17 @@
 schema in `docs/trajectories.md`); `--checkpoint` a Hugging Face model folder. The step computes
 advantages per rollout with veRL's estimator grouped per task (GRPO by default), corrects for the
 sampler with the recorded logprobs (bypass or truncated IS), runs veRL's FSDP2 update, and writes
-`{out}/model.safetensors` + the input's config and tokenizer files (a folder vLLM loads or reloads),
-`{out}/optimizer/` (AdamW's state, so the next update continues this one; `carry_optimizer`) and
-`{out}/metrics.json`. Under torchrun (`steps.update.launch`, `update_gpus` > 1) each rank trains its
-share of the batch (`steps.update.ranks`), rank 0 writes the weights and `metrics.json` and every rank its
-optimizer shard. When every rollout's advantage is 0 (each task's rollouts earned the same
-reward) there is no gradient: the worker is not built, the input weights and optimiser state are copied
-to `--out` unchanged and `metrics.json` says `"skipped": "no advantage"`. The same code runs on GPU and
-CPU; the CPU-only adjustments are in `steps.update.cpu` and apply only without a GPU. A bad sample or
-config key is refused in one sentence (exit code 2) before any model is loaded (`docs/update.md`).
+the weights in the served dtype as Hugging Face sharded safetensors (`{out}/model-0000k-of-0000N.safetensors` +
+`model.safetensors.index.json`, `steps.update.shards`) + the input's config and tokenizer files (a folder vLLM
+loads or reloads), `{out}/optimizer/` (the fp32 master weights and AdamW's state, so the next update continues
+this one; `carry_optimizer`) and `{out}/metrics.json`. Under torchrun (`steps.update.launch`, `update_gpus` > 1)
+each rank trains its share of the batch (`steps.update.ranks`) and writes its own weight files and optimizer
+shard; rank 0 the index and `metrics.json`; no rank gathers the model. When every rollout's advantage is 0
+(each task's rollouts earned the same reward) there is no gradient: the worker is not built, the input
+weights and optimiser state are copied to `--out` unchanged and `metrics.json` says `"skipped": "no
+advantage"`. The same code runs on GPU and CPU; the CPU-only adjustments are in `steps.update.cpu` and
+apply only without a GPU. A bad sample or config key is refused in one sentence (exit code 2) before any
+model is loaded (`docs/update.md`).
 """
 
 import argparse
@@ -33,6 +35,7 @@ import torch
 
 from steps import settings
 from steps.update import batch as update_batch, cpu as update_cpu, ranks as update_ranks, reshard, vision
+from steps.update import shards as weight_shards
 from steps import checkpoint as store
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish, unmark
 from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
@@ -46,11 +49,12 @@ CHECKPOINT_FILES = ["config.json", "generation_config.json", "tokenizer.json", "
                     "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "vocab.json",
                     "merges.txt", "added_tokens.json", "preprocessor_config.json", "processor_config.json",
                     "video_preprocessor_config.json"]
-# The checkpoint's subfolder `OPTIMIZER_DIR` holds the optimiser state in veRL's own format
-# (`optim_world_size_*_rank_*.pt`: AdamW's moments and step count; `extra_state_*.pt`: lr scheduler and
-# RNG) plus our `state.json`. What veRL's checkpoint manager saves and loads there (the weights travel
-# as model.safetensors instead):
-OPTIMIZER_CONTENTS = ["optimizer", "extra"]
+# The checkpoint's subfolder `OPTIMIZER_DIR` holds the training state in veRL's own format, one file per rank
+# of each (`fsdp_checkpoint_manager.py`, `save_checkpoint`): `model_world_size_*_rank_*.pt` (the fp32 master
+# weights' FSDP2 shard, so the next update continues from them and not from the served copy rounded to the
+# served dtype), `optim_world_size_*_rank_*.pt` (AdamW's moments and step count) and `extra_state_*.pt` (lr
+# scheduler and RNG), plus our `state.json`. What veRL's checkpoint manager saves there:
+OPTIMIZER_CONTENTS = ["model", "optimizer", "extra"]
 
 
 def prepare_runtime() -> None:
@@ -84,9 +88,11 @@ def attention(gpu: bool, flash_attn: bool) -> tuple[str, bool]:
     return ("flash_attention_2", True) if gpu and flash_attn else ("sdpa", False)
 
 
-def build_worker(checkpoint: Path, config: UpdateConfig, response_width: int | None = None):
+def build_worker(checkpoint: Path, config: UpdateConfig, response_width: int | None = None,
+                 load_contents: list[str] = OPTIMIZER_CONTENTS):
     """veRL's `TrainingWorker` (FSDP2, AdamW) on the HF checkpoint, with veRL's `ppo_loss` set.
 
+    `load_contents`: what its `load_checkpoint` reads (`carried_contents`).
     `response_width` is the whole batch's (the longest response): `seq-mean-token-sum-norm` divides by it.
     Left to veRL (None) it divides by each micro-batch's own width, which depends on which rows a rank holds,
     so N ranks would not make the update one rank makes. Returns (worker, actor_config); actor_config is what
@@ -119,7 +125,7 @@ def build_worker(checkpoint: Path, config: UpdateConfig, response_width: int | N
         loss_agg_mode=config.loss_agg_mode, entropy_coeff=config.entropy_coeff,
         loss_scale_factor=response_width if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
         policy_loss={"loss_mode": config.policy_loss}, use_torch_compile=engine.use_torch_compile)
-    contents = CheckpointConfig(save_contents=OPTIMIZER_CONTENTS, load_contents=OPTIMIZER_CONTENTS)
+    contents = CheckpointConfig(save_contents=OPTIMIZER_CONTENTS, load_contents=load_contents)
     worker = TrainingWorker(TrainingWorkerConfig(model_type="language_model", model_config=model,
                                                  engine_config=engine, optimizer_config=optim,
                                                  checkpoint_config=contents))
@@ -223,6 +229,18 @@ def saved_optimizer(checkpoint: Path, config: UpdateConfig) -> tuple[dict | None
     return saved, "carried" if ranks == wanted["world_size"] else f"carried, resharded from world size {ranks}"
 
 
+def carried_contents(folder: Path, saved: dict | None) -> list[str]:
+    """What of `OPTIMIZER_CONTENTS` the update loads from the saved state `folder` (`saved`: its `state.json`, None
+    when nothing is carried): all of it where the fp32 master weights are there, else (a checkpoint written
+    before they were saved) the optimiser state alone, the weights then being the served ones."""
+    ranks, saved_ranks = update_ranks.current(), (saved or {}).get("world_size", 1)
+    # at the saved world size a rank fetched only its own shard from a remote checkpoint (`steps.checkpoint.fetch_rank`)
+    needed = [ranks.rank] if saved_ranks == ranks.world_size else range(saved_ranks)
+    if saved and all(reshard.weights_file(folder, saved_ranks, rank).is_file() for rank in needed):
+        return OPTIMIZER_CONTENTS
+    return [content for content in OPTIMIZER_CONTENTS if content != "model"]
+
+
 def check_inputs(samples: list[Sample], checkpoint: Path, config: UpdateConfig) -> None:
     """Refuses, before any model is loaded, samples the checkpoint cannot train on (`check_sample` with its
     vocabulary: a `SampleError`) and a config that does not fit them (a `ConfigError`)."""
@@ -286,12 +304,15 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, im
                       "samples": len(samples), "optimizer_steps": 0, "tokens_trained": 0,
                       "optimizer_state": "copied unchanged" if saved else optimizer_state,
                       "optimizer_steps_total": steps_before, "total_s": time.perf_counter() - started}
-    worker, _ = build_worker(checkpoint, config, max(len(s.response_token_ids) for s in samples))
+    contents = carried_contents(checkpoint / OPTIMIZER_DIR, saved)
+    worker, _ = build_worker(checkpoint, config, max(len(s.response_token_ids) for s in samples), contents)
     ranks = update_ranks.current()
     if saved and saved.get("world_size", 1) == ranks.world_size:
         worker.load_checkpoint(str(checkpoint / OPTIMIZER_DIR))
     elif saved:  # veRL loads only the files of its own world size
         reshard.load(worker.engine.optimizer, checkpoint / OPTIMIZER_DIR, saved.get("world_size", 1))
+        if "model" in contents:
+            reshard.load_weights(worker.engine.module, checkpoint / OPTIMIZER_DIR, saved.get("world_size", 1))
     shards = update_ranks.shard_rows(len(samples), config.mini_batches, ranks.world_size)
     batch = update_batch.pad([*samples, update_batch.FILLER], advantages)
     if image_inputs is not None:
@@ -344,23 +365,20 @@ def _mean(values) -> float:
     return float(sum(float(v) for v in values) / len(values))
 
 
-def save_checkpoint(worker, checkpoint: Path, out: Path, write: bool = True) -> Path:
-    """Write the updated weights as `out/model.safetensors` plus the input's config and tokenizer files.
-
-    Every rank calls it (each FSDP2 parameter is gathered from all ranks); only the one with `write` writes.
-    """
-    from safetensors.torch import save_file
-
+def save_checkpoint(worker, checkpoint: Path, out: Path, config: UpdateConfig | None = None,
+                    first: bool = True) -> Path:
+    """Write the updated weights in `config.served_dtype` as sharded safetensors with their index
+    (`steps.update.shards`: each rank its own files, at most `max_file_bytes` each), and (the `first` rank) the
+    input's config and tokenizer files. Every rank calls it and says what it wrote and held (`shards.save`)."""
+    config = config or UpdateConfig()
+    # veRL's export: each parameter gathered whole on every rank in turn, named as Hugging Face names it
+    # (transformer_impl.py, `get_per_tensor_param`); only its owner keeps it
     params, _ = worker.engine.get_per_tensor_param()
-    # each weight is gathered whole on every rank in turn; only the writer keeps a copy in memory
-    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in params if write}
-    if not write:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    partial = out / ".model.safetensors.partial"  # renamed when complete: a reader never sees half a file
-    save_file(tensors, str(partial), metadata={"format": "pt"})
-    os.replace(partial, out / "model.safetensors")
-    _copy_files([checkpoint / name for name in CHECKPOINT_FILES], out)
+    saved = weight_shards.save(params, out, weight_shards.SERVED_DTYPES[config.served_dtype], config.max_file_bytes)
+    _progress(f"rank {update_ranks.current().rank} wrote {len(saved['files'])} weight file(s) of {saved['bytes']} "
+              f"bytes and held at most {saved['held']} bytes while saving (the model: {saved['model_bytes']} bytes)")
+    if first:
+        _copy_files([checkpoint / name for name in CHECKPOINT_FILES], out)
     return out
 
 
@@ -443,7 +461,7 @@ def write_output(worker, checkpoint: Path, out: Path, metrics: dict, config: Upd
                       "the weights and optimizer state are copied unchanged")
             copy_checkpoint(checkpoint, out, optimizer=config.carry_optimizer)
     else:
-        save_checkpoint(worker, checkpoint, out, write=ranks.first)
+        save_checkpoint(worker, checkpoint, out, config, first=ranks.first)
         if config.carry_optimizer:
             save_optimizer(worker, out, config, metrics["optimizer_steps_total"], owner=owner)
     if ranks.first:
@@ -451,8 +469,8 @@ def write_output(worker, checkpoint: Path, out: Path, metrics: dict, config: Upd
 
 
 def publish_output(local: Path, url: str, ranks: update_ranks.Ranks, trained: bool) -> None:
-    """Uploads the new checkpoint from each rank's own folder: the other ranks their optimizer shards (on
-    other nodes, rank 0 has not got them), then, once every rank is done, rank 0 everything it wrote."""
+    """Uploads the new checkpoint from each rank's own folder: the other ranks their weight files and optimizer
+    shards (on other nodes, rank 0 has not got them), then, once every rank is done, rank 0 everything it wrote."""
     if trained and not ranks.first:
         store.publish_rank(local, url, ranks.rank)
     if trained:
