@@ -115,9 +115,12 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
             raise ConfigError(f"config key {key!r} must be at least 1 (a limit; docs/reliability.md), "
                               f"got {getattr(config, key)}")
     for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed", "eval_every", "max_staleness",
-                "harness_memory_mb"):
+                "harness_memory_mb", "keep_checkpoints"):
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in config.pin_checkpoints):
+        raise ConfigError(f"config key 'pin_checkpoints' must be a list of iteration numbers (ints 0 or more), "
+                          f"got {list(config.pin_checkpoints)}")
     check_serving(config)
     # A Secret's name is a DNS subdomain (kubernetes.io/docs/concepts/overview/working-with-objects/names/).
     secret = config.registry_secret

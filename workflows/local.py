@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from steps import manifest
+from steps import checkpoint, manifest
 from steps.contracts.manifest import EvalRecord, IterationRecord
 from steps.evaluate import cell, format_table
 from steps.fetch_model import TOKEN_ENV
@@ -579,6 +579,7 @@ def finish(config: RunConfig, entry: IterationRecord, summary: dict) -> None:
         if config.evaluates_at(entry.iteration) else None
     manifest.record(config.run_url, entry)
     print(json.dumps(summary), flush=True)
+    checkpoint.retire(config, entry.iteration + 1, manifest.read_evals(config.run_url), say)
 
 
 def record_failure(config: RunConfig, entry: IterationRecord, exc: Exception) -> None:

@@ -54,7 +54,7 @@ from hera.workflows import Workflow
 if __package__ in (None, ""):  # run as `python workflows/submit.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from steps import manifest, sampling  # noqa: E402
+from steps import checkpoint, manifest, sampling  # noqa: E402
 from steps.evaluate import cell, format_table  # noqa: E402
 from steps.contracts.manifest import DONE, EvalRecord, IterationRecord  # noqa: E402
 from steps.metrics import harness_killed_warning  # noqa: E402
@@ -366,6 +366,8 @@ def mark(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
         staleness=manifest.read_staleness(config.run_url, iteration)))
     if evaluated:
         mark_eval(config, iteration, workflow, "Succeeded" if numbers else "Failed")
+    if status == "Succeeded":
+        checkpoint.retire(config, iteration + 1, manifest.read_evals(config.run_url))
 
 
 def mark_eval(config: RunConfig, iteration: int, workflow: str, status: str) -> None:

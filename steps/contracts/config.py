@@ -118,6 +118,8 @@ class RunConfig:
     s3_endpoint: str = ""  # e.g. http://minio.openforge.svc:9000; empty: AWS (s3.<s3_region>.amazonaws.com)
     s3_region: str = ""  # e.g. us-west-2: every pod's and the driver's AWS_REGION; empty: the SDK's own default
     report_url_base: str = ""  # an http(s) URL serving the store's root to browsers: the Workflows link the report there
+    keep_checkpoints: int = 0  # keep the last N checkpoints (and the base, evaluated, pinned, served); 0: keep all
+    pin_checkpoints: tuple[int, ...] = ()  # iterations whose checkpoints `keep_checkpoints` never deletes
     # the cluster (used only with an Argo server)
     argo_server: str = ""  # empty: run locally
     argo_server_in_cluster: str = "https://argo-server.argo:2746"  # the Argo Server as a pod reaches it: the --detach driver's

@@ -110,3 +110,13 @@ def barrier() -> None:
     """Waits for every rank (nothing to wait for alone)."""
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()
+
+
+def gather_objects(mine: dict) -> list[dict]:
+    """Every rank's `mine`, in rank order (all ranks call it); alone, or before the process group is up, this
+    rank's only."""
+    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return [mine]
+    every: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(every, mine)
+    return every

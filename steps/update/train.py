@@ -36,6 +36,7 @@ import torch
 
 from steps.update import batch as update_batch, cpu as update_cpu, ranks as update_ranks, reshard, vision
 from steps.update import shards as weight_shards
+from steps import checkpoint as store
 from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish, unmark
 from steps.contracts.layout import ADAPTER_CONFIG
 from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
@@ -222,7 +223,10 @@ def carried_contents(folder: Path, saved: dict | None) -> list[str]:
     """What of `OPTIMIZER_CONTENTS` the update loads from the saved state `folder` (`saved`: its `state.json`, None
     when nothing is carried): all of it where the fp32 master weights are there, else (a checkpoint written
     before they were saved) the optimiser state alone, the weights then being the served ones."""
-    if saved and reshard.has_weights(folder, saved.get("world_size", 1)):
+    ranks, saved_ranks = update_ranks.current(), (saved or {}).get("world_size", 1)
+    # at the saved world size a rank fetched only its own shard from a remote checkpoint (`steps.checkpoint.fetch_rank`)
+    needed = [ranks.rank] if saved_ranks == ranks.world_size else range(saved_ranks)
+    if saved and all(reshard.weights_file(folder, saved_ranks, rank).is_file() for rank in needed):
         return OPTIMIZER_CONTENTS
     return [content for content in OPTIMIZER_CONTENTS if content != "model"]
 
@@ -438,17 +442,22 @@ def publish_output(local: Path, url: str, ranks: update_ranks.Ranks, trained: bo
     """Uploads the new checkpoint from each rank's own folder: the other ranks their weight files and optimizer
     shards (on other nodes, rank 0 has not got them), then, once every rank is done, rank 0 everything it wrote."""
     if trained and not ranks.first:
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(url)
-        for path in sorted(local.glob("model-*.safetensors")):
-            fs.put_file(str(path), f"{root.rstrip('/')}/{path.name}")
-        for path in sorted((local / OPTIMIZER_DIR).glob(f"*_rank_{ranks.rank}.pt")):
-            fs.put_file(str(path), f"{root.rstrip('/')}/{OPTIMIZER_DIR}/{path.name}")
+        store.publish_rank(local, url, ranks.rank)
     if trained:
         update_ranks.barrier()
     if ranks.first:
         publish(local, url)
+
+
+def io_counts(ranks: update_ranks.Ranks) -> dict:
+    """This rank's bytes and objects moved through the store so far (`steps.checkpoint.IO`), with its node
+    (torchrun's GROUP_RANK)."""
+    return {"rank": ranks.rank, "node": int(os.environ.get("GROUP_RANK", "0")), **store.IO.as_dict()}
+
+
+def report_io(ranks: update_ranks.Ranks) -> None:
+    """This rank's whole count, its writes included, as one stderr line: `steps.update: io {JSON}`."""
+    print(f"steps.update: io {json.dumps(io_counts(ranks))}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -465,19 +474,26 @@ def main(argv: list[str] | None = None) -> int:
         check_sampled_temperature(args.trajectories, config.temperature)
     except (ConfigError, update_batch.SampleError) as error:
         return update_ranks.refuse(f"steps.update: {error}")
+    node = store.node_folder()  # the weights are fetched once per node into it (`steps.checkpoint.fetch_rank`)
     with tempfile.TemporaryDirectory(prefix="openforge-update-") as tmp:
-        checkpoint = fetch(args.checkpoint, Path(tmp) / "in", progress=say)
+        checkpoint = store.fetch_rank(args.checkpoint, Path(tmp) / "in", ranks.rank, ranks.world_size,
+                                      ranks.local_rank, node, progress=say)
         base = None
-        if args.base_model:
-            base = checkpoint if args.base_model == args.checkpoint else fetch(args.base_model, Path(tmp) / "base",
-                                                                                progress=say)
+        if args.base_model:  # a LoRA run's base model, fetched as the weights are: once per node
+            base = checkpoint if args.base_model == args.checkpoint else store.fetch_rank(
+                args.base_model, Path(tmp) / "base", ranks.rank, ranks.world_size, ranks.local_rank,
+                node / "base" if node is not None else None, progress=say)
         try:
             worker, metrics = run_update(samples, checkpoint, config, args.images or None, args.max_pixels, base)
         except (ConfigError, update_batch.SampleError) as error:
             return update_ranks.refuse(f"steps.update: {error}")
+        if worker is None and ranks.first:  # the input is copied unchanged, every rank's optimizer state with it
+            store.fetch_shards(args.checkpoint, checkpoint, progress=say)
         metrics = strict_metrics(metrics)
         if "not_finite" in metrics:
             say(f"warning: {', '.join(metrics['not_finite'])} not finite, written as null")
+        # each rank's reads, all done by now (its writes follow metrics.json: its last stderr line, `report_io`)
+        metrics["io"] = update_ranks.gather_objects(io_counts(ranks))
         # a local --out is one folder all ranks share (one node, or a shared file system); a remote one is
         # written by each rank into its own temporary folder first
         local_out = Path(tmp) / "out" if is_remote(args.out) else fetch(args.out, Path(tmp))
@@ -493,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"steps.update: cannot write the new checkpoint to {args.out} ({type(error).__name__}: {error})",
                   file=sys.stderr)
             return 1
+    # the node's weights are removed by its last rank done (a failed rank's pod and its temporary folder go)
+    store.release(node, ranks.local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    report_io(ranks)
     if ranks.first:
         print(json.dumps(metrics, allow_nan=False))
     return 0
