@@ -63,7 +63,7 @@ from steps.follow import start_follower
 from steps.net import HOST, free_port
 from steps.proxy.__main__ import add_rollout_limits, check_rollout_limits, forced_sampling
 from steps.proxy.__main__ import command_line as proxy_command_line
-from steps.proxy.__main__ import main as proxy_main
+from steps.proxy.__main__ import serve as proxy_main
 from steps.proxy.images import renders_tool_images
 from steps.proxy.weights import is_adapter
 from steps.vllm_parsers import UnknownFamily

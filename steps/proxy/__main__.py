@@ -191,9 +191,14 @@ def forced_sampling(p: argparse.ArgumentParser, items: list[str]) -> dict:
     return {**sampling.NEUTRAL, **given} if given else {}
 
 
-def main(argv: list[str] | None = None, restart: Restart | None = None) -> int:
-    """Starts the proxy and serves until interrupted; exit code 0 once it has shut down. `restart`: given by the
-    serve step when its replicas are restarted on new weights rather than reloaded in place (steps.proxy.weights)."""
+def main(argv: list[str] | None = None) -> int:
+    """Starts the proxy and serves until interrupted; exit code 0 once it has shut down."""
+    return serve(argv)
+
+
+def serve(argv: list[str] | None = None, restart: Restart | None = None) -> int:
+    """`main`, with the `restart` the serve step gives when its replicas are restarted on new weights rather than
+    reloaded in place (steps.proxy.weights)."""
     config = parse_args(argv)
     logs.setup(config.log_level)
     app = create_app(config, restart)

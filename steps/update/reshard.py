@@ -25,12 +25,6 @@ def weights_file(folder: Path, world_size: int, rank: int) -> Path:
     return folder / f"model_world_size_{world_size}_rank_{rank}.pt"
 
 
-def has_weights(folder: Path, world_size: int) -> bool:
-    """Whether `folder` holds the master weights of every one of `world_size` ranks (a checkpoint written before
-    they were saved has none: the update then starts from the served weights)."""
-    return all(weights_file(folder, world_size, rank).is_file() for rank in range(world_size))
-
-
 def load_weights(module: torch.nn.Module, folder: Path, saved_world_size: int) -> None:
     """Loads into `module` (FSDP2's, on this rank) the fp32 master weights saved by `saved_world_size` ranks."""
     from torch.distributed.tensor import DTensor
