@@ -49,6 +49,12 @@ class Transfers:
 IO = Transfers()  # this process's counts: one update rank, one serve step
 
 
+def io_counts(rank: int = 0) -> dict:
+    """This process's bytes and objects moved through the store so far (`IO`), as update rank `rank` of its node
+    (torchrun's GROUP_RANK) says them in `metrics.json`'s `io` and its last stderr line."""
+    return {"rank": rank, "node": int(os.environ.get("GROUP_RANK", "0")), **IO.as_dict()}
+
+
 def is_remote(url: str) -> bool:
     """Whether `url` names an object store (or any fsspec protocol) rather than a local folder."""
     return "://" in url and not url.startswith("file://")

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from steps import settings
-from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publish, unmark
+from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, io_counts, is_remote, publish, unmark
 from steps.contracts.layout import ADAPTER_CONFIG
 from steps.update.config import ConfigError, UpdateConfig, load_config
 from steps.update.samples import (GROUP_BASELINE_ESTIMATORS, Sample, SampleError, check_inputs,
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int | None:
             return None
         started = time.perf_counter()
         saved, optimizer_state = saved_optimizer(checkpoint, config)
-        metrics = skipped_metrics(samples, config, saved, optimizer_state, started)
+        metrics = {**skipped_metrics(samples, config, saved, optimizer_state, started), "io": [io_counts()]}
         out = Path(tmp) / "out" if is_remote(args.out) else fetch(args.out, Path(tmp))
         try:
             unmark(args.out)

@@ -449,15 +449,9 @@ def publish_output(local: Path, url: str, ranks: update_ranks.Ranks, trained: bo
         publish(local, url)
 
 
-def io_counts(ranks: update_ranks.Ranks) -> dict:
-    """This rank's bytes and objects moved through the store so far (`steps.checkpoint.IO`), with its node
-    (torchrun's GROUP_RANK)."""
-    return {"rank": ranks.rank, "node": int(os.environ.get("GROUP_RANK", "0")), **store.IO.as_dict()}
-
-
 def report_io(ranks: update_ranks.Ranks) -> None:
     """This rank's whole count, its writes included, as one stderr line: `steps.update: io {JSON}`."""
-    print(f"steps.update: io {json.dumps(io_counts(ranks))}", file=sys.stderr, flush=True)
+    print(f"steps.update: io {json.dumps(store.io_counts(ranks.rank))}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -493,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         if "not_finite" in metrics:
             say(f"warning: {', '.join(metrics['not_finite'])} not finite, written as null")
         # each rank's reads, all done by now (its writes follow metrics.json: its last stderr line, `report_io`)
-        metrics["io"] = update_ranks.gather_objects(io_counts(ranks))
+        metrics["io"] = update_ranks.gather_objects(store.io_counts(ranks.rank))
         # a local --out is one folder all ranks share (one node, or a shared file system); a remote one is
         # written by each rank into its own temporary folder first
         local_out = Path(tmp) / "out" if is_remote(args.out) else fetch(args.out, Path(tmp))
