@@ -221,7 +221,9 @@ def image_update(vision_checkpoint: Path, run_images: dict, tmp_path_factory: py
     pq.write_table(table, folder / "samples.parquet")
     out = tmp_path_factory.mktemp("image-update") / "out"
     code = update.main(["--trajectories", str(folder), "--checkpoint", str(vision_checkpoint), "--out", str(out),
-                        "--images", run_images["url"], *OVERRIDES])
+                        "--images", run_images["url"], *OVERRIDES,
+                        # every weight moves by less than bf16 resolves on some (norms, biases): fp32 shows them all
+                        "served_dtype=fp32"])
     return {"code": code, "out": out, "samples": samples}
 
 
