@@ -84,7 +84,8 @@ def figures(config: RunConfig, summaries: list[dict], wall_s: float, window: int
         "samples_per_task": config.samples_per_task, "max_tokens_cap": config.max_tokens_cap,
         "mean_reward": rewards,
         "max_staleness": config.max_staleness,
-        "phases_s": {p: [s["timings_s"].get(p + "_s", 0.0) for s in summaries] for p in (*PHASES, OVERLAP)},
+        "phases_s": {p: [s["timings_s"][p + "_s"] for s in summaries if p + "_s" in s["timings_s"]]  # the last: no reload
+                     for p in (*PHASES, OVERLAP)},
         "seconds_per_iteration": seconds_per_iteration(summaries),
         "staleness": [s.get("staleness") for s in summaries],
         "updates_skipped": [s["iteration"] for s in summaries if skipped(s)],
@@ -99,7 +100,8 @@ def figures(config: RunConfig, summaries: list[dict], wall_s: float, window: int
 
 
 def seconds_per_iteration(summaries: list[dict]) -> float:
-    """From the first iteration's start to the last one's end (its swap), per iteration: vLLM's start left out.
+    """From the first iteration's start to the last one's end (its update: nothing serves its weights after it, so
+    it swaps nothing), per iteration: vLLM's start left out.
 
     >>> seconds_per_iteration([{"phase_times": {"rollouts": [10, 20], "reload": [30, 31]}},
     ...                        {"phase_times": {"rollouts": [25, 40], "reload": [50, 51]}}])

@@ -409,7 +409,8 @@ def collect_iteration(config: RunConfig, iteration: int, proxy_url: str, env: di
 
 def update_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_key: str, env: dict, logs: Path,
                      times: dict) -> str:
-    """update, weight swap; returns the checkpoint it wrote, each phase's [start, end] into `times`."""
+    """update, then the weight swap unless nothing will serve the new weights; returns the checkpoint it wrote,
+    each phase's [start, end] into `times`."""
     say(f"iteration {iteration}: veRL update")
     started = time.time()
     checkpoint, next_checkpoint = config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)
@@ -419,8 +420,11 @@ def update_iteration(config: RunConfig, iteration: int, proxy_url: str, admin_ke
     if skipped := (manifest.read_metrics(next_checkpoint) or {}).get("skipped"):
         say(f"iteration {iteration}: update skipped ({skipped}: every task's rollouts earned the same reward); "
             "the next iteration serves the same weights")
-    swap_weights(proxy_url, admin_key, next_checkpoint, iteration + 1)
-    times["reload"] = [times["update"][1], time.time()]
+    # Nothing serves the last update's weights but a final evaluation: without one, the swap (a vLLM restart for a
+    # MoE model on CPU) would be thrown away with the serve process.
+    if iteration + 1 < config.iterations or config.evaluates_at(config.iterations):
+        swap_weights(proxy_url, admin_key, next_checkpoint, iteration + 1)
+        times["reload"] = [times["update"][1], time.time()]
     return next_checkpoint
 
 
