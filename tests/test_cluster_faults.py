@@ -7,7 +7,9 @@ the taint manager's deletions), turned into the node's `lastRetry` variables as 
 operator.go), and the rendered `retryStrategy.expression` is evaluated on them by `evaluate`, a small evaluator of
 the subset of expr-lang/expr (Argo's expression language, `argoexpr.EvalBool`) the expression is written in:
 single-quoted strings, `lastRetry.*` variables, `==`, `startsWith`, `&&`, `||` and parentheses, with expr's
-precedence (comparisons bind tighter than `&&`, `&&` than `||`). Anything else in the expression fails the test.
+precedence (expr v1.16-1.17, the versions Argo v3.5-3.7 build with: parser/operator/operator.go gives `==` and
+`startsWith` 20, `&&` 15, `||` 10; its checker takes `startsWith` on Argo's untyped map values and a string).
+Anything else in the expression fails the test.
 """
 
 import re
