@@ -138,7 +138,8 @@ CLUSTER = {
     "evicted: node low on disk": {"message": "The node was low on resource: ephemeral-storage. Threshold quantity: "
                                              "10Gi, available: 9Gi. Container wait was using 20Ki, request is 0, has "
                                              "larger consumption of ephemeral-storage. ", "main": ("Error", 137, "")},
-    "refused at admission under disk pressure": {"message": "The node had condition: [DiskPressure]. "},
+    "refused at admission under disk pressure": {"message": "Pod was rejected: The node had condition: "
+                                                           "[DiskPressure]. "},
     "preempted by the kubelet for a critical pod": {"message": "Preempted in order to admit critical pod",
                                                     "main": ("Error", 137, "")},
     "refused at admission: out of cpu": {"message": "Pod was rejected: Node didn't have enough resource: cpu, "

@@ -86,8 +86,8 @@ RETRIED: dict[str, list[tuple[Test, ...]]] = {
     # the kubelet's node-pressure eviction of memory or disk (pkg/kubelet/eviction/helpers.go, `nodeLowMessageFmt`),
     # which never takes a pod within its limits while one over them is there: `synchronize` evicts for a pod's own
     # storage limits first, and the rollout's requests equal its limits; its admission refusal under pressure
-    # (`nodeConditionMessageFmt`); the kubelet's preemption for a critical pod (pkg/kubelet/preemption); a refusal
-    # at admission ("Pod was rejected: ..." from pkg/kubelet/lifecycle)
+    # (`nodeConditionMessageFmt`); the kubelet's preemption for a critical pod (pkg/kubelet/preemption); any refusal
+    # at admission, that one included (pkg/kubelet/kubelet.go `rejectPod`: "Pod was rejected: " + the reason)
     "evicted": [(message(f"The node was low on resource: {r}.", prefix=True),) for r in ("memory", "ephemeral-storage")]
     + [(message(text, prefix=True),)
        for text in ("The node had condition: ", "Preempted in order to admit critical pod", "Pod was rejected: ")],
