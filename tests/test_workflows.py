@@ -235,12 +235,13 @@ def test_commands_are_the_templates_commands() -> None:
 
 
 def test_rollout_retries_only_infra_errors() -> None:
-    """The rollout template retries on exit code 3 only, with backoff, under the task's deadline."""
+    """The rollout template retries on exit code 3 and the cluster's faults (tests/test_cluster_faults.py), with
+    backoff, under the task's deadline plus the setup's."""
     rollout = next(t for t in iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"]["templates"]
                    if t["name"] == "rollout")
-    assert rollout["retryStrategy"]["expression"] == "lastRetry.exitCode == '3'"
+    assert rollout["retryStrategy"]["expression"].startswith("(lastRetry.exitCode == '3') || ")
     assert rollout["retryStrategy"]["backoff"]["factor"] == 2
-    assert rollout["activeDeadlineSeconds"] == "{{inputs.parameters.deadline}}"
+    assert rollout["activeDeadlineSeconds"] == "{{=asInt(inputs.parameters.deadline) + 600}}"
     from steps.contracts.rollout import INFRA_EXIT_CODE
     assert INFRA_EXIT_CODE == 3
 

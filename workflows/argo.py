@@ -14,8 +14,9 @@ docs/tls.md), and the driver says so.
 """
 
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
@@ -24,6 +25,7 @@ from hera.workflows import Workflow, WorkflowsService
 from hera.workflows.models import (WorkflowCreateRequest, WorkflowLintRequest, WorkflowResubmitRequest,
                                    WorkflowRetryRequest)
 
+from workflows.faults import retry_cause
 from workflows.iteration import ROLLOUT_TEMPLATES, RUN_NAME_ANNOTATION
 
 DONE = ("Succeeded", "Failed", "Error")
@@ -61,6 +63,8 @@ class Progress:
     rollouts_done: int = 0
     rollouts_failed: int = 0
     collect: str = ""  # the phase of its `collect` DAG (serve, rollouts, trajectories); "" before it started
+    # rollout pods that ended for a cause Argo retries (`workflows.faults.RETRIED`), by cause; the last attempt too
+    infra_ends: dict[str, int] = field(default_factory=dict)
 
 
 class ArgoClient:
@@ -149,10 +153,13 @@ class ArgoClient:
         nodes = [n for n in ((status.nodes or {}).values() if status else [])
                  if n.template_name in ROLLOUT_TEMPLATES and n.type == "Pod"]
         collect = [n.phase for n in ((status.nodes or {}).values() if status else []) if n.template_name == "collect"]
+        causes = [retry_cause(n.outputs.exit_code if n.outputs else None, n.phase, n.message)
+                  for n in nodes if n.phase in ("Failed", "Error")]
         return Progress(phase=(status.phase if status else None) or "",
                         rollouts_done=sum(n.phase == "Succeeded" for n in nodes),
                         rollouts_failed=sum(n.phase in ("Failed", "Error") for n in nodes),
-                        collect=(collect[0] if collect else None) or "")
+                        collect=(collect[0] if collect else None) or "",
+                        infra_ends=dict(sorted(Counter(c for c in causes if c).items())))
 
     def wait(self, name: str, poll_s: float = 10.0, report: Callable[[Progress], None] = lambda p: None,
              collected: bool = False) -> str:

@@ -114,8 +114,8 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1 (a limit; docs/reliability.md), "
                               f"got {getattr(config, key)}")
-    for key in ("serve_gpus", "update_gpus", "rollout_retries", "seed", "eval_every", "max_staleness",
-                "harness_memory_mb", "keep_checkpoints"):
+    for key in ("serve_gpus", "update_gpus", "rollout_retries", "rollout_setup_timeout_s", "seed", "eval_every",
+                "max_staleness", "harness_memory_mb", "keep_checkpoints"):
         if getattr(config, key) < 0:
             raise ConfigError(f"config key {key!r} must be 0 or more, got {getattr(config, key)}")
     if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in config.pin_checkpoints):

@@ -50,7 +50,7 @@ from steps.fetch_model import TOKEN_ENV
 from steps.sandbox.app import APP_STATE_DIR, APP_STORAGE_MB
 from steps.sandbox.pod import APP_LIVE
 from steps.contracts import layout
-from workflows import commands, jobset, shape
+from workflows import commands, faults, jobset, shape
 from workflows.pods import hera_placement, merged_patch, requirements
 from steps.contracts.config import RunConfig
 
@@ -61,8 +61,9 @@ PRIVATE = f"{SHARED}/private"  # root-only (0700): the tasks with their verifier
 TASKS = f"{PRIVATE}/tasks"  # the rollout's task folder, fetched from the proxy by the `task` init container
 MODELS_VOLUME = "/models"  # the serve pod's emptyDir: the checkpoint it serves
 MODEL_DIR = f"{MODELS_VOLUME}/current"
-# The rollout exits 3 for infra_error and only that is retried; exitCode is a string in Argo expressions.
-RETRY_ON_INFRA_ERROR = "lastRetry.exitCode == '3'"
+# A rollout is retried for its runner's infra_error (exit code 3) and for what the cluster does to its pod, never for
+# what its agent does (`workflows.faults`; docs/workflows.md, "Retries").
+RETRY_ON_INFRA_ERROR = faults.expression()
 ROLE = "openforge.dev/role"  # the pod label the NetworkPolicies select on: serve, rollout, trajectories
 WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"  # Argo's own label on every pod: the Workflow's name
 # The update JobSet's pods carry the Workflow's name under our own key: Argo's own label would make its controller
@@ -409,10 +410,15 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
         # every container of the pod and GKE's metadata server answers any of them (docs/workflows.md, "Credentials").
         service_account_name=config.rollout_service_account or None,
         executor=ExecutorConfig(service_account_name=config.service_account),  # Argo's wait container does
-        active_deadline_seconds="{{inputs.parameters.deadline}}",
+        # The plan's deadline (agent + verifier timeouts + the runner's margin) plus the setup's own budget: image
+        # pulls and init containers spend the latter, the runner times its agent from the agent's start.
+        active_deadline_seconds=f"{{{{=asInt(inputs.parameters.deadline) + {config.rollout_setup_timeout_s}}}}}",
+        # Always: a deleted pod's node is an Error, an evicted one's Failed; the expression picks. No maxDuration:
+        # Argo counts it from the first attempt's start, fails the retry past it and gives later attempts' pods what
+        # is left of it as their deadline (`processNodeRetries`, `getDeadline` in workflow/controller).
         retry_strategy=RetryStrategy(limit=config.rollout_retries, retry_policy="Always",
                                      expression=RETRY_ON_INFRA_ERROR,
-                                     backoff=Backoff(duration="15s", factor=2, max_duration="10m")),
+                                     backoff=Backoff(duration="15s", factor=2)),
     )
 
 

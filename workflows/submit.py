@@ -388,8 +388,9 @@ def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, pol
 
     def report(p: Progress) -> None:
         """One line per change of phase or rollout counts."""
+        ends = ", ".join(f"{cause} {n}" for cause, n in p.infra_ends.items())
         print(f"{label}: {p.phase or 'Pending'}, rollouts {p.rollouts_done} done, "
-              f"{p.rollouts_failed} failed", flush=True)
+              f"{p.rollouts_failed} failed{f' (retried for the cluster: {ends})' if ends else ''}", flush=True)
 
     phase = client.wait(name, poll_s, report, collected=collected)
     if phase in DONE:

@@ -154,6 +154,8 @@ class RunConfig:
     serve_timeout_s: int = 12 * 3600
     step_timeout_s: int = 2 * 3600
     rollout_retries: int = 3
+    # seconds a rollout pod may spend before its runner starts (image pulls, init containers), on top of its deadline
+    rollout_setup_timeout_s: int = 600
     # what one rollout may take and leave behind (docs/reliability.md, "Limits")
     harness_memory_mb: int = 0  # the harness's own memory beside the task's memory_mb; 0: the harness's own allowance
     rollout_log_mb: int = Bounds.log_bytes // MIB  # each log a rollout keeps (its output, session logs, the verifier's)
