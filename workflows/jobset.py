@@ -133,7 +133,9 @@ def update_jobset(config: RunConfig, iteration: int, image: str, env: list[dict]
     }
     # The deadline counts from the Job's start, Pending pods included: pods that never schedule (no free GPUs, a
     # quota, an image that does not pull) fail the Job (DeadlineExceeded) and so the JobSet, instead of keeping the
-    # step waiting for ever. The template's own activeDeadlineSeconds would stop only Argo's pod, not the JobSet.
+    # step waiting for ever. The template's own activeDeadlineSeconds would stop only Argo's pod, not the JobSet, and
+    # JobSet v0.12.0's JobSetSpec (api/jobset/v1alpha2/jobset_types.go) has no deadline of its own: the Job's is it
+    # (batch/v1 JobSpec.activeDeadlineSeconds: from the Job's startTime; stopped and reset while it is suspended).
     job = {"parallelism": nodes, "completions": nodes, "completionMode": "Indexed", "backoffLimit": 0,
            "activeDeadlineSeconds": config.update_timeout_s, "template": pod}
     return {
