@@ -52,9 +52,9 @@ def test_each_deadline_is_its_config_keys(nodes: int) -> None:
     the same reading of a spec without them finds none (the control)."""
     defaults = deadlines(rendered(f"update_nodes={nodes}"))
     assert defaults == {"workflow_timeout_s": 86400, "serve_timeout_s": 43200, "update_timeout_s": 21600}
-    changed = deadlines(rendered(f"update_nodes={nodes}", "workflow_timeout_s=7000", "serve_timeout_s=5000",
+    changed = deadlines(rendered(f"update_nodes={nodes}", "workflow_timeout_s=9000", "serve_timeout_s=5000",
                                  "update_timeout_s=3000"))
-    assert changed == {"workflow_timeout_s": 7000, "serve_timeout_s": 5000, "update_timeout_s": 3000}
+    assert changed == {"workflow_timeout_s": 9000, "serve_timeout_s": 5000, "update_timeout_s": 3000}
     bare = rendered(f"update_nodes={nodes}")
     bare.pop("activeDeadlineSeconds")
     template(bare, "serve").pop("activeDeadlineSeconds")
@@ -70,7 +70,7 @@ def test_each_deadline_is_its_config_keys(nodes: int) -> None:
 def test_the_deadlines_and_nccl_settings_pass_the_strict_schemas(workflow_validator, jobset_validator) -> None:
     """A Workflow with every deadline changed and the NCCL keys set validates against Argo's schema and its JobSet
     against JobSet's, unknown keys forbidden; a misspelt host-network field or a wrong DNS policy is caught."""
-    spec = rendered(*NCCL, "workflow_timeout_s=7000", "serve_timeout_s=5000", "update_timeout_s=3000")
+    spec = rendered(*NCCL, "workflow_timeout_s=9000", "serve_timeout_s=5000", "update_timeout_s=3000")
     workflow = yaml.safe_load(iteration_workflow(cluster_config("run=dl", *NCCL), 0).to_yaml())
     assert schema_errors(workflow_validator, workflow) == []
     created = update_manifest(spec)
@@ -126,6 +126,15 @@ def test_a_bad_nccl_key_is_one_sentence(override: str, expected: str) -> None:
         cluster_config("run=dl", "update_nodes=2", override)
     message = str(refused.value)
     assert expected in message and "\n" not in message, message
+
+
+def test_a_workflow_deadline_shorter_than_serve_and_update_is_refused() -> None:
+    """The Workflow's deadline must leave room for the serve pod's and then the update's: one second short is refused
+    in one sentence, the sum itself accepted (the control)."""
+    with pytest.raises(ConfigError, match=r"'workflow_timeout_s' \(7999\) must be at least .* \(8000\)"):
+        cluster_config("run=dl", "workflow_timeout_s=7999", "serve_timeout_s=5000", "update_timeout_s=3000")
+    assert cluster_config("run=dl", "workflow_timeout_s=8000", "serve_timeout_s=5000",
+                          "update_timeout_s=3000").workflow_timeout_s == 8000
 
 
 @pytest.mark.parametrize("override", ["update_rdma_resources={rdma/ib: 1}", "update_host_network=true"])

@@ -203,7 +203,7 @@ def failure_reason(message: str | None, nodes: list) -> str:
     workflow/controller/dag.go sets its node's phase alone, and the Workflow takes the entry node's message), so
     the steps say why."""
     failed = sorted((n for n in nodes if n.phase in ("Failed", "Error") and n.message and n.type == "Pod"),
-                    key=lambda n: str(n.finished_at or ""))
+                    key=lambda n: (n.finished_at is None, str(n.finished_at)))  # undated ones last
     stopped = [n.display_name for n in failed if n.message == WORKFLOW_DEADLINE]
     if stopped:
         more = f" and {len(stopped) - 1} more" if len(stopped) > 1 else ""

@@ -108,6 +108,11 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
                 "workflow_timeout_s", "serve_timeout_s", "step_timeout_s"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
+    if config.workflow_timeout_s < config.serve_timeout_s + config.update_timeout_s:
+        # the update starts once collect (which the serve pod outlives) has ended: docs/workflows.md, "Deadlines"
+        raise ConfigError(f"config key 'workflow_timeout_s' ({config.workflow_timeout_s}) must be at least "
+                          f"serve_timeout_s + update_timeout_s ({config.serve_timeout_s + config.update_timeout_s}), "
+                          f"or the Workflow's deadline stops an iteration whose steps are within their own")
     if config.update_nodes > MAX_UPDATE_NODES:
         raise ConfigError(f"config key 'update_nodes' must be at most {MAX_UPDATE_NODES}, got {config.update_nodes}")
     if config.eval_k > MAX_EVAL_K:
