@@ -52,7 +52,8 @@ AFFINITY = obj(nodeAffinity=obj(requiredDuringSchedulingIgnoredDuringExecution=o
 POD_SPEC = obj(
     ("containers",), containers=array(CONTAINER), restartPolicy={"enum": ["Always", "OnFailure", "Never"]},
     automountServiceAccountToken=BOOL, serviceAccountName=STRING, nodeSelector=LABELS,
-    tolerations=array(TOLERATION), affinity=AFFINITY, priorityClassName=STRING,
+    tolerations=array(TOLERATION), affinity=AFFINITY, priorityClassName=STRING, hostNetwork=BOOL,
+    dnsPolicy={"enum": ["ClusterFirstWithHostNet", "ClusterFirst", "Default", "None"]},  # core/v1 DNSPolicy
     volumes=array(obj(("name",), name=STRING, emptyDir=obj(medium={"enum": ["", "Memory"]}, sizeLimit=QUANTITY))))
 JOB_SPEC = obj(
     ("template",), parallelism=INT32, completions=INT32, completionMode={"enum": ["NonIndexed", "Indexed"]},

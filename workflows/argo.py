@@ -30,6 +30,15 @@ from workflows.iteration import ROLLOUT_TEMPLATES, RUN_NAME_ANNOTATION
 
 DONE = ("Succeeded", "Failed", "Error")
 RETRY_FAILED_ROLLOUTS = "templateName=rollout,phase=Failed"
+# The message Argo gives each node it fails at the Workflow's deadline (spec.activeDeadlineSeconds): Argo v3.5-3.7's
+# `applyExecutionControl` (workflow/controller/exec_control.go) for a node whose pod still runs or waits, and
+# `failNodesWithoutCreatedPodsAfterDeadlineOrShutdown` (workflow/controller/operator.go) for one with no pod yet.
+WORKFLOW_DEADLINE = "Step exceeded its deadline"
+# The kubelet's message for a pod stopped at its own activeDeadlineSeconds, which Argo copies onto the node
+# (`inferFailedReason` in operator.go takes the pod's status message; Argo's test/e2e/workflow_test.go checks it).
+POD_DEADLINE = "Pod was active on the node longer than the specified deadline"
+# The deadline each pod's template carries (workflows/iteration.py, docs/workflows.md "Deadlines").
+TEMPLATE_DEADLINES = {"serve": "serve_timeout_s", "update": "update_timeout_s", "rollout": "the task's timeouts"}
 REQUEST_TIMEOUT_S = 30.0
 
 
@@ -175,6 +184,12 @@ class ArgoClient:
                 return progress.phase
             time.sleep(poll_s)
 
+    def failure(self, name: str) -> str:
+        """Why the ended workflow failed, in one sentence (`failure_reason`); "" when it says nothing."""
+        wf = self._call(f"reading {name}", self.service.get_workflow, name)
+        return failure_reason(wf.status.message if wf.status else None,
+                              list((wf.status.nodes or {}).values()) if wf.status else [])
+
     def retry_failed(self, name: str) -> None:
         """Retries a failed workflow's failed steps only; succeeded rollouts keep their results."""
         req = WorkflowRetryRequest(name=name, namespace=self.namespace, restart_successful=False,
@@ -186,3 +201,25 @@ class ArgoClient:
         req = WorkflowResubmitRequest(name=name, namespace=self.namespace, memoized=memoized)
         created = self._call(f"resubmitting {name}", self.service.resubmit_workflow, name, req)
         return created.metadata.name
+
+
+def failure_reason(message: str | None, nodes: list) -> str:
+    """One sentence on why a workflow failed, from its status `message` and its `nodes` (Argo's NodeStatus): the
+    Workflow's own deadline when Argo stopped steps at it, else the first failed step's message, a pod's deadline
+    named with the key that set it. A DAG's failure leaves the Workflow's message empty (`executeDAG` in
+    workflow/controller/dag.go sets its node's phase alone, and the Workflow takes the entry node's message), so
+    the steps say why."""
+    failed = sorted((n for n in nodes if n.phase in ("Failed", "Error") and n.message and n.type == "Pod"),
+                    key=lambda n: (n.finished_at is None, str(n.finished_at)))  # undated ones last
+    stopped = [n.display_name for n in failed if n.message == WORKFLOW_DEADLINE]
+    if stopped:
+        more = f" and {len(stopped) - 1} more" if len(stopped) > 1 else ""
+        return (f"the Workflow passed its deadline (workflow_timeout_s, spec.activeDeadlineSeconds) and Argo "
+                f"stopped {stopped[0]}{more}")
+    if not failed:
+        return message or ""
+    first, more = failed[0], f" ({len(failed) - 1} more steps failed)" if len(failed) > 1 else ""
+    if first.message.startswith(POD_DEADLINE):
+        key = TEMPLATE_DEADLINES.get(first.template_name or "", "step_timeout_s")
+        return f"{first.display_name} passed its own deadline ({key}, the pod's activeDeadlineSeconds){more}"
+    return f"{first.display_name} failed: {first.message}{more}"

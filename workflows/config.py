@@ -55,6 +55,15 @@ OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 TOLERATION_FIELDS = ("key", "operator", "value", "effect", "tolerationSeconds")
 TOLERATION_CHOICES = {"operator": ("Exists", "Equal"), "effect": ("NoSchedule", "PreferNoSchedule", "NoExecute")}
 RESOURCE_FIELDS = ("cpu", "memory", "ephemeral_storage", "cpu_limit", "memory_limit", "ephemeral_storage_limit")
+# The update's NCCL settings (`check_update_network`). An extended resource is a qualified name `domain/name`
+# (kubernetes.io/docs/concepts/configuration/manage-resources-containers/#extended-resources); the GPUs are
+# `update_gpus`'. Env names: NCCL's, PyTorch's for it, libfabric's and aws-ofi-nccl's, UCX's; never one that names a
+# credential. Values: the characters NCCL's and the plugins' settings use (`=mlx5_0:1`, `^lo,docker`, `AWS Libfabric`),
+# no `$`, which Kubernetes would expand as `$(VAR)`.
+RDMA_RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+UPDATE_ENV_NAME = re.compile(r"(NCCL|TORCH_NCCL|FI|OFI_NCCL|UCX)_[A-Z0-9_]+")
+UPDATE_ENV_SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL")
+UPDATE_ENV_VALUE = re.compile(r"[A-Za-z0-9 _.,:;=^/+@-]{0,256}")
 EGRESS_AUTO = "auto"  # rollout_egress_cidrs: the API server's addresses, read from the cluster at submit
 TINY_VISION_MODEL = "runs/tiny-vision-model"  # configs/gui.yaml's model: built by the local runner like the tiny model
 # Folders the local runner builds when missing: never read as hub ids, though they look like `org/name`.
@@ -99,6 +108,11 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
                 "workflow_timeout_s", "serve_timeout_s", "step_timeout_s"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
+    if config.workflow_timeout_s < config.serve_timeout_s + config.update_timeout_s:
+        # the update starts once collect (which the serve pod outlives) has ended: docs/workflows.md, "Deadlines"
+        raise ConfigError(f"config key 'workflow_timeout_s' ({config.workflow_timeout_s}) must be at least "
+                          f"serve_timeout_s + update_timeout_s ({config.serve_timeout_s + config.update_timeout_s}), "
+                          f"or the Workflow's deadline stops an iteration whose steps are within their own")
     if config.update_nodes > MAX_UPDATE_NODES:
         raise ConfigError(f"config key 'update_nodes' must be at most {MAX_UPDATE_NODES}, got {config.update_nodes}")
     if config.eval_k > MAX_EVAL_K:
@@ -128,6 +142,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
         raise ConfigError(f"config key 'registry_secret' must be a Kubernetes Secret's name (lower-case letters, "
                           f"digits, '-' and '.'), got {secret!r}")
     check_pods(config)
+    check_update_network(config)
     if config.learning_rate <= 0:
         raise ConfigError(f"config key 'learning_rate' must be more than 0, got {config.learning_rate}")
     check_lora(config)
@@ -226,6 +241,27 @@ def check_pods(config: RunConfig) -> None:
     if config.update_nodes > 1 and config.update_pod.pod_spec_patch:
         raise ConfigError("config key 'update_pod.pod_spec_patch' is Argo's podSpecPatch, and with update_nodes > 1 "
                           "the update's pods are the JobSet's, not Argo's; set the other update_pod keys instead")
+
+
+def check_update_network(config: RunConfig) -> None:
+    """The update's NCCL settings: RDMA resources and the host network only across nodes, each resource a qualified
+    name with a count, each env name NCCL's or its network plugin's and each value plain text."""
+    for key in ("update_rdma_resources", "update_host_network"):
+        if getattr(config, key) and config.update_nodes < 2:
+            raise ConfigError(f"config key {key!r} is for the update across nodes (update_nodes > 1); within one pod "
+                              f"NCCL needs no network, so leave it out or raise update_nodes")
+    for name, count in config.update_rdma_resources.items():
+        if not RDMA_RESOURCE.fullmatch(name) or name == "nvidia.com/gpu" or count < 1:
+            raise ConfigError(f"config key 'update_rdma_resources' must map extended resource names (domain/name, "
+                              f"e.g. rdma/ib or vpc.amazonaws.com/efa; GPUs are update_gpus) to counts of at least 1, "
+                              f"got {name!r}: {count!r}")
+    for name, value in config.update_env.items():
+        if not UPDATE_ENV_NAME.fullmatch(name) or UPDATE_ENV_SECRET.search(name):
+            raise ConfigError(f"config key 'update_env' takes only NCCL_*, TORCH_NCCL_*, FI_*, OFI_NCCL_* or UCX_* "
+                              f"names (none naming a key, secret, token or password), got {name!r}")
+        if not UPDATE_ENV_VALUE.fullmatch(value):
+            raise ConfigError(f"config key 'update_env.{name}' must be at most 256 letters, digits, spaces and "
+                              f"_.,:;=^/+@- (no $), got {value[:40]!r}")
 
 
 def check_pod_settings(group: str, pod: PodSettings) -> None:

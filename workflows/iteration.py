@@ -470,7 +470,8 @@ def update_template(config: RunConfig, iteration: int) -> Container | Resource:
         name="update", image=image(config, "train"), working_dir="/opt/openforge/app",
         command=commands.update(config, layout.run_partition_url(config.run_url, config.run, iteration),
                                 config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)),
-        env=s3_env(config), resources=ResourceRequirements(**update_resources(config)), volumes=shm,
+        env=s3_env(config) + [Env(name=name, value=value) for name, value in config.update_env.items()],
+        resources=ResourceRequirements(**update_resources(config)), volumes=shm,
         # the JobSet's Job has the same (`workflows.jobset`); here counted from when a node's kubelet took the pod
         active_deadline_seconds=config.update_timeout_s, **hera_placement(config.update_pod),
     )

@@ -77,10 +77,39 @@ def update_command(config: RunConfig, iteration: int) -> list[str]:
                            node_rank=f"$({NODE_RANK_ENV})", master_addr=f"$({MASTER_ADDR_ENV})")
 
 
+def nccl_env(config: RunConfig) -> list[dict]:
+    """The run's `update_env` (NCCL's and its network plugin's settings) as a container's env.
+
+    >>> nccl_env(RunConfig(update_env={"NCCL_DEBUG": "INFO"}))
+    [{'name': 'NCCL_DEBUG', 'value': 'INFO'}]
+    """
+    return [{"name": name, "value": value} for name, value in config.update_env.items()]
+
+
+def with_rdma(resources: dict, rdma: dict[str, int]) -> dict:
+    """`resources` with the RDMA device plugin's extended resources in requests and limits (Kubernetes wants an
+    extended resource's request equal to its limit: kubernetes.io/docs/concepts/configuration/
+    manage-resources-containers/#consuming-extended-resources).
+
+    >>> with_rdma({"limits": {"nvidia.com/gpu": "8"}}, {"rdma/ib": 1})["requests"]
+    {'rdma/ib': '1'}
+    """
+    extra = {name: str(count) for name, count in rdma.items()}
+    return {kind: {**resources.get(kind, {}), **extra} for kind in ("requests", "limits")} if extra else resources
+
+
+def host_network(config: RunConfig) -> dict:
+    """With `update_host_network`, the pod spec's fields that put it on its node's network: `dnsPolicy` must then be
+    ClusterFirstWithHostNet for the pod to resolve rank 0's Service name (kubernetes.io/docs/concepts/
+    services-networking/dns-pod-service/, "Pod's DNS Policy")."""
+    return {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if config.update_host_network else {}
+
+
 def update_jobset(config: RunConfig, iteration: int, image: str, env: list[dict], resources: dict,
                   labels: dict[str, str], service_account: str) -> dict:
-    """The JobSet of iteration `iteration`'s update: `update_nodes` pods in `image`, each with `env` (plus its rank's)
-    and `resources`, labelled `labels`, running as `service_account` (the Workflow's: its imagePullSecrets), failed
+    """The JobSet of iteration `iteration`'s update: `update_nodes` pods in `image`, each with `env` (plus `update_env`
+    and its rank's) and `resources` (plus `update_rdma_resources`), with `update_host_network` on its node's network,
+    labelled `labels`, running as `service_account` (the Workflow's: its imagePullSecrets), failed
     `update_timeout_s` after its Job started; named `NAME`, one per Workflow. The pods are placed as `update_pod`
     says (`workflows.pods.placement`); its Kueue queue labels the JobSet, where Kueue reads it."""
     nodes = config.update_nodes
@@ -92,17 +121,21 @@ def update_jobset(config: RunConfig, iteration: int, image: str, env: list[dict]
             "automountServiceAccountToken": False,  # the update has no business with the Kubernetes API
             "containers": [{
                 "name": "update", "image": image, "workingDir": "/opt/openforge/app",
-                "command": update_command(config, iteration), "env": [*env, *rank_env()], "resources": resources,
+                "command": update_command(config, iteration), "env": [*env, *nccl_env(config), *rank_env()],
+                "resources": with_rdma(resources, config.update_rdma_resources),
                 "ports": [{"name": "rendezvous", "containerPort": commands.UPDATE_MASTER_PORT}],
                 "volumeMounts": [{"name": SHM_VOLUME, "mountPath": SHM_PATH}],
             }],
             "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": SHM_MEDIUM}}],
+            **host_network(config),
             **placement(config.update_pod),
         },
     }
     # The deadline counts from the Job's start, Pending pods included: pods that never schedule (no free GPUs, a
     # quota, an image that does not pull) fail the Job (DeadlineExceeded) and so the JobSet, instead of keeping the
-    # step waiting for ever. The template's own activeDeadlineSeconds would stop only Argo's pod, not the JobSet.
+    # step waiting for ever. The template's own activeDeadlineSeconds would stop only Argo's pod, not the JobSet, and
+    # JobSet v0.12.0's JobSetSpec (api/jobset/v1alpha2/jobset_types.go) has no deadline of its own: the Job's is it
+    # (batch/v1 JobSpec.activeDeadlineSeconds: from the Job's startTime; stopped and reset while it is suspended).
     job = {"parallelism": nodes, "completions": nodes, "completionMode": "Indexed", "backoffLimit": 0,
            "activeDeadlineSeconds": config.update_timeout_s, "template": pod}
     return {

@@ -353,16 +353,17 @@ def run_locally(config: RunConfig, evaluates: dict | None = None, detach: bool =
         raise ConfigError(str(exc)) from None
 
 
-def mark(config: RunConfig, iteration: int, workflow: str, status: str) -> None:
+def mark(config: RunConfig, iteration: int, workflow: str, status: str, reason: str | None = None) -> None:
     """Records an iteration's workflow and phase in the run manifest, with the update's metrics once it
-    succeeded and, where it evaluated its checkpoint, the evaluation's numbers (and its own record)."""
+    succeeded, `reason` once it failed and, where it evaluated its checkpoint, the evaluation's numbers (and its own
+    record)."""
     next_checkpoint = config.checkpoint_url(iteration + 1)
     metrics = manifest.read_metrics(next_checkpoint) if status == "Succeeded" else None
     evaluated = config.evaluates_at(iteration) and status in DONE
     numbers = manifest.eval_numbers(layout.eval_summary_url(config.run_url, iteration)) if evaluated else None
     manifest.record(config.run_url, IterationRecord(
         iteration=iteration, workflow=workflow, status=status, checkpoint=config.checkpoint_url(iteration),
-        next_checkpoint=next_checkpoint, metrics=metrics, eval=numbers,
+        next_checkpoint=next_checkpoint, metrics=metrics, eval=numbers, reason=reason or None,
         staleness=manifest.read_staleness(config.run_url, iteration)))
     if evaluated:
         mark_eval(config, iteration, workflow, "Succeeded" if numbers else "Failed")
@@ -394,7 +395,13 @@ def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, pol
 
     phase = client.wait(name, poll_s, report, collected=collected)
     if phase in DONE:
-        record(config, iteration, name, phase)
+        reason = client.failure(name) if phase != "Succeeded" else ""
+        if reason:  # a deadline, or the step that failed (workflows.argo.failure_reason)
+            print(f"{label}: {reason}", file=sys.stderr, flush=True)
+        if evaluation:
+            mark_eval(config, iteration, name, phase)
+        else:
+            mark(config, iteration, name, phase, reason)
     return phase
 
 
@@ -585,6 +592,8 @@ def show_status(config: RunConfig, evaluates: dict | None) -> int:
             print(f"iteration {iteration}: {phase_of(client, entry) or 'Pending':<10} {entry.workflow or '-'}{link}{killed}")
             if warning:
                 print(warning)
+            if entry.reason and entry.status in ("Failed", "Error"):
+                print(f"  why: {entry.reason}")
     else:
         print(f"eval {config.run} ({evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
               f"k={config.eval_k}) in {config.run_url}")

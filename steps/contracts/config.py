@@ -143,6 +143,12 @@ class RunConfig:
     update_gpus: int = 1  # per update node: torchrun's processes there (FSDP2 shards the model over all of them)
     update_nodes: int = 1  # more than 1: the update runs as a JobSet across that many pods (docs/workflows.md)
     update_timeout_s: int = 6 * 3600  # the update's deadline: its pod's, or across nodes its JobSet's Job's
+    # NCCL between the update's nodes (docs/workflows.md, "The network between update nodes"): extended resources
+    # each JobSet pod requests, an RDMA device plugin's ({"rdma/ib": 1}, {"vpc.amazonaws.com/efa": 32}); env for NCCL
+    # and its network plugin in every update pod (NCCL_*, FI_*, ...: settings, never a secret); the node's network
+    update_rdma_resources: dict[str, int] = field(default_factory=dict)
+    update_env: dict[str, str] = field(default_factory=dict)
+    update_host_network: bool = False  # the JobSet pods on their nodes' network (hostNetwork), not the pod network
     # where the pods run and what they request, by group (docs/config.md, "Pods")
     serve_pod: PodSettings = field(default_factory=gpu_pods)
     rollout_pod: PodSettings = field(default_factory=cpu_pods)
