@@ -62,7 +62,11 @@ def driver_workflow(config: RunConfig) -> Workflow:
         **{**step_pod(config, "250m", "512Mi", labels={ROLE: "driver"}),
            "active_deadline_seconds": config.driver_deadline_s},
         retry_strategy=RetryStrategy(limit=DRIVER_RETRIES, retry_policy="Always", expression=RETRY_UNLESS_STOPPED,
-                                     backoff=Backoff(duration="1m", factor=2, max_duration="1h")),
+                                     # `cap` bounds each wait at an hour (Argo v3.7's Backoff.cap; v3.5/3.6
+                                     # lack it and keep doubling). Not `maxDuration`: Argo counts that from the
+                                     # first attempt's start (`processNodeRetries`), so a driver that had run an
+                                     # hour, as every driver does, would never be retried.
+                                     backoff=Backoff(duration="1m", factor=2, cap="1h")),
     )
     return Workflow(
         name=workflow_name(config), namespace=config.namespace, entrypoint="driver", templates=[driver],
