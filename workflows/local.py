@@ -242,7 +242,7 @@ class LocalSteps:
 
     def actions(self) -> dict[str, Callable[[shape.Step], shape.Outcome]]:
         """The action of every step name the shapes use."""
-        actions = dict.fromkeys(("serve", *shape.ISOLATION_STEPS), self.there)
+        actions = dict.fromkeys(("serve", shape.SERVE_ADDRESS, shape.SERVE_READY, *shape.ISOLATION_STEPS), self.there)
         for prefix in ("", "eval-"):
             evaluation = self.evaluation_run or bool(prefix)
             actions[f"{prefix}plan"] = lambda step, evaluation=evaluation: self.plan(step, evaluation)

@@ -387,9 +387,10 @@ def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, pol
         print(f"{label}: {client.ui_link(name)}", flush=True)
 
     def report(p: Progress) -> None:
-        """One line per change of phase or rollout counts."""
-        print(f"{label}: {p.phase or 'Pending'}, rollouts {p.rollouts_done} done, "
-              f"{p.rollouts_failed} failed", flush=True)
+        """One line per change of phase or pods' progress; the rollouts' counts once it ended."""
+        counts = (f"rollouts {p.rollouts_done} done, {p.rollouts_failed} failed" if p.phase in DONE
+                  else f"pods {p.pods or '0/0'} ended")
+        print(f"{label}: {p.phase or 'Pending'}, {counts}", flush=True)
 
     phase = client.wait(name, poll_s, report, collected=collected)
     if phase in DONE:
