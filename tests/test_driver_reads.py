@@ -13,6 +13,8 @@ import json
 import pytest
 
 from test_workflows import FakeArgoServer, clean_fields, fake_argo  # noqa: F401 (a fixture)
+from steps.contracts.manifest import IterationRecord
+from workflows import submit
 from workflows.argo import ArgoClient, node_id, poll_fields
 
 ROLLOUTS = 10_000
@@ -91,6 +93,17 @@ def test_a_poll_reads_a_bounded_few_bytes_whatever_the_fan_out(simulated: Simula
     whole = len(json.dumps({**simulated.workflows["openforge-big-it0"], "status": simulated.statuses["Running"]}))
     assert whole > 5_000_000 and full_reads[0] > 5_000_000  # the control: what every poll cost before
     assert sum(polls) < whole / 1000
+
+
+def test_status_reads_the_phase_alone(simulated: SimulatedArgo) -> None:
+    """`submit.py status` shows each iteration's live phase from `status.phase` alone: under 200 bytes for the
+    10,000-rollout Workflow; one that is gone (its TTL) shows the manifest's word."""
+    client = ArgoClient(simulated.url, "t", "openforge")
+    before = len(simulated.sent)
+    assert submit.phase_of(client, IterationRecord(iteration=0, workflow="openforge-big-it0")) in ("Running", "Succeeded")
+    assert submit.phase_of(client, IterationRecord(iteration=1, workflow="gone", status="Failed")) == "Failed (recorded)"
+    (_, path, size), _ = simulated.sent[before:]
+    assert path.endswith("fields=status.phase") and size < 200
 
 
 def test_fields_are_cleaned_as_argo_does() -> None:

@@ -548,12 +548,13 @@ def pick(config: RunConfig, iteration: int | None, evaluation_run: bool) -> Iter
 
 
 def phase_of(client: ArgoClient | None, entry: IterationRecord | EvalRecord) -> str:
-    """The live phase from Argo where a server is set, else the manifest's word."""
+    """The live phase from Argo where a server is set (its `status.phase` alone), else the manifest's word."""
     if client and entry.workflow:
         try:
-            return client.progress(entry.workflow).phase
-        except ArgoError:  # deleted by its TTL or the server is down: the manifest's word stands
-            return f"{entry.status} (recorded)"
+            phase = client.phase_if_any(entry.workflow)
+        except ArgoError:  # the server is down: the manifest's word stands
+            phase = None
+        return f"{entry.status} (recorded)" if phase is None else phase  # None: deleted by its TTL
     return entry.status
 
 
