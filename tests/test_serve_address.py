@@ -21,15 +21,20 @@ import copy
 import itertools
 import json
 import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
 
 from test_workflows import FakeArgoServer, cluster_config
+from steps.datasets import TaskArchiveError, wait_for_proxy
+from steps.net import HOST, free_port
 from workflows import commands, shape
 from workflows.argo import ArgoClient, ArgoError, node_id
 from workflows.evaluation import evaluation_workflow
-from workflows.iteration import (PROXY_URL, ROLE, WORKFLOW_POD_LABEL, iteration_workflow, rollout_policy, serve_policy,
+from workflows.iteration import (PROXY_URL, ROLE, ROLLOUT_PROXY_WAIT_S, WORKFLOW_POD_LABEL, iteration_workflow, rollout_policy, serve_policy,
                                  serve_service)
 
 ITEMS = 3  # rollouts in the modelled iteration: on the first run the first succeeds, the others fail (e.g. evicted)
@@ -261,6 +266,9 @@ def test_the_serve_is_reached_through_a_service_owned_by_the_workflow() -> None:
         assert address["outputs"]["parameters"] == [{"name": "ip", "valueFrom": {"jsonPath": "{.spec.clusterIP}"}}]
         service = yaml.safe_load(address["resource"]["manifest"])
         assert service == serve_service()
+        for rollout in (t for t in workflow["spec"]["templates"] if t["name"].endswith(shape.ROLLOUT_STEPS)):
+            fetch = next(c for c in rollout["initContainers"] if c["name"] == "task")["command"]
+            assert fetch[fetch.index("--wait-s") + 1] == str(ROLLOUT_PROXY_WAIT_S), rollout["name"]
     rollout_to_serve = rollout_policy(config)["spec"]["egress"][0]
     assert service["spec"]["selector"] == rollout_to_serve["to"][0]["podSelector"]["matchLabels"]
     assert service["spec"]["ports"][0]["targetPort"] == rollout_to_serve["ports"][0]["port"] == commands.PROXY_PORT
@@ -340,3 +348,35 @@ def test_resubmit(daemon_argo) -> None:
     fresh.status["nodes"][node_id(fresh.name, f"{fresh.name}.collect")]["phase"] = "Succeeded"  # only update failed
     client.resubmit(fresh.name, memoized=True)
     assert fresh.calls("PUT")[-1][2]["memoized"] is True
+
+
+def test_a_rollout_waits_for_a_serve_that_comes_back_at_the_address() -> None:
+    """`wait_for_proxy` (serve-ready's, and a rollout's task fetch with `--wait-s`) returns once `/health` answers at
+    the address, here a server that starts there 1 s after the wait began (a serve started again behind the
+    Service); with none there, it gives up after its bound with one sentence naming the address."""
+    port = free_port()
+    url = f"http://{HOST}:{port}"
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    servers = []
+
+    def start_later() -> None:
+        time.sleep(1.0)
+        servers.append(ThreadingHTTPServer((HOST, port), Health))
+        servers[0].serve_forever()
+
+    threading.Thread(target=start_later, daemon=True).start()
+    began = time.monotonic()
+    wait_for_proxy(url, wait_s=30, poll_s=0.2)
+    assert 0.9 < time.monotonic() - began < 10
+    servers[0].shutdown()
+    servers[0].server_close()
+    with pytest.raises(TaskArchiveError, match=f"the proxy at {url} did not answer within 1 s"):
+        wait_for_proxy(url, wait_s=1, poll_s=0.2)

@@ -229,7 +229,7 @@ class LocalSteps:
     """What each step of `workflows.shape` does on this machine, for one iteration's Workflow (`evaluation_run`
     False: its training steps, and `eval-...` those of the evaluation of the checkpoint it serves) or one evaluation's
     (True: its steps evaluate). The serve step's server runs for the whole run (`start_serve`), so here it is only
-    there; the isolation steps apply NetworkPolicies on a cluster, while here each rollout's bubblewrap sandbox has
+    there, as are its address (a Service on a cluster) and the gate that waits for it; the isolation steps apply NetworkPolicies on a cluster, while here each rollout's bubblewrap sandbox has
     its own network namespace. Each rollout phase's [start, end] goes into `times`."""
 
     def __init__(self, config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path,
