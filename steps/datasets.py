@@ -1,7 +1,8 @@
 """A run's datasets in its store: uploaded at submit, read back by the plan, and served task by task to rollout pods.
 
     python -m steps.datasets fetch-task --proxy-url http://10.0.0.7:8100 --dataset train --task hello-file \
-        --into /openforge/private/tasks
+        --into /openforge/private/tasks [--wait-s 600]
+    python -m steps.datasets wait-proxy --proxy-url http://10.96.0.7:8100 --wait-s 1820
 
 On Argo the driver uploads every task of the run's `dataset` (and `eval_dataset`) to
 `layout.dataset_url(layout.datasets_url(run), ...)`, one folder per task (`upload_tasks`); the plan and evaluate steps
@@ -9,6 +10,10 @@ read that snapshot (`local_copy`). A rollout pod has no S3 access: its init cont
 `GET /tasks/{dataset}/{task}` for its one task folder as a tar (`task_tar`, bounded by `MAX_TASK_BYTES`) and unpacks
 it into the pod's root-only folder (`fetch_task`, which refuses any member that would land outside it). The agent
 never holds the admin key, so it cannot ask for a task, its own verifier included.
+
+The proxy is reached at the serve Service's address, which outlives any one serve pod: a serve started again (a
+retried Workflow) answers there once it is ready, so a rollout's fetch waits up to `--wait-s` for it to answer, and
+the `serve-ready` step waits for it before the first rollout starts (`wait_for_proxy`).
 """
 
 import argparse
@@ -20,6 +25,7 @@ import re
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +33,7 @@ from pathlib import Path
 
 import fsspec
 
+from steps.net import healthy
 from steps.tasks import Task
 
 # The most bytes one task's tar may hold, packed or unpacked: a task folder is instructions, tests and a Docker
@@ -147,9 +154,24 @@ def unpack_task(data: bytes, dest: Path, max_bytes: int = MAX_TASK_BYTES) -> Non
         tar.extractall(dest, filter="data")
 
 
+def wait_for_proxy(proxy_url: str, wait_s: float, poll_s: float = 2.0) -> None:
+    """Returns once the proxy's `/health` answers 200 (a serve that is up and ready); a TaskArchiveError naming the
+    address after `wait_s` seconds without an answer. A refused or unanswered connection is a serve still starting
+    (or none behind the Service yet), so it is asked again."""
+    deadline = time.monotonic() + wait_s
+    while not healthy(proxy_url, timeout_s=10):
+        if time.monotonic() >= deadline:
+            raise TaskArchiveError(f"the proxy at {proxy_url} did not answer within {wait_s:.0f} s (no serve ready "
+                                   f"behind that address)")
+        time.sleep(poll_s)
+
+
 def fetch_task(proxy_url: str, admin_key: str, dataset: str, task: str, into: Path,
-               max_bytes: int = MAX_TASK_BYTES, timeout_s: float = 120.0) -> Path:
-    """Asks the proxy for one task folder of the run's dataset and unpacks it to `into/<task>`; returns that path."""
+               max_bytes: int = MAX_TASK_BYTES, timeout_s: float = 120.0, wait_s: float = 0.0) -> Path:
+    """Asks the proxy for one task folder of the run's dataset and unpacks it to `into/<task>`; returns that path.
+    With `wait_s`, first waits that long at most for the proxy to answer (`wait_for_proxy`)."""
+    if wait_s:
+        wait_for_proxy(proxy_url, wait_s)
     request = urllib.request.Request(f"{proxy_url.rstrip('/')}/tasks/{dataset}/{task}",
                                      headers={"Authorization": f"Bearer {admin_key}"})
     try:
@@ -175,13 +197,24 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--dataset", required=True, help="train or eval: which of the run's datasets")
     fetch.add_argument("--task", required=True, help="the task's folder in the run's dataset (the plan item's task)")
     fetch.add_argument("--into", type=Path, required=True)
+    fetch.add_argument("--wait-s", type=float, default=0.0, help="wait this long at most for the proxy to answer")
+    wait = sub.add_parser("wait-proxy", help="wait until the proxy answers /health (a serve ready at that address)")
+    wait.add_argument("--proxy-url", required=True)
+    wait.add_argument("--wait-s", type=float, required=True)
     args = p.parse_args(argv)
+    if args.action == "wait-proxy":
+        try:
+            wait_for_proxy(args.proxy_url, args.wait_s)
+        except TaskArchiveError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
     key = os.environ.get("OPENFORGE_ADMIN_KEY", "")
     if not key:
         print("error: OPENFORGE_ADMIN_KEY is not set; the proxy serves tasks only to its admin key", file=sys.stderr)
         return 1
     try:
-        print(fetch_task(args.proxy_url, key, args.dataset, args.task, args.into))
+        print(fetch_task(args.proxy_url, key, args.dataset, args.task, args.into, wait_s=args.wait_s))
     except TaskArchiveError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

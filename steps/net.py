@@ -5,9 +5,21 @@ an upstream server's URL may be.
 """
 
 import socket
+import urllib.error
+import urllib.request
 from urllib.parse import urlsplit
 
 HOST = "127.0.0.1"
+
+
+def healthy(base_url: str, timeout_s: float = 2.0) -> bool:
+    """Whether the server at `base_url` answers `GET /health` with 200 now (no answer, a refused connection or
+    another status: not yet)."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/health", timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def free_port() -> int:

@@ -25,12 +25,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from steps.net import HOST
+from steps.net import HOST, healthy
 from steps.vllm_parsers import tool_call_parser_for
 
 CPU_MAX_MODEL_LEN = 32768  # what CPU serving has always used; a model's full context may not fit its small KV cache
@@ -306,12 +304,8 @@ def wait_healthy(server: VllmServer, timeout_s: float) -> None:
         if server.process.poll() is not None:
             raise RuntimeError(f"vLLM exited with code {server.process.returncode} while starting; "
                                f"last lines of {server.log_path}:\n{server.log_tail()}")
-        try:
-            with urllib.request.urlopen(f"{server.base_url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+        if healthy(server.base_url):
+            return
         time.sleep(0.5)
     raise RuntimeError(f"vLLM did not become healthy within {timeout_s:.0f} s; "
                        f"last lines of {server.log_path}:\n{server.log_tail()}")

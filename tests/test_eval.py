@@ -428,7 +428,7 @@ def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folder
     assert (serve[serve.index("--run-url") + 1], serve[serve.index("--iteration") + 1]) == (config.run_url, "0")
     proxy = ProxyConfig("u", "s", "k", run_url=config.run_url, iteration=0)
     assert (results.result_url(proxy, "ev0-t-s0", 0, evaluation=True)
-            == "s3://openforge/runs/ev/evals/iteration-0/results/ev0-t-s0-r0/result.json")
+            == "s3://openforge/runs/ev/evals/iteration-0/results/ev0-t-s0/result.json")
     trajectories = templates["trajectories"]["container"]["command"]
     assert trajectories[trajectories.index("--out") + 1] == layout.eval_trajectories_url(config.run_url, 0)
     assert "--eval" in commands.plan(config, 0, evaluation=True) and semantic_problems({"spec": spec}) == []
@@ -436,9 +436,9 @@ def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folder
 
 def test_each_argo_attempt_of_a_rollout_uploads_its_own_result_under_its_own_id(tmp_path: Path) -> None:
     """Argo retries a rollout step with the same parameters: each retry (`{{retries}}` 0, 1, ...) runs as its own
-    attempt id and the proxy writes its result under its own retry folder, so that a retry that passed never
-    overwrites the infra error before it (control: one retry number gives both attempts one URL), in training and
-    evaluation alike."""
+    attempt id and the proxy writes its result under that id's folder, so that a retry that passed never
+    overwrites the infra error before it, even when a workflow retry (`submit.py retry`) has Argo count
+    `{{retries}}` from 0 again and two attempts share one retry number, in training and evaluation alike."""
     config = load_config(CLUSTER, ["run=r", "harness=direct", "eval_every=1"])
     templates = [t for t in iteration_workflow(config, 0).to_dict()["spec"]["templates"]
                  if t["name"] in ("rollout", "eval-rollout")]
@@ -452,7 +452,7 @@ def test_each_argo_attempt_of_a_rollout_uploads_its_own_result_under_its_own_id(
                 for retry in (0, 1)}
         assert len(urls) == 2
         assert len({results.result_url(proxy, plan.attempt_id("ev0-a-s0", attempt), 0, evaluation)
-                    for attempt in (1, 2)}) == 1
+                    for attempt in (1, 2)}) == 2
     argv = [sys.executable, "-m", "steps.rollout", "--task", str(tmp_path / "no-task"), "--harness", "direct",
             "--proxy-url", "http://127.0.0.1:9", "--rollout-id", "ev0-a-s0", "--retry", "1", "--out", str(tmp_path / "o")]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120,
@@ -470,7 +470,7 @@ def test_an_iteration_with_eval_every_evaluates_its_checkpoint_on_the_same_serve
         tasks = {t["name"]: t.get("depends", "") for t in collect["dag"]["tasks"]}
         assert ("evaluate" in tasks) == evaluates == ("eval-rollout" in tasks)
         if evaluates:
-            assert tasks["eval-rollout"] == "serve && eval-plan && isolate-rollouts && isolate-serve"
+            assert tasks["eval-rollout"] == "serve-ready && eval-plan && isolate-rollouts && isolate-serve"
             rollout = next(t for t in spec["templates"] if t["name"] == "eval-rollout")
             assert rollout["metadata"]["labels"] == {"openforge.dev/role": "rollout"}  # the same NetworkPolicy
             command = rollout["container"]["command"]
@@ -536,7 +536,7 @@ def test_a_failed_eval_workflow_is_retried_like_an_iteration(fake_argo: FakeArgo
     summary = fake_summary(f"{s3_store}/evr", 0)
     assert drive(fake_argo, s3_store, "retry", "--run", "evr") == 0
     (_, path, body, _), = fake_argo.calls("PUT")
-    assert path.endswith("/openforge-evr-eval0/retry") and body["nodeFieldSelector"] == "templateName=rollout,phase=Failed"
+    assert path.endswith("/openforge-evr-eval0/retry") and body["nodeFieldSelector"] == "templateName=serve"
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == summary
     assert manifest.read_evals(f"{s3_store}/evr")[0].status == "Succeeded"
 

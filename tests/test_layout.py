@@ -127,14 +127,14 @@ def test_local_runner_and_argo_put_every_file_at_the_same_url(local_commands: di
     assert flag(command["update"], "--out") == layout.checkpoint_url(run.run_url, 2, run.model)
     assert flag(command["serve"], "--store") == layout.calls_url(run.run_url)
     # A rollout's result: the local runner's --out folder (its attempt id) and where the serve pod's proxy writes
-    # what an Argo rollout sends it (one folder per retry), both under the iteration's results folder that the
-    # trajectories step reads.
+    # what an Argo rollout sends it (one folder per attempt id, as the local runner's), both under the iteration's
+    # results folder that the trajectories step reads.
     assert flag(local_commands["rollout"], "--out") == layout.rollout_url(run.run_url, 1, "it1-hello-file-s1")
     proxy = ProxyConfig("u", "s", "k", run_url=flag(command["serve"], "--run-url"),
                         iteration=int(flag(command["serve"], "--iteration")))
     assert flag(command["rollout"], "--send-result") == "iteration"
     assert results.result_url(proxy, "it1-hello-file-s1-a2", 1, evaluation=False) == \
-        layout.result_url(run.run_url, 1, layout.retry_folder("it1-hello-file-s1", 1))
+        layout.result_url(run.run_url, 1, "it1-hello-file-s1-a2")
     # The plan's sample number reaches the rollout step on both.
     assert flag(local_commands["rollout"], "--sample") == "1"
     assert flag(command["rollout"], "--sample") == "{{inputs.parameters.sample}}"

@@ -74,13 +74,13 @@ def stored(url: str) -> dict | None:
 
 
 def test_the_proxy_writes_a_rollouts_result_where_its_artifact_went(results_proxy, s3_store: str) -> None:
-    """Attempt 2 of a planned rollout, at Argo's retry 1, lands in that retry's folder of iteration 3 (and an
+    """Attempt 2 of a planned rollout, at Argo's retry 1, lands in that attempt's folder of iteration 3 (and an
     evaluation's in the evaluation's folder); the answer names the URL; the admin key is needed (control: the
     rollout's own key and a wrong one are refused, and nothing is written)."""
     client = results_proxy.client
     client.register("it3-hello-file-s0-a2")
     body = result_of("it3-hello-file-s0-a2")
-    url = layout.result_url(s3_store, 3, layout.retry_folder("it3-hello-file-s0", 1))
+    url = layout.result_url(s3_store, 3, "it3-hello-file-s0-a2")
     for key in (client.register("it3-hello-file-s0-a3")["api_key"], "wrong"):
         status, answer = put(results_proxy, "/rollouts/it3-hello-file-s0-a2/result?retry=1", json.dumps(body).encode(),
                              key=key)
@@ -91,7 +91,7 @@ def test_the_proxy_writes_a_rollouts_result_where_its_artifact_went(results_prox
     client.register("ev3-hello-file-s0")
     evaluated = result_of("ev3-hello-file-s0")
     client.send_result(evaluated, retry=0, evaluation=True)
-    assert stored(layout.eval_result_url(s3_store, 3, layout.retry_folder("ev3-hello-file-s0", 0))) == evaluated
+    assert stored(layout.eval_result_url(s3_store, 3, "ev3-hello-file-s0")) == evaluated
 
 
 def test_the_proxy_refuses_a_result_of_any_other_rollout(results_proxy, s3_store: str) -> None:
@@ -111,7 +111,7 @@ def test_the_proxy_refuses_a_result_of_any_other_rollout(results_proxy, s3_store
     fs.invalidate_cache()
     assert not fs.exists(root)
     client.send_result(result_of("it3-csv-stats-s1"), retry=0)
-    assert stored(layout.result_url(s3_store, 3, "it3-csv-stats-s1-r0"))["rollout_id"] == "it3-csv-stats-s1"
+    assert stored(layout.result_url(s3_store, 3, "it3-csv-stats-s1"))["rollout_id"] == "it3-csv-stats-s1"
 
 
 def test_a_result_past_the_size_bound_is_refused(results_proxy, s3_store: str) -> None:
@@ -119,7 +119,7 @@ def test_a_result_past_the_size_bound_is_refused(results_proxy, s3_store: str) -
     (the control)."""
     client = results_proxy.client
     client.register("it3-big-s0")
-    url = layout.result_url(s3_store, 3, "it3-big-s0-r0")
+    url = layout.result_url(s3_store, 3, "it3-big-s0")
     big = result_of("it3-big-s0", notes=["x" * RESULT_MAX_BYTES])
     with pytest.raises(ProxyClientError) as refused:
         client.send_result(big, retry=0)
@@ -153,20 +153,20 @@ def test_the_runner_sends_its_result_through_the_proxy(results_proxy, scripted, 
     result = run_rollout(spec)
     assert (result.status, result.reward) == ("ok", 1.0), result
     written = json.loads((spec.out / "result.json").read_text())
-    assert stored(layout.result_url(s3_store, 3, "it3-hello-file-s0-r0")) == written
+    assert stored(layout.result_url(s3_store, 3, "it3-hello-file-s0")) == written
     assert (spec.out / "status").read_text() == "ok"
 
 
 def test_an_infra_error_result_reaches_the_store_too(results_proxy, s3_store: str, tmp_path: Path) -> None:
     """A rollout whose task cannot be read (attempt 2, Argo's retry 1) is an infra_error whose result the proxy
-    stores all the same, in its retry's folder: the evaluation and the tables count it, as they did the S3
+    stores all the same, in its attempt's folder: the evaluation and the tables count it, as they did the S3
     artifact's. (The runner registers before reading the task, so the proxy has opened its rollout.)"""
     spec = RolloutSpec(task=tmp_path / "no-such-task", harness="direct", proxy_url=results_proxy.url,
                        rollout_id="it3-no-such-task-s0", out=tmp_path / "out", admin_key=ADMIN_KEY, attempt=2,
                        send_result="iteration")
     result = run_rollout(spec)
     assert result.status == "infra_error" and result.rollout_id == "it3-no-such-task-s0-a2"
-    kept = stored(layout.result_url(s3_store, 3, "it3-no-such-task-s0-r1"))
+    kept = stored(layout.result_url(s3_store, 3, "it3-no-such-task-s0-a2"))
     assert kept == json.loads((spec.out / "result.json").read_text()) and kept["status"] == "infra_error"
 
 
@@ -202,7 +202,7 @@ def test_the_rollout_pod_sends_its_result_through_the_proxy(results_proxy, scrip
     scripted.set_commands([oracle("hello-file")])
     done, result, rollout_id = run_in_pod(results_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path)
     assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), done.stderr[-2000:]
-    assert stored(layout.result_url(s3_store, 3, layout.retry_folder(rollout_id, 0))) == result
+    assert stored(layout.result_url(s3_store, 3, result["rollout_id"])) == result
 
 
 # ---- the rendered pods ----

@@ -31,6 +31,7 @@ from steps.trajectories.staleness import Staleness, versions_behind
 from steps.contracts import layout
 from steps.contracts.rollout import RolloutResult
 from workflows import local
+from workflows.argo import node_id
 from workflows.config import load_config
 from workflows.local import StepFailed, Updates
 
@@ -292,8 +293,9 @@ class CollectingArgo(FakeArgoServer):
         collect = phases.pop(0) if len(phases) > 1 else phases[0]
         self.phases[name] = status.get("phase", "")
         if status:
-            status["nodes"]["collect"] = {"id": "collect", "name": f"{name}.collect", "type": "DAG",
-                                          "templateName": "collect", "phase": collect}
+            collect_id = node_id(name, f"{name}.collect")
+            status["nodes"][collect_id] = {"id": collect_id, "name": f"{name}.collect", "type": "DAG",
+                                           "templateName": "collect", "phase": collect}
         return status
 
     def handle(self, method: str, path: str, body: dict | None):

@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import threading
+import urllib.parse
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,8 +39,9 @@ from steps.tasks import load_dataset, load_task
 from steps.contracts import layout
 from steps.contracts.manifest import IterationRecord
 from steps.contracts.rollout import PlannedRollout, RolloutResult
-from workflows import commands, submit
+from workflows import commands, shape, submit
 from workflows import lint
+from workflows.argo import node_id
 from workflows.config import ConfigError, load_config, validate_for_argo
 from workflows.evaluation import evaluation_workflow
 from workflows.iteration import (APP_ROLLOUTS_FILE, KEPT_LOGS, PRIVATE, RUNNER_STORAGE_MB, WORKFLOW_POD_LABEL,
@@ -168,14 +170,14 @@ def test_semantics_catch_broken_workflows() -> None:
     workflow = iteration_workflow(cluster_config("run=t"), 0).to_dict()
     templates = {t["name"]: t for t in workflow["spec"]["templates"]}
     tasks = {t["name"]: t for t in templates["collect"]["dag"]["tasks"]}
-    tasks["rollout"]["depends"] = tasks["rollout-app"]["depends"] = "plan"  # they use {{tasks.serve.ip}} before serve
+    tasks["rollout"]["depends"] = tasks["rollout-app"]["depends"] = "plan"  # they use serve-address's ip before it
     tasks["plan"]["depends"] = "trajectories"  # plan -> trajectories -> rollout -> plan
     tasks["trajectories"]["template"] = "trajectory"
     del tasks["trajectories"]["arguments"]
     templates["rollout"]["inputs"]["parameters"].pop()  # proxy_url no longer declared
     workflow["spec"]["onExit"] = "recorder"
     problems = "\n".join(semantic_problems(workflow))
-    for expected in ("does not depend on task 'serve'", "'plan' depends on itself", "unknown template 'trajectory'",
+    for expected in ("does not depend on task 'serve-address'", "'plan' depends on itself", "unknown template 'trajectory'",
                      "declares no input 'proxy_url'", "passes 'proxy_url', which template 'rollout' does not take",
                      "onExit names unknown template 'recorder'"):
         assert expected in problems
@@ -449,10 +451,11 @@ def selects(selector: dict, labels: dict) -> bool:
 
 
 def policies(spec: dict) -> dict[str, dict]:
-    """The NetworkPolicies the Workflow applies, by template name; each template must own what it applies."""
+    """The NetworkPolicies the Workflow applies, by template name; each template must own what it applies. (The
+    serve's Service, the other resource template, is tests/test_serve_address.py's.)"""
     applied = {}
     for t in spec["templates"]:
-        if "resource" in t:
+        if "resource" in t and t["name"] != shape.SERVE_ADDRESS:
             assert t["resource"]["action"] == "apply" and t["resource"]["setOwnerReference"] is True
             applied[t["name"]] = yaml.safe_load(t["resource"]["manifest"])
     assert all(p["apiVersion"] == "networking.k8s.io/v1" and p["kind"] == "NetworkPolicy" for p in applied.values())
@@ -461,12 +464,13 @@ def policies(spec: dict) -> dict[str, dict]:
 
 def test_rollout_pods_reach_only_the_proxy() -> None:
     """The rollout pods' policy selects them alone, lets nothing in and lets out only TCP 8100 to this
-    Workflow's serve pod; the serve pod's policy lets in only rollout and trajectories pods, on 8100; every
+    Workflow's serve pod; the serve pod's policy lets in only rollout, trajectories and serve-ready pods, on 8100; every
     rollout waits for both policies."""
     spec = iteration_workflow(cluster_config("run=t"), 0).to_dict()["spec"]
     applied = policies(spec)
     assert set(applied) == {"isolate-rollouts", "isolate-serve"}
-    pods = {name: pod_labels(spec, name) for name in ("serve", "plan", "rollout", "trajectories", "update", "record")}
+    pods = {name: pod_labels(spec, name) for name in ("serve", "plan", "rollout", "trajectories", "update", "record",
+                                                       "serve-ready")}
     rollouts, serve = applied["isolate-rollouts"]["spec"], applied["isolate-serve"]["spec"]
     assert [name for name, labels in pods.items() if selects(rollouts["podSelector"], labels)] == ["rollout"]
     assert rollouts["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in rollouts  # nothing may connect
@@ -478,7 +482,8 @@ def test_rollout_pods_reach_only_the_proxy() -> None:
     (rule,) = serve["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": commands.PROXY_PORT}]
     assert sorted(name for name, labels in pods.items()
-                  if any(selects(peer["podSelector"], labels) for peer in rule["from"])) == ["rollout", "trajectories"]
+                  if any(selects(peer["podSelector"], labels) for peer in rule["from"])) == ["rollout", "serve-ready",
+                                                                                            "trajectories"]
     assert template(spec, "serve")["container"]["ports"] == [{"name": "proxy", "containerPort": commands.PROXY_PORT}]
     fanout = next(t for t in template(spec, "collect")["dag"]["tasks"] if t["name"] == "rollout")
     assert {"isolate-rollouts", "isolate-serve"} <= lint.depends_on(fanout)
@@ -499,7 +504,7 @@ def test_rollout_egress_extras_and_no_policy() -> None:
     bare = iteration_workflow(cluster_config("run=t", "network_policy=false"), 0).to_dict()["spec"]
     assert policies(bare) == {} and semantic_problems({"spec": bare}) == []
     fanout = next(t for t in template(bare, "collect")["dag"]["tasks"] if t["name"] == "rollout")
-    assert fanout["depends"] == "serve && plan"
+    assert fanout["depends"] == "serve-ready && plan"
     with pytest.raises(ConfigError, match="'rollout_egress_cidrs' must be auto or list CIDRs .* '10.0.0.300/32' is not one"):
         validate_for_argo(cluster_config("rollout_egress_cidrs=10.0.0.300/32"))
     with pytest.raises(ConfigError, match="'network_policy' must be true or false, got 'yes please'"):
@@ -618,7 +623,9 @@ class FakeArgoServer:
     def __init__(self) -> None:
         self.workflows: dict[str, dict] = {}
         self.script: dict[str, list[str]] = {}
+        self.collect: dict[str, str] = {}  # a Workflow's collect DAG phase where it differs from the Workflow's
         self.requests: list[tuple[str, str, dict | None, str | None]] = []
+        self.sent: list[tuple[str, str, int]] = []  # (method, path with its query, bytes of the response body)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -630,9 +637,12 @@ class FakeArgoServer:
     def _status(self, name: str) -> dict:
         phases = self.script.setdefault(name, ["", "Running", "Succeeded"])
         phase = phases.pop(0) if len(phases) > 1 else phases[0]
-        nodes = {f"{name}-{i}": {"id": f"{name}-{i}", "name": f"{name}.collect.rollout({i})", "type": "Pod",
-                                 "templateName": "rollout", "phase": "Succeeded" if phase == "Succeeded" else "Running"}
-                 for i in range(2)}
+        nodes = {node_id(name, f"{name}.collect.rollout({i})"): {
+            "id": node_id(name, f"{name}.collect.rollout({i})"), "name": f"{name}.collect.rollout({i})", "type": "Pod",
+            "templateName": "rollout", "phase": "Succeeded" if phase == "Succeeded" else "Running"} for i in range(2)}
+        collect = node_id(name, f"{name}.collect")  # the collect DAG: as the Workflow, unless `collect` says
+        nodes[collect] = {"id": collect, "name": f"{name}.collect", "type": "DAG", "templateName": "collect",
+                          "phase": self.collect.get(name, phase)}
         return {"phase": phase, "nodes": nodes} if phase else {}
 
     def handle(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
@@ -673,8 +683,11 @@ class FakeArgoServer:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 fake.requests.append((self.command, self.path, body, self.headers.get("authorization")))
-                code, payload = fake.handle(self.command, self.path.split("?")[0], body)
-                data = json.dumps(payload).encode()
+                path, _, query = self.path.partition("?")
+                code, payload = fake.handle(self.command, path, body)
+                fields = urllib.parse.parse_qs(query).get("fields", [""])[0]
+                data = json.dumps(clean_fields(payload, fields) if code == 200 else payload).encode()
+                fake.sent.append((self.command, self.path, len(data)))
                 self.send_response(code)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
@@ -687,6 +700,35 @@ class FakeArgoServer:
                 pass
 
         return Handler
+
+
+def clean_fields(payload: dict, fields: str) -> dict:
+    """`payload` as Argo's server sends it for a `fields` query: a port of util/fields/fields.go `Cleaner` (which
+    server/workflow/workflow_server.go `GetWorkflow` and `ListWorkflows` apply). Comma-separated dotted paths; a key
+    stays when its path is named or is the start of a named path (its descent then cleaned the same way), and goes
+    otherwise; with a leading `-` the named paths go and the rest stays. No field: the whole object."""
+    if not fields:
+        return payload
+    exclude, named = fields.startswith("-"), set(fields.lstrip("-").split(","))
+
+    def clean(path: list[str], item) -> None:
+        if isinstance(item, dict):
+            for key in list(item):
+                at = ".".join([*path, key])
+                named_here = at in named
+                leads = named_here or any(field.startswith(at) for field in named)
+                if (exclude and not named_here) or (not exclude and leads):
+                    if not named_here:
+                        clean([*path, key], item[key])
+                else:
+                    del item[key]
+        elif isinstance(item, list):
+            for element in item:
+                clean(path, element)
+
+    cleaned = copy.deepcopy(payload)
+    clean([], cleaned)
+    return cleaned
 
 
 @pytest.fixture
@@ -750,15 +792,17 @@ def test_failed_iteration_then_retry_failed_steps(fake_argo: FakeArgoServer, s3_
     assert drive(fake_argo, s3_store, "retry", "--run", "rt") == 0
     (_, path, body, _), = fake_argo.calls("PUT")
     assert path == "/api/v1/workflows/openforge/openforge-rt-it0/retry"
-    assert body == {"name": "openforge-rt-it0", "namespace": "openforge", "restartSuccessful": False,
-                    "nodeFieldSelector": "templateName=rollout,phase=Failed"}
+    assert body == {"name": "openforge-rt-it0", "namespace": "openforge", "restartSuccessful": True,
+                    "nodeFieldSelector": "templateName=serve"}  # its collect failed: the serve starts again
     statuses = [r.status for r in manifest.read_iterations(f"{s3_store}/rt").values()]
     assert statuses == ["Succeeded", "Succeeded"] and "openforge-rt-it1" in fake_argo.workflows
 
 
 def test_resubmit_memoized(fake_argo: FakeArgoServer, s3_store: str) -> None:
-    """`resubmit --memoized` asks for a memoized copy and follows the new workflow, recorded in the manifest."""
+    """`resubmit --memoized` asks for a memoized copy and follows the new workflow, recorded in the manifest (here
+    its collect succeeded, its update failed; tests/test_serve_address.py has the one whose collect failed)."""
     fake_argo.script["openforge-rs-it0"] = ["Failed"]
+    fake_argo.collect["openforge-rs-it0"] = "Succeeded"
     assert drive(fake_argo, s3_store, "--harness", "codex", "run=rs", "iterations=1") == 1
     assert drive(fake_argo, s3_store, "resubmit", "--run", "rs", "--iteration", "0", "--memoized") == 0
     (_, path, body, _), = fake_argo.calls("PUT")
@@ -778,7 +822,7 @@ def test_resume_after_the_driver_died(fake_argo: FakeArgoServer, s3_store: str) 
     assert drive(fake_argo, s3_store, "resume", "--run", "rm") == 0
     created = [body["workflow"]["metadata"]["name"] for _, _, body, _ in fake_argo.calls("POST")]
     assert created == ["openforge-rm-it2"]
-    gets = {path.rsplit("/", 1)[1] for _, path, _, _ in fake_argo.calls("GET")}
+    gets = {path.rsplit("/", 1)[1].split("?")[0] for _, path, _, _ in fake_argo.calls("GET")}
     assert gets == {"openforge-rm-it1", "openforge-rm-it2"}
     assert [r.status for r in manifest.read_iterations(config.run_url).values()] == ["Succeeded"] * 3
 

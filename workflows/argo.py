@@ -4,8 +4,12 @@
     client.lint(workflow); name = client.create(workflow); phase = client.wait(name)
 
 Routes used (Argo Server API v1): lint `POST /api/v1/workflows/{ns}/lint`, create `POST /api/v1/workflows/{ns}`,
-get `GET /api/v1/workflows/{ns}/{name}`, retry `PUT .../{name}/retry`, resubmit `PUT .../{name}/resubmit`,
+get `GET /api/v1/workflows/{ns}/{name}?fields=...`, retry `PUT .../{name}/retry`, resubmit `PUT .../{name}/resubmit`,
 delete `DELETE .../{name}`.
+Every get names the few fields it needs (`fields`): the server then sends those alone. A Workflow's node status
+holds two nodes per rollout (a Retry node and its Pod), megabytes at 10,000 rollouts, so a poll reads the phase, the
+pods' progress and one node's phase, a few hundred bytes, and the nodes are read once, when the Workflow has ended
+(docs/workflows.md, "What the driver reads").
 `wait` polls `get` itself: Hera 7.1's `Workflow.wait()` raises on the empty phase right after
 creation and returns at `Pending`.
 The server's TLS certificate is verified against the system's CAs, or `verify` (a CA bundle file); `verify=False`
@@ -13,14 +17,15 @@ accepts any (Argo's server makes itself a self-signed certificate unless given o
 docs/tls.md), and the driver says so.
 """
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import requests
-from hera.exceptions import AlreadyExists, HeraException, NotFound, Unauthorized
+from hera.exceptions import AlreadyExists, HeraException, NotFound, Unauthorized, exception_from_server_response
 from hera.workflows import Workflow, WorkflowsService
 from hera.workflows.models import (WorkflowCreateRequest, WorkflowLintRequest, WorkflowResubmitRequest,
                                    WorkflowRetryRequest)
@@ -39,6 +44,8 @@ WORKFLOW_DEADLINE = "Step exceeded its deadline"
 POD_DEADLINE = "Pod was active on the node longer than the specified deadline"
 # The deadline each pod's template carries (workflows/iteration.py, docs/workflows.md "Deadlines").
 TEMPLATE_DEADLINES = {"serve": "serve_timeout_s", "update": "update_timeout_s", "rollout": "the task's timeouts"}
+# A retry's node selector: the serve daemon, started again (with restartSuccessful; see `retry_failed`).
+RESTART_SERVE = "templateName=serve"
 REQUEST_TIMEOUT_S = 30.0
 
 
@@ -64,7 +71,7 @@ class _TimeoutSession(requests.Session):
         return super().request(method, url, **kwargs)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Progress:
     """A workflow's phase and its rollout pods' counts, as `wait` reports them."""
 
@@ -74,6 +81,32 @@ class Progress:
     collect: str = ""  # the phase of its `collect` DAG (serve, rollouts, trajectories); "" before it started
     # rollout pods that ended for a cause Argo retries (`workflows.faults.RETRIED`), by cause; the last attempt too
     infra_ends: dict[str, int] = field(default_factory=dict)
+    pods: str = ""  # Argo's `status.progress`: its pods ended / its pods so far ("12/40")
+
+
+def node_id(workflow: str, node: str) -> str:
+    """The id Argo gives the node named `node` (`<workflow>.<task>...`) of Workflow `workflow`: the Workflow's name
+    and the 32-bit FNV-1a hash of the node's name (argo-workflows pkg/apis/workflow/v1alpha1/workflow_types.go,
+    `Workflow.NodeID`), so that a get can name one node's fields without reading the others.
+
+    >>> node_id("openforge-demo-it0", "openforge-demo-it0.collect")
+    'openforge-demo-it0-1275922602'
+    """
+    if node == workflow:
+        return workflow
+    digest = 0x811C9DC5
+    for byte in node.encode():
+        digest = ((digest ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return f"{workflow}-{digest}"
+
+
+def poll_fields(name: str) -> str:
+    """What a poll of Workflow `name` reads (Argo server's `fields` query, server/workflow/workflow_server.go
+    `GetWorkflow` through util/fields `Cleaner`: dotted paths, each keeping that key and what is under it): the
+    phase, the pods' progress and the phase of its `collect` DAG node. The Cleaner has no wildcard over a map's
+    keys, so a node is named by its id (`node_id`)."""
+    collect = node_id(name, f"{name}.collect")
+    return f"status.phase,status.progress,status.nodes.{collect}.phase"
 
 
 class ArgoClient:
@@ -125,13 +158,25 @@ class ArgoClient:
             return str(workflow.name)
         return created.metadata.name
 
+    def read(self, name: str, fields: str) -> dict:
+        """The workflow `name` as JSON with only `fields` (comma-separated dotted paths) in it; NotFound when there is
+        none. Not through Hera's `get_workflow`, whose model refuses a Workflow without its spec."""
+        def get() -> dict:
+            response = self.service._request("get", url=f"{self.server}/api/v1/workflows/{self.namespace}/{name}",
+                                             params={"fields": fields}, headers={"Authorization": self.service.token},
+                                             verify=self.service.verify_ssl)
+            if not response.ok:
+                raise exception_from_server_response(response)
+            return response.json()
+        return self._call(f"reading {name}", get)
+
     def check_owner(self, name: str, run: str | None) -> None:
         """An ArgoError unless the existing workflow `name` belongs to run `run` (its `RUN_NAME_ANNOTATION`)."""
         try:
-            existing = self._call(f"reading {name}", self.service.get_workflow, name)
+            existing = self.read(name, "metadata.annotations")
         except NotFound:  # deleted since the create was refused
             raise ArgoError(f"workflow {name} was deleted while it was being created; submit again") from None
-        owner = (existing.metadata.annotations or {}).get(RUN_NAME_ANNOTATION)
+        owner = (existing.get("metadata", {}).get("annotations") or {}).get(RUN_NAME_ANNOTATION)
         if owner != run:
             whose = f"run {owner!r}" if owner is not None else "no OpenForge run"
             raise ArgoError(f"workflow {name} already exists in namespace {self.namespace} and belongs to {whose}, "
@@ -140,10 +185,10 @@ class ArgoClient:
     def phase_if_any(self, name: str) -> str | None:
         """The workflow's phase ("" right after creation), or None when there is no workflow of that name."""
         try:
-            wf = self._call(f"reading {name}", self.service.get_workflow, name)
+            wf = self.read(name, "status.phase")
         except NotFound:
             return None
-        return (wf.status.phase if wf.status else None) or ""
+        return wf.get("status", {}).get("phase") or ""
 
     def delete(self, name: str) -> None:
         """Deletes the workflow (its pods and the objects it owns go with it); one already gone is fine."""
@@ -153,22 +198,24 @@ class ArgoClient:
             pass
 
     def progress(self, name: str) -> Progress:
-        """The workflow's phase ("" right after creation) and its rollout pods' counts."""
+        """The workflow's phase ("" right after creation), its pods' progress and its collect DAG's phase
+        (`poll_fields`); once it has ended, its rollout pods' counts too, from one read of its nodes."""
         try:
-            wf = self._call(f"reading {name}", self.service.get_workflow, name)
+            status = self.read(name, poll_fields(name)).get("status", {})
         except NotFound:
             raise ArgoError(f"workflow {name} does not exist in namespace {self.namespace} on {self.server}") from None
-        status = wf.status
-        nodes = [n for n in ((status.nodes or {}).values() if status else [])
-                 if n.template_name in ROLLOUT_TEMPLATES and n.type == "Pod"]
-        collect = [n.phase for n in ((status.nodes or {}).values() if status else []) if n.template_name == "collect"]
-        causes = [retry_cause(n.outputs.exit_code if n.outputs else None, n.phase, n.message)
-                  for n in nodes if n.phase in ("Failed", "Error")]
-        return Progress(phase=(status.phase if status else None) or "",
-                        rollouts_done=sum(n.phase == "Succeeded" for n in nodes),
-                        rollouts_failed=sum(n.phase in ("Failed", "Error") for n in nodes),
-                        collect=(collect[0] if collect else None) or "",
-                        infra_ends=dict(sorted(Counter(c for c in causes if c).items())))
+        collect = status.get("nodes", {}).get(node_id(name, f"{name}.collect"), {})
+        progress = Progress(phase=status.get("phase") or "", collect=collect.get("phase") or "",
+                            pods=status.get("progress") or "")
+        if progress.phase not in DONE:
+            return progress
+        nodes = [n for n in self.read(name, "status.nodes").get("status", {}).get("nodes", {}).values()
+                 if n.get("templateName") in ROLLOUT_TEMPLATES and n.get("type") == "Pod"]
+        causes = [retry_cause((n.get("outputs") or {}).get("exitCode"), n.get("phase"), n.get("message"))
+                  for n in nodes if n.get("phase") in ("Failed", "Error")]
+        return dataclasses.replace(progress, rollouts_done=sum(n.get("phase") == "Succeeded" for n in nodes),
+                                   rollouts_failed=sum(n.get("phase") in ("Failed", "Error") for n in nodes),
+                                   infra_ends=dict(sorted(Counter(c for c in causes if c).items())))
 
     def wait(self, name: str, poll_s: float = 10.0, report: Callable[[Progress], None] = lambda p: None,
              collected: bool = False) -> str:
@@ -190,14 +237,33 @@ class ArgoClient:
         return failure_reason(wf.status.message if wf.status else None,
                               list((wf.status.nodes or {}).values()) if wf.status else [])
 
+    def collect_phase(self, name: str) -> str:
+        """The phase of the workflow's `collect` DAG node ("" before it started)."""
+        collect = node_id(name, f"{name}.collect")
+        return self.read(name, f"status.nodes.{collect}.phase").get("status", {}).get("nodes", {}).get(
+            collect, {}).get("phase") or ""
+
     def retry_failed(self, name: str) -> None:
-        """Retries a failed workflow's failed steps only; succeeded rollouts keep their results."""
-        req = WorkflowRetryRequest(name=name, namespace=self.namespace, restart_successful=False,
-                                   node_field_selector=RETRY_FAILED_ROLLOUTS)
+        """Retries a failed workflow's failed steps; succeeded rollouts keep their results. Where its collect DAG did
+        not succeed, the serve daemon starts again too: Argo resets a Failed or Error step on any retry, and a step
+        its `nodeFieldSelector` names only with `restartSuccessful` (argo-workflows workflow/util/util.go
+        `getNodeIDsToReset`: no selector at all without it), and a serve that its DAG's end stopped is Succeeded
+        (workflow/controller/exec_control.go `killDaemonedChildren`), so it would stay stopped. Resetting it deletes
+        its node and the nodes of the steps that depend on it (`resetPath`), which is why no step depends on it:
+        the rollouts reach it at its Service's address, where the new serve answers once it is ready."""
+        restart_serve = self.collect_phase(name) != "Succeeded"
+        req = WorkflowRetryRequest(name=name, namespace=self.namespace, restart_successful=restart_serve,
+                                   node_field_selector=RESTART_SERVE if restart_serve else None)
         self._call(f"retrying {name}", self.service.retry_workflow, name, req)
 
     def resubmit(self, name: str, memoized: bool) -> str:
-        """Submits a copy of the workflow (reusing succeeded steps' outputs when memoized); returns its name."""
+        """Submits a copy of the workflow (reusing succeeded steps' outputs when memoized); returns its name. A
+        memoized copy of one whose collect DAG did not succeed is refused: Argo copies every succeeded pod step into
+        it as Skipped (workflow/util/util.go `FormulateResubmitWorkflow`), the serve that its DAG's end stopped
+        included, so its rollouts would find no serve."""
+        if memoized and self.collect_phase(name) != "Succeeded":
+            raise ArgoError(f"workflow {name} did not finish its rollouts, and a memoized resubmit would not start "
+                            f"its serve again; use `retry` (which does), or resubmit without --memoized")
         req = WorkflowResubmitRequest(name=name, namespace=self.namespace, memoized=memoized)
         created = self._call(f"resubmitting {name}", self.service.resubmit_workflow, name, req)
         return created.metadata.name

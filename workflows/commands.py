@@ -225,11 +225,17 @@ def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int
             *model, *stale]
 
 
-def fetch_task(proxy_url: str, dataset: str, task: str, into: str, python: str = "python") -> list[str]:
+def fetch_task(proxy_url: str, dataset: str, task: str, into: str, python: str = "python",
+               wait_s: int = 0) -> list[str]:
     """Fetches one task folder of an Argo run's dataset snapshot `dataset` from the proxy into `into/<task>`
-    (`steps.datasets fetch-task`, with the admin key from the environment)."""
+    (`steps.datasets fetch-task`, with the admin key from the environment), waiting up to `wait_s` for it to answer."""
     return [python, "-m", "steps.datasets", "fetch-task", "--proxy-url", proxy_url, "--dataset", dataset,
-            "--task", task, "--into", into]
+            "--task", task, "--into", into, *(["--wait-s", str(wait_s)] if wait_s else [])]
+
+
+def wait_proxy(proxy_url: str, wait_s: int, python: str = "python") -> list[str]:
+    """Waits up to `wait_s` seconds for the proxy at `proxy_url` to answer (`steps.datasets wait-proxy`)."""
+    return [python, "-m", "steps.datasets", "wait-proxy", "--proxy-url", proxy_url, "--wait-s", str(wait_s)]
 
 
 def evaluate(config: RunConfig, iteration: int | str, python: str = "python", dataset: str | None = None) -> list[str]:

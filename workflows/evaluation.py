@@ -21,7 +21,7 @@ from hera.workflows import Container, Workflow
 from steps.contracts.config import RunConfig
 from workflows import commands, shape
 from workflows.iteration import (collect_dag, dag, evaluation_templates, exit_dag, fetch_model_template, image,
-                                 report_template, run_label, run_workflow, s3_env, serve_template, step_pod)
+                                 report_template, run_label, run_workflow, s3_env, serve_templates, step_pod)
 
 
 def workflow_name(config: RunConfig, iteration: int) -> str:
@@ -40,7 +40,7 @@ def record_template(config: RunConfig, iteration: int) -> Container:
 def evaluation_workflow(config: RunConfig, iteration: int) -> Workflow:
     """The evaluation of iteration `iteration`'s checkpoint as one Workflow."""
     templates = [dag("evaluation", shape.evaluation(config, iteration)), collect_dag(config),
-                 serve_template(config, iteration), *evaluation_templates(config, iteration, ""), exit_dag(),
+                 *serve_templates(config, iteration), *evaluation_templates(config, iteration, ""), exit_dag(),
                  record_template(config, iteration), report_template(config),
                  *([fetch_model_template(config)] if shape.fetches_model(config, iteration) else [])]
     return run_workflow(config, workflow_name(config, iteration), templates,

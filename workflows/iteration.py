@@ -9,7 +9,8 @@ iteration's runs `fetch-model` before them, which streams the model into the run
 `collect` is a DAG of its own so that the `serve` daemon (vLLM + proxy, one GPU pod) is stopped as soon as the
 rollouts and trajectories are done, before
 `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's /health answers; reached at
-`{{tasks.serve.ip}}`; its proxy writes the rollouts' results to the store), `plan` (prints the rollouts as a JSON
+the address of `serve-address`, a Service owned by the Workflow that selects its serve pod, which `serve-ready`
+waits to answer; its proxy writes the rollouts' results to the store), `plan` (prints the rollouts as a JSON
 list, and writes those of tasks with an `[environment] app` into its output `app-rollouts`), `rollout` (one pod per
 item of that list, given its task, sample and rollout id, in the task's image, with the harness and OpenForge copied
 in by init containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an
@@ -206,6 +207,53 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     )
 
 
+# How long the serve may take to answer: its readiness probe's whole window (`serve_template`: 20 s, then 180 probes
+# 10 s apart), after which Kubernetes would still call it unready.
+SERVE_READY_S = 20 + 180 * 10
+# How long a rollout's task fetch waits for the proxy: a serve that a retry started again (docs/workflows.md, "The
+# serve's address"), within the rollout's deadline, which counts from the pod's start.
+ROLLOUT_PROXY_WAIT_S = 600
+SERVICE_IP = "ip"  # serve-address's output: the Service's ClusterIP
+# The rollouts' and trajectories' proxy: the serve Service's ClusterIP, stable for the Workflow's life whichever
+# serve pod answers behind it (never a daemon's pod IP, which Argo keeps in the node after that pod is gone).
+PROXY_URL = f"http://{{{{tasks.{shape.SERVE_ADDRESS}.outputs.parameters.{SERVICE_IP}}}}}:{commands.PROXY_PORT}"
+
+
+def serve_service() -> dict:
+    """The serve's Service: this Workflow's serve pod (by its labels, as the NetworkPolicies select it) on the proxy
+    port. Its name is generated (`openforge-serve-xxxxx`: a Service's name is a 63-character DNS label, which
+    `<workflow>-serve` may exceed); Kubernetes sends a connection to its ClusterIP to a ready pod it selects, so a
+    serve started again behind it is reached at the same address."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"generateName": "openforge-serve-"},
+            "spec": {"type": "ClusterIP", "selector": this_workflows("serve")["matchLabels"],
+                     "ports": [{"name": "proxy", "protocol": "TCP", "port": commands.PROXY_PORT,
+                                "targetPort": commands.PROXY_PORT}]}}
+
+
+def serve_address_template(config: RunConfig) -> Resource:
+    """Creates the serve's Service (`serve_service`), owned by the Workflow (deleted with it); its ClusterIP is the
+    step's output `ip` (Argo's resource outputs: `kubectl get` with the jsonPath after the create, argo-workflows
+    workflow/executor/resource.go `SaveResourceParameters`). The ClusterIP and not the Service's DNS name: a
+    rollout pod has no DNS unless `rollout_dns`, and needs none for this."""
+    return Resource(name=shape.SERVE_ADDRESS, action="create", set_owner_reference=True,
+                    manifest=yaml.safe_dump(serve_service(), sort_keys=False), **hera_placement(config.steps_pod),
+                    outputs=[Parameter(name=SERVICE_IP, value_from=ValueFrom(json_path="{.spec.clusterIP}"))])
+
+
+def serve_ready_template(config: RunConfig) -> Container:
+    """Waits until a serve answers at the Service (`steps.datasets wait-proxy`), so that no rollout starts its
+    deadline before the serve is up; the serve's NetworkPolicy lets this pod in (`serve_policy`)."""
+    return Container(name=shape.SERVE_READY, image=image(config, "steps"), working_dir="/opt/openforge/app",
+                     inputs=[Parameter(name="proxy_url")],
+                     command=commands.wait_proxy("{{inputs.parameters.proxy_url}}", SERVE_READY_S),
+                     **step_pod(config, "100m", "128Mi", labels={ROLE: shape.SERVE_READY}, deadline=False))
+
+
+def serve_templates(config: RunConfig, iteration: int) -> list:
+    """The serve daemon, its Service and the gate that waits for it to answer there."""
+    return [serve_template(config, iteration), serve_address_template(config), serve_ready_template(config)]
+
+
 def fetch_model_template(config: RunConfig) -> Container:
     """Fetches the hub `model` into the run's store (`steps.fetch_model`), once per run: it does nothing when the run
     holds the model already. The token is the `hub_secret` Secret's key `token`, optional (a public model needs no
@@ -272,7 +320,7 @@ def task_init_container(config: RunConfig, evaluation: bool = False) -> UserCont
     workflow/common/util.go `SubstituteParams` replaces them in the whole template's JSON, as the app sidecar's
     image relies on too)."""
     command = commands.fetch_task("{{inputs.parameters.proxy_url}}", commands.stored_dataset(config, evaluation),
-                                  "{{inputs.parameters.task}}", TASKS)
+                                  "{{inputs.parameters.task}}", TASKS, wait_s=ROLLOUT_PROXY_WAIT_S)
     return UserContainer(name="task", image=image(config, "steps"), command=command, env=admin_env(config),
                          volume_mounts=[VolumeMount(name="openforge", mount_path=SHARED)])
 
@@ -372,7 +420,7 @@ def rollout_template(config: RunConfig, iteration: int, evaluation: bool = False
     the agent stopped (OUT is root-only, 0700, and the agent a separate uid: `PodSandbox.create`), with defaults
     for a pod that died.
     An evaluation's rollout sends its result as the evaluation's. Each attempt of the step (`{{retries}}`: 0, 1,
-    ...) runs as its own attempt id and its result goes into its own folder (`layout.retry_folder`), so that a
+    ...) runs as its own attempt id and its result goes into that id's folder (`steps.proxy.results`), so that a
     retry never overwrites the infra error before it: every attempt is counted.
     """
     out = "/tmp/rollout"
@@ -546,10 +594,11 @@ def rollout_policy(config: RunConfig) -> dict:
 
 
 def serve_policy() -> dict:
-    """The serve pod's NetworkPolicy: the proxy port accepts only this Workflow's rollout and trajectories pods
-    (vLLM listens on the pod's loopback only, `steps.serve`); the kubelet's probes come from the node, which
+    """The serve pod's NetworkPolicy: the proxy port accepts only this Workflow's rollout, trajectories and
+    serve-ready pods, whether they connect to the pod or to the serve Service's ClusterIP, which kube-proxy (or the
+    CNI's own Service handling) translates to the pod's IP before the policy is applied to it (vLLM listens on the pod's loopback only, `steps.serve`); the kubelet's probes come from the node, which
     NetworkPolicies always allow."""
-    clients = [{"podSelector": this_workflows(role)} for role in ("rollout", "trajectories")]
+    clients = [{"podSelector": this_workflows(role)} for role in ("rollout", "trajectories", shape.SERVE_READY)]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": "{{workflow.name}}-serve"},
             "spec": {"podSelector": this_workflows("serve"), "policyTypes": ["Ingress"],
@@ -610,9 +659,8 @@ def dag(name: str, steps: list[shape.Step], parallelism: int | None = None) -> D
 def task(step: shape.Step) -> Task:
     """One step as an Argo DAG task on the template of its name: `depends` from its needs; a fan-out over its plan
     step's output (`withParam`), each item's fields as the rollout template's inputs; the proxy's URL (the serve
-    daemon's pod IP) for the steps that call it; `continueOn` for a step that keeps going."""
-    proxy_url = f"http://{{{{tasks.serve.ip}}}}:{commands.PROXY_PORT}"
-    arguments, with_param = None, None
+    Service's ClusterIP, `PROXY_URL`) for the steps that call it; `continueOn` for a step that keeps going."""
+    proxy_url, arguments, with_param = PROXY_URL, None, None
     if step.fanout:
         source = "result" if step.fanout == shape.PLANNED else f"parameters.{step.fanout}"
         with_param = f"{{{{tasks.{step.plan}.outputs.{source}}}}}"
@@ -621,7 +669,7 @@ def task(step: shape.Step) -> Task:
                                                      ("deadline", "deadline_s"), *((r, r) for r in RESOURCE_INPUTS))}
         app = {"app": "{{item.app}}"} if step.fanout == shape.APP_ROLLOUTS else {}
         arguments = {**item, **app, "proxy_url": proxy_url}
-    elif step.name.endswith("trajectories"):
+    elif step.name.endswith("trajectories") or step.name == shape.SERVE_READY:
         arguments = {"proxy_url": proxy_url}
     return Task(name=step.name, template=step.name, depends=step.depends or None, with_param=with_param,
                 arguments=arguments, continue_on=ContinueOn(failed=True, error=True) if step.keep_going else None,
@@ -652,7 +700,8 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
               delete_update_template(config, "delete-update", {UPDATE_WORKFLOW_LABEL: "{{workflow.name}}"})
               ] if nodes else []
     templates = [dag("iteration", shape.iteration(config, iteration)), collect_dag(config, evaluation),
-                 serve_template(config, iteration), plan_template(config, iteration), *rollout_templates(config, iteration),
+                 *serve_templates(config, iteration), plan_template(config, iteration),
+                 *rollout_templates(config, iteration),
                  trajectories_template(config, iteration), update_template(config, iteration), *delete,
                  *([wait_template(config, iteration)] if waits else []), exit_dag(nodes),
                  record_template(config, iteration), report_template(config),

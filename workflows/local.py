@@ -229,7 +229,7 @@ class LocalSteps:
     """What each step of `workflows.shape` does on this machine, for one iteration's Workflow (`evaluation_run`
     False: its training steps, and `eval-...` those of the evaluation of the checkpoint it serves) or one evaluation's
     (True: its steps evaluate). The serve step's server runs for the whole run (`start_serve`), so here it is only
-    there; the isolation steps apply NetworkPolicies on a cluster, while here each rollout's bubblewrap sandbox has
+    there, as are its address (a Service on a cluster) and the gate that waits for it; the isolation steps apply NetworkPolicies on a cluster, while here each rollout's bubblewrap sandbox has
     its own network namespace. Each rollout phase's [start, end] goes into `times`."""
 
     def __init__(self, config: RunConfig, iteration: int, proxy_url: str, env: dict, logs: Path,
@@ -242,7 +242,7 @@ class LocalSteps:
 
     def actions(self) -> dict[str, Callable[[shape.Step], shape.Outcome]]:
         """The action of every step name the shapes use."""
-        actions = dict.fromkeys(("serve", *shape.ISOLATION_STEPS), self.there)
+        actions = dict.fromkeys(("serve", shape.SERVE_ADDRESS, shape.SERVE_READY, *shape.ISOLATION_STEPS), self.there)
         for prefix in ("", "eval-"):
             evaluation = self.evaluation_run or bool(prefix)
             actions[f"{prefix}plan"] = lambda step, evaluation=evaluation: self.plan(step, evaluation)

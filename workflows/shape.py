@@ -3,7 +3,8 @@ outlives, and the rule by which iterations overlap.
 
     from workflows import shape
     [step.name for step in shape.collect(config, evaluation=False)]
-    # ['isolate-rollouts', 'isolate-serve', 'serve', 'plan', 'rollout', 'rollout-app', 'trajectories']
+    # ['isolate-rollouts', 'isolate-serve', 'serve', 'serve-address', 'serve-ready', 'plan', 'rollout', 'rollout-app',
+    #  'trajectories']
 
 Two runners read it. `workflows/iteration.py` and `workflows/evaluation.py` render each step as an Argo DAG task
 (`depends` written from `needs`, `withParam` from `fanout`, `continueOn` from `keep_going`); `workflows/local.py`
@@ -36,6 +37,10 @@ PLANNED = "result"  # the plan's standard output: its rollouts without an app, a
 APP_ROLLOUTS = "app-rollouts"  # the plan's output parameter: the rollouts of tasks with an app, as a JSON list
 ROLLOUT_STEPS = ("rollout", "rollout-app")  # the rollout fan-outs: without and with the task's app as a sidecar
 ISOLATION_STEPS = ("isolate-rollouts", "isolate-serve")  # the NetworkPolicies a Workflow applies before its rollouts
+# The serve's stable address, a Service owned by the Workflow (its ClusterIP the step's output), and the gate that
+# waits until a serve answers there. The rollouts wait for these, never for the serve daemon's own node: a retry
+# that starts the serve again deletes that node's DAG descendants with it (docs/workflows.md, "The serve's address").
+SERVE_ADDRESS, SERVE_READY = "serve-address", "serve-ready"
 FETCH_MODEL = "fetch-model"  # a hub `model` into the run's store, before the first serve (steps.fetch_model)
 
 
@@ -112,7 +117,7 @@ def fanout(prefix: str, isolate: tuple[str, ...], keep_going: bool = False) -> l
     that still fails after its retries is left out of the tables, not fatal: trajectories needs one that succeeded.
     With `keep_going`, a failed plan or trajectories step does not fail the DAG either (an evaluation's)."""
     plan, rollout, app_rollout, trajectories = (f"{prefix}{step}" for step in ("plan", *ROLLOUT_STEPS, "trajectories"))
-    after = tuple(Need(name) for name in ("serve", plan, *isolate))
+    after = tuple(Need(name) for name in (SERVE_READY, plan, *isolate))
     return [Step(plan, keep_going=keep_going),
             Step(rollout, after, fanout=PLANNED, plan=plan),
             Step(app_rollout, after, fanout=APP_ROLLOUTS, plan=plan),
@@ -121,13 +126,15 @@ def fanout(prefix: str, isolate: tuple[str, ...], keep_going: bool = False) -> l
 
 
 def collect(config: RunConfig, evaluation: bool) -> list[Step]:
-    """The `collect` DAG: [isolation], serve (a daemon: it stops when this DAG ends), plan -> rollouts ->
+    """The `collect` DAG: [isolation], serve (a daemon: it stops when this DAG ends), serve-address -> serve-ready
+    (its Service, and a serve answering there), plan -> rollouts ->
     trajectories; with `evaluation`, the evaluation of the served checkpoint beside them on the same serve:
     eval-plan -> eval-rollouts -> eval-trajectories, and evaluate once every eval rollout has ended. A failed
     evaluation is recorded as failed (the driver's `mark`) and does not stop the iteration's update."""
     isolate = isolation(config)
     evaluate = Step("evaluate", (Need("eval-rollout", ENDED), Need("eval-rollout-app", ENDED)), keep_going=True)
-    return [*(Step(name) for name in isolate), Step("serve"), *fanout("", isolate),
+    return [*(Step(name) for name in isolate), Step("serve"), Step(SERVE_ADDRESS),
+            Step(SERVE_READY, (Need(SERVE_ADDRESS),)), *fanout("", isolate),
             *(fanout("eval-", isolate, keep_going=True) + [evaluate] if evaluation else [])]
 
 

@@ -388,10 +388,13 @@ def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, pol
         print(f"{label}: {client.ui_link(name)}", flush=True)
 
     def report(p: Progress) -> None:
-        """One line per change of phase or rollout counts."""
+        """One line per change of phase or pods' progress; the rollouts' counts (and the pods the cluster ended, by
+        cause) once it ended."""
         ends = ", ".join(f"{cause} {n}" for cause, n in p.infra_ends.items())
-        print(f"{label}: {p.phase or 'Pending'}, rollouts {p.rollouts_done} done, "
-              f"{p.rollouts_failed} failed{f' (retried for the cluster: {ends})' if ends else ''}", flush=True)
+        counts = (f"rollouts {p.rollouts_done} done, {p.rollouts_failed} failed"
+                  f"{f' (retried for the cluster: {ends})' if ends else ''}" if p.phase in DONE
+                  else f"pods {p.pods or '0/0'} ended")
+        print(f"{label}: {p.phase or 'Pending'}, {counts}", flush=True)
 
     phase = client.wait(name, poll_s, report, collected=collected)
     if phase in DONE:
@@ -555,12 +558,13 @@ def pick(config: RunConfig, iteration: int | None, evaluation_run: bool) -> Iter
 
 
 def phase_of(client: ArgoClient | None, entry: IterationRecord | EvalRecord) -> str:
-    """The live phase from Argo where a server is set, else the manifest's word."""
+    """The live phase from Argo where a server is set (its `status.phase` alone), else the manifest's word."""
     if client and entry.workflow:
         try:
-            return client.progress(entry.workflow).phase
-        except ArgoError:  # deleted by its TTL or the server is down: the manifest's word stands
-            return f"{entry.status} (recorded)"
+            phase = client.phase_if_any(entry.workflow)
+        except ArgoError:  # the server is down: the manifest's word stands
+            phase = None
+        return f"{entry.status} (recorded)" if phase is None else phase  # None: deleted by its TTL
     return entry.status
 
 

@@ -140,17 +140,6 @@ def rollout_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
     return _join(results_url(run_url, iteration), rollout_id)
 
 
-def retry_folder(rollout_id: str, retry: int | str) -> str:
-    """The results folder of Argo's retry number `retry` (0 on the first try, `{{retries}}`) of a planned
-    rollout: each attempt uploads its own result.json, which names the attempt id it ran as (the local runner's
-    folders are the attempt ids themselves, `steps.plan.attempt_id`).
-
-    >>> retry_folder("it0-hello-file-s1", 2)
-    'it0-hello-file-s1-r2'
-    """
-    return f"{rollout_id}-r{retry}"
-
-
 def result_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
     """One rollout attempt's `result.json`."""
     return _join(rollout_url(run_url, iteration, rollout_id), RESULT_FILE)

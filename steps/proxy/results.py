@@ -5,8 +5,9 @@ it to the store, so that a rollout pod needs no store credentials and no route t
     PUT /rollouts/{rollout_id}/result?retry=R[&evaluation=true]   (admin key; the body: result.json)
 
 The proxy writes it to `layout.result_url` (or `eval_result_url`) of its `--run-url` and `--iteration`, in the
-folder of Argo's retry number R of the planned rollout (`layout.retry_folder`): the exact URL the rollout step's
-S3 output artifact had. Only a rollout this proxy opened may be written, only by its own id, and only a result
+folder of the attempt id the rollout ran under (`ID`, `ID-a2`, ...: `steps.plan.attempt_id`), which the proxy gives
+out once (a rerun takes the next free one), so no attempt's result ever replaces another's, not even when a
+`submit.py retry` makes Argo count `{{retries}}` from 0 again (it deletes the failed pods' nodes). Only a rollout this proxy opened may be written, only by its own id, and only a result
 that names that id.
 """
 
@@ -24,22 +25,23 @@ RESULT_MAX_BYTES = 1024 * 1024  # one result.json; its logs stay in the pod, so 
 
 
 def result_url(config: ProxyConfig, rollout_id: str, retry: int, evaluation: bool) -> str:
-    """Where the result of rollout `rollout_id` (an attempt id, `ID-aK`) at Argo's retry number `retry` goes.
+    """Where the result of rollout `rollout_id` (an attempt id, `ID-aK`) at Argo's retry number `retry` goes: the
+    attempt's own folder.
 
     Attempt K of a planned rollout runs at retry K-1 or earlier (a rerun step takes the next free attempt), so a
-    retry number past that is refused: a runner writes its own rollout's folders only.
+    retry number past that is refused.
 
     >>> result_url(ProxyConfig("u", "s", "k", run_url="s3://b/runs/r", iteration=2), "it2-t-s0-a2", 1, False)
-    's3://b/runs/r/results/iteration-2/it2-t-s0-r1/result.json'
+    's3://b/runs/r/results/iteration-2/it2-t-s0-a2/result.json'
     """
     if not config.run_url or config.iteration is None:
         raise ProxyError(409, "this proxy stores no results: it was started without --run-url and --iteration")
-    planned, attempt = attempt_of(rollout_id)
+    _, attempt = attempt_of(rollout_id)
     if not 0 <= retry < attempt:
         raise ProxyError(400, f"retry must be 0 to {attempt - 1} for rollout {rollout_id!r} (attempt {attempt}), "
                               f"got {retry}", param="retry")
     where = layout.eval_result_url if evaluation else layout.result_url
-    return where(config.run_url, config.iteration, layout.retry_folder(planned, retry))
+    return where(config.run_url, config.iteration, rollout_id)
 
 
 def checked_result(rollout_id: str, body: bytes) -> bytes:
