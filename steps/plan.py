@@ -1,4 +1,4 @@
-"""Which rollouts one iteration runs: tasks x samples per task, printed as a JSON list.
+"""Which rollouts one iteration runs: tasks x samples per task, printed as a JSON list or written in chunks.
 
     python -m steps.plan --dataset steps/tasks/builtin --iteration 0 --tasks-per-iteration 4 \
         --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--app-rollouts /tmp/app-rollouts.json]
@@ -14,10 +14,10 @@ environment folder>`, the image `python workflows/submit.py images --dataset D` 
 in seconds (agent + verifier timeouts + setup margin), the CPUs, memory (MiB), disk (MiB) and GPUs the task's
 `[environment]` asks for (Harbor's defaults 1, 2048, 10240, 0 where it is silent), from which the rollout pod's
 requests and limits are made (`workflows.iteration.rollout_resources`, which adds the harness's own budget), and
-its `[environment] app` command (null without one). The Argo DAG fans out over this list (`withParam`); the local
-runner reads the same list. With `--app-rollouts FILE` the rollouts of tasks with an app go to FILE (a JSON list)
-instead of stdout: the DAG runs those in pods with the app as a sidecar container (`workflows.iteration`).
-With `--chunks FOLDER` (an Argo run's, `layout.plan_url`) each list goes to the store instead, in chunks of at most
+its `[environment] app` command (null without one). The Argo DAG fans out over this list (`withParam`), chunk by
+chunk; the local runner reads the same chunks. With `--app-rollouts FILE` the rollouts of tasks with an app go to FILE
+(a JSON list) instead of stdout: the DAG runs those in pods with the app as a sidecar container (`workflows.iteration`).
+With `--chunks FOLDER` (`layout.plan_url`, both runners') each list goes to the store instead, in chunks of at most
 `CHUNK_BYTES` each (`layout.plan_chunk_url`), and stdout (and the `--app-rollouts` file) get the list of those chunks'
 numbers alone: Argo keeps only the last 256 KiB of a step's stdout as its result (docs/workflows.md, "Fan-out"), so
 no list that grows with the plan passes through one; `python -m steps.plan chunk URL` prints one chunk's list. Each

@@ -360,6 +360,27 @@ def model_length(folder: Path) -> int:
     return text["model_max_length"] if isinstance(text.get("model_max_length"), int) else min(lengths, default=0)
 
 
+# The most rollouts an iteration's Workflow plans without node-status offload. Argo stores a Workflow as one object
+# and, past MAX_WORKFLOW_SIZE (1 MiB by default, workflow/packer/packer.go `getMaxWorkflowSize`), gzips its
+# status.nodes into status.compressedNodes; when the object is still larger it fails the Workflow unless the controller
+# offloads node status to its database (workflow/hydrator/hydrator.go `Dehydrate`). Each rollout is a Retry node and
+# a Pod node, about 3.9 KB of node status (its item in their names and inputs), about 190 bytes compressed (the model
+# in tests/argo_status.py: 1,000 rollouts 0.25 MB compressed, 10,000 2.3 MB). 2,000 keep it under half the limit,
+# which leaves room for retried attempts (a Pod node each) and failure messages.
+MAX_ROLLOUTS_WITHOUT_OFFLOAD = 2000
+
+
+def check_workflow_size(config: RunConfig) -> None:
+    """A ConfigError when an iteration plans more than `MAX_ROLLOUTS_WITHOUT_OFFLOAD` rollouts (at most
+    `tasks_per_iteration` x `samples_per_task`) and the config does not say that the controller offloads node status."""
+    planned = config.tasks_per_iteration * config.samples_per_task
+    if planned > MAX_ROLLOUTS_WITHOUT_OFFLOAD and not config.argo_node_status_offload:
+        raise ConfigError(f"an iteration of up to {planned} rollouts (tasks_per_iteration x samples_per_task, more "
+                          f"than {MAX_ROLLOUTS_WITHOUT_OFFLOAD}) needs the Argo controller's node status offload: "
+                          f"enable persistence.nodeStatusOffLoad in workflow-controller-configmap and set "
+                          f"argo_node_status_offload: true, or plan fewer (docs/workflows.md, \"Size\")")
+
+
 def validate_for_argo(config: RunConfig, training: bool = True) -> None:
     """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3 (and so
     must the model, unless it is a hub model, fetched into the store, or an `upstream` serves the evaluation and
@@ -371,6 +392,8 @@ def validate_for_argo(config: RunConfig, training: bool = True) -> None:
             hub_too = " or a hub model, hf://org/name," if key == "model" else ""
             raise ConfigError(f"config key {key!r} must be an s3:// URL{hub_too} for an Argo run (pods share no "
                               f"folder), got {getattr(config, key)!r}")
+    if training:
+        check_workflow_size(config)
     if training and not config.max_model_len:  # the model is not here to read its length from
         raise ConfigError("config key 'max_model_len' must be set for an Argo run (0, the model's own length, "
                           "cannot be read before the model is fetched), e.g. 40960 for Qwen3; the update's "

@@ -9,10 +9,11 @@ iteration's runs `fetch-model` before them, which streams the model into the run
 `collect` is a DAG of its own so that the `serve` daemon (vLLM + proxy, one GPU pod) is stopped as soon as the
 rollouts and trajectories are done, before
 `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's /health answers; reached at
-`{{tasks.serve.ip}}`; its proxy writes the rollouts' results to the store), `plan` (prints the rollouts as a JSON
-list, and writes those of tasks with an `[environment] app` into its output `app-rollouts`), `rollout` (one pod per
-item of that list, given its task, sample and rollout id, in the task's image, with the harness and OpenForge copied
-in by init containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an
+`{{tasks.serve.ip}}`; its proxy writes the rollouts' results to the store), `plan` (writes the rollouts to the store in
+chunks and prints the chunks' numbers, those of tasks with an `[environment] app` in chunks of their own listed in its
+output `app-rollouts`), `rollout` (per chunk, a `rollout-chunk` DAG that prints it and runs one pod per item,
+given its task, sample and rollout id, in the task's image, with the harness and OpenForge copied in by init
+containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an
 unprivileged uid; the task's CPUs, memory, disk and GPUs with the harness's own budget added (`rollout_resources`);
 no service account token and no store credentials: its result goes through the proxy; retried only on exit code 3,
 infra_error), `rollout-app` (the same, one pod per app rollout, with the app as a sidecar container on the pod's
@@ -81,7 +82,7 @@ READABLE_ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 NO_STATUS = "no_result"  # a rollout node's status when its runner wrote none (the pod died, or hit its deadline)
 ROLLOUT_TEMPLATES = shape.ROLLOUT_STEPS  # the rollout pods: without and with the task's app as a sidecar
 RESOURCE_INPUTS = ("cpus", "memory_mb", "storage_mb", "gpus")  # the plan item's task resources, rollout inputs alike
-APP_ROLLOUTS = shape.APP_ROLLOUTS  # the plan's output: the rollouts of tasks with an app, as a JSON list
+APP_ROLLOUTS = shape.APP_ROLLOUTS  # the plan's output: the chunks of the rollouts of tasks with an app
 APP_ROLLOUTS_FILE = "/tmp/app-rollouts.json"
 # The fan-out by chunks of the plan (`chunk_dag`): a rollout fan-out's task runs `<its step>-chunk` once per chunk the
 # plan step lists, which prints its chunk (`CHUNK_ITEMS`) and runs one rollout pod per item, then `ENDED` if any of
