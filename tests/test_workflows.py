@@ -74,6 +74,9 @@ GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, i
     "iteration-codex-stale1-it1.yaml": (["run=golden", "iterations=2", "max_staleness=1"], 1),
     "iteration-direct-it0.yaml": (["run=golden", "harness=direct", "samples_per_task=4", "s3_endpoint="], 0),
     "iteration-codex-eval-it0.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 0),
+    # 10,000 rollouts (1,250 tasks x 8): the same spec, the plan in chunks in the store (tests/test_fanout.py)
+    "iteration-codex-10000-it0.yaml": (["run=golden", "iterations=2", "tasks_per_iteration=1250",
+                                        "samples_per_task=8", "argo_node_status_offload=true"], 0),
     "evaluation-direct.yaml": (["run=golden-eval", "harness=direct", "eval_k=3"], 0),
     "evaluation-codex-final.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 2),
     "iteration-codex-2nodes-it0.yaml": (["run=golden", "iterations=2", "update_nodes=2", "update_gpus=8"], 0),
