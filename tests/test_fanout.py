@@ -19,7 +19,7 @@ from steps.tasks import load_dataset
 from test_workflows import (FakeArgoServer, cluster_config, drive, fake_argo, s3_store,  # noqa: F401 - fixtures
                             schema_errors, workflow_validator)
 from workflows import commands
-from workflows.config import MAX_ROLLOUTS_WITHOUT_OFFLOAD, ConfigError, validate_for_argo
+from workflows.config import MAX_ROLLOUTS_WITHOUT_OFFLOAD, ConfigError, check_workflow_size, validate_for_argo
 from workflows.evaluation import evaluation_workflow
 from workflows.iteration import APP_ROLLOUTS_FILE, iteration_workflow
 from workflows.lint import semantic_problems
@@ -175,17 +175,25 @@ def test_the_status_of_1000_rollouts_fits_once_compressed_and_10000_need_offload
 
 def test_the_driver_refuses_an_iteration_argo_cannot_store(fake_argo: FakeArgoServer, s3_store: str,
                                                           capsys) -> None:
-    """More than MAX_ROLLOUTS_WITHOUT_OFFLOAD rollouts an iteration without `argo_node_status_offload`: one sentence
-    naming the controller's setting, and nothing linted or created; with the key (the control) the run goes on."""
-    big = ("run=big", "iterations=1", "tasks_per_iteration=1250", "samples_per_task=8")
+    """More than MAX_ROLLOUTS_WITHOUT_OFFLOAD rollouts a Workflow (counted from the staged datasets) without
+    `argo_node_status_offload`: one sentence naming the controller's setting, and nothing created; with the key
+    (the control) the run goes on."""
+    big = ("run=big", "iterations=1", "tasks_per_iteration=64", "samples_per_task=200")  # 14 builtin tasks: 2,800
     assert drive(fake_argo, s3_store, *big) == 2
     err = capsys.readouterr().err
     assert "persistence.nodeStatusOffLoad" in err and "argo_node_status_offload: true" in err
-    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1 and fake_argo.calls("POST") == []
+    assert "up to 2800 rollouts" in err and len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+    assert [path for _, path, _, _ in fake_argo.calls("POST") if not path.endswith("/lint")] == []
     manifest.write_json(f"{s3_store}/big/checkpoints/iteration-1/metrics.json", {"loss": 0.5})
     assert drive(fake_argo, s3_store, *big, "argo_node_status_offload=true") == 0
     created = [path for _, path, _, _ in fake_argo.calls("POST") if not path.endswith("/lint")]
     assert created == ["/api/v1/workflows/openforge"]
-    with pytest.raises(ConfigError, match="more than 2000"):
-        validate_for_argo(cluster_config("run=big", "tasks_per_iteration=251", "samples_per_task=8"))
-    validate_for_argo(cluster_config("run=big", "tasks_per_iteration=250", "samples_per_task=8"))
+    with pytest.raises(ConfigError, match="up to 2008 rollouts, more than 2000"):
+        check_workflow_size(cluster_config("run=big", "tasks_per_iteration=251", "samples_per_task=8"), 1000, 0)
+    check_workflow_size(cluster_config("run=big", "tasks_per_iteration=250", "samples_per_task=8"), 1000, 0)
+    check_workflow_size(cluster_config("run=big", "tasks_per_iteration=1250", "samples_per_task=8"), 14, 0)  # 112
+    with pytest.raises(ConfigError, match="up to 2005 rollouts"):  # an eval run: its tasks x eval_k
+        check_workflow_size(cluster_config("run=big", "eval_k=5"), 0, 401, evaluation=True)
+    with pytest.raises(ConfigError, match="up to 2012 rollouts"):  # an iteration and its evaluation beside it
+        check_workflow_size(cluster_config("run=big", "tasks_per_iteration=12", "samples_per_task=1", "eval_every=2",
+                                           "eval_k=4"), 14, 500)

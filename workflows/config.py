@@ -370,14 +370,28 @@ def model_length(folder: Path) -> int:
 MAX_ROLLOUTS_WITHOUT_OFFLOAD = 2000
 
 
-def check_workflow_size(config: RunConfig) -> None:
-    """A ConfigError when an iteration plans more than `MAX_ROLLOUTS_WITHOUT_OFFLOAD` rollouts (at most
-    `tasks_per_iteration` x `samples_per_task`) and the config does not say that the controller offloads node status."""
-    planned = config.tasks_per_iteration * config.samples_per_task
+def planned_rollouts(config: RunConfig, tasks: int, eval_tasks: int, evaluation: bool = False) -> int:
+    """The most rollouts one Workflow of the run plans, given its datasets' task counts: an iteration's
+    `tasks_per_iteration` (at most the dataset's `tasks`) x `samples_per_task`, with `eval_every` its evaluation's
+    `eval_tasks` x `eval_k` beside them; an eval run's (`evaluation`) `eval_tasks` x `eval_k`.
+
+    >>> planned_rollouts(RunConfig(tasks_per_iteration=64, samples_per_task=8, eval_every=5, eval_k=3), 14, 500)
+    1612
+    """
+    evaluated = eval_tasks * config.eval_k
+    if evaluation:
+        return evaluated
+    return min(config.tasks_per_iteration, tasks) * config.samples_per_task + (evaluated if config.eval_every else 0)
+
+
+def check_workflow_size(config: RunConfig, tasks: int, eval_tasks: int, evaluation: bool = False) -> None:
+    """A ConfigError when a Workflow of the run plans more than `MAX_ROLLOUTS_WITHOUT_OFFLOAD` rollouts
+    (`planned_rollouts`) and the config does not say that the Argo controller offloads node status."""
+    planned = planned_rollouts(config, tasks, eval_tasks, evaluation)
     if planned > MAX_ROLLOUTS_WITHOUT_OFFLOAD and not config.argo_node_status_offload:
-        raise ConfigError(f"an iteration of up to {planned} rollouts (tasks_per_iteration x samples_per_task, more "
-                          f"than {MAX_ROLLOUTS_WITHOUT_OFFLOAD}) needs the Argo controller's node status offload: "
-                          f"enable persistence.nodeStatusOffLoad in workflow-controller-configmap and set "
+        raise ConfigError(f"a Workflow of this run plans up to {planned} rollouts, more than "
+                          f"{MAX_ROLLOUTS_WITHOUT_OFFLOAD} without the Argo controller's node status offload: enable "
+                          f"persistence.nodeStatusOffLoad in workflow-controller-configmap and set "
                           f"argo_node_status_offload: true, or plan fewer (docs/workflows.md, \"Size\")")
 
 
@@ -392,8 +406,6 @@ def validate_for_argo(config: RunConfig, training: bool = True) -> None:
             hub_too = " or a hub model, hf://org/name," if key == "model" else ""
             raise ConfigError(f"config key {key!r} must be an s3:// URL{hub_too} for an Argo run (pods share no "
                               f"folder), got {getattr(config, key)!r}")
-    if training:
-        check_workflow_size(config)
     if training and not config.max_model_len:  # the model is not here to read its length from
         raise ConfigError("config key 'max_model_len' must be set for an Argo run (0, the model's own length, "
                           "cannot be read before the model is fetched), e.g. 40960 for Qwen3; the update's "
