@@ -636,7 +636,7 @@ def chunk_dag(config: RunConfig, iteration: int, step: shape.Step, evaluation: b
     when none did (`ended` Omitted after a Failed fan-out); the collect DAG's `<step>.AnySucceeded` then holds when
     any rollout of any chunk succeeded. `ended` is a suspend template of duration 0: no pod, and Argo resumes it at
     its next pass (workflow/controller/operator.go `executeSuspend`)."""
-    fanout = FANOUTS[step.fanout == shape.APP_ROLLOUTS]
+    fanout = FANOUTS[1] if step.fanout == shape.APP_ROLLOUTS else FANOUTS[0]  # app-rollouts-<K>, rollouts-<K>
     url = layout.plan_chunk_url(commands.plan_folder(config, iteration, evaluation), fanout,
                                 "{{inputs.parameters.chunk}}")
     item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("sample", "sample"), ("rollout_id", "rollout_id"),
