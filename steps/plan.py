@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     except ChunkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"error: the plan cannot be written to {args.chunks}: {exc}", file=sys.stderr)
+        return 2
     if args.app_rollouts is not None:
         args.app_rollouts.write_text(printed[FANOUTS[1]])
     print(printed[FANOUTS[0]])
