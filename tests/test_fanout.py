@@ -126,8 +126,8 @@ def test_chunks_hold_whole_items_within_their_limit(tmp_path: Path, capsys) -> N
     assert plan.main(["chunk", layout.plan_chunk_url(folder, "app-rollouts", 7)]) == 2
     assert "app-rollouts-7.json of the plan cannot be read" in capsys.readouterr().err
     (tmp_path / "file").write_text("")  # a store folder that cannot be made: one sentence, exit code 2
-    argv = ["--dataset", str(REPO / BUILTIN), "--iteration", "0", "--tasks-per-iteration", "1", "--samples-per-task", "1",
-            "--chunks", str(tmp_path / "file" / "plan")]
+    argv = ["--dataset", str(REPO / BUILTIN), "--iteration", "0", "--tasks-per-iteration", "1",
+            "--samples-per-task", "1", "--chunks", str(tmp_path / "file" / "plan")]
     assert plan.main(argv) == 2 and "error: the plan cannot be written to" in capsys.readouterr().err
 
 
