@@ -101,7 +101,8 @@ class Nodes:
                 **({"inputs": {"parameters": inputs}} if inputs else {}), **({"outputs": outputs} if outputs else {}),
                 **extra}
         if kind == "Pod":
-            node["hostNodeName"] = f"gke-pool-cpu-{self.random.randint(0, 2000):04x}-{self.random.randint(0, 99999):05d}"
+            pool, number = self.random.randint(0, 2000), self.random.randint(0, 99999)
+            node["hostNodeName"] = f"gke-pool-cpu-{pool:04x}-{number:05d}"
             node["estimatedDuration"] = self.random.randint(60, 1800)
             self.done[node_id] = True
         self.nodes[node_id] = node
@@ -142,7 +143,8 @@ def collect_nodes(workflow: str, chunks: list[list[dict]], proxy_url: str = "htt
     for index, chunk in enumerate(chunks):
         name = item_name(f"{workflow}.collect.rollout", index, index)
         dag = nodes.add(name, item_name("rollout", index, index), "DAG", "rollout-chunk", collect,
-                        parameters({"chunk": str(index), "proxy_url": proxy_url}), progress=f"{len(chunk)}/{len(chunk)}")
+                        parameters({"chunk": str(index), "proxy_url": proxy_url}),
+                        progress=f"{len(chunk)}/{len(chunk)}")
         nodes.child(group, dag)
         url = f"s3://openforge/runs/demo/plans/iteration-0/rollouts-{index}.json"
         items = nodes.retried_pod(f"{name}.items", "items", "chunk-items", dag, parameters({"url": url}),
