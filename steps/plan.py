@@ -1,8 +1,10 @@
-"""Which rollouts one iteration runs: tasks x samples per task, printed as a JSON list.
+"""Which rollouts one iteration runs: tasks x samples per task, printed as a JSON list or written in chunks.
 
     python -m steps.plan --dataset steps/tasks/builtin --iteration 0 --tasks-per-iteration 4 \
         --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--app-rollouts /tmp/app-rollouts.json]
     python -m steps.plan --eval --dataset steps/tasks/builtin --iteration 0 --samples-per-task 3   # an evaluation
+    python -m steps.plan ... --chunks s3://b/runs/demo/plans/iteration-0   # the plan to the store, in chunks
+    python -m steps.plan chunk s3://b/runs/demo/plans/iteration-0/rollouts-3.json   # prints one chunk
 
 Each item is a `steps.contracts.rollout.PlannedRollout` (`plan_json`; read back with `read_plan`): `{"task",
 "sample", "rollout_id", "image", "deadline_s", "cpus", "memory_mb", "storage_mb", "gpus", "app"}`: the task folder
@@ -12,9 +14,13 @@ environment folder>`, the image `python workflows/submit.py images --dataset D` 
 in seconds (agent + verifier timeouts + setup margin), the CPUs, memory (MiB), disk (MiB) and GPUs the task's
 `[environment]` asks for (Harbor's defaults 1, 2048, 10240, 0 where it is silent), from which the rollout pod's
 requests and limits are made (`workflows.iteration.rollout_resources`, which adds the harness's own budget), and
-its `[environment] app` command (null without one). The Argo DAG fans out over this list (`withParam`); the local
-runner reads the same list. With `--app-rollouts FILE` the rollouts of tasks with an app go to FILE (a JSON list)
-instead of stdout: the DAG runs those in pods with the app as a sidecar container (`workflows.iteration`). Each
+its `[environment] app` command (null without one). The Argo DAG fans out over this list (`withParam`), chunk by
+chunk; the local runner reads the same chunks. With `--app-rollouts FILE` the rollouts of tasks with an app go to FILE
+(a JSON list) instead of stdout: the DAG runs those in pods with the app as a sidecar container (`workflows.iteration`).
+With `--chunks FOLDER` (`layout.plan_url`, both runners') each list goes to the store instead, in chunks of at most
+`CHUNK_BYTES` each (`layout.plan_chunk_url`), and stdout (and the `--app-rollouts` file) get the list of those chunks'
+numbers alone: Argo keeps only the last 256 KiB of a step's stdout as its result (docs/workflows.md, "Fan-out"), so
+no list that grows with the plan passes through one; `python -m steps.plan chunk URL` prints one chunk's list. Each
 item's `sample` goes to the rollout step (`--sample`), which writes it into its result, where the trajectory tables
 take it from. A retried rollout runs under `attempt_id(rollout_id, K)`: `ID-a2`, `ID-a3`, ..., with the same
 sample. Tasks rotate through a seeded shuffle of the dataset, so consecutive iterations see different tasks and a
@@ -26,11 +32,15 @@ store, `steps.datasets`) is read from a temporary copy, and each item's `task` i
 """
 
 import argparse
+import json
 import random
 import re
 import sys
 from pathlib import Path
 
+import fsspec
+
+from steps.contracts import layout
 from steps.contracts.rollout import PlannedRollout, plan_json
 from steps.datasets import is_url, local_copy
 from steps.tasks import DatasetError, Task, load_dataset
@@ -39,6 +49,14 @@ from steps.tasks import DatasetError, Task, load_dataset
 SETUP_MARGIN_S = 120
 # The most tries per task an evaluation plans (its k): beyond it pass@k says no more, and the plan never ends.
 MAX_EVAL_K = 100
+# Argo's executor keeps the last 256 KiB of a step's stdout as its `outputs.result` and drops the rest
+# (workflow/executor/executor.go `CaptureScriptResult`, `maxAnnotationSize = 256 * (1 << 10)`, v3.5 to v3.7), which a
+# `withParam` then parses. A chunk of the plan prints at most a quarter of that: a planned rollout is about 250 bytes
+# (the builtin tasks' 112 items print 27,937 bytes; a long `app` command makes one larger), so a chunk holds about
+# 260 of them, and a plan of 10,000 rollouts is about 40 chunks.
+ARGO_RESULT_BYTES = 256 * 1024
+CHUNK_BYTES = ARGO_RESULT_BYTES // 4
+FANOUTS = ("rollouts", "app-rollouts")  # a plan's two lists: without and with an `[environment] app`
 
 
 def attempt_id(rollout_id: str, attempt: int) -> str:
@@ -117,8 +135,70 @@ def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_pe
     return planned
 
 
+class ChunkError(ValueError):
+    """A planned rollout too large for a chunk of the plan."""
+
+
+def chunks(rollouts: list[PlannedRollout], limit: int = CHUNK_BYTES) -> list[str]:
+    """The plan's printed list cut into consecutive lists of whole items, each printed in at most `limit` bytes.
+
+    >>> items = [PlannedRollout("t", i, f"it0-t-s{i}", "img", 480, 1, 2048, 10240, 0) for i in range(5)]
+    >>> [len(json.loads(chunk)) for chunk in chunks(items, limit=450)]
+    [2, 2, 1]
+    """
+    found, items, size = [], [], 2  # "[" and "]"
+    for rollout in rollouts:
+        item = json.dumps(rollout.to_json())
+        if len(item) + 2 > limit:
+            raise ChunkError(f"planned rollout {rollout.rollout_id} is {len(item)} bytes as JSON, more than a chunk "
+                             f"of the plan holds ({limit}); shorten its task's [environment] app command")
+        if items and size + len(item) + 2 > limit:  # ", " before it
+            found.append(items)
+            items, size = [], 2
+        size += len(item) + (2 if items else 0)
+        items.append(item)
+    found += [items] if items else []
+    printed = ["[" + ", ".join(chunk) + "]" for chunk in found]
+    assert all(len(chunk) <= limit for chunk in printed), "a chunk of the plan outgrew its limit"
+    return printed
+
+
+def write_chunks(folder: str, fanout: str, rollouts: list[PlannedRollout]) -> list[int]:
+    """Writes one fan-out's list to `folder` in `chunks` (`layout.plan_chunk_url`); returns the chunks' numbers."""
+    fs, root = fsspec.core.url_to_fs(folder)
+    fs.makedirs(root, exist_ok=True)
+    printed = chunks(rollouts)
+    for index, chunk in enumerate(printed):
+        with fs.open(layout.plan_chunk_url(root, fanout, index), "w") as f:
+            f.write(chunk)
+    return list(range(len(printed)))
+
+
+def read_chunk(url: str) -> str:
+    """One chunk of a plan as written (a JSON list of planned rollouts)."""
+    with fsspec.open(url, "r") as f:
+        return f.read()
+
+
+def print_chunk(argv: list[str]) -> int:
+    """`chunk URL`: prints that chunk's list on stdout, for the rollouts' `withParam`; exit code 2 if unreadable."""
+    p = argparse.ArgumentParser(prog="python -m steps.plan chunk", description="Prints one chunk of a plan.")
+    p.add_argument("url", help="the chunk (layout.plan_chunk_url)")
+    url = p.parse_args(argv).url
+    try:
+        print(read_chunk(url))
+    except OSError as exc:
+        print(f"error: chunk {url} of the plan cannot be read: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Prints the plan as one JSON list on stdout (nothing else goes to stdout: Argo reads it)."""
+    """Prints the plan as one JSON list on stdout (nothing else goes to stdout: Argo reads it); with `--chunks`,
+    the numbers of its chunks in the store; `chunk URL` prints one chunk."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["chunk"]:
+        return print_chunk(argv[1:])
     p = argparse.ArgumentParser(prog="python -m steps.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", required=True)
     p.add_argument("--iteration", type=int, required=True)
@@ -128,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-prefix", default="openforge-task-")
     p.add_argument("--app-rollouts", type=Path, help="write the rollouts of tasks with an [environment] app to this "
                    "file (a JSON list) instead of stdout")
+    p.add_argument("--chunks", help="write each list to this folder of the store in chunks (layout.plan_chunk_url) "
+                   "and print the chunks' numbers instead")
     p.add_argument("--eval", action="store_true", help="every task of the dataset, --samples-per-task tries each, "
                    "ids ev<N>-<task>-s<i>")
     args = p.parse_args(argv)
@@ -149,10 +231,21 @@ def main(argv: list[str] | None = None) -> int:
     if not tasks:
         print(f"error: no task of {args.dataset} could be loaded", file=sys.stderr)
         return 2
+    lists = dict(zip(FANOUTS, ([r for r in rollouts if not r.app], [r for r in rollouts if r.app])))
+    if args.app_rollouts is None:
+        lists = {FANOUTS[0]: rollouts}
+    try:
+        printed = {fanout: (json.dumps(write_chunks(args.chunks, fanout, items)) if args.chunks else plan_json(items))
+                   for fanout, items in lists.items()}
+    except ChunkError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: the plan cannot be written to {args.chunks}: {exc}", file=sys.stderr)
+        return 2
     if args.app_rollouts is not None:
-        args.app_rollouts.write_text(plan_json([r for r in rollouts if r.app]))
-        rollouts = [r for r in rollouts if not r.app]
-    print(plan_json(rollouts))
+        args.app_rollouts.write_text(printed[FANOUTS[1]])
+    print(printed[FANOUTS[0]])
     return 0
 
 

@@ -24,7 +24,7 @@ from steps import evaluate, manifest, plan
 from steps.tasks import load_dataset
 from steps.contracts import layout
 from steps.contracts.manifest import IterationRecord
-from steps.contracts.rollout import PlannedRollout, RolloutResult, plan_json
+from steps.contracts.rollout import PlannedRollout, RolloutResult
 from steps.proxy import results
 from steps.proxy.config import ProxyConfig
 from workflows import commands, submit
@@ -391,7 +391,9 @@ def test_locally_a_failed_eval_every_evaluation_is_said_and_the_training_goes_on
         if name in ("eval-plan", "evaluate"):  # evaluate finds no results: the plan that failed planned none
             raise local.StepFailed(f"step {name} failed with exit code 2")
         planned = PlannedRollout("t", 0, "it0-t-s0", "img", 480, 1, 1024, 1024, 0)
-        return plan_json([planned]) if name == "plan" else "{}"
+        if name == "plan":  # as `steps.plan --chunks`: the plan in the store, its chunks' numbers printed
+            return json.dumps(plan.write_chunks(argv[argv.index("--chunks") + 1], "rollouts", [planned]))
+        return "{}"
 
     graded = RolloutResult(rollout_id="it0-t-s0", task="t", harness="direct", status="ok", reward=1.0)
     monkeypatch.setattr(local, "run_step", step)
@@ -418,7 +420,13 @@ def test_the_eval_workflow_is_the_iterations_templates_on_the_evaluations_folder
     assert outer == {"collect": None, "evaluate": "collect.Succeeded || collect.Failed"}
     stored = commands.stored_dataset_url(config, evaluation=True)
     assert templates["plan"]["container"]["command"] == commands.plan(config, 0, evaluation=True,
-                                                                      app_rollouts=APP_ROLLOUTS_FILE, dataset=stored)
+                                                                      app_rollouts=APP_ROLLOUTS_FILE, dataset=stored,
+                                                                      chunks=True)
+    # its plan in chunks under the evaluation's folder, which its chunk DAGs read
+    chunks = templates["plan"]["container"]["command"]
+    assert chunks[chunks.index("--chunks") + 1] == layout.eval_plan_url(config.run_url, 0)
+    items = next(t for t in templates["rollout-chunk"]["dag"]["tasks"] if t["name"] == "items")
+    assert items["arguments"]["parameters"][0]["value"].startswith(layout.eval_plan_url(config.run_url, 0))
     assert templates["evaluate"]["container"]["command"] == commands.evaluate(config, 0, dataset=stored)
     assert templates["record"]["container"]["command"] == commands.record_eval(config, 0, "{{workflow.name}}",
                                                                                "{{workflow.status}}")

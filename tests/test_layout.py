@@ -97,13 +97,18 @@ def local_commands(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
 
     def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
         seen[name] = argv
-        return planned if name == "plan" else ""
+        return "[0]" if name == "plan" else ""  # one chunk of the plan, which `read_chunk` reads
+
+    def read_chunk(url: str) -> str:
+        seen["chunk"] = [url]
+        return planned
 
     def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         seen["rollout"] = argv
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(local, "run_step", run_step)
+    monkeypatch.setattr(local, "read_chunk", read_chunk)
     monkeypatch.setattr(local.subprocess, "run", run)
     monkeypatch.setattr(local, "swap_weights", lambda *args: None)
     real = local.run_rollouts  # nothing ran, so no result: graded here, for the iteration to go on to its update
@@ -126,6 +131,12 @@ def test_local_runner_and_argo_put_every_file_at_the_same_url(local_commands: di
     assert flag(command["update"], "--trajectories") == layout.run_partition_url(run.run_url, "t", 1)
     assert flag(command["update"], "--out") == layout.checkpoint_url(run.run_url, 2, run.model)
     assert flag(command["serve"], "--store") == layout.calls_url(run.run_url)
+    # The plan's chunks: written and read at the same URLs.
+    assert flag(local_commands["plan"], "--chunks") == flag(command["plan"], "--chunks") == layout.plan_url(run.run_url, 1)
+    items = next(t for t in argo["rollout-chunk"]["dag"]["tasks"] if t["name"] == "items")
+    assert local_commands["chunk"] == [layout.plan_chunk_url(layout.plan_url(run.run_url, 1), "rollouts", 0)]
+    assert items["arguments"]["parameters"][0]["value"] == layout.plan_chunk_url(
+        layout.plan_url(run.run_url, 1), "rollouts", "{{inputs.parameters.chunk}}")
     # A rollout's result: the local runner's --out folder (its attempt id) and where the serve pod's proxy writes
     # what an Argo rollout sends it (one folder per attempt id, as the local runner's), both under the iteration's
     # results folder that the trajectories step reads.

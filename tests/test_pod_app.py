@@ -111,7 +111,11 @@ def test_app_rollouts_fan_out_from_the_plans_own_output_and_both_feed_the_tables
     for prefix in ("", "eval-"):
         fanout = tasks[f"{prefix}rollout-app"]
         assert fanout["withParam"] == f"{{{{tasks.{prefix}plan.outputs.parameters.{APP_ROLLOUTS}}}}}"
-        assert {"name": "app", "value": "{{item.app}}"} in fanout["arguments"]["parameters"]
+        assert fanout["template"] == f"{prefix}rollout-app-chunk"  # one chunk of the app rollouts each
+        chunk = {t["name"]: t for t in template(spec, f"{prefix}rollout-app-chunk")["dag"]["tasks"]}
+        assert {"name": "app", "value": "{{item.app}}"} in chunk[f"{prefix}rollout-app"]["arguments"]["parameters"]
+        assert chunk["items"]["arguments"]["parameters"][0]["value"].split("/")[-1] == \
+            "app-rollouts-{{inputs.parameters.chunk}}.json"
         assert fanout["depends"] == tasks[f"{prefix}rollout"]["depends"]
         assert f"{prefix}rollout-app.AnySucceeded" in tasks[f"{prefix}trajectories"]["depends"]
     # An empty fan-out is Skipped by Argo: the evaluation waits for both either way.

@@ -76,6 +76,9 @@ GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, i
     "iteration-codex-stale1-it1.yaml": (["run=golden", "iterations=2", "max_staleness=1"], 1),
     "iteration-direct-it0.yaml": (["run=golden", "harness=direct", "samples_per_task=4", "s3_endpoint="], 0),
     "iteration-codex-eval-it0.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 0),
+    # 10,000 rollouts (1,250 tasks x 8): the same spec, the plan in chunks in the store (tests/test_fanout.py)
+    "iteration-codex-10000-it0.yaml": (["run=golden", "iterations=2", "tasks_per_iteration=1250",
+                                        "samples_per_task=8", "argo_node_status_offload=true"], 0),
     "evaluation-direct.yaml": (["run=golden-eval", "harness=direct", "eval_k=3"], 0),
     "evaluation-codex-final.yaml": (["run=golden", "iterations=2", "eval_every=2", "eval_k=2"], 2),
     "iteration-codex-2nodes-it0.yaml": (["run=golden", "iterations=2", "update_nodes=2", "update_gpus=8"], 0),
@@ -231,7 +234,7 @@ def test_commands_are_the_templates_commands() -> None:
     spec = iteration_workflow(config, 1).to_dict()["spec"]
     argv = {t["name"]: t["container"]["command"] for t in spec["templates"] if "container" in t}
     assert argv["plan"] == commands.plan(config, 1, app_rollouts=APP_ROLLOUTS_FILE,
-                                         dataset=commands.stored_dataset_url(config))
+                                         dataset=commands.stored_dataset_url(config), chunks=True)
     assert argv["update"] == commands.update(config, layout.run_partition_url(config.run_url, "t", 1), config.checkpoint_url(1),
                                              config.checkpoint_url(2))
     assert argv["trajectories"][:3] == ["python", "-m", "steps.trajectories"]
@@ -266,8 +269,8 @@ def test_rollout_pod_is_the_sandbox() -> None:
     assert rollout["podSpecPatch"] == rollout_pod_patch(config)
     assert {"name": "PYTHONSAFEPATH", "value": "1"} in rollout["container"]["env"]
     assert app_layout() in rollout["initContainers"][0]["command"][-1]
-    collect = next(t for t in spec["templates"] if t["name"] == "collect")
-    fanout = next(t for t in collect["dag"]["tasks"] if t["name"] == "rollout")
+    chunk = next(t for t in spec["templates"] if t["name"] == "rollout-chunk")  # one chunk of the fan-out
+    fanout = next(t for t in chunk["dag"]["tasks"] if t["name"] == "rollout")
     passed = {p["name"]: p["value"] for p in fanout["arguments"]["parameters"]}
     assert [passed[n] for n in ("cpus", "memory_mb", "storage_mb", "gpus")] == [
         "{{item.cpus}}", "{{item.memory_mb}}", "{{item.storage_mb}}", "{{item.gpus}}"]
@@ -346,7 +349,7 @@ def rollout_pod_resources(config, task_toml: str, tmp_path: Path, app: bool = Fa
     (item,) = plan.plan([load_task(folder)], 0, 1, 1, root=tmp_path)
     spec = iteration_workflow(config, 0).to_dict()["spec"]
     name = "rollout-app" if app else "rollout"
-    fanout = next(t for t in template(spec, "collect")["dag"]["tasks"] if t["name"] == name)
+    fanout = next(t for t in template(spec, f"{name}-chunk")["dag"]["tasks"] if t["name"] == name)
     values = {key: value if isinstance(value, str) else json.dumps(value) for key, value in asdict(item).items()}
     inputs = {p["name"]: ITEM.sub(lambda field: values[field.group(1)], p["value"])
               for p in fanout["arguments"]["parameters"] if p["name"] != "proxy_url"}

@@ -159,11 +159,12 @@ def stored_dataset_url(config: RunConfig, evaluation: bool = False) -> str:
 
 
 def plan(config: RunConfig, iteration: int | str, python: str = "python", evaluation: bool = False,
-         app_rollouts: str | None = None, dataset: str | None = None) -> list[str]:
+         app_rollouts: str | None = None, dataset: str | None = None, chunks: bool = False) -> list[str]:
     """Prints the iteration's rollouts as a JSON list (`steps.plan`); with `evaluation`, those of the
     evaluation of its checkpoint: every task of `eval_dataset`, `eval_k` tries each. With `app_rollouts`, those
     of tasks with an `[environment] app` go to that file instead. `dataset`: read that instead of the config's
-    (an Argo run's snapshot in the store, `stored_dataset_url`)."""
+    (an Argo run's snapshot in the store, `stored_dataset_url`). With `chunks`, the lists go to the store in chunks
+    (`plan_folder`) and the step prints their numbers."""
     if evaluation:
         chosen = ["--eval", "--dataset", dataset or config.evaluation_dataset, "--iteration", str(iteration),
                   "--samples-per-task", str(config.eval_k)]
@@ -172,7 +173,18 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
                   str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task)]
     return [python, "-m", "steps.plan", *chosen, "--seed", str(config.seed),
             "--image-prefix", task_image_prefix(config),
-            *(["--app-rollouts", app_rollouts] if app_rollouts else [])]
+            *(["--app-rollouts", app_rollouts] if app_rollouts else []),
+            *(["--chunks", plan_folder(config, iteration, evaluation)] if chunks else [])]
+
+
+def plan_folder(config: RunConfig, iteration: int | str, evaluation: bool = False) -> str:
+    """Where the plan step writes an iteration's (or its evaluation's) plan in chunks (`layout.plan_url`)."""
+    return (layout.eval_plan_url if evaluation else layout.plan_url)(config.run_url, iteration)
+
+
+def plan_chunk(url: str, python: str = "python") -> list[str]:
+    """Prints one chunk of a plan (`steps.plan chunk`, `layout.plan_chunk_url`) for its rollouts' `withParam`."""
+    return [python, "-m", "steps.plan", "chunk", url]
 
 
 def rollout(config: RunConfig, task: str, rollout_id: str, sample: int | str, proxy_url: str, out: str,

@@ -396,6 +396,41 @@ def model_length(folder: Path) -> int:
     return text["model_max_length"] if isinstance(text.get("model_max_length"), int) else min(lengths, default=0)
 
 
+# The most rollouts an iteration's Workflow plans without node-status offload. Argo stores a Workflow as one object
+# and, past MAX_WORKFLOW_SIZE (1 MiB by default, workflow/packer/packer.go `getMaxWorkflowSize`), gzips its
+# status.nodes into status.compressedNodes; when the object is still larger it fails the Workflow unless the controller
+# offloads node status to its database (workflow/hydrator/hydrator.go `Dehydrate`). Each rollout is a Retry node and
+# a Pod node, about 3.9 KB of node status (its item in their names and inputs), about 190 bytes compressed (the model
+# in tests/argo_status.py: 1,000 rollouts 0.25 MB compressed, 10,000 2.3 MB). 2,000 keep it under half the limit,
+# which leaves room for retried attempts (a Pod node each) and failure messages.
+MAX_ROLLOUTS_WITHOUT_OFFLOAD = 2000
+
+
+def planned_rollouts(config: RunConfig, tasks: int, eval_tasks: int, evaluation: bool = False) -> int:
+    """The most rollouts one Workflow of the run plans, given its datasets' task counts: an iteration's
+    `tasks_per_iteration` (at most the dataset's `tasks`) x `samples_per_task`, with `eval_every` its evaluation's
+    `eval_tasks` x `eval_k` beside them; an eval run's (`evaluation`) `eval_tasks` x `eval_k`.
+
+    >>> planned_rollouts(RunConfig(tasks_per_iteration=64, samples_per_task=8, eval_every=5, eval_k=3), 14, 500)
+    1612
+    """
+    evaluated = eval_tasks * config.eval_k
+    if evaluation:
+        return evaluated
+    return min(config.tasks_per_iteration, tasks) * config.samples_per_task + (evaluated if config.eval_every else 0)
+
+
+def check_workflow_size(config: RunConfig, tasks: int, eval_tasks: int, evaluation: bool = False) -> None:
+    """A ConfigError when a Workflow of the run plans more than `MAX_ROLLOUTS_WITHOUT_OFFLOAD` rollouts
+    (`planned_rollouts`) and the config does not say that the Argo controller offloads node status."""
+    planned = planned_rollouts(config, tasks, eval_tasks, evaluation)
+    if planned > MAX_ROLLOUTS_WITHOUT_OFFLOAD and not config.argo_node_status_offload:
+        raise ConfigError(f"a Workflow of this run plans up to {planned} rollouts, more than "
+                          f"{MAX_ROLLOUTS_WITHOUT_OFFLOAD} without the Argo controller's node status offload: enable "
+                          f"persistence.nodeStatusOffLoad in workflow-controller-configmap and set "
+                          f"argo_node_status_offload: true, or plan fewer (docs/workflows.md, \"Size\")")
+
+
 def validate_for_argo(config: RunConfig, training: bool = True) -> None:
     """What a cluster run needs beyond `validate`: pods share nothing but the store, so it must be S3 (and so
     must the model, unless it is a hub model, fetched into the store, or an `upstream` serves the evaluation and

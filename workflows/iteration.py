@@ -10,10 +10,11 @@ iteration's runs `fetch-model` before them, which streams the model into the run
 rollouts and trajectories are done, before
 `update` takes its GPU. Inside `collect`: `serve` (daemon, ready when the proxy's /health answers; reached at
 the address of `serve-address`, a Service owned by the Workflow that selects its serve pod, which `serve-ready`
-waits to answer; its proxy writes the rollouts' results to the store), `plan` (prints the rollouts as a JSON
-list, and writes those of tasks with an `[environment] app` into its output `app-rollouts`), `rollout` (one pod per
-item of that list, given its task, sample and rollout id, in the task's image, with the harness and OpenForge copied
-in by init containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an
+waits to answer; its proxy writes the rollouts' results to the store), `plan` (writes the rollouts to the store in
+chunks and prints the chunks' numbers, those of tasks with an `[environment] app` in chunks of their own listed in its
+output `app-rollouts`), `rollout` (per chunk, a `rollout-chunk` DAG that prints it and runs one pod per item,
+given its task, sample and rollout id, in the task's image, with the harness and OpenForge copied in by init
+containers, the verifiers into a root-only folder; `steps.rollout --isolation pod` runs the harness as an
 unprivileged uid; the task's CPUs, memory, disk and GPUs with the harness's own budget added (`rollout_resources`);
 no service account token and no store credentials: its result goes through the proxy; retried only on exit code 3,
 infra_error), `rollout-app` (the same, one pod per app rollout, with the app as a sidecar container on the pod's
@@ -39,12 +40,13 @@ import re
 
 import yaml
 from hera.workflows import (DAG, Container, EmptyDirVolume, Env, Parameter, Resource,
-                            RetryStrategy, SecretEnv, Task, UserContainer, Workflow)
+                            RetryStrategy, SecretEnv, Suspend, Task, UserContainer, Workflow)
 from hera.workflows.models import (Backoff, Capabilities, ContainerPort, ContinueOn, EmptyDirVolumeSource,
                                    ExecutorConfig, HTTPGetAction, PodGC, Probe, ResourceRequirements,
                                    SecurityContext, TTLStrategy, ValueFrom, Volume, VolumeMount)
 
 from steps.harnesses import ALL_HARNESSES as HARNESSES, allowance
+from steps.plan import FANOUTS
 from steps.harnesses.base import NODE_VERSION
 from steps.contracts.rollout import NO_REWARD
 from steps.fetch_model import TOKEN_ENV
@@ -82,8 +84,12 @@ READABLE_ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 NO_STATUS = "no_result"  # a rollout node's status when its runner wrote none (the pod died, or hit its deadline)
 ROLLOUT_TEMPLATES = shape.ROLLOUT_STEPS  # the rollout pods: without and with the task's app as a sidecar
 RESOURCE_INPUTS = ("cpus", "memory_mb", "storage_mb", "gpus")  # the plan item's task resources, rollout inputs alike
-APP_ROLLOUTS = shape.APP_ROLLOUTS  # the plan's output: the rollouts of tasks with an app, as a JSON list
+APP_ROLLOUTS = shape.APP_ROLLOUTS  # the plan's output: the chunks of the rollouts of tasks with an app
 APP_ROLLOUTS_FILE = "/tmp/app-rollouts.json"
+# The fan-out by chunks of the plan (`chunk_dag`): a rollout fan-out's task runs `<its step>-chunk` once per chunk the
+# plan step lists, which prints its chunk (`CHUNK_ITEMS`) and runs one rollout pod per item, then `ENDED` if any of
+# them succeeded.
+CHUNK_SUFFIX, CHUNK_ITEMS, ENDED = "-chunk", "chunk-items", "ended"
 APP_STATE_VOLUME = "app-state"  # the app sidecar's state (APP_STATE_DIR there), read-only at APP_LIVE for the runner
 # The app sidecar's own budget beside the task's CPUs and memory (which the agent's container keeps): a site, or
 # for a desktop task an X display with a kiosk browser. Requests and limits alike, as for the agent.
@@ -266,13 +272,15 @@ def fetch_model_template(config: RunConfig) -> Container:
 
 
 def plan_template(config: RunConfig, iteration: int, evaluation: bool = False, name: str = "plan") -> Container:
-    """Prints the iteration's rollouts (with `evaluation`, its checkpoint's evaluation's) as a JSON list on
-    stdout, `{{tasks.plan.outputs.result}}`, but for those of tasks with an `[environment] app`, which are the
-    output parameter `app-rollouts` (each list may be empty: its fan-out is then skipped). It reads the run's
-    dataset snapshot in the store (`workflows.datasets`), so each item's task is its folder there."""
+    """Writes the iteration's rollouts (with `evaluation`, its checkpoint's evaluation's) to the store in chunks
+    (`steps.plan --chunks`) and prints their chunks' numbers as a JSON list on stdout,
+    `{{tasks.plan.outputs.result}}`; those of tasks with an `[environment] app` are chunks of their own, listed in
+    the output parameter `app-rollouts` (each list may be empty: its fan-out is then skipped). No list that grows
+    with the plan passes through an output: Argo keeps only the last 256 KiB of one (`steps.plan.ARGO_RESULT_BYTES`).
+    It reads the run's dataset snapshot in the store (`workflows.datasets`), so each item's task is its folder there."""
     return Container(name=name, image=image(config, "steps"), working_dir="/opt/openforge/app",
                      command=commands.plan(config, iteration, evaluation=evaluation, app_rollouts=APP_ROLLOUTS_FILE,
-                                           dataset=commands.stored_dataset_url(config, evaluation)),
+                                           dataset=commands.stored_dataset_url(config, evaluation), chunks=True),
                      env=s3_env(config),
                      outputs=[Parameter(name=APP_ROLLOUTS, value_from=ValueFrom(path=APP_ROLLOUTS_FILE))],
                      **step_pod(config, "500m", "512Mi"))
@@ -657,29 +665,69 @@ def dag(name: str, steps: list[shape.Step], parallelism: int | None = None) -> D
 
 
 def task(step: shape.Step) -> Task:
-    """One step as an Argo DAG task on the template of its name: `depends` from its needs; a fan-out over its plan
-    step's output (`withParam`), each item's fields as the rollout template's inputs; the proxy's URL (the serve
+    """One step as an Argo DAG task on the template of its name: `depends` from its needs; a fan-out over the chunks
+    its plan step lists (`withParam`), each on the step's chunk DAG (`chunk_dag`); the proxy's URL (the serve
     Service's ClusterIP, `PROXY_URL`) for the steps that call it; `continueOn` for a step that keeps going."""
-    proxy_url, arguments, with_param = PROXY_URL, None, None
+    proxy_url, arguments, with_param, template = PROXY_URL, None, None, step.name
     if step.fanout:
         source = "result" if step.fanout == shape.PLANNED else f"parameters.{step.fanout}"
         with_param = f"{{{{tasks.{step.plan}.outputs.{source}}}}}"
-        item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("sample", "sample"),
-                                                     ("rollout_id", "rollout_id"), ("image", "image"),
-                                                     ("deadline", "deadline_s"), *((r, r) for r in RESOURCE_INPUTS))}
-        app = {"app": "{{item.app}}"} if step.fanout == shape.APP_ROLLOUTS else {}
-        arguments = {**item, **app, "proxy_url": proxy_url}
+        arguments, template = {"chunk": "{{item}}", "proxy_url": proxy_url}, f"{step.name}{CHUNK_SUFFIX}"
     elif step.name.endswith("trajectories") or step.name == shape.SERVE_READY:
         arguments = {"proxy_url": proxy_url}
-    return Task(name=step.name, template=step.name, depends=step.depends or None, with_param=with_param,
+    return Task(name=step.name, template=template, depends=step.depends or None, with_param=with_param,
                 arguments=arguments, continue_on=ContinueOn(failed=True, error=True) if step.keep_going else None,
                 when="{{workflow.status}} != Succeeded" if step.only_if_failed else None)
 
 
+def chunk_dag(config: RunConfig, iteration: int, step: shape.Step, evaluation: bool = False) -> DAG:
+    """One chunk of a rollout fan-out `step` (its input `chunk`, a number the plan step printed): `chunk-items` prints
+    the chunk's planned rollouts from the store, one `step` pod per item (its fields as the rollout template's
+    inputs), then `ended` once any of them succeeded.
+
+    The chunk DAG ends as its `step` pods did taken together, as one fan-out did before chunks: Argo gives a DAG the
+    phase of its leaf tasks, and a leaf that was Omitted takes the phase of the task before it
+    (workflow/controller/dag.go `assessDAGPhase`), so the DAG Succeeded when one pod did (`ended` ran) and Failed
+    when none did (`ended` Omitted after a Failed fan-out); the collect DAG's `<step>.AnySucceeded` then holds when
+    any rollout of any chunk succeeded. `ended` is a suspend template of duration 0: no pod, and Argo resumes it at
+    its next pass (workflow/controller/operator.go `executeSuspend`)."""
+    fanout = FANOUTS[1] if step.fanout == shape.APP_ROLLOUTS else FANOUTS[0]  # app-rollouts-<K>, rollouts-<K>
+    url = layout.plan_chunk_url(commands.plan_folder(config, iteration, evaluation), fanout,
+                                "{{inputs.parameters.chunk}}")
+    item = {n: f"{{{{item.{k}}}}}" for n, k in (("task", "task"), ("sample", "sample"), ("rollout_id", "rollout_id"),
+                                                 ("image", "image"), ("deadline", "deadline_s"),
+                                                 *((r, r) for r in RESOURCE_INPUTS))}
+    app = {"app": "{{item.app}}"} if step.fanout == shape.APP_ROLLOUTS else {}
+    rollouts = Task(name=step.name, template=step.name, depends="items",
+                    with_param="{{tasks.items.outputs.result}}",
+                    arguments={**item, **app, "proxy_url": "{{inputs.parameters.proxy_url}}"})
+    ended = Task(name=ENDED, template=ENDED, depends=shape.Need(step.name, (shape.ANY_SUCCEEDED,)).term(alone=True))
+    return DAG(name=f"{step.name}{CHUNK_SUFFIX}", inputs=[Parameter(name="chunk"), Parameter(name="proxy_url")],
+               tasks=[Task(name="items", template=CHUNK_ITEMS, arguments={"url": url}), rollouts, ended])
+
+
+def chunk_dags(config: RunConfig, iteration: int, evaluation: bool = False, prefix: str = "") -> list[DAG]:
+    """The chunk DAGs of the fan-outs `<prefix>rollout` and `<prefix>rollout-app` (`chunk_dag`)."""
+    return [chunk_dag(config, iteration, step, evaluation) for step in shape.fanout(prefix, ()) if step.fanout]
+
+
+def chunk_templates(config: RunConfig) -> list[Container | Suspend]:
+    """What every chunk DAG runs beside its rollouts: `chunk-items`, which prints one chunk of the plan from the
+    store (`steps.plan chunk`: at most `steps.plan.CHUNK_BYTES`, under Argo's 256 KiB), retried as a small step that
+    met a store's hiccup; and `ended`, a suspend of duration 0 (`chunk_dag`)."""
+    items = Container(name=CHUNK_ITEMS, image=image(config, "steps"), working_dir="/opt/openforge/app",
+                      inputs=[Parameter(name="url")], command=commands.plan_chunk("{{inputs.parameters.url}}"),
+                      env=s3_env(config), retry_strategy=RetryStrategy(limit=3, retry_policy="Always",
+                                                                        backoff=Backoff(duration="10s", factor=2)),
+                      **step_pod(config, "100m", "256Mi"))
+    return [items, Suspend(name=ENDED, duration="0")]
+
+
 def collect_dag(config: RunConfig, evaluation: bool = False) -> DAG:
-    """The `collect` DAG (`shape.collect`); the serve daemon holds one of its `parallel_rollouts` + 1 slots and
-    stops when the DAG ends."""
-    return dag("collect", shape.collect(config, evaluation), parallelism=config.parallel_rollouts + 1)
+    """The `collect` DAG (`shape.collect`); the serve daemon stops when the DAG ends. How many rollouts run at once
+    is the Workflow's `parallelism` (`run_workflow`): a DAG's own counts its children, and a fan-out by chunks
+    makes those chunk DAGs rather than pods."""
+    return dag("collect", shape.collect(config, evaluation))
 
 
 def evaluation_templates(config: RunConfig, iteration: int, prefix: str) -> list[Container]:
@@ -687,6 +735,7 @@ def evaluation_templates(config: RunConfig, iteration: int, prefix: str) -> list
     checkpoint, named `<prefix>plan`, ..., and its evaluate template."""
     return [plan_template(config, iteration, evaluation=True, name=f"{prefix}plan"),
             *rollout_templates(config, iteration, evaluation=True, prefix=prefix),
+            *chunk_dags(config, iteration, evaluation=True, prefix=prefix),
             trajectories_template(config, iteration, evaluation=True, name=f"{prefix}trajectories"),
             evaluate_template(config, iteration)]
 
@@ -701,7 +750,7 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
               ] if nodes else []
     templates = [dag("iteration", shape.iteration(config, iteration)), collect_dag(config, evaluation),
                  *serve_templates(config, iteration), plan_template(config, iteration),
-                 *rollout_templates(config, iteration),
+                 *rollout_templates(config, iteration), *chunk_dags(config, iteration),
                  trajectories_template(config, iteration), update_template(config, iteration), *delete,
                  *([wait_template(config, iteration)] if waits else []), exit_dag(nodes),
                  record_template(config, iteration), report_template(config),
@@ -711,14 +760,23 @@ def iteration_workflow(config: RunConfig, iteration: int) -> Workflow:
 
 
 def run_workflow(config: RunConfig, name: str, templates: list, labels: dict[str, str]) -> Workflow:
-    """A Workflow of the run: its first template the entrypoint, the NetworkPolicies' templates added, the run's
-    label, the report link, the exit handler `exit`; pods collected on success, the Workflow kept a week, failed
-    (its running pods stopped) `workflow_timeout_s` after it started (Argo's spec.activeDeadlineSeconds)."""
-    templates = [*templates, *(policy_template(config, n, policy) for n, policy in isolation_policies(config).items())]
+    """A Workflow of the run: its first template the entrypoint, the chunk DAGs' own templates and the
+    NetworkPolicies' templates added, the run's label, the report link, the exit handler `exit`; pods collected on
+    success, the Workflow kept a week, failed (its running pods stopped) `workflow_timeout_s` after it started (Argo's
+    spec.activeDeadlineSeconds).
+
+    At most `parallel_rollouts` + 1 of its pods run at once, the serve daemon one of them (spec.parallelism): Argo
+    counts a Workflow's Pending and Running pods wherever they are nested (workflow/controller/operator.go
+    `checkParallelism` with `getActivePods("")`, node_counters.go; each pod it creates counts at once,
+    workflowpod.go `woc.activePods++`), while a DAG's own parallelism counts its direct children, Pods, Steps and
+    DAGs alike (`getActiveChildren`), which for the rollouts are their chunk DAGs."""
+    templates = [*templates, *chunk_templates(config),
+                 *(policy_template(config, n, policy) for n, policy in isolation_policies(config).items())]
     return Workflow(
         name=name, namespace=config.namespace, labels={RUN_LABEL: run_label(config), **labels},
         annotations={"workflows.argoproj.io/description": report_link(config), RUN_NAME_ANNOTATION: config.run},
         entrypoint=templates[0].name, on_exit="exit", templates=templates,
         service_account_name=config.service_account, active_deadline_seconds=config.workflow_timeout_s,
+        parallelism=config.parallel_rollouts + 1,
         pod_gc=PodGC(strategy="OnWorkflowSuccess"), ttl_strategy=TTLStrategy(seconds_after_success=7 * 24 * 3600),
     )

@@ -35,7 +35,7 @@ from steps.evaluate import cell, format_table
 from steps.fetch_model import TOKEN_ENV
 from steps.metrics import harness_killed_warning, harness_kills, iteration_metrics
 from steps.net import free_port
-from steps.plan import attempt_id
+from steps.plan import FANOUTS, attempt_id, read_chunk
 from steps.proxy.client import ProxyClient, ProxyClientError
 from steps.rollout import write_outputs, write_result
 from steps.tasks import load_task
@@ -161,6 +161,17 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[PlannedRollout
         return list(pool.map(one, planned))
 
 
+def planned_chunks(folder: str, fanout: str, printed: str, source: str) -> list[PlannedRollout]:
+    """One fan-out's planned rollouts, read as Argo's DAG reads them: the plan step printed its chunks' numbers
+    (`printed`), and each chunk is a list in the store (`steps.plan.read_chunk`)."""
+    try:
+        numbers = json.loads(printed)
+    except ValueError as exc:
+        raise RecordError(f"{source} is not a JSON list of chunk numbers ({exc})") from None
+    return [rollout for number in numbers
+            for rollout in read_plan(read_chunk(layout.plan_chunk_url(folder, fanout, number)), f"{source} {number}")]
+
+
 def step_result(out: Path, rollout_id: str, item: PlannedRollout, harness: str, stderr: str) -> RolloutResult:
     """The rollout step's `OUT/result.json`; an infra error quoting its stderr's end where it wrote none (or one that
     is not a result)."""
@@ -265,14 +276,16 @@ class LocalSteps:
         name = "eval-plan" if evaluation else "plan"
         app_file = self.logs / f"{name}-{self.iteration}-{shape.APP_ROLLOUTS}.json"
         argv = commands.plan(self.config, self.iteration, python=sys.executable, evaluation=evaluation,
-                             app_rollouts=str(app_file))
+                             app_rollouts=str(app_file), chunks=True)
         if not evaluation:
             self.times["rollouts"] = [time.time()]
-        planned = read_plan(run_step(name, argv, self.env, self.logs / f"{name}-{self.iteration}.log"),
-                            f"the {name} step's output")
+        chunks = run_step(name, argv, self.env, self.logs / f"{name}-{self.iteration}.log")
         # none written: none planned
-        apps = read_plan(app_file.read_text(), f"the {name} step's {app_file}") if app_file.is_file() else []
-        self.planned[step.name] = {shape.PLANNED: planned, shape.APP_ROLLOUTS: apps}
+        app_chunks = app_file.read_text() if app_file.is_file() else "[]"
+        folder = commands.plan_folder(self.config, self.iteration, evaluation)
+        self.planned[step.name] = {fanout: planned_chunks(folder, kind, printed, f"the {name} step's {kind}")
+                                   for fanout, kind, printed in ((shape.PLANNED, FANOUTS[0], chunks),
+                                                                 (shape.APP_ROLLOUTS, FANOUTS[1], app_chunks))}
         set_aside_earlier_results(self.config, self.iteration, self.attempts[evaluation], evaluation=evaluation)
         count = sum(map(len, self.planned[step.name].values()))
         each = f" ({self.config.eval_k} per task)" if evaluation else ""

@@ -33,8 +33,9 @@ ENDED = (SUCCEEDED, FAILED, SKIPPED)  # a fan-out ran to its end, whatever its p
 HANDLED = (SUCCEEDED, FAILED, ERRORED)  # the step ended, whatever its end
 FINISHED = (SUCCEEDED, FAILED)
 
-PLANNED = "result"  # the plan's standard output: its rollouts without an app, as a JSON list
-APP_ROLLOUTS = "app-rollouts"  # the plan's output parameter: the rollouts of tasks with an app, as a JSON list
+# A plan's two lists go to the store in chunks (`steps.plan --chunks`); the plan step outputs their chunks' numbers.
+PLANNED = "result"  # the plan's standard output: the chunks of its rollouts without an app, as a JSON list
+APP_ROLLOUTS = "app-rollouts"  # the plan's output parameter: the chunks of the rollouts of tasks with an app
 ROLLOUT_STEPS = ("rollout", "rollout-app")  # the rollout fan-outs: without and with the task's app as a sidecar
 ISOLATION_STEPS = ("isolate-rollouts", "isolate-serve")  # the NetworkPolicies a Workflow applies before its rollouts
 # The serve's stable address, a Service owned by the Workflow (its ClusterIP the step's output), and the gate that
@@ -77,7 +78,7 @@ class Step:
     name: str
     needs: tuple[Need, ...] = ()
     either: bool = False
-    fanout: str = ""  # a fan-out: one pod per item of this output of the plan step `plan` (PLANNED, APP_ROLLOUTS)
+    fanout: str = ""  # a fan-out: one pod per rollout in the chunks this output of the plan step `plan` lists
     plan: str = ""
     keep_going: bool = False  # its failure does not fail its DAG (Argo's continueOn failed and error)
     only_if_failed: bool = False  # an exit handler's step that runs only when the Workflow did not succeed

@@ -63,7 +63,8 @@ from steps.contracts import layout  # noqa: E402
 from workflows import commands, images, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
-from workflows.config import REPO_ROOT, ConfigError, egress_auto, from_dict, load_config, validate_for_argo  # noqa: E402
+from workflows.config import (REPO_ROOT, ConfigError, check_workflow_size, egress_auto, from_dict,  # noqa: E402
+                              load_config, validate_for_argo)
 from workflows.datasets import stage_datasets, tasks_of  # noqa: E402
 from workflows.driver import driver_workflow, workflow_name as driver_workflow_name  # noqa: E402
 from workflows.evaluation import evaluation_workflow  # noqa: E402
@@ -320,7 +321,7 @@ def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> 
         return run_locally(config, evaluates, detach=args.detach)
     client = argo_client(config)
     submitted = check_before_submit(config, client, evaluation=True, detach=args.detach)
-    stage(config)
+    stage(config, evaluation=True)
     manifest.write_run_config(config.run_url, config.to_dict(), evaluates=evaluates)
     print(f"eval {config.run}: {evaluates['checkpoint']} with {config.harness} on {config.dataset}, "
           f"k={config.eval_k}; manifest in {layout.manifest_url(config.run_url)}", flush=True)
@@ -329,14 +330,18 @@ def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> 
     return drive_evaluation(submitted, client, 0, args.poll) or show_summary(config, 0)
 
 
-def stage(config: RunConfig) -> None:
+def stage(config: RunConfig, evaluation: bool = False) -> None:
     """Uploads the run's datasets into its store, where its pods read them, and pins them in the manifest
-    (`workflows.datasets`)."""
+    (`workflows.datasets`); then, from their task counts, refuses a run whose Workflows Argo could not store
+    (`check_workflow_size`; an eval run's with `evaluation`)."""
     record = stage_datasets(config, REPO_ROOT)
     for name, staged in record.items():
         print(f"run {config.run}: {len(staged['tasks'])} tasks of {staged['source']} uploaded to "
               f"{layout.dataset_url(layout.datasets_url(config.run_url), name)} (sha256 {staged['sha256'][:12]})",
               flush=True)
+    counts = {name: len(staged["tasks"]) for name, staged in record.items()}
+    tasks = counts.get(layout.TRAIN_DATASET, 0)
+    check_workflow_size(config, tasks, counts.get(layout.EVAL_DATASET, tasks), evaluation)
 
 
 def run_locally(config: RunConfig, evaluates: dict | None = None, detach: bool = False) -> int:

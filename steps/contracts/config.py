@@ -134,6 +134,9 @@ class RunConfig:
     argo_ca_bundle: str = ""  # a PEM file of the CA that signed the Argo server's certificate; env ARGO_CA_BUNDLE wins
     argo_ca_secret: str = ""  # --detach: a Secret (key ca.crt) with the CA of argo_server_in_cluster's certificate
     argo_insecure_tls: bool = False  # accept any certificate from the Argo server (a warning says so); --argo-insecure
+    # the Argo controller offloads node status to its database (persistence.nodeStatusOffLoad): needed above
+    # workflows.config.MAX_ROLLOUTS_WITHOUT_OFFLOAD rollouts per Workflow (docs/workflows.md, "Size")
+    argo_node_status_offload: bool = False
     admin_secret: str = "openforge-admin"  # key admin-key
     hub_secret: str = "openforge-hub"  # key token: the token for a gated or private hub `model`; optional
     image_registry: str = "ghcr.io/openforge"

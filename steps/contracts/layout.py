@@ -21,6 +21,9 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     ├── calls/                            the proxy's store (steps.proxy.store owns what is inside:
     │   ├── rollouts/<rollout_id>/...     rollout.json, then calls.jsonl or calls/<index>.json)
     │   └── images/<sha256>               every image a call sent, once, named by the SHA-256 of its bytes
+    ├── plans/
+    │   └── iteration-<N>/                the plan in chunks, one JSON list each (steps.plan --chunks):
+    │       └── <fan-out>-<K>.json        rollouts-<K>.json, app-rollouts-<K>.json (K 0, 1, ...)
     ├── results/
     │   ├── iteration-<N>/
     │   │   └── <rollout_id>/result.json  one folder per rollout attempt (steps.rollout's OUT)
@@ -36,6 +39,7 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     │       └── metrics.json              the run's `model`); the update's metrics beside the weights
     ├── evals/
     │   └── iteration-<N>/                one evaluation of the checkpoint iteration N serves (an eval run: N 0)
+    │       ├── plan/<fan-out>-<K>.json   the evaluation's plan in chunks, as under plans/
     │       ├── results/<rollout_id>/     result.json per eval rollout attempt, as under results/
     │       ├── results-attempt-<K>/      local runner: what an earlier, dead start of the evaluation left
     │       ├── trajectories/             run=<run>/iteration=<N>/: the eval's calls and rollouts tables
@@ -138,6 +142,25 @@ def results_url(run_url: str, iteration: int | str) -> str:
 def rollout_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
     """One rollout attempt's folder (the rollout step's `--out`)."""
     return _join(results_url(run_url, iteration), rollout_id)
+
+
+def plan_url(run_url: str, iteration: int | str) -> str:
+    """The folder of an iteration's plan, in chunks (`plan_chunk_url`).
+
+    >>> plan_url("runs/demo", 0)
+    'runs/demo/plans/iteration-0'
+    """
+    return _join(run_url, "plans", f"iteration-{iteration}")
+
+
+def plan_chunk_url(plan: str, fanout: str, chunk: int | str) -> str:
+    """Chunk number `chunk` (0, 1, ...) of one fan-out of a plan (`fanout`: "rollouts" or "app-rollouts") in the
+    plan's folder `plan` (`plan_url`, `eval_plan_url`): one JSON list of planned rollouts.
+
+    >>> plan_chunk_url("runs/demo/plans/iteration-0", "app-rollouts", 3)
+    'runs/demo/plans/iteration-0/app-rollouts-3.json'
+    """
+    return _join(plan, f"{fanout}-{chunk}.json")
 
 
 def result_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
@@ -299,6 +322,11 @@ def eval_url(run_url: str, iteration: int | str) -> str:
     'runs/demo/evals/iteration-2'
     """
     return _join(evals_url(run_url), f"iteration-{iteration}")
+
+
+def eval_plan_url(run_url: str, iteration: int | str) -> str:
+    """The folder of an evaluation's plan, in chunks (`plan_chunk_url`)."""
+    return _join(eval_url(run_url, iteration), "plan")
 
 
 def eval_results_url(run_url: str, iteration: int | str) -> str:
