@@ -9,9 +9,11 @@ collector is `python -m steps.trajectories` and `steps.evaluate`'s summary. The 
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -123,6 +125,56 @@ def test_a_pod_retried_out_of_attempts_is_an_infra_error_not_trained_on(ends_pro
     # The control: the same end one attempt earlier was not retried, so it was the agent's.
     ended = {r.rollout_id: r for r in all_results(layout.results_url(str(run), 0), RETRIES + 1)}
     assert ended[f"{planned}-a{RETRIES + 1}"].status == "agent_killed"
+
+
+def pod_init(root: Path) -> int | None:
+    """The pid of the simulated pod's first process (pid 1 of its PID namespace, `test_pod_rollout.POD_SCRIPT`'s
+    shell), found by the pod root its `unshare` was given; None before it runs."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "unshare" and \
+                    f"ROOT={root}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                children = (entry / "task" / entry.name / "children").read_text().split()
+                return int(children[0]) if children else None
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
+
+
+@pytest.mark.slow  # builds a simulated rollout pod (tests/test_pod_rollout.py): a few seconds
+def test_a_rollout_pod_killed_after_its_agent_started_scores_0(ends_proxy, scripted, run, tmp_path):
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("the simulated rollout pod needs root and unshare (tests/test_pod_rollout.py)")
+    from test_pod_rollout import run_in_pod
+
+    scripted.set_commands(["sleep 300"])
+    results = Path(layout.results_url(str(run), 0))
+    earlier = set(results.glob("pod-*")) if results.is_dir() else set()
+    ended: dict = {}
+
+    def pod() -> None:
+        try:
+            run_in_pod(ends_proxy, BUILTIN_DATASET / "hello-file", "direct", tmp_path)
+        except AssertionError as exc:  # it finds no result.json: the pod died
+            ended["error"] = str(exc)
+
+    thread = threading.Thread(target=pod)
+    thread.start()
+    deadline, folder = time.monotonic() + 180, None
+    while time.monotonic() < deadline and thread.is_alive() and folder is None:
+        for found in set(results.glob("pod-*")) - earlier if results.is_dir() else ():
+            record = json.loads((found / layout.PHASE_RECORD).read_text())
+            if record["phase"] == "agent" and ends_proxy.calls(record["rollout_id"]):
+                folder = found
+        time.sleep(0.2)
+    init = pod_init(tmp_path / "pod")
+    assert folder is not None and init is not None, f"the pod's agent never ran: {ended}"
+    os.kill(init, signal.SIGKILL)  # the pod's death: every process of its PID namespace, and its mounts
+    thread.join(60)
+    assert "no result.json" in ended.get("error", ""), ended
+    planned, _ = layout.retry_of_folder(folder.name)
+    [result] = [r for r in all_results(str(results), RETRIES) if r.rollout_id == planned]
+    assert (result.status, result.reward, result.task, result.sample) == ("agent_killed", 0.0, "hello-file", 0)
 
 
 def register_and_report(proxy, planned: str, retry: int, phases: tuple[str, ...], evaluation: bool = False) -> dict:
