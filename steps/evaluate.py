@@ -6,8 +6,9 @@
 
 `--results` holds one `<rollout_id>/result.json` per rollout attempt (`steps.rollout`'s OUT). The planned
 tries are rebuilt from `--dataset` as `steps.plan --eval` plans them: `ev<N>-<task>-s<i>`, k per task, its
-attempts `...-aK`. A planned try is one try when an attempt of it finished (`ok` or `agent_timeout`: its last
-finished attempt counts); one with no finished attempt (every attempt an infra error, or a killed rollout that
+attempts `...-aK`. A planned try is one try when an attempt of it finished (`ok`, `agent_timeout`, or
+`agent_killed`: its pod died without a result after its agent started, unretried, reward 0, `steps.ends`; its
+last finished attempt counts); one with no finished attempt (every attempt an infra error, or a killed rollout that
 wrote nothing) is `missing` and counts as a failed try (reward 0), so that no try that ends badly or vanishes
 can raise a number; every `infra_error` attempt is counted as an infra error. Broken tasks the plan skipped
 are listed in `skipped_tasks`. Per task and overall: tries, passes, pass@1, pass@k, pass^k (unbiased
@@ -31,7 +32,7 @@ from steps.plan import MAX_EVAL_K, attempt_of, planned_id
 from steps.contracts.rollout import INFRA_ERROR, RolloutResult, harness_killed
 from steps.datasets import local_copy
 from steps.tasks import DatasetError, load_dataset
-from steps.trajectories.collect import CollectError, load_results
+from steps.trajectories.collect import CollectError, all_results
 
 COLUMNS = ("tries", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_reward", "missing", "infra_errors",
            "harness_killed", "mean_calls", "mean_tokens", "mean_duration_s")
@@ -215,6 +216,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default="", help="the checkpoint (or upstream) evaluated; recorded in summary.json")
     p.add_argument("--model", default="", help="the model name served; recorded in summary.json")
     p.add_argument("--iteration", type=int, default=0, help="the iteration whose checkpoint this evaluates")
+    p.add_argument("--rollout-retries", type=int, default=None, metavar="N",
+                   help="the run's rollout_retries: a rollout pod that died without a result after its agent started, "
+                        "not retried, is a failed try; retried out of attempts, or before its agent started, an infra "
+                        "error (steps.ends)")
     return p.parse_args(argv)
 
 
@@ -226,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        results = load_results(args.results)
+        results = all_results(args.results, args.rollout_retries)
         tasks, broken = ([], [])
         if args.dataset:  # an Argo run's is its snapshot in the store: only the task names are used
             with local_copy(args.dataset) as dataset:

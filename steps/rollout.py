@@ -239,6 +239,7 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
                                          "sample": spec.sample})
         spec = replace(spec, rollout_id=taken)
         result.rollout_id = taken
+        report_phase(spec, "setup")
         task = load_task(spec.task)
         result.task = task.name
         exe, harness = install_harness(spec)
@@ -247,6 +248,7 @@ def run_rollout(spec: RolloutSpec) -> RolloutResult:
         result.notes = list(box.notes)
         result.durations["setup_s"] = round(time.monotonic() - started, 3)
         try:
+            report_phase(spec, "agent")
             enter(spec.out, "agent")
             timed_out = run_agent(spec, task, box, exe, rollout, result)
             enter(spec.out, "calls")
@@ -287,6 +289,20 @@ def send_result(spec: RolloutSpec, result: RolloutResult) -> None:
         result.status, result.reward = INFRA_ERROR, None
         result.error = f"the result could not be sent to the proxy ({exc}){earlier}"
         write_result(spec.out, result)
+
+
+def report_phase(spec: RolloutSpec, phase: str) -> None:
+    """With `--send-result`, tells the proxy the rollout's phase (setup, agent), which it writes to the store beside
+    where the result goes (`steps.proxy.results.store_phase`): a pod that dies without a result after its agent
+    started is the agent's end, scored 0, and before that the cluster's (`steps.ends`). The agent never starts
+    without its record stored: one that cannot be sent is an infra_error."""
+    if not spec.send_result:
+        return
+    try:
+        proxy_client(spec).send_phase(spec.rollout_id, phase, retry=spec.attempt - 1,
+                                      evaluation=spec.send_result == "evaluation")
+    except ProxyClientError as exc:
+        raise InfraError(f"the rollout's {phase} phase could not be recorded by the proxy ({exc})") from None
 
 
 def output_values(result: RolloutResult) -> dict[str, str]:

@@ -171,8 +171,8 @@ def test_an_infra_error_result_reaches_the_store_too(results_proxy, s3_store: st
 
 
 def test_a_result_the_proxy_refuses_makes_an_infra_error(proxy, scripted, tmp_path: Path) -> None:
-    """The proxy has no run to write into: the rollout ran and was graded, but its result cannot reach the store,
-    so it is an infra_error (exit code 3: retried) and OUT says why."""
+    """The proxy has no run to write into: neither the rollout's phase (so its agent never starts) nor its result can
+    reach the store, so it is an infra_error (exit code 3: retried) and OUT says why."""
     from test_rollout import oracle
 
     bare = proxy(scripted.url, extra=["--run-url", "", "--iteration", "0"])

@@ -234,7 +234,7 @@ def trajectories(config: RunConfig, proxy_url: str, results: str, iteration: int
     model = [] if config.upstream else ["--model", config.checkpoint_url(0), *pixels]
     return [python, "-m", "steps.trajectories", "--proxy-url", proxy_url, "--results", results,
             "--out", out or layout.trajectories_url(config.run_url), "--run", config.run, "--iteration", str(iteration),
-            *model, *stale]
+            "--rollout-retries", str(config.rollout_retries), *model, *stale]
 
 
 def fetch_task(proxy_url: str, dataset: str, task: str, into: str, python: str = "python",
@@ -257,7 +257,7 @@ def evaluate(config: RunConfig, iteration: int | str, python: str = "python", da
     return [python, "-m", "steps.evaluate", "--results", layout.eval_results_url(config.run_url, iteration),
             "--k", str(config.eval_k), "--out", layout.eval_summary_url(config.run_url, iteration),
             "--harness", config.harness, "--dataset", dataset or config.evaluation_dataset, "--checkpoint", served,
-            "--model", model, "--iteration", str(iteration)]
+            "--model", model, "--iteration", str(iteration), "--rollout-retries", str(config.rollout_retries)]
 
 
 # The port rank 0 of a multi-node update listens on for the other nodes' ranks (torchrun's static rendezvous).

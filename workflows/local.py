@@ -41,8 +41,8 @@ from steps.rollout import write_outputs, write_result
 from steps.tasks import load_task
 from steps.report import write_report
 from steps.contracts import layout
-from steps.contracts.rollout import (AGENT_TIMEOUT, INFRA_ERROR, INFRA_EXIT_CODE, OK, PlannedRollout, RecordError,
-                                     RolloutResult, harness_killed, read_plan, read_result)
+from steps.contracts.rollout import (AGENT_KILLED, AGENT_TIMEOUT, INFRA_ERROR, INFRA_EXIT_CODE, OK, PlannedRollout,
+                                     RecordError, RolloutResult, harness_killed, read_plan, read_result)
 from workflows import commands, shape
 from steps.contracts.config import RunConfig
 
@@ -145,7 +145,7 @@ def run_rollouts(config: RunConfig, iteration: int, planned: list[PlannedRollout
                                     python=sys.executable, attempt=attempt)
             returncode, stderr = run_rollout_step(argv, env, deadline_s(config, item), out, rollout_id, item,
                                                   config.harness)
-            result = step_result(out, rollout_id, item, config.harness, stderr)
+            result = step_result(out, rollout_id, item, config.harness, stderr, returncode)
             if returncode != INFRA_EXIT_CODE:
                 break
         counts["done"] += 1
@@ -172,15 +172,26 @@ def planned_chunks(folder: str, fanout: str, printed: str, source: str) -> list[
             for rollout in read_plan(read_chunk(layout.plan_chunk_url(folder, fanout, number)), f"{source} {number}")]
 
 
-def step_result(out: Path, rollout_id: str, item: PlannedRollout, harness: str, stderr: str) -> RolloutResult:
+def step_result(out: Path, rollout_id: str, item: PlannedRollout, harness: str, stderr: str,
+                returncode: int = INFRA_EXIT_CODE) -> RolloutResult:
     """The rollout step's `OUT/result.json`; an infra error quoting its stderr's end where it wrote none (or one that
-    is not a result)."""
+    is not a result). A step that died without one, not with the infra error's exit code, ended by the phase it was
+    in, as a rollout pod (`steps.ends`): after its agent started, the agent's end (`agent_killed`, reward 0, written
+    to OUT, not retried); before, an infra error."""
     try:
         return read_result(out / layout.RESULT_FILE)
     except RecordError as exc:
         why = stderr[-500:] if not (out / layout.RESULT_FILE).exists() else str(exc)
-        return RolloutResult(rollout_id=rollout_id, task=Path(item.task).name, harness=harness, status=INFRA_ERROR,
-                             reward=None, sample=item.sample, error=why)
+        result = RolloutResult(rollout_id=rollout_id, task=Path(item.task).name, harness=harness, status=INFRA_ERROR,
+                               reward=None, sample=item.sample, error=why)
+    phase = (out / layout.PHASE_FILE).read_text().strip() if (out / layout.PHASE_FILE).is_file() else "setup"
+    if returncode != INFRA_EXIT_CODE and phase in ("agent", "calls", "grading"):
+        result.status, result.reward = AGENT_KILLED, 0.0
+        result.error = (f"the rollout step died (exit code {returncode}) without a result in its {phase} phase, after "
+                        f"its agent started: the agent's end, scored 0; {why}")
+        write_result(out, result)
+        write_outputs(out, result)
+    return result
 
 
 def deadline_s(config: RunConfig, item: PlannedRollout) -> float:

@@ -63,6 +63,10 @@ STATUS_FILE, REWARD_FILE = "status", "reward"
 # Beside them, the phase a rollout is in (setup, agent, calls, grading, done): what its runner reads when it has to
 # stop the rollout at its deadline (workflows/local.py).
 PHASE_FILE = "phase"
+# In the store, beside where a rollout pod's result.json goes: the phase its runner last reported through the proxy
+# (setup, then agent just before the agent starts), so the collector knows whose end a pod without a result was
+# (`steps.ends`); only the runner, with the proxy's admin key, can write it.
+PHASE_RECORD = "phase.json"
 METRICS_FILE = "metrics.json"  # the update's metrics, in the checkpoint folder it wrote
 # A LoRA run's checkpoint (after iteration 0's base) is peft's adapter folder: this file beside the adapter's weights.
 ADAPTER_CONFIG = "adapter_config.json"
@@ -166,6 +170,15 @@ def plan_chunk_url(plan: str, fanout: str, chunk: int | str) -> str:
 def result_url(run_url: str, iteration: int | str, rollout_id: str) -> str:
     """One rollout attempt's `result.json`."""
     return _join(rollout_url(run_url, iteration, rollout_id), RESULT_FILE)
+
+
+def beside_result(result_url_: str, name: str) -> str:
+    """The file `name` in the folder of a `result.json` URL (`result_url`, `eval_result_url`).
+
+    >>> beside_result("s3://b/runs/r/results/iteration-0/t-s0-a2/result.json", PHASE_RECORD)
+    's3://b/runs/r/results/iteration-0/t-s0-a2/phase.json'
+    """
+    return _join(result_url_.rsplit("/", 1)[0], name)
 
 
 def set_aside_results_url(run_url: str, iteration: int, attempt: int) -> str:

@@ -16,7 +16,10 @@ from pathlib import Path
 
 INFRA_EXIT_CODE = 3  # the rollout step's exit code for an infra_error: the only one Argo and the local runner retry
 OK, AGENT_TIMEOUT, INFRA_ERROR = "ok", "agent_timeout", "infra_error"  # a result's status
-STATUSES = (OK, AGENT_TIMEOUT, INFRA_ERROR)
+# A rollout whose runner died after its agent started, unretried, with no result (its pod's or process's end was the
+# agent's: its disk or memory limit, the deadline): reward 0, written by the collector (`steps.ends`), never a runner.
+AGENT_KILLED = "agent_killed"
+STATUSES = (OK, AGENT_TIMEOUT, INFRA_ERROR, AGENT_KILLED)
 NO_REWARD = "none"  # OUT/reward of a rollout without one (infra_error), and Argo's default when none was written
 
 

@@ -1,7 +1,7 @@
 """The recording proxy's HTTP app: admin routes, per-rollout dialect routes, one error handler.
 
 Admin routes (admin key): POST /rollouts, GET /rollouts, GET /rollouts/{id}/calls (and the records skipped),
-POST /rollouts/{id}/close, PUT /rollouts/{id}/result (`results`), POST /weights/pause|resume|update, GET /replicas,
+POST /rollouts/{id}/close, PUT /rollouts/{id}/result and /phase (`results`), POST /weights/pause|resume|update, GET /replicas,
 GET /tasks/{dataset}/{task} (one task folder of the run's dataset as a tar, for a rollout pod's init container:
 `steps.datasets`).
 Rollout routes (that rollout's key): /rollouts/{id}/v1/chat/completions, /v1/responses,
@@ -162,6 +162,16 @@ async def put_result(request: Request, rollout_id: str, retry: int, evaluation: 
     await request.app.state.sessions.get(rollout_id)  # 404 for a rollout this proxy never opened
     body = await read_body(request, results.RESULT_MAX_BYTES)
     url = await results.store_result(request.app.state.config, rollout_id, body, retry, evaluation)
+    return {"rollout_id": rollout_id, "url": url}
+
+
+@admin.put("/rollouts/{rollout_id}/phase")
+async def put_phase(request: Request, rollout_id: str, retry: int, phase: str, evaluation: bool = False) -> dict:
+    """Writes the phase a rollout pod's runner reports (`results.store_phase`) beside where its result goes: only for
+    a rollout this proxy opened."""
+    require_admin(request)
+    rollout = await request.app.state.sessions.get(rollout_id)  # 404 for a rollout this proxy never opened
+    url = await results.store_phase(request.app.state.config, rollout_id, phase, retry, evaluation, rollout.metadata)
     return {"rollout_id": rollout_id, "url": url}
 
 

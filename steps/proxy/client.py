@@ -128,6 +128,12 @@ class ProxyClient:
         query = f"retry={retry}" + ("&evaluation=true" if evaluation else "")
         return self.request("PUT", f"/rollouts/{result['rollout_id']}/result?{query}", result, idempotent=True)
 
+    def send_phase(self, rollout_id: str, phase: str, retry: int, evaluation: bool = False) -> dict:
+        """Tells the proxy the phase (setup, agent) a rollout pod's runner is in, which it writes to the store beside
+        where the result of retry `retry` goes (`steps.proxy.results.store_phase`): {"rollout_id", "url"}."""
+        query = f"retry={retry}&phase={phase}" + ("&evaluation=true" if evaluation else "")
+        return self.request("PUT", f"/rollouts/{rollout_id}/phase?{query}", idempotent=True)
+
     def pause_weights(self) -> dict:
         """Holds new model calls and waits for those in flight; answers like `health`."""
         return self.request("POST", "/weights/pause")

@@ -3,17 +3,22 @@ it to the store, so that a rollout pod needs no store credentials and no route t
 "Network isolation").
 
     PUT /rollouts/{rollout_id}/result?retry=R[&evaluation=true]   (admin key; the body: result.json)
+    PUT /rollouts/{rollout_id}/phase?retry=R&phase=P[&evaluation=true]   (admin key; P: setup or agent)
 
 The proxy writes it to `layout.result_url` (or `eval_result_url`) of its `--run-url` and `--iteration`, in the
 folder of the attempt id the rollout ran under (`ID`, `ID-a2`, ...: `steps.plan.attempt_id`), which the proxy gives
 out once (a rerun takes the next free one), so no attempt's result ever replaces another's, not even when a
 `submit.py retry` makes Argo count `{{retries}}` from 0 again (it deletes the failed pods' nodes). Only a rollout this proxy opened may be written, only by its own id, and only a result
-that names that id.
+that names that id. Beside it goes `layout.PHASE_RECORD`, the phase the runner reported (`store_phase`): setup once it
+registered, agent just before the agent starts; a pod that died without a result is then the agent's end or the
+cluster's by it (`steps.ends`). Only the runner holds the admin key these routes take, never the agent.
 """
 
 import asyncio
 
 import fsspec
+
+import json
 
 from steps.contracts import layout
 from steps.contracts.rollout import RecordError, parse_result
@@ -21,6 +26,7 @@ from steps.plan import attempt_of
 from steps.proxy.config import ProxyConfig
 from steps.proxy.errors import ProxyError
 
+PHASES = ("setup", "agent")  # what a runner reports: registered, then its agent about to start
 RESULT_MAX_BYTES = 1024 * 1024  # one result.json; its logs stay in the pod, so 1 MiB is far more than one needs
 
 
@@ -67,4 +73,18 @@ async def store_result(config: ProxyConfig, rollout_id: str, body: bytes, retry:
     """Writes a checked result.json of rollout `rollout_id` to its store URL (`result_url`); returns that URL."""
     url = result_url(config, rollout_id, retry, evaluation)
     await asyncio.to_thread(write_file, url, checked_result(rollout_id, body))
+    return url
+
+
+async def store_phase(config: ProxyConfig, rollout_id: str, phase: str, retry: int, evaluation: bool,
+                      metadata: dict) -> str:
+    """Writes the phase record of rollout `rollout_id` (an attempt id) at retry `retry` beside its result's URL
+    (`result_url`): {"rollout_id", "retry", "phase"} and the task, harness and sample its runner registered it with
+    (`metadata`), what a result written for it lacking one names; returns its URL."""
+    if phase not in PHASES:
+        raise ProxyError(400, f"phase must be one of {', '.join(PHASES)}, got {phase[:40]!r}", param="phase")
+    url = layout.beside_result(result_url(config, rollout_id, retry, evaluation), layout.PHASE_RECORD)
+    named = {key: metadata.get(key) for key in ("task", "harness", "sample")}
+    record = json.dumps({"rollout_id": rollout_id, "retry": retry, "phase": phase, **named}).encode()
+    await asyncio.to_thread(write_file, url, record)
     return url

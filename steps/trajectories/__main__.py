@@ -3,7 +3,8 @@
     OPENFORGE_ADMIN_KEY=... python -m steps.trajectories --proxy-url http://127.0.0.1:8100 \
         --results runs/it0 --out s3://bucket/trajectories --run demo --iteration 0 --model runs/tiny-model
 
-`--results` holds one folder per rollout with its `result.json`; calls come from the proxy's admin
+`--results` holds one folder per rollout with its `result.json` (with `--rollout-retries`, also the rollouts whose pod
+died without one: `steps.ends`); calls come from the proxy's admin
 route, or with `--store URL` straight from the proxy's store. Files land in
 `{out}/run={run}/iteration={iteration}/`. Prints a JSON summary (rows per table, per harness the
 continuity rate and samples per rollout, the records `skipped`, each named with its rollout, and the
@@ -26,10 +27,10 @@ import time
 
 from steps.trajectories.collect import (
     CollectError,
+    all_results,
     collect,
     fetch_calls_http,
     fetch_calls_store,
-    load_results,
 )
 from steps.manifest import write_json
 from steps.metrics import harness_killed_warning, harness_kills
@@ -57,6 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=None, metavar="S",
                    help="leave out of `samples` each sample with a call more than S weight versions behind the "
                         "one trained (the iteration's); default: none is left out")
+    p.add_argument("--rollout-retries", type=int, default=None, metavar="N",
+                   help="the run's rollout_retries: a rollout pod that died without a result after its agent started, "
+                        "not retried, scores 0 and is trained on; retried out of attempts, or before its agent "
+                        "started, an infra error (steps.ends); without it such a pod gives no row")
     args = p.parse_args(argv)
     args.admin_key = os.environ.get("OPENFORGE_ADMIN_KEY", "")
     if args.proxy_url and not args.admin_key:
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --model: {exc}", file=sys.stderr)
         return 2
     try:
-        results = load_results(args.results)
+        results = all_results(args.results, args.rollout_retries)
         ids = [r.rollout_id for r in results]
         print(f"trajectories: {len(ids)} rollout results; fetching their calls", file=sys.stderr, flush=True)
         calls, skipped = (fetch_calls_store(args.store, ids) if args.store

@@ -25,6 +25,7 @@ import msgspec
 import pyarrow as pa
 
 from steps.analytics import behaviour_row
+from steps.ends import ended_results
 from steps.contracts.calls import CallRecord
 from steps.plan import attempt_of
 from steps.proxy.client import ProxyClient, ProxyClientError
@@ -42,9 +43,10 @@ from steps.contracts.tables import (
     SampleRow,
 )
 from steps.contracts.layout import RESULT_FILE
-from steps.contracts.rollout import AGENT_TIMEOUT, OK, RecordError, RolloutResult, harness_killed, parse_result
+from steps.contracts.rollout import AGENT_KILLED, AGENT_TIMEOUT, OK, RecordError, RolloutResult, harness_killed, parse_result
 
-TRAINABLE_STATUSES = (OK, AGENT_TIMEOUT)  # infra_error rollouts are never trained on
+# infra_error rollouts are never trained on; agent_killed ones (a pod the agent ended, `steps.ends`) are, with reward 0
+TRAINABLE_STATUSES = (OK, AGENT_TIMEOUT, AGENT_KILLED)
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]  # the tables' int32 columns
 
 
@@ -100,6 +102,20 @@ def load_results(results: str, storage_options: dict | None = None) -> list[Roll
             raise CollectError(f"{path} and {loaded[rollout_id][0]} are both results of rollout {rollout_id!r}.")
         loaded[rollout_id] = (path, result)
     return [loaded[rollout_id][1] for rollout_id in sorted(loaded)]
+
+
+def all_results(results: str, rollout_retries: int | None) -> list[RolloutResult]:
+    """`load_results`, and with `rollout_retries` (the run's) a result for each planned rollout whose last attempt's
+    pod died without one (`steps.ends`: the agent's end scores 0, the cluster's is an infra error); ordered by id."""
+    ended = [] if rollout_retries is None else ended_results(results, rollout_retries)
+    try:
+        loaded = load_results(results)
+    except CollectError:
+        if not ended:
+            raise
+        loaded = []
+    ids = {result.rollout_id for result in loaded}
+    return sorted(loaded + [result for result in ended if result.rollout_id not in ids], key=lambda r: r.rollout_id)
 
 
 def fetch_calls_http(proxy_url: str, admin_key: str, rollout_ids: list[str],
