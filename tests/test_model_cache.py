@@ -12,7 +12,6 @@ render: the serve pod mounts the claim and passes `--model-cache` only where the
 
 import json
 import re
-import threading
 from dataclasses import fields
 from pathlib import Path
 
@@ -119,26 +118,27 @@ def test_a_base_rewritten_at_the_same_url_is_fetched_again(lora_run, tiny_model,
     assert (old / WEIGHTS).read_bytes() == (tiny_model / WEIGHTS).read_bytes()  # the old one untouched
 
 
-def test_two_pods_fetching_the_base_at_once_both_get_one_whole_folder(lora_run, tiny_model, tmp_path):
-    """Two fetches of the base into one cache at the same time (two runs' pods, or a retried one): whichever renames
-    its download into place first wins, the other uses that folder; both serve the whole base, no partial is left."""
-    cache, results, errors = tmp_path / "cache", [], []
+def test_two_pods_fetching_the_base_at_once_both_get_one_whole_folder(lora_run, tiny_model, tmp_path, monkeypatch):
+    """Two fetches of the base into one cache at once (two runs' pods, or a retried one), made to interleave: the
+    second pod starts and finishes its fetch while the first is downloading. The second's rename wins; the first's
+    then fails, and it uses that folder and removes its own download. Both serve the whole base; no partial is left."""
+    from steps import model_cache
 
-    def fetch_one() -> None:
-        try:
-            results.append(fetch_base(lora_run["base"], cache, skip=("optimizer", "metrics.json")))
-        except Exception as exc:  # noqa: BLE001 (reported below)
-            errors.append(exc)
+    cache, skip, inner, started = tmp_path / "cache", ("optimizer", "metrics.json"), [], []
+    real_download = model_cache.download
 
-    threads = [threading.Thread(target=fetch_one) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == [] and len(set(results)) == 1, (errors, results)
-    assert sorted(p.name for p in cache.iterdir()) == [results[0].name]
-    assert (results[0] / WEIGHTS).read_bytes() == (tiny_model / WEIGHTS).read_bytes()
-    assert json.loads((results[0] / MANIFEST).read_text())["url"] == lora_run["base"]
+    def interleaved(url, local, *args):
+        if not started:  # the first pod's download: the second pod fetches the whole base meanwhile
+            started.append(local)
+            inner.append(model_cache.fetch_base(url, cache, skip))
+        return real_download(url, local, *args)
+
+    monkeypatch.setattr(model_cache, "download", interleaved)
+    outer = fetch_base(lora_run["base"], cache, skip)
+    assert inner == [outer], (inner, outer)
+    assert sorted(p.name for p in cache.iterdir()) == [outer.name]
+    assert (outer / WEIGHTS).read_bytes() == (tiny_model / WEIGHTS).read_bytes()
+    assert json.loads((outer / MANIFEST).read_text())["url"] == lora_run["base"]
 
 
 def test_the_serve_pod_mounts_the_claim_only_where_the_key_is_set(workflow_validator):  # noqa: F811
