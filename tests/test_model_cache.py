@@ -6,8 +6,9 @@ Through S3 on loopback (moto): a run's base (the tiny model) and two adapter che
 cache shared. The bytes are the store layer's own counts (`steps.checkpoint.IO`). The first pod downloads the base
 and its adapter, the next only its adapter; without the cache (the control) every pod downloads the base. A cache
 folder that is not whole (a truncated file, no manifest, a download under way) is never used, a base rewritten at
-the same URL is fetched again, and two pods fetching at once both get one whole folder. No vLLM is started. Also the
-render: the serve pod mounts the claim and passes `--model-cache` only where the key is set (Argo's strict schema).
+the same URL (before or during a fetch) is fetched again, and two pods fetching at once both get one whole folder.
+No vLLM is started. Also the render: the serve pod mounts the claim and passes `--model-cache` only where the key is
+set (Argo's strict schema).
 """
 
 import json
@@ -116,6 +117,30 @@ def test_a_base_rewritten_at_the_same_url_is_fetched_again(lora_run, tiny_model,
     assert new != old and read == lora_run["base_bytes"] + lora_run["adapter_bytes"], read
     assert (new / WEIGHTS).read_bytes() == bytes(changed)
     assert (old / WEIGHTS).read_bytes() == (tiny_model / WEIGHTS).read_bytes()  # the old one untouched
+
+
+def test_a_base_rewritten_during_its_fetch_is_thrown_away(lora_run, tiny_model, tmp_path, monkeypatch):
+    """The base's weights rewritten while a pod downloads it: the download is not renamed into place (it may hold old
+    and new files), the fetch fails with one sentence, and the cache holds nothing; the next fetch takes the new base."""
+    import fsspec
+
+    from steps import model_cache
+
+    cache, real_download = tmp_path / "cache", model_cache.download
+
+    def rewritten_meanwhile(url, local, *args):
+        count = real_download(url, local, *args)
+        with fsspec.open(f"{lora_run['base']}/{WEIGHTS}", "wb") as out:
+            out.write(bytes((tiny_model / WEIGHTS).stat().st_size))
+        return count
+
+    monkeypatch.setattr(model_cache, "download", rewritten_meanwhile)
+    with pytest.raises(OSError, match="changed while it was fetched"):
+        fetch_base(lora_run["base"], cache, ("optimizer", "metrics.json"))
+    assert list(cache.iterdir()) == []
+    monkeypatch.setattr(model_cache, "download", real_download)
+    base = fetch_base(lora_run["base"], cache, ("optimizer", "metrics.json"))
+    assert (base / WEIGHTS).read_bytes() == bytes((tiny_model / WEIGHTS).stat().st_size)
 
 
 def test_two_pods_fetching_the_base_at_once_both_get_one_whole_folder(lora_run, tiny_model, tmp_path, monkeypatch):
