@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from steps.contracts.config import RunConfig
 from steps.contracts.layout import METRICS_FILE, checkpoint_url
@@ -75,13 +76,8 @@ def fetch(url: str, local: Path, skip: tuple[str, ...] = (), progress: Callable[
 def download(url: str, local: Path, skip: tuple[str, ...] = (), progress: Callable[[str], None] | None = None,
              keep: Callable[[str], bool] | None = None) -> int:
     """`fetch`'s download of a remote `url` into `local`; returns the number of files (0: none there)."""
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(url)
-    root = root.rstrip("/")
-    files = {path: info["size"] or 0 for path, info in fs.find(root, detail=True).items()
-             if path[len(root) + 1:].split("/", 1)[0] not in skip
-             and (keep is None or keep(path[len(root) + 1:]))}
+    fs, root, listed = remote_files(url, skip, keep)
+    files = {path: info["size"] or 0 for path, info in listed.items()}
     total, done = sum(files.values()), 0
     for number, (path, size) in enumerate(sorted(files.items()), 1):
         target = local / path[len(root) + 1:]
@@ -93,6 +89,22 @@ def download(url: str, local: Path, skip: tuple[str, ...] = (), progress: Callab
         if progress is not None:
             progress(f"fetched {number}/{len(files)} files, {done / 1e6:.0f}/{total / 1e6:.0f} MB, from {url}")
     return len(files)
+
+
+def remote_files(url: str, skip: tuple[str, ...] = (), keep: Callable[[str], bool] | None = None,
+                 fresh: bool = False) -> tuple[Any, str, dict[str, dict]]:
+    """What a fetch of a remote `url` takes: its filesystem, its root and each file's listing entry (its size and,
+    where the store has one, its version: S3's ETag) by path, leaving out the top-level entries named in `skip` and
+    (`keep`) the files whose path below `url` it refuses; `fresh`: not from a listing fsspec cached earlier."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    root = root.rstrip("/")
+    if fresh:
+        fs.invalidate_cache()
+    return fs, root, {path: info for path, info in fs.find(root, detail=True).items()
+                      if path[len(root) + 1:].split("/", 1)[0] not in skip
+                      and (keep is None or keep(path[len(root) + 1:]))}
 
 
 def node_folder(environ: dict | None = None) -> Path | None:

@@ -8,7 +8,7 @@
         [--vllm-arg=--enable-prefix-caching ...] \
         [--sampling temperature=1.0 ...] [--store-quota-mb 128] [--store-quota-calls 2048] \
         [--image-pixel-limit 40000000] [--request-image-mb 32] \
-        [--lora-rank 8 --base-model s3://openforge/runs/demo/checkpoints/iteration-0]
+        [--lora-rank 8 --base-model s3://openforge/runs/demo/checkpoints/iteration-0 [--model-cache /model-cache]]
 
 `--model` is a checkpoint folder, a hub name (then name its `--tool-call-parser`) or an `s3://` URL; a URL
 is fetched to `--model-dir` first, without what only training reads (`optimizer/`, AdamW's state: twice
@@ -23,7 +23,8 @@ for before any rollout starts. vLLM is stopped when the proxy exits. What one ro
 A LoRA run (`--lora-rank R` > 0) serves its base model with vLLM's LoRA flags (`steps.vllm_server.lora_flags`).
 When `--model` is an adapter (a checkpoint folder with `adapter_config.json`: every iteration after 0), only the
 adapter is fetched from it, the base from `--base-model` (iteration 0's checkpoint, fetched once per pod into
-`base/` beside `--model-dir`); vLLM starts on the base and the proxy loads the adapter before it listens
+`base/` beside `--model-dir`, or with `--model-cache DIR` once into that cache, which every iteration's serve pod
+mounts: `steps.model_cache`); vLLM starts on the base and the proxy loads the adapter before it listens
 (`--adapter`, docs/serving.md "LoRA").
 
 `--replicas R` starts R vLLM servers on loopback (each `--gpus` GPUs of the pod, or on CPU its share of the
@@ -60,6 +61,7 @@ from pathlib import Path
 from steps import net, sampling
 from steps.checkpoint import TRAINING_ONLY, fetch
 from steps.follow import start_follower
+from steps.model_cache import fetch_base
 from steps.net import HOST, free_port
 from steps.proxy.__main__ import add_rollout_limits, check_rollout_limits, forced_sampling
 from steps.proxy.__main__ import command_line as proxy_command_line
@@ -126,6 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                              "with adapters up to it (default 0: full weights)")
     p.add_argument("--base-model", default="", help="a LoRA run's base model (iteration 0's checkpoint), served "
                                                     "under --model when that is an adapter")
+    p.add_argument("--model-cache", type=Path, help="a folder kept from pod to pod (a volume) where the base model of "
+                                                    "a LoRA run is fetched once (steps.model_cache)")
     p.add_argument("--follow-run-url", help="swap in each checkpoint of this run, up to --follow-until, as its "
                                             "update publishes it (steps.follow; max_staleness >= 1 on Argo)")
     p.add_argument("--follow-until", type=int, help="the last checkpoint to follow")
@@ -182,13 +186,16 @@ def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int], model: str
 def fetch_served(args: argparse.Namespace) -> tuple[str, str | None]:
     """The folder vLLM starts on and a LoRA iteration's adapter folder (None: full weights, or the base alone).
     `--model` is fetched without what only training reads; when it is an adapter, the base is fetched from
-    `--base-model` into `base/` beside `--model-dir`, once: a pod serving several iterations keeps it."""
+    `--base-model` into `base/` beside `--model-dir`, once: a pod serving several iterations keeps it; with
+    `--model-cache`, into that cache unless it holds the base already (`steps.model_cache.fetch_base`)."""
     model = str(fetch(args.model, args.model_dir, skip=TRAINING_ONLY, progress=_progress))
     if not is_adapter(model):
         return model, None
     if args.lora_rank <= 0 or not args.base_model:
         raise ValueError(f"{args.model} is a LoRA adapter; serve it with --lora-rank (the run's lora_rank) and "
                          "--base-model (iteration 0's checkpoint)")
+    if args.model_cache is not None:
+        return str(fetch_base(args.base_model, args.model_cache, skip=TRAINING_ONLY, progress=_progress)), model
     base = args.model_dir.parent / "base"
     return str(fetch(args.base_model, base, skip=TRAINING_ONLY, progress=_progress)), model
 

@@ -89,6 +89,8 @@ GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, i
     "iteration-codex-podidentity-it0.yaml": (["run=golden", "s3_credentials=pod-identity", "s3_endpoint=",
                                               "rollout_service_account=openforge-rollout", "s3_region=us-west-2"], 0),
     "iteration-codex-every-pod-key-it0.yaml": (["run=golden", "iterations=2", "eval_every=2", *EVERY_POD_KEY], 0),
+    "iteration-codex-lora-cache-it1.yaml": (["run=golden", "iterations=2", "lora_rank=8",
+                                             "model_cache_volume=openforge-models"], 1),
 }
 
 

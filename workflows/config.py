@@ -336,6 +336,20 @@ def check_lora(config: RunConfig) -> None:
     if not config.lora_target_modules or not all(name.strip() for name in config.lora_target_modules):
         raise ConfigError(f"config key 'lora_target_modules' must be a non-empty list of module names (e.g. "
                           f"[q_proj, v_proj]) or [all-linear], got {list(config.lora_target_modules)}")
+    check_model_cache(config)
+
+
+def check_model_cache(config: RunConfig) -> None:
+    """Refuses a `model_cache_volume` that is no claim's name, or that a full-weight run would not use."""
+    cache = config.model_cache_volume
+    # A PersistentVolumeClaim's name is a DNS-1123 subdomain (Kubernetes' pkg/apis/core/validation/validation.go,
+    # ValidatePersistentVolumeName, NameIsDNSSubdomain, which ValidatePersistentVolumeClaim applies).
+    if cache and not (re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", cache) and len(cache) <= 253):
+        raise ConfigError(f"config key 'model_cache_volume' must be a PersistentVolumeClaim's name (a DNS-1123 "
+                          f"subdomain: lower-case letters, digits, '-' and '.'), or empty, got {cache!r}")
+    if cache and config.lora_rank <= 0:
+        raise ConfigError("config key 'model_cache_volume' caches a LoRA run's base model across iterations; set "
+                          "lora_rank above 0, or leave it empty (a full-weight run serves a new model each iteration)")
 
 
 def check_update_config(config: RunConfig) -> None:

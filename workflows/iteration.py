@@ -39,7 +39,7 @@ import json
 import re
 
 import yaml
-from hera.workflows import (DAG, Container, EmptyDirVolume, Env, Parameter, Resource,
+from hera.workflows import (DAG, Container, EmptyDirVolume, Env, ExistingVolume, Parameter, Resource,
                             RetryStrategy, SecretEnv, Suspend, Task, UserContainer, Workflow)
 from hera.workflows.models import (Backoff, Capabilities, ContainerPort, ContinueOn, EmptyDirVolumeSource,
                                    ExecutorConfig, HTTPGetAction, PodGC, Probe, ResourceRequirements,
@@ -64,6 +64,7 @@ PRIVATE = f"{SHARED}/private"  # root-only (0700): the tasks with their verifier
 TASKS = f"{PRIVATE}/tasks"  # the rollout's task folder, fetched from the proxy by the `task` init container
 MODELS_VOLUME = "/models"  # the serve pod's emptyDir: the checkpoint it serves
 MODEL_DIR = f"{MODELS_VOLUME}/current"
+MODEL_CACHE = "/model-cache"  # the serve pod's mount of `model_cache_volume`: a LoRA run's base, kept across pods
 # A rollout is retried for its runner's infra_error (exit code 3) and for what the cluster does to its pod, never for
 # what its agent does (`workflows.faults`; docs/workflows.md, "Retries").
 RETRY_ON_INFRA_ERROR = faults.expression()
@@ -181,12 +182,15 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     weights (twice their size); an Argo input artifact would download the whole folder. `serve_replicas`
     vLLM servers run in this one pod, `serve_gpus` GPUs each, on its loopback behind the proxy
     (docs/serving.md, "Replicas"). With `upstream` the pod runs only the proxy, in front of that server: the
-    steps image (no vLLM), no GPU, no checkpoint."""
+    steps image (no vLLM), no GPU, no checkpoint. A LoRA run's `model_cache_volume` is mounted at MODEL_CACHE, where
+    the base is fetched once for every iteration's pod (docs/serving.md, "The base model cache on Argo")."""
     first = iteration if config.upstream else commands.served_first(config, iteration)
     command = commands.serve(config, config.checkpoint_url(first), layout.calls_url(config.run_url), first,
                              host="0.0.0.0", device="gpu", model_dir=MODEL_DIR,
                              tasks=layout.datasets_url(config.run_url), results_of=iteration)
     command += [] if config.upstream else commands.follow_flags(config, iteration)
+    cached = bool(config.model_cache_volume and config.lora_rank > 0 and not config.upstream)
+    command += ["--model-cache", MODEL_CACHE] if cached else []
     env = admin_env(config) + s3_env(config)
     if config.upstream:  # its key, if it needs one: the admin Secret's optional `upstream-api-key`
         env.append(SecretEnv(name="OPENFORGE_UPSTREAM_API_KEY", secret_name=config.admin_secret,
@@ -201,6 +205,11 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
         volumes = [EmptyDirVolume(name="models", mount_path=MODELS_VOLUME),
                    EmptyDirVolume(name=jobset.SHM_VOLUME, mount_path=jobset.SHM_PATH, medium=jobset.SHM_MEDIUM,
                                   size_limit=config.serve_shm)]
+        # A claim the user provides (docs/serving.md, "LoRA"): the base stays there from one iteration's pod to the
+        # next, where an emptyDir goes with its pod. Not a hostPath: Pod Security Standards "baseline" forbids it
+        # (kubernetes staging/src/k8s.io/pod-security-admission/policy/check_hostPathVolumes.go, CheckHostPathVolumes).
+        volumes += [ExistingVolume(name="model-cache", claim_name=config.model_cache_volume,
+                                   mount_path=MODEL_CACHE)] if cached else []
         name = "serve"
     return Container(
         name="serve", image=image(config, name), daemon=True, command=command,

@@ -113,6 +113,9 @@ class RunConfig:
     lora_rank: int = 0  # the adapter's rank; 0: off, the whole model trains
     lora_alpha: int = 16  # the adapter's scale is lora_alpha / lora_rank
     lora_target_modules: tuple[str, ...] = ("all-linear",)  # module names the adapter wraps; "all-linear": every linear
+    # a PersistentVolumeClaim every Argo serve pod mounts, where a LoRA run's base is fetched once, not per iteration
+    # (steps.model_cache); empty: each iteration's serve pod fetches the base into its emptyDir
+    model_cache_volume: str = ""
     # where everything goes
     store: str = "runs"  # local folder or s3:// URL
     s3_endpoint: str = ""  # e.g. http://minio.openforge.svc:9000; empty: AWS (s3.<s3_region>.amazonaws.com)
