@@ -273,8 +273,8 @@ def test_a_negative_setup_timeout_is_refused_in_one_sentence() -> None:
 
 
 def test_the_driver_counts_the_rollouts_the_cluster_ended_by_cause(fake_argo) -> None:
-    """`progress` counts the Failed and Error rollout pods by retry cause from the node status; an agent's end and
-    a succeeded pod are not counted (the controls)."""
+    """`progress` of an ended Workflow counts the Failed and Error rollout pods by retry cause from the node status;
+    an agent's end and a succeeded pod are not counted (the controls)."""
     ends = [("Error", None, "pod deleted"), ("Failed", "137", "The node was low on resource: memory. "),
             ("Failed", "3", "main: Error (exit code 3)"), ("Failed", "3", "main: Error (exit code 3)"),
             ("Failed", "137", "main: OOMKilled (exit code 137)"), ("Succeeded", "0", "")]
@@ -282,7 +282,7 @@ def test_the_driver_counts_the_rollouts_the_cluster_ended_by_cause(fake_argo) ->
                        "phase": phase, "message": message, "outputs": {"exitCode": code} if code else None}
              for i, (phase, code, message) in enumerate(ends)}
     fake_argo.workflows["wf"] = {"metadata": {"name": "wf", "namespace": "argo"}, "spec": {}}
-    fake_argo._status = lambda name: {"phase": "Running", "nodes": nodes}
+    fake_argo._status = lambda name: {"phase": "Failed", "nodes": nodes}  # the nodes are read once it ended
     progress = ArgoClient(fake_argo.url, "test-token", "argo").progress("wf")
     assert progress.infra_ends == {"evicted": 1, "infra_error": 2, "pod_deleted": 1}
     assert (progress.rollouts_done, progress.rollouts_failed) == (1, 5)

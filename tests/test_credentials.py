@@ -253,7 +253,7 @@ class HttpsFakeArgo(FakeArgoServer):
     """The FakeArgoServer of tests/test_workflows.py behind real TLS, as Argo's server serves by default."""
 
     def __init__(self, cert: Path, key: Path) -> None:  # noqa: D107 - FakeArgoServer's state, served over HTTPS
-        self.workflows, self.script, self.requests = {}, {}, []
+        self.workflows, self.script, self.requests, self.collect, self.sent = {}, {}, [], {}, []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
