@@ -9,6 +9,7 @@ Graceful shutdown runs against the real vLLM, with both HTTP servers the proxy o
 import json
 import signal
 import socket
+import socketserver
 import threading
 import time
 import urllib.request
@@ -136,27 +137,37 @@ def health(proxy) -> dict:
 @pytest.mark.parametrize("server", ["openforge", "uvicorn"])
 def test_shutdown_lets_the_call_in_flight_finish(vllm_server, tmp_path, server):
     """SIGTERM while vLLM is generating: the harness still gets its answer, the call is stored, the
-    proxy exits cleanly. `--http-server uvicorn` is the fallback to uvicorn's own protocol."""
-    proxy = start_proxy(vllm_server, str(tmp_path / "store"), ADMIN, extra=["--http-server", server])
-    try:
-        rollout = proxy.register("inflight")
-        body = {"model": "tiny", "max_tokens": 400, "ignore_eos": True, "messages": [{"role": "user", "content": "hi"}]}
-        answers = []
-        client = threading.Thread(target=lambda: answers.append(httpx.post(
-            f"{rollout['openai_base_url']}/chat/completions", json=body,
-            headers={"authorization": f"Bearer {rollout['api_key']}"}, timeout=120)))
-        client.start()
-        deadline = time.monotonic() + 30  # urllib, not httpx.get: a new httpx client builds an SSL context (~0.5 s)
-        while health(proxy)["in_flight"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        stopped_at = time.time()
-        proxy.process.send_signal(signal.SIGTERM)
-        client.join(120)
-        assert proxy.process.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it is done
-        assert "Traceback" not in proxy.log_tail()
-    finally:
-        if proxy.process.poll() is None:
-            proxy.process.kill()
+    proxy exits cleanly. `--http-server uvicorn` is the fallback to uvicorn's own protocol.
+
+    vLLM's answer is held in a relay until the signal has been sent, so the call is in flight when it
+    arrives however fast the tiny model generates (a 400-token answer once finished before the test saw it)."""
+    with HeldRelay(vllm_server) as relay:
+        proxy = start_proxy(relay.url, str(tmp_path / "store"), ADMIN, extra=["--http-server", server])
+        try:
+            rollout = proxy.register("inflight")
+            body = {"model": "tiny", "max_tokens": 400, "ignore_eos": True,
+                    "messages": [{"role": "user", "content": "hi"}]}
+            answers = []
+            relay.hold()
+            client = threading.Thread(target=lambda: answers.append(httpx.post(
+                f"{rollout['openai_base_url']}/chat/completions", json=body,
+                headers={"authorization": f"Bearer {rollout['api_key']}"}, timeout=120)))
+            client.start()
+            deadline = time.monotonic() + 30  # urllib, not httpx.get: a new httpx client builds an SSL context
+            while health(proxy)["in_flight"] == 0:
+                assert time.monotonic() < deadline, "the call never reached the proxy"
+                time.sleep(0.01)
+            stopped_at = time.time()
+            proxy.process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)  # the proxy is stopping while vLLM's answer is still on its way
+            relay.release()
+            client.join(120)
+            assert proxy.process.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it is done
+            assert "Traceback" not in proxy.log_tail()
+        finally:
+            relay.release()
+            if proxy.process.poll() is None:
+                proxy.process.kill()
     (answer,) = answers
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 400
     restarted = start_proxy(vllm_server, str(tmp_path / "store"), ADMIN)
@@ -166,6 +177,52 @@ def test_shutdown_lets_the_call_in_flight_finish(vllm_server, tmp_path, server):
         restarted.process.send_signal(signal.SIGTERM)
         restarted.process.wait(30)
     assert stored["status"] == "ok" and stored["timings"]["responded_at"] > stopped_at  # it was in flight
+
+
+class HeldRelay(socketserver.ThreadingTCPServer):
+    """Relays TCP connections to the server at `url`; while held, what that server sends back waits."""
+
+    daemon_threads = allow_reuse_address = True
+
+    def __init__(self, url: str):
+        self.target = ("127.0.0.1", int(url.rstrip("/").rsplit(":", 1)[1]))
+        self.flowing = threading.Event()
+        self.flowing.set()
+        super().__init__(("127.0.0.1", 0), _HeldConnection)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+    def hold(self) -> None:
+        self.flowing.clear()
+
+    def release(self) -> None:
+        self.flowing.set()
+
+    def __enter__(self) -> "HeldRelay":
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+        self.shutdown()
+        self.server_close()
+
+
+class _HeldConnection(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        with socket.create_connection(self.server.target) as upstream:
+            threading.Thread(target=_pump, args=(upstream, self.request, self.server.flowing), daemon=True).start()
+            _pump(self.request, upstream, None)
+
+
+def _pump(source: socket.socket, sink: socket.socket, flowing: threading.Event | None) -> None:
+    try:
+        while data := source.recv(65536):
+            if flowing is not None:
+                flowing.wait()
+            sink.sendall(data)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:  # the other direction closed both
+        pass
 
 
 def test_a_url_that_does_not_parse_gets_400_and_the_connection_closes(proxy):
