@@ -47,3 +47,24 @@ def test_update_args_may_not_set_the_runs_lora_keys() -> None:
     """Serving loads the adapter the run's keys describe: the update may not train another."""
     with pytest.raises(ConfigError, match="may not set 'lora_rank', which the run sets itself"):
         load_config(None, ["update_args=[lora_rank=4]"], check_dataset=False)
+
+
+def test_lora_on_a_vision_language_model_is_refused_at_load_and_by_the_update(tmp_path) -> None:
+    """A LoRA update of a vision-language model is untested (veRL's peft wrapping of the vision tower, vLLM's adapter
+    on one): refused when the run starts (a folder whose config.json has a `vision_config`, or configs/gui.yaml's
+    built tiny vision model) and by the update's own input check. The control: the same folder without its
+    `vision_config` passes both."""
+    from steps.update.samples import Sample, check_inputs
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2_5_vl", "vocab_size": 100, "vision_config": {"depth": 2}}')
+    sample = Sample("it0-a", "a", [1], [2], [1], None, 1.0)
+    for name in (str(model), "runs/tiny-vision-model"):
+        with pytest.raises(ConfigError, match="is a vision-language model, which a LoRA update does not train yet"):
+            load_config(None, ["lora_rank=8", f"model={name}"], check_dataset=False)
+    with pytest.raises(ConfigError, match="is a vision-language model, which a LoRA update does not train yet"):
+        check_inputs([sample], model, load_update_config("configs/update.yaml", ["lora_rank=8"]))
+    (model / "config.json").write_text('{"model_type": "qwen2", "vocab_size": 100}')
+    assert load_config(None, ["lora_rank=8", f"model={model}"], check_dataset=False).lora_rank == 8
+    check_inputs([sample], model, load_update_config("configs/update.yaml", ["lora_rank=8"]))

@@ -246,11 +246,13 @@ def test_vllm_serves_the_adapter_with_the_trainers_logprobs_and_the_base_model_i
 
 
 @pytest.mark.slow
-def test_two_ranks_write_the_adapter_one_rank_writes(updates: dict, base: Path, tmp_path: Path) -> None:
+def test_two_ranks_write_the_adapter_one_rank_writes_and_one_rank_continues_it(updates: dict, base: Path,
+                                                                              tmp_path: Path) -> None:
     """The run's own update command (`workflows.commands.update`: torchrun, 2 gloo ranks, the run's LoRA keys and
     `--base-model`) from the base model: each rank gathers the adapter's tensors, rank 0 writes the same adapter
     the 1-rank update wrote (float rounding: the ranks sum gradients in another order), and each rank saves AdamW's
-    state of its shard of the adapter only. The control: the adapter moved far more than the two differ."""
+    state of its shard of the adapter only. The control: the adapter moved far more than the two differ.
+    Then one rank continues that adapter (its optimizer state resharded from 2 ranks to 1)."""
     import subprocess
     import sys
 
@@ -278,3 +280,20 @@ def test_two_ranks_write_the_adapter_one_rank_writes(updates: dict, base: Path, 
         state = torch.load(tmp_path / "out" / update.OPTIMIZER_DIR / f"optim_world_size_2_rank_{rank}.pt",
                            weights_only=False)["state"]
         assert len(state) == len(one)  # each rank holds its shard of every adapter tensor's moments, nothing else
+
+    # Resharding: one rank continues the 2-rank adapter, its AdamW state gathered from both ranks' files, and
+    # lands where the 1-rank run's own continuation landed. The control is the step count: a fresh optimizer
+    # would restart it at 4.
+    resharded = tmp_path / "resharded"
+    assert update.main(["--trajectories", str(updates["trajectories"]), "--checkpoint", str(tmp_path / "out"),
+                        "--base-model", str(base), "--out", str(resharded), *OVERRIDES]) == 0
+    metrics = json.loads((resharded / update.METRICS_FILE).read_text())
+    assert metrics["optimizer_state"] == "carried, resharded from world size 2"
+    assert metrics["optimizer_steps_total"] == 2 * STEPS
+    state = torch.load(resharded / update.OPTIMIZER_DIR / "optim_world_size_1_rank_0.pt", weights_only=False)
+    assert {int(entry["step"]) for entry in state["state"].values()} == {2 * STEPS}
+    after, reference = adapter_tensors(resharded), adapter_tensors(updates["outs"][1])
+    moved = sum(float((reference[name] - one[name]).norm() ** 2) for name in one) ** 0.5
+    differ = sum(float((after[name] - reference[name]).norm() ** 2) for name in one) ** 0.5
+    print(f"resharded 2 -> 1: adapter difference {differ:.2e}, the second update moved it {moved:.2e}")
+    assert differ < 1e-2 * moved

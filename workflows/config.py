@@ -23,7 +23,7 @@ from steps.plan import MAX_EVAL_K
 from steps.settings import ConfigError
 from steps.vllm_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, UnknownFamily, tool_call_parser_for
 from steps.update import config as update_config
-from steps.vllm_server import VLLM_LORA_RANKS, check_vllm_args
+from steps.vllm_server import VLLM_LORA_RANKS, check_vllm_args, is_vision
 from workflows import datasets
 from workflows.commands import RUN_UPDATE_KEYS, update_overrides
 from steps.contracts.config import PodSettings, RunConfig
@@ -336,6 +336,9 @@ def check_lora(config: RunConfig) -> None:
     if not config.lora_target_modules or not all(name.strip() for name in config.lora_target_modules):
         raise ConfigError(f"config key 'lora_target_modules' must be a non-empty list of module names (e.g. "
                           f"[q_proj, v_proj]) or [all-linear], got {list(config.lora_target_modules)}")
+    if config.lora_rank and (config.model == TINY_VISION_MODEL or is_vision(model_folder(config))):
+        raise ConfigError(f"config key 'lora_rank' is {config.lora_rank} but the model {config.model!r} is a "
+                          "vision-language model, which a LoRA update does not train yet; set lora_rank to 0")
     check_model_cache(config)
 
 

@@ -172,6 +172,10 @@ def check_inputs(samples: list[Sample], checkpoint: Path, config: UpdateConfig) 
                 raise SampleError(
                     f"{describe(sample)}: {name} is {getattr(sample, name)!r} but "
                     f"{describe(other)} has {getattr(other, name)!r}; a rollout's samples share one")
+    if config.lora_rank and "vision_config" in json.loads((checkpoint / "config.json").read_text()):
+        # untested: veRL's peft wrapping of a vision tower, and vLLM serving an adapter on one
+        raise ConfigError(f"lora_rank={config.lora_rank} but {checkpoint} is a vision-language model, which a LoRA "
+                          "update does not train yet; set lora_rank to 0 (a full-weight update)")
     longest = max(samples, key=lambda s: len(s.prompt_token_ids) + len(s.response_token_ids))
     tokens = len(longest.prompt_token_ids) + len(longest.response_token_ids)
     if tokens > config.max_tokens_per_micro_batch:  # veRL's micro-batching asserts it, after the model loaded
