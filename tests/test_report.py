@@ -716,3 +716,27 @@ def test_a_run_without_a_killed_harness_counts_zero_and_warns_nothing(tmp_path):
     header, *rows = html_table(index, 'id="iterations">')
     assert [dict(zip(header, row))["harness killed: memory"] for row in rows] == ["0"]
     assert 'class="warning"' not in index
+
+
+PLOT_BOXES = """Array.from(document.querySelectorAll('.plot')).map(d => {
+  const box = e => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
+  return [d.querySelector('.gtitle').textContent, box(d.querySelector('.gtitle')), box(d.querySelector('.modebar'))];
+})"""
+
+
+@pytest.mark.parametrize("upright", [True, False], ids=["modebar-upright", "control-plotly-default"])
+def test_a_plots_toolbar_does_not_cover_its_title(hostile_run, browser, tmp_path, monkeypatch, upright):
+    """Before: plotly's toolbar lay across the top right, over every centred title wider than a third of the plot.
+    Control: the layout without the upright toolbar and its margin."""
+    from steps.report import figures
+
+    if not upright:
+        monkeypatch.setattr(figures, "_LAYOUT", {k: v for k, v in figures._LAYOUT.items() if k != "modebar"}
+                            | {"margin": dict(figures._LAYOUT["margin"], r=15)})
+    index = write_report(str(hostile_run), out=str(tmp_path / "report"))
+    page = browser.open(Path(index)).page
+    page.locator(".plot").first.hover()  # the toolbar is drawn on hover
+    boxes = page.evaluate(PLOT_BOXES)
+    overlaps = [title for title, t, m in boxes if t[0] < m[2] and m[0] < t[2] and t[1] < m[3] and m[1] < t[3]]
+    assert len(boxes) >= 8
+    assert (overlaps == []) is upright, overlaps

@@ -26,10 +26,13 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f8f8f8;border:1px sol
 
 PAGE_ROWS = 200  # rollout table rows drawn at a time
 NO_STATUS = "(none)"  # the status filter's value for a rollout without a status
+# plotly.js's config for every plot: its toolbar without the selection tools (a line plot has nothing to select),
+# so that the toolbar, upright at the plot's right edge (figures.py: `modebar`), stays clear of the title.
+PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 
 JS = r"""
 "use strict";
-const PAGE_ROWS = %d, NO_STATUS = %s;
+const PAGE_ROWS = %d, NO_STATUS = %s, PLOT_CONFIG = %s;
 function readJson(id) {
   const el = document.getElementById(id);
   return el ? JSON.parse(el.textContent) : null;
@@ -38,7 +41,7 @@ function drawFigures() {
   const figures = readJson("figure-data") || [];
   for (const f of figures) {
     const div = document.getElementById(f.id);
-    if (div) Plotly.newPlot(div, f.figure.data, f.figure.layout, {displaylogo: false, responsive: true});
+    if (div) Plotly.newPlot(div, f.figure.data, f.figure.layout, PLOT_CONFIG);
   }
 }
 function rolloutTable() {
@@ -91,4 +94,4 @@ function rolloutTable() {
   render();
 }
 document.addEventListener("DOMContentLoaded", () => { drawFigures(); rolloutTable(); });
-""" % (PAGE_ROWS, json.dumps(NO_STATUS))
+""" % (PAGE_ROWS, json.dumps(NO_STATUS), json.dumps(PLOT_CONFIG))
