@@ -5,6 +5,8 @@ the CLI reads and writes an S3 store (moto on loopback).
 
 The run is `benchmarks/report_weight.py`'s synthetic one, written through the real proxy store and the
 real trajectories step; a real harness (`direct`, against `tests/scripted_model.py`) adds real traffic.
+A GUI run's screenshots are recorded by the real proxy in all three dialects (`gui_run`): each is shown where
+its call sent it, at full size on a click, copied into the report once, and only when its bytes are an image.
 The report of a real two-iteration local run is checked in tests/test_local_run.py.
 """
 
@@ -14,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -726,17 +729,21 @@ SVG = b'<svg xmlns="http://www.w3.org/2000/svg" width="40" height="40"><rect wid
 HTML_AS_PNG = b"<html><body><script>window.__pwned = 5</script>a page, not an image</body></html>"
 
 
-def gui_requests(shots: dict[str, str]) -> dict[str, list[tuple[str, dict]]]:
-    """Per rollout, its calls (endpoint path, body) in one dialect each; `shots` maps a, b, c to data URLs. Screenshot
-    a is sent by every rollout, and again with the chat rollout's second call."""
+def gui_requests(shots: dict[str, str]) -> dict[str, list[tuple[str, Callable[[dict | None], dict]]]]:
+    """Per rollout, its calls (endpoint path, the body given the previous call's answer) in one dialect each; `shots`
+    maps a, b, c to data URLs. Screenshot a is sent by every rollout, and again with the chat rollout's second call,
+    which sends back the model's answer and its tool's output with screenshot b."""
     def b64(name: str) -> str:
         return shots[name].partition(",")[2]
     chat_first = [{"role": "system", "content": "You operate a browser."},
                   {"role": "user", "content": [{"type": "text", "text": "sign up"},
                                                {"type": "image_url", "image_url": {"url": shots["a"]}}]}]
-    chat_second = chat_first + [{"role": "assistant", "content": "ok"},
-                                {"role": "user", "content": [{"type": "text", "text": "now the form"},
-                                                             {"type": "image_url", "image_url": {"url": shots["b"]}}]}]
+    def chat_second(answer: dict) -> dict:
+        said = answer["choices"][0]["message"]
+        return {"model": "tiny", "max_tokens": 8, "messages": chat_first + [
+            {key: said[key] for key in ("role", "content", "tool_calls")},
+            {"role": "tool", "tool_call_id": said["tool_calls"][0]["id"],
+             "content": [{"type": "text", "text": "the form"}, {"type": "image_url", "image_url": {"url": shots["b"]}}]}]}
     responses = {"model": "tiny", "input": [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "borrow the book"},
                                                         {"type": "input_image", "image_url": shots["a"]}]},
@@ -749,10 +756,10 @@ def gui_requests(shots: dict[str, str]) -> dict[str, list[tuple[str, dict]]]:
         {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "computer", "input": {"action": "screenshot"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64("b")}}]}]}]}
-    return {"it0-gui-chat-s0": [("/v1/chat/completions", {"model": "tiny", "max_tokens": 8, "messages": chat_first}),
-                                ("/v1/chat/completions", {"model": "tiny", "max_tokens": 8, "messages": chat_second})],
-            "it0-gui-responses-s0": [("/v1/responses", responses)],
-            "it0-gui-messages-s0": [("/v1/messages", messages)]}
+    return {"it0-gui-chat-s0": [("/v1/chat/completions", lambda _: {"model": "tiny", "max_tokens": 8, "messages": chat_first}),
+                                ("/v1/chat/completions", chat_second)],
+            "it0-gui-responses-s0": [("/v1/responses", lambda _: responses)],
+            "it0-gui-messages-s0": [("/v1/messages", lambda _: messages)]}
 
 
 def gui_page(run: Path, rollout_id: str, out: Path | None = None) -> Path:
@@ -780,8 +787,9 @@ def gui_run(proxy, tmp_path_factory) -> dict:
         recording = proxy(upstream.url, store=layout.calls_url(str(run)))
         for rollout_id, calls in gui_requests({name: data_url(png) for name, png in pngs.items()}).items():
             rollout = recording.register(rollout_id)
+            answer = None
             for path, body in calls:
-                answer = httpx.post(f"{rollout['anthropic_base_url']}{path}", json=body, timeout=60,
+                answer = httpx.post(f"{rollout['anthropic_base_url']}{path}", json=body(answer and answer.json()), timeout=60,
                                     headers={"authorization": f"Bearer {rollout['api_key']}", "x-api-key": rollout["api_key"]})
                 assert answer.status_code == 200, answer.text
     store = CallStore(layout.calls_url(str(run)))
@@ -819,10 +827,12 @@ def test_a_gui_rollout_page_shows_each_screenshot_where_the_harness_sent_it_and_
     loaded = browser.open(gui_page(run, "it0-gui-chat-s0"), screenshot="gui-rollout")
     page = loaded.page
     assert loaded.errors == [] and page.evaluate(PWNED)
-    # Call 0 sent screenshot a; call 1 sent a again (not shown twice: the exchange shows what a call added) and b.
+    # Call 0 sent screenshot a; call 1 sent a again (not shown twice: the exchange shows what a call added) and b,
+    # in its tool's output.
     first, second = page.evaluate(SHOTS % 0), page.evaluate(SHOTS % 1)
     assert [s.rsplit("/", 1)[-1] for s in first + second] == [f"{sha['a']}.png", f"{sha['b']}.png"]
     assert page.locator("#call-0 .role-user.image a.shot").count() == 1  # in the user turn that sent it
+    assert page.locator("#call-1 .role-tool.tool-result a.shot").count() == 1 and "differs" not in page.inner_text("#call-1")
     for img in page.locator("a.shot img").all():
         img.scroll_into_view_if_needed()
         img.evaluate("i => i.decode()")
