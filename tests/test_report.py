@@ -5,14 +5,19 @@ the CLI reads and writes an S3 store (moto on loopback).
 
 The run is `benchmarks/report_weight.py`'s synthetic one, written through the real proxy store and the
 real trajectories step; a real harness (`direct`, against `tests/scripted_model.py`) adds real traffic.
+A GUI run's screenshots are recorded by the real proxy in all three dialects (`gui_run`): each is shown where
+its call sent it, at full size on a click, copied into the report once, and only when its bytes are an image.
 The report of a real two-iteration local run is checked in tests/test_local_run.py.
 """
 
+import asyncio
 import json
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fsspec
@@ -716,3 +721,284 @@ def test_a_run_without_a_killed_harness_counts_zero_and_warns_nothing(tmp_path):
     header, *rows = html_table(index, 'id="iterations">')
     assert [dict(zip(header, row))["harness killed: memory"] for row in rows] == ["0"]
     assert 'class="warning"' not in index
+
+
+# --- screenshots on a GUI rollout's page ---------------------------------------------------------------------
+GUI_SIZE = (640, 360)
+SVG = b'<svg xmlns="http://www.w3.org/2000/svg" width="40" height="40"><rect width="40" height="40" fill="red"/></svg>'
+HTML_AS_PNG = b"<html><body><script>window.__pwned = 5</script>a page, not an image</body></html>"
+
+
+def gui_requests(shots: dict[str, str]) -> dict[str, list[tuple[str, Callable[[dict | None], dict]]]]:
+    """Per rollout, its calls (endpoint path, the body given the previous call's answer) in one dialect each; `shots`
+    maps a, b, c to data URLs. Screenshot a is sent by every rollout, and again with the chat rollout's second call,
+    which sends back the model's answer and its tool's output with screenshot b."""
+    def b64(name: str) -> str:
+        return shots[name].partition(",")[2]
+    chat_first = [{"role": "system", "content": "You operate a browser."},
+                  {"role": "user", "content": [{"type": "text", "text": "sign up"},
+                                               {"type": "image_url", "image_url": {"url": shots["a"]}}]}]
+    def chat_second(answer: dict) -> dict:
+        said = answer["choices"][0]["message"]
+        return {"model": "tiny", "max_tokens": 8, "messages": chat_first + [
+            {key: said[key] for key in ("role", "content", "tool_calls")},
+            {"role": "tool", "tool_call_id": said["tool_calls"][0]["id"],
+             "content": [{"type": "text", "text": "the form"}, {"type": "image_url", "image_url": {"url": shots["b"]}}]}]}
+    responses = {"model": "tiny", "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "borrow the book"},
+                                                        {"type": "input_image", "image_url": shots["a"]}]},
+        {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": '{"cmd": "shot"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "zoomed"},
+                                                                     {"type": "input_image", "image_url": shots["c"]}]}]}
+    messages = {"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64("a")}},
+                                     {"type": "text", "text": "click launch"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "computer", "input": {"action": "screenshot"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64("b")}}]}]}]}
+    return {"it0-gui-chat-s0": [("/v1/chat/completions", lambda _: {"model": "tiny", "max_tokens": 8, "messages": chat_first}),
+                                ("/v1/chat/completions", chat_second)],
+            "it0-gui-responses-s0": [("/v1/responses", lambda _: responses)],
+            "it0-gui-messages-s0": [("/v1/messages", lambda _: messages)]}
+
+
+def gui_page(run: Path, rollout_id: str, out: Path | None = None) -> Path:
+    return (out or run / "reports") / "rollouts" / "train-0" / f"{html.file_name(rollout_id)}.html"
+
+
+@pytest.fixture(scope="module")
+def gui_run(proxy, tmp_path_factory) -> dict:
+    """A GUI run: three rollouts whose screenshots the real proxy recorded into the run's store (Chat `image_url`,
+    Responses `input_image` in a message and a tool output, Messages `image` blocks in a turn and a tool_result),
+    against an upstream that answers like vLLM (`tests/screenshots.py`: what a model says is not the point); and a
+    fourth whose record names an SVG and an HTML file in the store, which the proxy never writes (it refuses both),
+    put there by the store's own writer, as a store not written by this proxy could hold. Its report written."""
+    import httpx
+    import orjson
+
+    from screenshots import CapturingUpstream, data_url, screenshot, sha
+    from steps.proxy.images import REFERENCE_PREFIX, Image
+    from steps.proxy.store import CallStore
+
+    run = tmp_path_factory.mktemp("gui-runs") / "gui-run"
+    manifest.write_run_config(str(run), {"run": "gui-run", "harness": "browser-use", "model": ""})
+    pngs = {name: screenshot(seed, GUI_SIZE) for seed, name in enumerate("abc")}
+    with CapturingUpstream() as upstream:
+        recording = proxy(upstream.url, store=layout.calls_url(str(run)))
+        for rollout_id, calls in gui_requests({name: data_url(png) for name, png in pngs.items()}).items():
+            rollout = recording.register(rollout_id)
+            answer = None
+            for path, body in calls:
+                answer = httpx.post(f"{rollout['anthropic_base_url']}{path}", json=body(answer and answer.json()), timeout=60,
+                                    headers={"authorization": f"Bearer {rollout['api_key']}", "x-api-key": rollout["api_key"]})
+                assert answer.status_code == 200, answer.text
+    store = CallStore(layout.calls_url(str(run)))
+    hostile = {"svg": SVG, "html": HTML_AS_PNG}
+    store.images.put([Image(sha(data), "image/svg+xml" if name == "svg" else "image/png", data, 40, 40, name)
+                      for name, data in hostile.items()])
+    first = orjson.loads((Path(layout.calls_url(str(run))) / "rollouts" / "it0-gui-chat-s0" / "calls.jsonl").read_bytes().splitlines()[0])
+    request = orjson.dumps(first["request"]).replace(f"{REFERENCE_PREFIX}{sha(pngs['a'])}".encode(),
+                                                     f"{REFERENCE_PREFIX}{sha(SVG)}".encode())
+    for data in (b"never stored", HTML_AS_PNG):
+        request = request.replace(b'"sign up"}', b'"sign up"},{"type":"image_url","image_url":{"url":"'
+                                  + f"{REFERENCE_PREFIX}{sha(data)}".encode() + b'"}}')
+    record = dict(first, rollout_id="it0-gui-hostile-s0", request=orjson.loads(request),
+                  images=[{"sha256": sha(data), "media_type": "image/png", "width": 40, "height": 40}
+                          for data in (HTML_AS_PNG, b"never stored", SVG)])
+    with ThreadPoolExecutor(max_workers=1) as thread:  # its own event loop: the browser's may be running in this one
+        thread.submit(asyncio.run, store.put_rollout({"rollout_id": "it0-gui-hostile-s0", "metadata": {}})).result()
+        thread.submit(asyncio.run, store.put_call(record)).result()
+    for rollout_id in [*gui_requests({n: "" for n in "abc"}), "it0-gui-hostile-s0"]:
+        folder = Path(layout.rollout_url(str(run), 0, rollout_id))
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps({"rollout_id": rollout_id, "task": "gui-signup-form", "sample": 0,
+                                                        "harness": "browser-use", "status": "ok", "reward": 1.0}))
+    write_report(str(run))
+    return {"run": run, "sha": {name: sha(png) for name, png in pngs.items()} | {n: sha(d) for n, d in hostile.items()}
+            | {"missing": sha(b"never stored")},
+            "pngs": pngs}
+
+
+SHOTS = "Array.from(document.querySelectorAll('#call-%d a.shot img')).map(i => i.getAttribute('src'))"
+
+
+def test_a_gui_rollout_page_shows_each_screenshot_where_the_harness_sent_it_and_full_size_on_click(gui_run, browser):
+    run, sha = gui_run["run"], gui_run["sha"]
+    loaded = browser.open(gui_page(run, "it0-gui-chat-s0"), screenshot="gui-rollout")
+    page = loaded.page
+    assert loaded.errors == [] and page.evaluate(PWNED)
+    # Call 0 sent screenshot a; call 1 sent a again (not shown twice: the exchange shows what a call added) and b,
+    # in its tool's output.
+    first, second = page.evaluate(SHOTS % 0), page.evaluate(SHOTS % 1)
+    assert [s.rsplit("/", 1)[-1] for s in first + second] == [f"{sha['a']}.png", f"{sha['b']}.png"]
+    assert page.locator("#call-0 .role-user.image a.shot").count() == 1  # in the user turn that sent it
+    assert page.locator("#call-1 .role-tool.tool-result a.shot").count() == 1 and "differs" not in page.inner_text("#call-1")
+    for img in page.locator("a.shot img").all():
+        img.scroll_into_view_if_needed()
+        img.evaluate("i => i.decode()")
+        assert img.evaluate("i => [i.naturalWidth, i.naturalHeight]") == list(GUI_SIZE)
+        assert img.evaluate("i => i.clientWidth") < GUI_SIZE[0]  # a thumbnail
+    page.locator("#call-0 a.shot").click()
+    full = page.locator(".overlay img")
+    full.evaluate("i => i.decode()")
+    assert full.evaluate("i => [i.clientWidth, i.naturalWidth]") == [GUI_SIZE[0]] * 2  # full size
+    page.keyboard.press("Escape")
+    assert page.locator(".overlay").count() == 0
+    # Responses and Messages: the image in a message and in a tool's output, each where it was sent.
+    responses = browser.open(gui_page(run, "it0-gui-responses-s0")).page
+    assert responses.evaluate("Array.from(document.querySelectorAll('.turn')).flatMap(t => Array.from("
+                              "t.querySelectorAll('a.shot img')).map(i => [t.className, i.getAttribute('src')]))") == [
+        ["turn role-user text", f"../../assets/images/{sha['a']}.png"],
+        ["turn role-tool tool-result", f"../../assets/images/{sha['c']}.png"]]
+    messages = browser.open(gui_page(run, "it0-gui-messages-s0")).page
+    assert messages.locator(".role-user.image a.shot").count() == 1 and messages.locator(".tool-result a.shot").count() == 1
+    assert all(i.evaluate("i => i.decode().then(() => i.naturalWidth)") == GUI_SIZE[0]
+               for i in messages.locator("a.shot img").all())
+
+
+def test_a_screenshot_shown_on_many_calls_and_pages_is_copied_into_the_report_once(gui_run, tmp_path, monkeypatch):
+    """Screenshot a is sent by four calls of three rollouts: one file, which every page names; a report written
+    again (every page rewritten) writes no image again."""
+    import steps.report as report
+
+    run, sha, pngs = gui_run["run"], gui_run["sha"], gui_run["pngs"]
+    copied = sorted(p.name for p in (run / "reports" / "assets" / "images").iterdir())
+    assert copied == sorted(f"{sha[n]}.png" for n in "abc")
+    assert all((run / "reports" / "assets" / "images" / f"{sha[n]}.png").read_bytes() == pngs[n] for n in "abc")
+    pages = [gui_page(run, r).read_text() for r in ("it0-gui-chat-s0", "it0-gui-responses-s0", "it0-gui-messages-s0")]
+    assert all(f'src="../../assets/images/{sha["a"]}.png"' in p for p in pages)
+    writes = []
+    real = report.Site.write_bytes
+    monkeypatch.setattr(report.Site, "write_bytes", lambda site, relative, *args: writes.append(relative) or real(site, relative, *args))
+    out = tmp_path / "fresh"
+    write_report(str(run), out=str(out))
+    assert sorted(w for w in writes if w.startswith("assets/images/")) == sorted(f"assets/images/{sha[n]}.png" for n in "abc")
+    writes.clear()
+    (out / "written.json").unlink()  # every page is written again
+    write_report(str(run), out=str(out))
+    assert [w for w in writes if w.startswith("assets/images/")] == []
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["magic-bytes", "control-trusts-the-store"])
+def test_an_svg_or_a_page_in_the_image_store_is_never_shown_as_an_image(gui_run, browser, tmp_path, monkeypatch, checked):
+    """The record names an SVG and an HTML file (as image/png) that the store holds under their hashes, and an image
+    the store lacks: none is copied, linked nor shown, each is named as text with why. Control: a report that
+    takes any stored bytes for an image (here, as SVG) shows the SVG as one."""
+    from steps.report import images
+
+    run, sha = gui_run["run"], gui_run["sha"]
+    out = tmp_path / "report"
+    if not checked:
+        monkeypatch.setattr(images, "image_format", lambda raw: ("svg", "image/svg+xml", 40, 40))
+    write_report(str(run), out=str(out))
+    loaded = browser.open(gui_page(run, "it0-gui-hostile-s0", out))
+    page = loaded.page
+    assert page.evaluate(PWNED)
+    shown = page.evaluate("Promise.all(Array.from(document.querySelectorAll('img')).map(i => "
+                          "i.decode().then(() => [i.getAttribute('src'), i.naturalWidth], () => [i.getAttribute('src'), 0])))")
+    loaded_svg = [src for src, width in shown if sha["svg"] in src and width > 0]
+    if checked:
+        assert shown == [] and loaded.errors == []
+        assert sorted(p.name for p in (out / "assets" / "images").iterdir()) == sorted(f"{sha[n]}.png" for n in "abc")
+        notes = page.locator(".shot-missing").all_inner_texts()
+        why = {n.split(" ")[1]: n.split(" ", 2)[2].split(" (")[0] for n in notes}
+        assert why == {sha["html"]: "is not a PNG, JPEG, GIF or WebP image: not shown", sha["missing"]: "is not in the store",
+                       sha["svg"]: "is not a PNG, JPEG, GIF or WebP image: not shown"}, notes
+        assert sha["svg"] not in "".join(page.evaluate("Array.from(document.querySelectorAll('a')).map(a => a.href)"))
+    else:
+        assert loaded_svg, shown
+
+
+def test_a_pages_screenshots_are_bounded_in_number_and_size(tmp_path):
+    """60 distinct screenshots and two over a bound (2.1 MB; 5000 x 5000 pixels declared): 50 thumbnails, the rest
+    links, each image copied once."""
+    from screenshots import sha
+    from steps.proxy.image_store import ImageStore
+    from steps.proxy.images import REFERENCE_PREFIX, Image
+    from steps.report import Site
+    from steps.report.images import MAX_INLINE_IMAGES, ReportImages
+    from steps.report.rollout_page import Decoder, rollout_page
+
+    def png(width: int, height: int, tail: bytes = b"") -> bytes:
+        return (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + width.to_bytes(4, "big") + height.to_bytes(4, "big")
+                + b"\x08\x02\x00\x00\x00" + tail)
+    shots = [png(10 + n, 10) for n in range(60)] + [png(20, 20, b"\0" * 2_100_000), png(5000, 5000)]
+    ImageStore.reader(str(tmp_path / "calls" / "images")).put(
+        [Image(sha(data), "image/png", data, 1, 1, "") for data in shots])
+    parts = [{"type": "image_url", "image_url": {"url": f"{REFERENCE_PREFIX}{sha(data)}"}} for data in shots[::-1]]
+    record = {"call_index": 0, "dialect": "chat_completions", "status": "ok", "response": None,
+              "request": {"messages": [{"role": "user", "content": parts + parts[2:7]}]}}
+    site = Site(str(tmp_path / "reports"))
+    page = rollout_page({"rollout_id": "r"}, None, [record], [], [], Decoder(), "train",
+                        ReportImages(site, str(tmp_path / "calls" / "images")))
+    assert page.count('<a class="shot"') == MAX_INLINE_IMAGES + 5  # the five sent twice shown again
+    links = re.findall(r'class="shot-link"[^>]*>([^<]*)</a> \(linked, not shown: ([^)]*)\)', page)
+    assert [why.split(" ")[0] for _, why in links] == ["over", "over"] + ["past"] * 10
+    assert len(list((tmp_path / "reports" / "assets" / "images").iterdir())) == 62
+
+
+PLOT_BOXES = """Array.from(document.querySelectorAll('.plot')).map(d => {
+  const box = e => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
+  return [d.querySelector('.gtitle').textContent, box(d.querySelector('.gtitle')), box(d.querySelector('.modebar'))];
+})"""
+
+
+@pytest.mark.parametrize("upright", [True, False], ids=["modebar-upright", "control-plotly-default"])
+def test_a_plots_toolbar_does_not_cover_its_title(hostile_run, browser, tmp_path, monkeypatch, upright):
+    """Before: plotly's toolbar lay across the top right, over every centred title wider than a third of the plot.
+    Control: the layout without the upright toolbar and its margin."""
+    from steps.report import figures
+
+    if not upright:
+        monkeypatch.setattr(figures, "_LAYOUT", {k: v for k, v in figures._LAYOUT.items() if k != "modebar"}
+                            | {"margin": dict(figures._LAYOUT["margin"], r=15)})
+    index = write_report(str(hostile_run), out=str(tmp_path / "report"))
+    page = browser.open(Path(index)).page
+    page.locator(".plot").first.hover()  # the toolbar is drawn on hover
+    boxes = page.evaluate(PLOT_BOXES)
+    overlaps = [title for title, t, m in boxes if t[0] < m[2] and m[0] < t[2] and t[1] < m[3] and m[1] < t[3]]
+    assert len(boxes) >= 8
+    assert (overlaps == []) is upright, overlaps
+
+
+def test_the_exchange_names_the_stored_images_of_every_dialect_where_they_were_sent():
+    """Every place a harness can send an image, as the store keeps it (a reference for the bytes); a data URL the
+    store never replaced (a hand-written or older record) stays text, as before."""
+    from steps.proxy.images import REFERENCE_PREFIX
+    from steps.report.exchange import request_turns
+
+    a, b, c = (f"{REFERENCE_PREFIX}{n * 64}" for n in "abc")
+    chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": "go"}, {"type": "image_url", "image_url": {"url": a}}]},
+                         {"role": "tool", "tool_call_id": "t", "content": [{"type": "text", "text": "shot"},
+                                                                           {"type": "image_url", "image_url": {"url": b}}]},
+                         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}}]}]}
+    responses = {"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"},
+                                                                             {"type": "input_image", "image_url": a}]},
+                           {"type": "function_call_output", "call_id": "t", "output": [{"type": "input_image", "image_url": b}]},
+                           {"type": "computer_call_output", "call_id": "u", "output": {"type": "computer_screenshot", "image_url": c}}]}
+    messages = {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": a}}]},
+                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+                                 {"type": "text", "text": "shot"}, {"type": "image", "source": {"type": "base64", "data": b}}]}]}]}
+
+    def shown(dialect, request):
+        return [(t["role"], t["kind"], t["text"][:20], t.get("images")) for t in request_turns(dialect, request)]
+    assert shown("chat_completions", chat) == [
+        ("user", "text", "go", None), ("user", "image", "", ["a" * 64]), ("tool", "tool_result", "shot", ["b" * 64]),
+        ("user", "image", '{"type": "image_url"', None)]
+    assert shown("responses", responses) == [("user", "text", "go", ["a" * 64]), ("tool", "tool_result", "", ["b" * 64]),
+                                             ("tool", "tool_result", "", ["c" * 64])]
+    assert shown("messages", messages) == [("user", "image", "", ["a" * 64]), ("tool", "tool_result", "shot", ["b" * 64])]
+
+
+def test_screenshots_in_a_report_written_to_s3_are_served_as_images(gui_run, s3_server, monkeypatch):
+    """Each image object carries the content type its magic bytes gave (a browser shows it from the bucket)."""
+    for key, value in s3_server["env"].items():
+        monkeypatch.setenv(key, value)
+    fsspec.config.conf.pop("s3", None)
+    out = f"s3://{s3_server['bucket']}/gui-report"
+    write_report(str(gui_run["run"]), out=out)
+    fs = fsspec.filesystem("s3")
+    images = sorted(fs.find(f"{out}/assets/images"))
+    assert [p.rsplit("/", 1)[-1] for p in images] == sorted(f"{gui_run['sha'][n]}.png" for n in "abc")
+    fs.invalidate_cache()  # the listing holds no content types
+    assert {fs.info(p)["ContentType"] for p in images} == {"image/png"}

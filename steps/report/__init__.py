@@ -8,6 +8,7 @@ unless told another place (a folder or an s3:// URL, through fsspec):
     index.html                         config, plots per iteration, behaviour, evaluations, comparison, rollouts
     assets/plotly.min.js, report.js    plotly.js from the plotly package (no network), the page script
     rollouts/<kind>-<N>/<name>.html    one page per rollout, loaded only when its link is followed
+    assets/images/<sha256>.<ext>       each screenshot a rollout page shows, once (steps.report.images)
 
 docs/report.md says what each part shows and how much a page weighs.
 """
@@ -21,6 +22,7 @@ from plotly.offline import get_plotlyjs
 from steps.report.assets import JS
 from steps.report.data import Iteration, NoRunError, Run, calls_in_chunks, load_run, samples_by_rollout
 from steps.report.html import file_name
+from steps.report.images import ReportImages
 from steps.report.index import index_page
 from steps.report.rollout_page import Decoder, rollout_page
 from steps.contracts import layout
@@ -29,7 +31,7 @@ from steps.contracts import layout
 CONTENT_TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8",
                  "json": "application/json"}
 WRITTEN_FILE = "written.json"  # each page group's fingerprint when its pages were last written
-PAGE_FORMAT = 3  # raised when rollout pages change shape: every page is written again
+PAGE_FORMAT = 4  # raised when rollout pages change shape: every page is written again
 
 
 class Site:
@@ -45,11 +47,22 @@ class Site:
     def write(self, relative: str, text: str) -> str:
         """Writes one file (folders made as needed); returns its URL or path. In S3 each object carries its
         content type, so that a browser shows a page served from the bucket instead of downloading it."""
+        return self.write_bytes(relative, text.encode("utf-8"), CONTENT_TYPES[relative.rsplit(".", 1)[-1]])
+
+    def write_bytes(self, relative: str, data: bytes, content_type: str) -> str:
+        """Writes one file of `content_type` (what S3 serves it as); returns its URL or path."""
         path = f"{self.root}/{relative}"
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        typed = {"ContentType": CONTENT_TYPES[relative.rsplit(".", 1)[-1]]} if self.s3 else {}
-        self.fs.pipe_file(path, text.encode("utf-8"), **typed)
+        self.fs.pipe_file(path, data, **({"ContentType": content_type} if self.s3 else {}))
         return f"{self.out}/{relative}"
+
+    def listing(self, folder: str) -> set[str]:
+        """The files under `folder`, relative to the site (none when it is not there)."""
+        prefix = f"{self.root}/"
+        try:
+            return {p[len(prefix):] for p in self.fs.find(f"{self.root}/{folder}") if p.startswith(prefix)}
+        except FileNotFoundError:
+            return set()
 
     def exists(self, relative: str) -> bool:
         """Whether the file is there."""
@@ -144,8 +157,9 @@ def page_href(kind: str, n: int, rollout_id: str) -> str:
     return f"rollouts/{kind}-{n}/{file_name(rollout_id)}.html"
 
 
-def write_group(site: Site, run: Run, kind: str, n: int, it: Iteration, write: bool) -> list[dict]:
-    """Group (kind, n)'s rollout table entries; with `write`, its pages written too."""
+def write_group(site: Site, run: Run, kind: str, n: int, it: Iteration, write: bool,
+                images: ReportImages | None = None) -> list[dict]:
+    """Group (kind, n)'s rollout table entries; with `write`, its pages written too (and the images they show)."""
     rows = {str(r.get("rollout_id")): dict(r, iteration=n) for r in it.rollouts}
     entries = [{"row": row, "kind": kind, "iteration": n, "href": page_href(kind, n, rollout_id)}
                for rollout_id, row in rows.items()]
@@ -159,7 +173,7 @@ def write_group(site: Site, run: Run, kind: str, n: int, it: Iteration, write: b
     for rollout_id, records in calls_in_chunks(run.url, list(rows)):
         site.write(page_href(kind, n, rollout_id),
                    rollout_page(rows[rollout_id], it.results.get(rollout_id), records, calls.get(rollout_id, []),
-                                samples.get(rollout_id, []), decoder, kind))
+                                samples.get(rollout_id, []), decoder, kind, images))
     return entries
 
 
@@ -170,11 +184,11 @@ def rollout_pages(site: Site, run: Run) -> list[dict]:
     before = site.read_json(WRITTEN_FILE) or {}
     groups = [("train", n, it) for n, it in run.iterations.items()] + \
         [("eval", n, it) for n, it in run.eval_iterations.items()]
-    written, entries = {}, []
+    written, entries, images = {}, [], ReportImages(site, layout.images_url(run.url))
     for kind, n, it in groups:
         key = f"{kind}-{n}"
         written[key] = fingerprint(it, checkpoint_of(run, kind, n))
-        entries += write_group(site, run, kind, n, it, write=before.get(key) != written[key])
+        entries += write_group(site, run, kind, n, it, write=before.get(key) != written[key], images=images)
     site.remove_except("rollouts", {e["href"] for e in entries})
     site.write(WRITTEN_FILE, json.dumps(written, indent=1))
     return entries

@@ -1,7 +1,8 @@
 """The report's style and its one script (plain JS, no framework): written once into the site's assets.
 
 The script draws every figure a page lists in its `figures` JSON element with plotly.js (loaded before it,
-from the same folder), and makes the rollout table sort and filter. It reads data only from JSON elements
+from the same folder), makes the rollout table sort and filter, and shows a screenshot's thumbnail at full size
+over the page when it is clicked (a click or Escape closes it). It reads data only from JSON elements
 (`JSON.parse`) and puts text into the page only as text (`textContent`), never as HTML.
 """
 
@@ -22,14 +23,19 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f8f8f8;border:1px sol
 .tokens span{border-radius:2px}.m0{background:#eee;color:#555}.m1{background:#dbeafe}.pr{color:#888}
 .split{background:#fff3cd;padding:4px 8px;margin:4px 0}
 #filter{width:20em}
+.shots{display:flex;flex-wrap:wrap;gap:6px;margin:4px 0}.shot img{max-width:320px;max-height:240px;width:auto;height:auto;border:1px solid #ccc;cursor:zoom-in}
+.overlay{position:fixed;inset:0;z-index:10;overflow:auto;background:rgba(0,0,0,.85);cursor:zoom-out}.overlay img{display:block;margin:20px auto;max-width:none;max-height:none}
 """
 
 PAGE_ROWS = 200  # rollout table rows drawn at a time
 NO_STATUS = "(none)"  # the status filter's value for a rollout without a status
+# plotly.js's config for every plot: its toolbar without the selection tools (a line plot has nothing to select),
+# so that the toolbar, upright at the plot's right edge (figures.py: `modebar`), stays clear of the title.
+PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 
 JS = r"""
 "use strict";
-const PAGE_ROWS = %d, NO_STATUS = %s;
+const PAGE_ROWS = %d, NO_STATUS = %s, PLOT_CONFIG = %s;
 function readJson(id) {
   const el = document.getElementById(id);
   return el ? JSON.parse(el.textContent) : null;
@@ -38,8 +44,23 @@ function drawFigures() {
   const figures = readJson("figure-data") || [];
   for (const f of figures) {
     const div = document.getElementById(f.id);
-    if (div) Plotly.newPlot(div, f.figure.data, f.figure.layout, {displaylogo: false, responsive: true});
+    if (div) Plotly.newPlot(div, f.figure.data, f.figure.layout, PLOT_CONFIG);
   }
+}
+function screenshots() {
+  const close = () => document.querySelectorAll(".overlay").forEach(o => o.remove());
+  for (const link of document.querySelectorAll("a.shot")) {
+    link.addEventListener("click", event => {
+      event.preventDefault();
+      close();
+      const overlay = document.createElement("div"), full = document.createElement("img");
+      overlay.className = "overlay"; full.src = link.href; full.alt = link.querySelector("img").alt;
+      overlay.appendChild(full);
+      overlay.addEventListener("click", close);
+      document.body.appendChild(overlay);
+    });
+  }
+  document.addEventListener("keydown", event => { if (event.key === "Escape") close(); });
 }
 function rolloutTable() {
   const data = readJson("rollout-data"), host = document.getElementById("rollout-table");
@@ -90,5 +111,5 @@ function rolloutTable() {
   status.addEventListener("change", () => { first = 0; render(); });
   render();
 }
-document.addEventListener("DOMContentLoaded", () => { drawFigures(); rolloutTable(); });
-""" % (PAGE_ROWS, json.dumps(NO_STATUS))
+document.addEventListener("DOMContentLoaded", () => { drawFigures(); rolloutTable(); screenshots(); });
+""" % (PAGE_ROWS, json.dumps(NO_STATUS), json.dumps(PLOT_CONFIG))

@@ -1,34 +1,76 @@
 """A rollout's exchange as the harness saw it, from the proxy's call records, in one shape for every dialect.
 
 A turn is {"role", "kind", "name", "text"}: role system | user | assistant | tool; kind text | reasoning |
-tool_call | tool_result | image | other. Each call shows what its request added to the one before it (an
-agent's context grows by appending) and its response; where the harness rewrote its history (compaction,
-a dropped turn), the turn it rewrote from is named and the request is shown from there.
+tool_call | tool_result | image | other; a turn that carried images also has `images`, the names (SHA-256) its
+stored request gives them in the order the harness sent them (`steps.proxy.image_store`: a stored request holds
+`openforge-image:sha256:<name>` where an image's bytes were). Each call shows what its request added to the one
+before it (an agent's context grows by appending) and its response; where the harness rewrote its history
+(compaction, a dropped turn), the turn it rewrote from is named and the request is shown from there.
 """
 
 import json
+import re
+
+from steps.proxy.images import REFERENCE_PREFIX
+
+_REFERENCE = re.compile(re.escape(REFERENCE_PREFIX) + "([0-9a-f]{64})")
+# The parts that carry an image in each dialect: Chat `image_url`, Responses `input_image` and a computer call's
+# `computer_screenshot`, Messages `image`.
+IMAGE_PARTS = ("image_url", "input_image", "computer_screenshot", "image")
 
 
-def turn(role: str, kind: str, text, name: str | None = None) -> dict:
-    """One turn; non-string content is shown as JSON.
+def turn(role: str, kind: str, text, name: str | None = None, images: list[str] | None = None) -> dict:
+    """One turn; non-string content is shown as JSON; `images` (names) only when it carried some.
 
     >>> turn("tool", "tool_result", {"exit": 0}, name="shell")
     {'role': 'tool', 'kind': 'tool_result', 'name': 'shell', 'text': '{"exit": 0}'}
     """
-    return {"role": role, "kind": kind, "name": name,
-            "text": text if isinstance(text, str) else json.dumps(text, ensure_ascii=False)}
+    out = {"role": role, "kind": kind, "name": name,
+           "text": text if isinstance(text, str) else json.dumps(text, ensure_ascii=False)}
+    if images:
+        out["images"] = images
+    return out
+
+
+def image_name(part) -> str | None:
+    """The stored image an image part names (its SHA-256), or None: a part of another type, or one whose payload is
+    not a reference (a record hand-written, or older than the image store), which is shown as JSON text.
+
+    >>> image_name({"type": "input_image", "image_url": "openforge-image:sha256:" + "ab" * 32}) == "ab" * 32
+    True
+    >>> image_name({"type": "text", "text": "openforge-image:sha256:" + "ab" * 32}) is None
+    True
+    """
+    if not isinstance(part, dict) or part.get("type") not in IMAGE_PARTS:
+        return None
+    if part["type"] == "image":  # Messages: {"source": {"type": "base64", "data": ...}}
+        payload = part["source"].get("data") if isinstance(part.get("source"), dict) else None
+    else:  # Chat: {"image_url": {"url": ...}}; Responses: {"image_url": ...}
+        payload = part.get("image_url")
+        payload = payload.get("url") if isinstance(payload, dict) else payload
+    match = _REFERENCE.fullmatch(payload) if isinstance(payload, str) else None
+    return match[1] if match else None
 
 
 def _content_text(content) -> str:
-    """The text of a content that is a string or a list of text parts (others shown as JSON)."""
+    """The text of a content that is a string or a list of text parts (stored images left to `_content_images`,
+    others shown as JSON)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         return "\n".join(part.get("text", "") if isinstance(part, dict) and "text" in part
-                         else json.dumps(part, ensure_ascii=False) for part in content)
+                         else json.dumps(part, ensure_ascii=False) for part in content if image_name(part) is None)
+    if image_name(content) is not None:
+        return ""
     return json.dumps(content, ensure_ascii=False)
+
+
+def _content_images(content) -> list[str]:
+    """The stored images a content (a list of parts, or one part) names, in the order it holds them."""
+    parts = content if isinstance(content, list) else [content]
+    return [name for name in map(image_name, parts) if name is not None]
 
 
 # --- Chat Completions --------------------------------------------------------------------------------------
@@ -39,12 +81,16 @@ def _chat_message(message: dict) -> list[dict]:
         if message.get(key):
             out.append(turn(role, "reasoning", message[key]))
     if role == "tool":
-        out.append(turn(role, "tool_result", _content_text(message.get("content")), message.get("name")))
+        content = message.get("content")
+        out.append(turn(role, "tool_result", _content_text(content), message.get("name"), _content_images(content)))
     elif message.get("content") not in (None, "", []):
         parts = message["content"] if isinstance(message["content"], list) else [message["content"]]
         for part in parts:
-            kind = "image" if isinstance(part, dict) and part.get("type") == "image_url" else "text"
-            out.append(turn(role, kind, part if kind == "image" else _content_text([part] if isinstance(part, dict) else part)))
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                name = image_name(part)
+                out.append(turn(role, "image", "" if name else part, images=[name] if name else None))
+            else:
+                out.append(turn(role, "text", _content_text([part] if isinstance(part, dict) else part)))
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
         out.append(turn(role, "tool_call", function.get("arguments", ""), function.get("name")))
@@ -82,11 +128,15 @@ def _responses_item(item) -> list[dict]:
         return [turn("user", "text", _content_text(item))]
     kind = item.get("type", "message")
     if kind == "message":
-        return [turn(str(item.get("role", "?")), "text", _content_text(item.get("content")))]
+        content = item.get("content")
+        return [turn(str(item.get("role", "?")), "text", _content_text(content), images=_content_images(content))]
     if kind == "function_call":
         return [turn("assistant", "tool_call", item.get("arguments", ""), item.get("name"))]
     if kind == "function_call_output":
-        return [turn("tool", "tool_result", _content_text(item.get("output")), item.get("call_id"))]
+        output = item.get("output")
+        return [turn("tool", "tool_result", _content_text(output), item.get("call_id"), _content_images(output))]
+    if kind == "computer_call_output" and _content_images(item.get("output")):  # the screenshot answering a computer call
+        return [turn("tool", "tool_result", "", item.get("call_id"), _content_images(item.get("output")))]
     if kind == "reasoning":
         text = "\n".join(_content_text(part.get("text", "")) for part in (item.get("summary") or []) + (item.get("content") or [])
                          if isinstance(part, dict))
@@ -121,9 +171,11 @@ def _messages_block(role: str, block) -> list[dict]:
     if kind == "tool_use":
         return [turn(role, "tool_call", block.get("input", {}), block.get("name"))]
     if kind == "tool_result":
-        return [turn("tool", "tool_result", _content_text(block.get("content")), block.get("tool_use_id"))]
+        content = block.get("content")
+        return [turn("tool", "tool_result", _content_text(content), block.get("tool_use_id"), _content_images(content))]
     if kind == "image":
-        return [turn(role, "image", block)]
+        name = image_name(block)
+        return [turn(role, "image", "" if name else block, images=[name] if name else None)]
     return [turn(role, "other", block, kind)]
 
 

@@ -10,6 +10,7 @@ import fsspec
 
 from steps.report.exchange import exchange
 from steps.report.html import clip, esc, number, page, table
+from steps.report.images import PageImages, ReportImages
 from steps.contracts.rollout import RolloutResult, harness_killed
 from steps.report.data import StoredResult
 
@@ -20,15 +21,36 @@ MAX_TOKENS = 2_000  # of a sample's response (and of its prompt) shown at each e
 MAX_CHARACTER_TOKENS = 4  # a UTF-8 character is at most 4 bytes: byte tokens of one character
 
 
-def _turns(turns: list[dict]) -> str:
+def shots_html(names: list[str], images: PageImages) -> str:
+    """A turn's images where it sent them: thumbnails (full size on click, `assets.JS`), links past the page's
+    bounds, and a line naming any the report does not show and why."""
+    out = []
+    for name in names:
+        shot, linked = images.place(name)
+        if shot is None:
+            out.append(f'<p class="note">image {esc(name)} (the report was written without its image store)</p>')
+        elif shot.path is None:
+            out.append(f'<p class="note shot-missing">image {esc(name)} {esc(shot.problem)}</p>')
+        elif linked:
+            out.append(f'<p class="note"><a class="shot-link" href="../../{esc(shot.path)}">image {esc(name[:12])}, '
+                       f'{shot.width}x{shot.height}, {shot.size / 1e3:,.0f} KB</a> (linked, not shown: {esc(linked)})</p>')
+        else:
+            out.append(f'<a class="shot" href="../../{esc(shot.path)}"><img src="../../{esc(shot.path)}" loading="lazy" '
+                       f'width="{shot.width}" height="{shot.height}" alt="image {esc(name[:12])}, {shot.width}x{shot.height}" '
+                       f'title="{shot.width}x{shot.height}, {shot.size / 1e3:,.0f} KB: click for full size"></a>')
+    return f'<div class="shots">{"".join(out)}</div>' if out else ""
+
+
+def _turns(turns: list[dict], images: PageImages) -> str:
     out = []
     for t in turns:
         kind = "tool-call" if t["kind"] == "tool_call" else t["kind"].replace("_", "-")
         name = f" · {esc(t['name'])}" if t.get("name") else ""
         if t.get("changed"):  # sent back by the harness, but not what the model answered
             name += " · differs from the model&#x27;s response to the call before"
+        text = "" if t.get("images") and not t["text"] else f'<pre>{esc(clip(str(t["text"]), MAX_TURN_CHARS))}</pre>'
         out.append(f'<div class="turn role-{esc(t["role"])} {esc(kind)}"><span class="kind">{esc(t["role"])} · '
-                   f'{esc(t["kind"].replace("_", " "))}{name}</span><pre>{esc(clip(str(t["text"]), MAX_TURN_CHARS))}</pre></div>')
+                   f'{esc(t["kind"].replace("_", " "))}{name}</span>{text}{shots_html(t.get("images") or [], images)}</div>')
     return "".join(out)
 
 
@@ -48,8 +70,10 @@ def tools_html(tools) -> str:
             f'</summary><pre>{esc(clip(json.dumps(tools, ensure_ascii=False, indent=1), MAX_TURN_CHARS))}</pre></details>')
 
 
-def exchange_html(records: list[dict] | None, calls: dict[int, dict]) -> str:
-    """Every call: what its request added, its response, and how the trajectories step used it."""
+def exchange_html(records: list[dict] | None, calls: dict[int, dict], images: PageImages | None = None) -> str:
+    """Every call: what its request added (its screenshots among it), its response, and how the trajectories step
+    used it."""
+    images = images or PageImages(None)
     if records is None:
         return '<p class="note">The proxy\'s store holds no calls of this rollout (or the run has no calls store).</p>'
     out, offered = [], None
@@ -65,9 +89,10 @@ def exchange_html(records: list[dict] | None, calls: dict[int, dict]) -> str:
                 f"finish {esc(record.get('finish_reason'))} · weights {esc(record.get('weight_version'))} · {esc(used)}")
         rewritten = "" if call["rewritten_from"] is None else \
             f'<p class="split">The harness rewrote its history from turn {call["rewritten_from"]}: shown from there.</p>'
-        error = f"<pre>{esc(clip(str(record['error']), MAX_TURN_CHARS))}</pre>" if record.get("error") else ""
+        error = "".join(f"<pre>{esc(clip(str(record[key]), MAX_TURN_CHARS))}</pre>" for key in ("error", "store_error")
+                        if record.get(key))
         out.append(f'<div class="call" id="call-{esc(record.get("call_index"))}"><h3>{meta}</h3>{rewritten}{error}{shown_tools}'
-                   f'{_turns(call["added"])}<div class="response">{_turns(call["response"])}</div></div>')
+                   f'{_turns(call["added"], images)}<div class="response">{_turns(call["response"], images)}</div></div>')
     return "".join(out)
 
 
@@ -238,8 +263,8 @@ def files_html(files: list[tuple[str, str]], what: str) -> str:
 
 
 def rollout_page(row: dict, stored: StoredResult | None, records: list[dict] | None, calls: list[dict],
-                 samples: list[dict], decoder: Decoder, kind: str) -> str:
-    """The whole page of one rollout."""
+                 samples: list[dict], decoder: Decoder, kind: str, images: ReportImages | None = None) -> str:
+    """The whole page of one rollout; `images` copies the screenshots it shows into the site."""
     result = stored.result if stored else RolloutResult(str(row.get("rollout_id")), "", "", "", None)
     where = stored.url if stored else None
     by_index = {c["call_index"]: c for c in calls}
@@ -256,9 +281,9 @@ def rollout_page(row: dict, stored: StoredResult | None, records: list[dict] | N
              ["notes", result.notes if stored else None]]
     body = (f'<p><a href="../../index.html">&larr; run report</a></p><h1>Rollout {esc(row.get("rollout_id"))}</h1>'
             f'{table(["field", "value"], [[k, json.dumps(v) if isinstance(v, (list, dict)) else v] for k, v in facts])}'
-            f'<h2 id="exchange">Exchange</h2>{exchange_html(records, by_index)}'
+            f'<h2 id="exchange">Exchange</h2>{exchange_html(records, by_index, PageImages(images))}'
             f'<h2 id="training">Training view</h2>{training_html(samples, records_by_index, by_index, decoder)}'
             f'<h2 id="verifier">Verifier</h2><p>reward {number(row.get("reward"))}</p>'
             f'{files_html(kept_files(result.paths, where, "verifier_output"), "verifier output")}'
             f'<h2 id="log">Harness log</h2>{files_html(kept_files(result.paths, where, "harness_log"), "harness log")}')
-    return page(f"{row.get('rollout_id')}: rollout", body, "../../assets")
+    return page(f"{row.get('rollout_id')}: rollout", body, "../../assets", ["report.js"])
