@@ -24,7 +24,8 @@ from steps.rollout import JUDGE_ENV, run_rollout
 from steps.trajectories.collect import collect, fetch_calls_store
 from test_rollout import ADMIN_KEY, spec_for
 
-TASK = Path(__file__).resolve().parents[1] / "steps" / "tasks" / "judged" / "commit-message"
+REPO = Path(__file__).resolve().parents[1]
+TASK = REPO / "steps" / "tasks" / "judged" / "commit-message"
 JUDGE_MODEL = "judge-model"
 JUDGE_UPSTREAM_KEY = f"judge-upstream-key-{uuid.uuid4().hex}"  # the run's key to the judge: never in a log or file
 GOOD = (TASK / "solution" / "solve.sh").read_text().split('"')[1]  # the oracle's message, which the judge passes
@@ -245,3 +246,27 @@ def test_a_judges_call_never_becomes_a_training_sample(judged_proxy, scripted, t
     mixed_tables = collect([result], mixed, "run", 0)[0].tables()
     assert mixed_tables["calls"].num_rows == result.num_calls + 1
     assert mixed_tables["samples"].num_rows == tables["samples"].num_rows
+
+
+def test_on_argo_only_the_serve_pod_holds_the_judges_key(tmp_path):
+    """The judge upstream's key comes from `judge_secret` into the serve container alone; rollout pods (the agent's and
+    its verifier's) get none, and no Workflow holds the key itself. Control: the serve pod of a run without a judge
+    has no such variable, and a judged dataset without a judge is refused."""
+    from workflows.config import ConfigError, load_config
+    from workflows.iteration import iteration_workflow
+
+    def judge_env(overrides: list[str]) -> dict[str, list]:
+        config = load_config(REPO / "configs" / "cluster-example.yaml", ["run=j", *overrides])
+        spec = iteration_workflow(config, 0).to_dict()["spec"]["templates"]
+        return {t["name"]: [e for e in (t.get("container") or {}).get("env") or [] if "JUDGE" in e["name"]] +
+                [arg for arg in (t.get("container") or {}).get("command") or [] if "judge" in arg]
+                for t in spec}
+
+    found = judge_env([f"dataset={TASK.parent}", "judge_upstream=https://judge.example/v1", f"judge_model={JUDGE_MODEL}"])
+    assert found.pop("serve") == [{"name": "OPENFORGE_JUDGE_UPSTREAM_API_KEY", "valueFrom": {"secretKeyRef": {
+        "key": "api-key", "name": "openforge-judge", "optional": True}}},
+        "--judge-upstream", "https://judge.example/v1", "--judge-model", JUDGE_MODEL]
+    assert not any(found.values()), found
+    assert judge_env([])["serve"] == []
+    with pytest.raises(ConfigError, match="asks a judge model"):
+        load_config(REPO / "configs" / "cluster-example.yaml", ["run=j", f"dataset={TASK.parent}"])

@@ -26,7 +26,7 @@ import yaml
 from steps import logs, sampling
 from steps.proxy.app import create_app
 from steps.proxy.weights import Restart
-from steps.proxy.config import ROLLOUT_LIMITS, ProxyConfig, limit_flag
+from steps.proxy.config import JUDGE_KEY_ENV, ROLLOUT_LIMITS, ProxyConfig, limit_flag
 from steps.proxy.connections import connection_cap, raise_open_file_limit
 from steps.proxy.http_server import protocol_factory
 from steps.proxy.replicas import AFFINITY, POLICIES
@@ -167,10 +167,9 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     upstream_key = os.environ.get("OPENFORGE_UPSTREAM_API_KEY") or None
     if upstream_key is not None and not upstream_key.isprintable():
         p.error("OPENFORGE_UPSTREAM_API_KEY holds a line break or another control character; give the key alone")
-    judge_key = os.environ.get("OPENFORGE_JUDGE_UPSTREAM_API_KEY") or None
+    judge_key = os.environ.get(JUDGE_KEY_ENV) or None
     if judge_key is not None and not judge_key.isprintable():
-        p.error("OPENFORGE_JUDGE_UPSTREAM_API_KEY holds a line break or another control character; give the key "
-                "alone")
+        p.error(f"{JUDGE_KEY_ENV} holds a line break or another control character; give the key alone")
     if bool(args.judge_upstream) != bool(args.judge_model):
         p.error("--judge-upstream and --judge-model go together: the judge's URL and the model it is asked for")
     return ProxyConfig(

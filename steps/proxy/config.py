@@ -22,6 +22,11 @@ ROLLOUT_LIMITS = {
 }
 
 
+# The judge upstream's key (`ProxyConfig.judge_api_key`): in the proxy's environment alone, the serve step's, never
+# that of a step that runs rollouts (workflows/local.py) or of a rollout pod (workflows/iteration.py).
+JUDGE_KEY_ENV = "OPENFORGE_JUDGE_UPSTREAM_API_KEY"
+
+
 def limit_flag(key: str) -> str:
     """The flag of a key of `ROLLOUT_LIMITS`, the proxy's and the serve step's alike.
 
