@@ -8,6 +8,8 @@ started with `--judge-upstream` at the scripted judge. Every adversary case has 
 """
 
 import json
+import os
+import shutil
 import urllib.error
 import urllib.request
 import uuid
@@ -270,3 +272,40 @@ def test_on_argo_only_the_serve_pod_holds_the_judges_key(tmp_path):
     assert judge_env([])["serve"] == []
     with pytest.raises(ConfigError, match="asks a judge model"):
         load_config(REPO / "configs" / "cluster-example.yaml", ["run=j", f"dataset={TASK.parent}"])
+
+
+@pytest.mark.slow  # builds a simulated rollout pod (test_pod_rollout.py): a few seconds
+def test_a_judged_task_in_a_pod_earns_the_judges_score(judged_proxy, scripted, judge, tmp_path):
+    """Pod mode: the verifier runs as root in the pod once the agent uid's processes are gone, and reaches the judge
+    route through the pod's own network with the key the runner gave its environment."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("the simulated pod needs root and util-linux unshare")
+    from test_pod_rollout import run_in_pod
+
+    scripted.set_commands([f"echo '{GOOD}' > /app/commit.txt"])
+    before = len(judge.exchanges)
+    done, result, rollout_id = run_in_pod(judged_proxy, TASK, "direct", tmp_path)
+    assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), (result, done.stderr[-2000:])
+    assert len(judge.exchanges) == before + 1 and GOOD in json.dumps(judge.exchanges[-1]["request"])
+    assert judged_proxy.client.close_judge(rollout_id)["calls"] == 1  # its judge, closed already: closing again is a no-op
+
+
+def test_the_option_is_checked_and_check_skips_a_judged_task(tmp_path):
+    """`[verifier] judge` takes true or false; `steps.tasks check` skips a judged task (no judge runs there), and
+    checks the same task without the option (control: it then runs its verifier, which cannot ask a judge)."""
+    from steps.grading.check import BROKEN, SKIPPED, check_task
+    from steps.proxy.__main__ import parse_args
+    from steps.tasks import load_task
+    from steps.tasks.schema import check_config
+
+    assert check_config({"verifier": {"judge": "yes"}}) == "[verifier] judge must be true or false, got 'yes'"
+    assert check_config({"verifier": {"judged": True}}) == "unknown field [verifier] judged (did you mean judge?)"
+    verdict = check_task(load_task(TASK), tmp_path / "check")
+    assert verdict.status == SKIPPED and "judge" in verdict.reason
+    plain = tmp_path / "plain"
+    shutil.copytree(TASK, plain)
+    (plain / "task.toml").write_text((TASK / "task.toml").read_text().replace("judge = true", "judge = false"))
+    assert check_task(load_task(plain), tmp_path / "check-plain").status == BROKEN  # no judge to ask: no reward
+    with pytest.raises(SystemExit):
+        parse_args(["--upstream", "http://127.0.0.1:9", "--port", "1", "--store", str(tmp_path), "--admin-key", "k",
+                    "--judge-upstream", "http://127.0.0.1:9"])  # without --judge-model
