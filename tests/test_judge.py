@@ -198,16 +198,25 @@ PY"""
 
 
 def test_a_judged_task_earns_the_judges_score_and_the_agent_never_holds_the_judge(judged_proxy, scripted, judge,
-                                                                                  tmp_path):
+                                                                                  tmp_path, monkeypatch):
+    from steps.proxy.client import ProxyClient
+
+    opened = []  # the judge keys the runner was given, caught to try them once grading has ended
+    open_judge = ProxyClient.open_judge
+    monkeypatch.setattr(ProxyClient, "open_judge", lambda client, rid: opened.append(open_judge(client, rid)) or
+                        opened[-1])
     scripted.set_commands([f"echo '{GOOD}' > /app/commit.txt"])
     spec = spec_for(judged_proxy, TASK, "direct", tmp_path)
     before = len(judge.exchanges)
     result = run_rollout(spec)
     verifier_log = (spec.out / "verifier" / "test-stdout.txt").read_text()
-    assert (result.status, result.reward) == ("ok", 1.0), (result, verifier_log)
+    assert (result.status, result.reward) == ("ok", 1.0), (result, verifier_log)  # the verifier's key worked
     assert len(judge.exchanges) == before + 1 and GOOD in json.dumps(judge.exchanges[-1]["request"])
-    result_text = (spec.out / "result.json").read_text()
-    assert all(name not in result_text for name in JUDGE_ENV.values())
+    assert post(judge_url(judged_proxy, result.rollout_id), opened[0]["api_key"], ASK)[0] == 403  # grading ended
+    written = b"".join(path.read_bytes() for path in spec.out.rglob("*")  # but the sandbox's sparse disk images
+                       if path.is_file() and not path.is_symlink() and path.name != "disk.img")
+    assert opened[0]["api_key"].encode() not in written  # in no file the rollout left (result.json, logs)
+    assert all(name.encode() not in written for name in JUDGE_ENV.values())
 
     # The agent: its own key on the judge route while it runs, and every environment it can read.
     scripted.set_commands([PROBE])
