@@ -297,6 +297,10 @@ def test_a_judged_task_in_a_pod_earns_the_judges_score(judged_proxy, scripted, j
     assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), (result, done.stderr[-2000:])
     assert len(judge.exchanges) == before + 1 and GOOD in json.dumps(judge.exchanges[-1]["request"])
     assert judged_proxy.client.close_judge(rollout_id)["calls"] == 1  # its judge, closed already: closing again is a no-op
+    scripted.set_commands([PROBE])  # the agent uid, in the pod: no judge route for its key, no judge variable to read
+    done, result, rollout_id = run_in_pod(judged_proxy, TASK, "direct", tmp_path / "probe")
+    asked = json.dumps(judge.exchanges[-1]["request"])
+    assert "probe: judge route 404, judge variables 0" in asked and result["reward"] == 0.0, (asked, result)
 
 
 def test_the_option_is_checked_and_check_skips_a_judged_task(tmp_path):
