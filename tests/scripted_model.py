@@ -35,7 +35,8 @@ near a real tokenizer's, so harnesses see realistic usage and do not start compa
 the canonical JSON of the request's messages and tools; the response is its text (a tool call is
 rendered the way Hermes-style templates write one). The logprob of response token i is
 `-(1 + i % 8) / 8`, exact in binary. `GET /requests` returns every exchange as
-`{"request": ..., "response": ..., "authorization": ...}` (the header it came with) for tests to compare with what the proxy recorded.
+`{"request": ..., "response": ..., "authorization": ...}` (the header it came with) for tests to compare with what
+the proxy recorded.
 
 In a test, `ScriptedModel(commands=[...])` runs the same app on a free loopback port in a thread
 (`oracle=DATASET`, `commands=WRONG_COMMANDS`, `with_token_ids=False`, `strict=True` as above; `tls=(cert,

@@ -349,8 +349,8 @@ def test_options_of_eval_are_refused_elsewhere_and_upstream_for_training(monkeyp
 
 def test_locally_only_serve_gets_the_upstreams_key(tmp_path: Path, monkeypatch) -> None:
     """OPENFORGE_UPSTREAM_API_KEY (and the judge's, OPENFORGE_JUDGE_UPSTREAM_API_KEY) reaches the serve step and no
-    other (a rollout's harness, agent and verifier never see it); control: the driver's own environment has it. Popen is replaced to catch the environment serve is
-    started with, without starting it."""
+    other (a rollout's harness, agent and verifier never see it); control: the driver's own environment has it.
+    Popen is replaced to catch the environment serve is started with, without starting it."""
     from workflows import local
 
     monkeypatch.setenv("OPENFORGE_UPSTREAM_API_KEY", "upstream-secret")

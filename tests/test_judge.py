@@ -273,7 +273,8 @@ def test_on_argo_only_the_serve_pod_holds_the_judges_key(tmp_path):
                 [arg for arg in (t.get("container") or {}).get("command") or [] if "judge" in arg]
                 for t in spec}
 
-    found = judge_env([f"dataset={TASK.parent}", "judge_upstream=https://judge.example/v1", f"judge_model={JUDGE_MODEL}"])
+    found = judge_env([f"dataset={TASK.parent}", "judge_upstream=https://judge.example/v1",
+                       f"judge_model={JUDGE_MODEL}"])
     assert found.pop("serve") == [{"name": "OPENFORGE_JUDGE_UPSTREAM_API_KEY", "valueFrom": {"secretKeyRef": {
         "key": "api-key", "name": "openforge-judge", "optional": True}}},
         "--judge-upstream", "https://judge.example/v1", "--judge-model", JUDGE_MODEL]
@@ -296,7 +297,7 @@ def test_a_judged_task_in_a_pod_earns_the_judges_score(judged_proxy, scripted, j
     done, result, rollout_id = run_in_pod(judged_proxy, TASK, "direct", tmp_path)
     assert done.returncode == 0 and (result["status"], result["reward"]) == ("ok", 1.0), (result, done.stderr[-2000:])
     assert len(judge.exchanges) == before + 1 and GOOD in json.dumps(judge.exchanges[-1]["request"])
-    assert judged_proxy.client.close_judge(rollout_id)["calls"] == 1  # its judge, closed already: closing again is a no-op
+    assert judged_proxy.client.close_judge(rollout_id)["calls"] == 1  # closed by the runner: again is a no-op
     scripted.set_commands([PROBE])  # the agent uid, in the pod: no judge route for its key, no judge variable to read
     done, result, rollout_id = run_in_pod(judged_proxy, TASK, "direct", tmp_path / "probe")
     asked = json.dumps(judge.exchanges[-1]["request"])

@@ -54,8 +54,8 @@ run's judge (its key, too, travels in the environment).
     ['--upstream', 'http://127.0.0.1:8000', '--upstream', 'http://127.0.0.1:8001']
     >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, limits={"store_quota_mb": 64})[-2:]
     ['--store-quota-mb', '64']
-    >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, judge_upstream="http://10.0.0.7/v1", judge_model="j")[-4:]
-    ['--judge-upstream', 'http://10.0.0.7/v1', '--judge-model', 'j']
+    >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, judge_upstream="http://j/v1", judge_model="j")[-4:]
+    ['--judge-upstream', 'http://j/v1', '--judge-model', 'j']
     """
     argv = [word for url in ([upstream] if isinstance(upstream, str) else upstream) for word in ("--upstream", url)]
     argv += ["--port", str(port), "--store", store]

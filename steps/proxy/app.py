@@ -1,7 +1,8 @@
 """The recording proxy's HTTP app: admin routes, per-rollout dialect routes, one error handler.
 
 Admin routes (admin key): POST /rollouts, GET /rollouts, GET /rollouts/{id}/calls (and the records skipped),
-POST /rollouts/{id}/close, POST /rollouts/{id}/judge and /judge/close (the verifier's judge: `judge`), PUT /rollouts/{id}/result and /phase (`results`), POST /weights/pause|resume|update, GET /replicas,
+POST /rollouts/{id}/close, POST /rollouts/{id}/judge and /judge/close (the verifier's judge: `judge`),
+PUT /rollouts/{id}/result and /phase (`results`), POST /weights/pause|resume|update, GET /replicas,
 GET /tasks/{dataset}/{task} (one task folder of the run's dataset as a tar, for a rollout pod's init container:
 `steps.datasets`).
 Rollout routes (that rollout's key): /rollouts/{id}/v1/chat/completions, /v1/responses,

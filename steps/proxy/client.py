@@ -127,7 +127,8 @@ class ProxyClient:
         return self.request("POST", f"/rollouts/{rollout_id}/judge")
 
     def close_judge(self, rollout_id: str) -> dict:
-        """Ends the rollout's judge session (its key gets 403): {"rollout_id", "calls", "failed"}; again changes nothing."""
+        """Ends the rollout's judge session (its key gets 403): {"rollout_id", "calls", "failed"}; closing again
+        changes nothing."""
         return self.request("POST", f"/rollouts/{rollout_id}/judge/close", idempotent=True)
 
     def send_result(self, result: dict, retry: int, evaluation: bool = False) -> dict:

@@ -83,7 +83,7 @@ class TaskConfig:
     environment_env: dict[str, str] = field(default_factory=dict)  # [environment] env
     verifier_env: dict[str, str] = field(default_factory=dict)  # [verifier] env
     graded_paths: tuple[str, ...] = ()  # [verifier] graded_paths (OpenForge's): what the verifier sees of the agent's work
-    judge: bool = False  # [verifier] judge (OpenForge's): the verifier may ask the run's judge model (steps/proxy/judge.py)
+    judge: bool = False  # [verifier] judge (OpenForge's): the verifier asks the run's judge (steps/proxy/judge.py)
     solution_env: dict[str, str] = field(default_factory=dict)  # [solution] env
     ignored_fields: tuple[str, ...] = ()  # fields of a newer Harbor schema that OpenForge does not read
 
