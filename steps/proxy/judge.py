@@ -153,7 +153,8 @@ async def judge_call(request: Request, rollout_id: str) -> Response:
         err = ProxyError(502, f"the judge upstream answered malformed JSON: {answer[:200]!r}")
         await _finish(state, session, record, "error", error={"status": err.status, "message": err.message})
         raise err from None
-    await _finish(state, session, record, "ok", response=orjson.Fragment(answer))
+    # Stored on one line, whatever the judge's JSON looks like: a local store keeps one record per line.
+    await _finish(state, session, record, "ok", response=orjson.Fragment(one_line(answer)))
     return Response(answer, media_type="application/json")
 
 
