@@ -50,6 +50,9 @@ from steps.contracts.layout import PHASE_FILE, RESULT_FILE, REWARD_FILE, STATUS_
 from steps.contracts.rollout import AGENT_TIMEOUT, INFRA_ERROR, INFRA_EXIT_CODE, NO_REWARD, OK, RolloutResult
 
 MAX_ATTEMPTS = 20  # ids a rollout tries when earlier attempts of its step registered theirs
+# What a verifier that asks the judge finds in its environment: the judge route's OpenAI base URL, its key (this
+# rollout's grading only) and the judge model's name (`judged`).
+JUDGE_ENV = {"url": "OPENFORGE_JUDGE_URL", "key": "OPENFORGE_JUDGE_KEY", "model": "OPENFORGE_JUDGE_MODEL"}
 
 
 class InfraError(Exception):
@@ -193,8 +196,13 @@ def record_calls(spec: RolloutSpec, result: RolloutResult) -> None:
 
 
 def grade(spec: RolloutSpec, task: Task, box: Sandbox, result: RolloutResult, timed_out: bool) -> None:
-    """Runs the verifier and sets status and reward; a verifier left without a (trusted) reward scores 0."""
-    verdict = run_verifier(box, task, spec.out / "verifier")
+    """Runs the verifier and sets status and reward; a verifier left without a (trusted) reward scores 0. A task whose
+    verifier asks a judge (`[verifier] judge`) gets one for its grading alone (`judged`)."""
+    if task.config.judge:
+        with judged(spec, box) as env:
+            verdict = run_verifier(box, task, spec.out / "verifier", env=env, judge=True)
+    else:
+        verdict = run_verifier(box, task, spec.out / "verifier")
     result.durations["verifier_s"] = round(verdict.duration_s, 3)
     result.paths["verifier_output"] = str(verdict.output_dir)
     result.notes = list(box.notes)
@@ -203,6 +211,31 @@ def grade(spec: RolloutSpec, task: Task, box: Sandbox, result: RolloutResult, ti
         result.error = f"the verifier wrote no reward, so the rollout scores 0: {verdict.error}"
     reward = 0.0 if timed_out or verdict.reward is None else verdict.reward
     result.status, result.reward = (AGENT_TIMEOUT if timed_out else OK), reward
+
+
+@contextlib.contextmanager
+def judged(spec: RolloutSpec, box: Sandbox):
+    """The rollout's judge while its verifier runs: opened with the proxy once the agent's session is closed, its URL,
+    model and key given as the verifier's environment (`JUDGE_ENV`: never the agent's, never a file), closed when
+    grading ends. A judge that failed on its side or the proxy's (`steps.proxy.judge`), or that cannot be opened or
+    closed, makes the rollout an infra error: a reward resting on it is never scored."""
+    client = proxy_client(spec)
+    try:
+        judge = client.open_judge(spec.rollout_id)
+    except ProxyClientError as exc:
+        raise InfraError(f"the verifier's judge could not be opened ({exc})") from None
+    try:
+        yield {JUDGE_ENV["url"]: box.agent_url(judge["openai_base_url"]), JUDGE_ENV["key"]: judge["api_key"],
+               JUDGE_ENV["model"]: judge["model"]}
+    finally:
+        try:
+            failed = client.close_judge(spec.rollout_id)["failed"]
+        except ProxyClientError as exc:
+            raise InfraError(f"the verifier's judge could not be closed ({exc})") from None
+    if failed:
+        first = failed[0]
+        raise InfraError(f"the judge failed while the verifier graded ({len(failed)} calls; the first, call "
+                         f"{first['call_index']}: {first['status']} {first['message']}), so the rollout is not scored")
 
 
 def harness_budget(spec: RolloutSpec) -> Budget:

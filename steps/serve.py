@@ -135,6 +135,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--follow-until", type=int, help="the last checkpoint to follow")
     p.add_argument("--log", type=Path, default=Path("vllm.log"), help="vLLM's log file")
     p.add_argument("--start-timeout", type=float, default=1800.0, help="seconds vLLM may take to start")
+    p.add_argument("--judge-upstream", default="", help="the judge a task's verifier may ask, through the proxy's "
+                   "judge route: an OpenAI-compatible base URL (its key from OPENFORGE_JUDGE_UPSTREAM_API_KEY)")
+    p.add_argument("--judge-model", default="", help="the model name the judge upstream is asked for")
     add_rollout_limits(p)  # passed on to the proxy
     args = p.parse_args(argv)
     args.limits = check_rollout_limits(p, args)
@@ -178,6 +181,7 @@ def proxy_argv(args: argparse.Namespace, vllm_ports: int | list[int], model: str
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
                               weight_version=args.weight_version, sampling=args.sampling,
                               image_limit=args.image_limit if vision else 0, limits=args.limits,
+                              judge_upstream=args.judge_upstream, judge_model=args.judge_model,
                               tool_images=vision and template.is_file() and renders_tool_images(template.read_text()),
                               extra=[*(["--tasks", args.tasks] if args.tasks else []), *results_flags(args),
                                      *(["--adapter", adapter] if adapter else [])])
@@ -247,6 +251,7 @@ def upstream_proxy_argv(args: argparse.Namespace) -> list[str]:
                               model_name=args.model_name, max_tokens_cap=args.max_tokens_cap or None,
                               weight_version=args.weight_version, sampling=args.sampling,
                               upstream_model=args.upstream_model or args.model_name, external=True, limits=args.limits,
+                              judge_upstream=args.judge_upstream, judge_model=args.judge_model,
                               extra=[*(["--tasks", args.tasks] if args.tasks else []), *results_flags(args)])
 
 

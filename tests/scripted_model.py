@@ -20,6 +20,9 @@ command may also be `{"tool": NAME, "arguments": {...}}`: one call of that tool 
 conversation's user messages, that task's oracle: its `solution/solve.sh` as one shell command, a bash
 here-document (the longest instruction found wins; a conversation with none gets a plain answer saying so).
 `--wrong` plays a wrong script: one command that leaves the workspace as it was, so no task passes.
+`ScriptedModel(replies={TEXT: ANSWER})` answers a request without tools whose user messages hold TEXT (the
+longest found) with ANSWER: a double for a judge model, which reads a rubric and an answer and gives its verdict
+(a judge that can be trusted to grade cannot run here; this one grades by the script, as told).
 
 `--no-token-ids` answers as an OpenAI-compatible server that is not vLLM: `return_token_ids` is ignored
 (no `prompt_token_ids`, no `token_ids`), logprobs still come when asked. `--strict` is such a server that
@@ -32,7 +35,8 @@ near a real tokenizer's, so harnesses see realistic usage and do not start compa
 the canonical JSON of the request's messages and tools; the response is its text (a tool call is
 rendered the way Hermes-style templates write one). The logprob of response token i is
 `-(1 + i % 8) / 8`, exact in binary. `GET /requests` returns every exchange as
-`{"request": ..., "response": ...}` for tests to compare with what the proxy recorded.
+`{"request": ..., "response": ..., "authorization": ...}` (the header it came with) for tests to compare with what
+the proxy recorded.
 
 In a test, `ScriptedModel(commands=[...])` runs the same app on a free loopback port in a thread
 (`oracle=DATASET`, `commands=WRONG_COMMANDS`, `with_token_ids=False`, `strict=True` as above; `tls=(cert,
@@ -135,12 +139,14 @@ def scripted_call(tools: list[dict], command: dict) -> Reply:
     return Reply(tool_name=command["tool"], arguments=dict(command.get("arguments") or {}))
 
 
-def next_reply(body: dict, commands: list) -> Reply:
+def next_reply(body: dict, commands: list, replies: dict[str, str] | None = None) -> Reply:
     """The script: one call per command not yet answered by a tool result, then "done". A command is a
-    shell command (run with the offered shell tool) or `{"tool": name, "arguments": {...}}`."""
+    shell command (run with the offered shell tool) or `{"tool": name, "arguments": {...}}`. A request without
+    tools gets the reply of the longest key of `replies` its user messages hold, else a plain answer."""
     tools = body.get("tools") or []
     if not tools:
-        return Reply(content=PLAIN_ANSWER)
+        found = [text for text in replies or {} if text and text in user_text(body)]
+        return Reply(content=replies[max(found, key=len)] if found else PLAIN_ANSWER)
     answered = sum(1 for message in body.get("messages", []) if message.get("role") == "tool")
     if answered >= len(commands):
         return Reply(content=FINAL_ANSWER)
@@ -231,7 +237,7 @@ def completion(body: dict, reply: Reply, model: str, with_token_ids: bool = True
 def script_reply(body: dict, state) -> Reply:
     """The next reply of the server's script: the oracle of the conversation's task, or the commands."""
     if state.oracle is None:
-        return next_reply(body, state.commands)
+        return next_reply(body, state.commands, state.replies)
     commands = oracle_commands(body, state.oracle)
     if commands is None:
         return Reply(content=NO_TASK_ANSWER) if body.get("tools") else Reply(content=PLAIN_ANSWER)
@@ -245,12 +251,14 @@ def error(status: int, message: str) -> JSONResponse:
 
 
 def create_app(model: str = "tiny", commands: list[str] | None = None, max_model_len: int = 262144,
-               oracle: Path | None = None, with_token_ids: bool = True, strict: bool = False) -> FastAPI:
+               oracle: Path | None = None, with_token_ids: bool = True, strict: bool = False,
+               replies: dict[str, str] | None = None) -> FastAPI:
     """The scripted server; its script and request log live on `app.state` (`oracle`: a dataset whose
     tasks' oracles are played instead of `commands`; `with_token_ids` False or `strict`: not vLLM, see above)."""
     app = FastAPI(title="scripted model")
     app.state.commands = list(commands or DEFAULT_COMMANDS)
     app.state.oracle = None if oracle is None else oracle_scripts(Path(oracle))
+    app.state.replies = dict(replies or {})  # a plain request's answer by the text it holds (a judge's verdicts)
     app.state.exchanges = []  # {"request": body, "response": body}, in arrival order
 
     @app.get("/health")
@@ -279,7 +287,8 @@ def create_app(model: str = "tiny", commands: list[str] | None = None, max_model
                               f"you requested {prompt_tokens + wanted} tokens ({prompt_tokens} in the "
                               f"messages, {wanted} in the completion).")
         response = completion(body, script_reply(body, app.state), model, with_token_ids=with_token_ids and not strict)
-        app.state.exchanges.append({"request": body, "response": response})
+        app.state.exchanges.append({"request": body, "response": response,
+                                    "authorization": request.headers.get("authorization")})
         return JSONResponse(response)
 
     @app.post("/script")
@@ -304,8 +313,10 @@ class ScriptedModel:
     """
 
     def __init__(self, model: str = "tiny", commands: list[str] | None = None, oracle: Path | None = None,
-                 with_token_ids: bool = True, strict: bool = False, tls: tuple[Path, Path] | None = None):
-        self.app = create_app(model, commands, oracle=oracle, with_token_ids=with_token_ids, strict=strict)
+                 with_token_ids: bool = True, strict: bool = False, tls: tuple[Path, Path] | None = None,
+                 replies: dict[str, str] | None = None):
+        self.app = create_app(model, commands, oracle=oracle, with_token_ids=with_token_ids, strict=strict,
+                              replies=replies)
         self.port = free_port()
         self.url = f"{'https' if tls else 'http'}://{HOST}:{self.port}"
         certfile, keyfile = tls or (None, None)

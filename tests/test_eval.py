@@ -348,15 +348,17 @@ def test_options_of_eval_are_refused_elsewhere_and_upstream_for_training(monkeyp
 
 
 def test_locally_only_serve_gets_the_upstreams_key(tmp_path: Path, monkeypatch) -> None:
-    """OPENFORGE_UPSTREAM_API_KEY reaches the serve step and no other (a rollout's harness and agent never see
-    it); control: the driver's own environment has it. Popen is replaced to catch the environment serve is
-    started with, without starting it."""
+    """OPENFORGE_UPSTREAM_API_KEY (and the judge's, OPENFORGE_JUDGE_UPSTREAM_API_KEY) reaches the serve step and no
+    other (a rollout's harness, agent and verifier never see it); control: the driver's own environment has it.
+    Popen is replaced to catch the environment serve is started with, without starting it."""
     from workflows import local
 
     monkeypatch.setenv("OPENFORGE_UPSTREAM_API_KEY", "upstream-secret")
+    monkeypatch.setenv("OPENFORGE_JUDGE_UPSTREAM_API_KEY", "judge-secret")  # the judge's key: the same rule
     env = local.step_env("admin")
     assert os.environ["OPENFORGE_UPSTREAM_API_KEY"] == "upstream-secret"  # the control
     assert "OPENFORGE_UPSTREAM_API_KEY" not in env and env["OPENFORGE_ADMIN_KEY"] == "admin"
+    assert "OPENFORGE_JUDGE_UPSTREAM_API_KEY" not in env
     started = []
 
     class Exited:
@@ -373,6 +375,7 @@ def test_locally_only_serve_gets_the_upstreams_key(tmp_path: Path, monkeypatch) 
     with pytest.raises(local.StepFailed):
         local.start_serve(config, "unused", 0, env, tmp_path)
     assert started[0]["OPENFORGE_UPSTREAM_API_KEY"] == "upstream-secret"
+    assert started[0]["OPENFORGE_JUDGE_UPSTREAM_API_KEY"] == "judge-secret"
 
 
 def test_locally_a_failed_eval_every_evaluation_is_said_and_the_training_goes_on(monkeypatch, capsys, tmp_path) -> None:

@@ -70,6 +70,8 @@ def serve(config: RunConfig, model: str, store: str, weight_version: str | int, 
     ['python', '-m', 'steps.serve', '--upstream', 'http://10.0.0.5:8000', '--upstream-model', 'm']
     >>> serve(RunConfig(store_quota_mb=64), "m", "calls", 0)[-2:]
     ['--store-quota-mb', '64']
+    >>> serve(RunConfig(judge_upstream="http://10.0.0.7/v1", judge_model="j"), "m", "calls", 0)[-4:]
+    ['--judge-upstream', 'http://10.0.0.7/v1', '--judge-model', 'j']
     """
     proxy = ["--model-name", config.model_name, "--port", str(port), "--store", store, "--host", host,
              *(["--tasks", tasks] if tasks else []),
@@ -78,14 +80,21 @@ def serve(config: RunConfig, model: str, store: str, weight_version: str | int, 
         return [python, "-m", "steps.serve", "--upstream", config.upstream,
                 "--upstream-model", config.upstream_model or config.model_name, *proxy,
                 "--max-tokens-cap", str(config.max_tokens_cap), "--weight-version", str(weight_version),
-                *sampling.as_flags(sampling.settings(config)), *limit_flags(config)]
+                *sampling.as_flags(sampling.settings(config)), *limit_flags(config), *judge_flags(config)]
     return [python, "-m", "steps.serve", "--model", model, *(["--model-dir", model_dir] if model_dir else []),
             *proxy, "--device", device, "--gpus", str(config.serve_gpus),
             *(["--replicas", str(config.serve_replicas)] if config.serve_replicas > 1 else []),
             "--max-tokens-cap", str(config.max_tokens_cap),
             "--generation-config", "vllm",
             "--weight-version", str(weight_version), *vllm_flags(config, device),
-            *sampling.as_flags(sampling.settings(config)), *limit_flags(config)]
+            *sampling.as_flags(sampling.settings(config)), *limit_flags(config), *judge_flags(config)]
+
+
+def judge_flags(config: RunConfig) -> list[str]:
+    """The run's judge as the serve step's flags (the proxy's judge route: steps/proxy/judge.py); none without one.
+    Its key is never here: the serve pod's environment holds it (`judge_secret`)."""
+    return ["--judge-upstream", config.judge_upstream, "--judge-model", config.judge_model] \
+        if config.judge_upstream else []
 
 
 def limit_flags(config: RunConfig) -> list[str]:

@@ -173,11 +173,30 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if config.upstream and not net.is_upstream_url(config.upstream):
         # Not echoed: a URL refused here may hold a password or a key.
         raise ConfigError(f"config key 'upstream' must be {net.UPSTREAM_URL}: the base of an OpenAI-compatible server")
+    check_judge(config)
     if not config.dataset_registry:
         raise ConfigError("config key 'dataset_registry' is empty; give the URL or path of Harbor's registry.json")
     for key in ("eval_dataset", "dataset") if check_dataset else ():
         if getattr(config, key):
             datasets.check_dataset(config, key, REPO_ROOT)
+            judged = [] if config.judge_upstream else datasets.judged_tasks(getattr(config, key), REPO_ROOT)
+            if judged:
+                raise ConfigError(f"config key {key!r}: task {judged[0]!r} has a verifier that asks a judge model "
+                                  f"([verifier] judge), and the run has none; set judge_upstream and judge_model")
+
+
+def check_judge(config: RunConfig) -> None:
+    """The judge's keys (`judge_upstream`, `judge_model`, `judge_secret`): a ConfigError on the first bad one."""
+    if config.judge_upstream and not net.is_upstream_url(config.judge_upstream):
+        # Not echoed: a URL refused here may hold a password or a key.
+        accepted = net.UPSTREAM_URL.replace("OPENFORGE_UPSTREAM_API_KEY", "judge_secret")
+        raise ConfigError(f"config key 'judge_upstream' must be {accepted}: the base of an OpenAI-compatible server")
+    if bool(config.judge_upstream) != bool(config.judge_model):
+        raise ConfigError("config keys 'judge_upstream' and 'judge_model' go together: the judge's base URL and the "
+                          "model it is asked for; set both, or neither")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", config.judge_secret) or len(config.judge_secret) > 253:
+        raise ConfigError(f"config key 'judge_secret' must be a Kubernetes Secret's name (lower-case letters, digits, "
+                          f"'-' and '.'), got {config.judge_secret!r}")
 
 
 def check_access(config: RunConfig) -> None:

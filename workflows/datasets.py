@@ -126,6 +126,18 @@ def check_dataset(config: RunConfig, key: str, root: Path) -> None:
                           f"{ACCEPTED}")
 
 
+def judged_tasks(source: str, root: Path) -> list[str]:
+    """The tasks of a dataset on this machine whose verifier asks a judge model (`[verifier] judge`); [] for a
+    dataset kept elsewhere (s3, Harbor: read when the run snapshots it) or one that cannot be read (said elsewhere)."""
+    if kind(source) != "path":
+        return []
+    try:
+        tasks, _ = load_dataset(local_path(source, root))
+    except DatasetError:
+        return []
+    return [task.name for task in tasks if task.config.judge]
+
+
 def local_path(source: str, root: Path) -> Path:
     """A path dataset on this machine: absolute, or relative to `root` (the repository)."""
     path = Path(source)

@@ -47,6 +47,7 @@ from hera.workflows.models import (Backoff, Capabilities, ContainerPort, Continu
 
 from steps.harnesses import ALL_HARNESSES as HARNESSES, allowance
 from steps.plan import FANOUTS
+from steps.proxy.config import JUDGE_KEY_ENV
 from steps.harnesses.base import NODE_VERSION
 from steps.contracts.rollout import NO_REWARD
 from steps.fetch_model import TOKEN_ENV
@@ -175,6 +176,13 @@ def admin_env(config: RunConfig) -> list:
     return [SecretEnv(name="OPENFORGE_ADMIN_KEY", secret_name=config.admin_secret, secret_key="admin-key")]
 
 
+def judge_env(config: RunConfig) -> list:
+    """The judge upstream's key, for the serve pod's proxy alone (never a rollout pod's): the `judge_secret` Secret's
+    key `api-key`, optional (a judge that needs no key needs no Secret); nothing without a judge."""
+    return [SecretEnv(name=JUDGE_KEY_ENV, secret_name=config.judge_secret, secret_key="api-key", optional=True)] \
+        if config.judge_upstream else []
+
+
 def serve_template(config: RunConfig, iteration: int) -> Container:
     """vLLM on this iteration's checkpoint plus the proxy: a daemon, ready when the proxy's /health answers.
 
@@ -191,7 +199,7 @@ def serve_template(config: RunConfig, iteration: int) -> Container:
     command += [] if config.upstream else commands.follow_flags(config, iteration)
     cached = bool(config.model_cache_volume and config.lora_rank > 0 and not config.upstream)
     command += ["--model-cache", MODEL_CACHE] if cached else []
-    env = admin_env(config) + s3_env(config)
+    env = admin_env(config) + s3_env(config) + judge_env(config)
     if config.upstream:  # its key, if it needs one: the admin Secret's optional `upstream-api-key`
         env.append(SecretEnv(name="OPENFORGE_UPSTREAM_API_KEY", secret_name=config.admin_secret,
                              secret_key="upstream-api-key", optional=True))

@@ -37,6 +37,7 @@ from steps.metrics import harness_killed_warning, harness_kills, iteration_metri
 from steps.net import free_port
 from steps.plan import FANOUTS, attempt_id, read_chunk
 from steps.proxy.client import ProxyClient, ProxyClientError
+from steps.proxy.config import JUDGE_KEY_ENV
 from steps.rollout import write_outputs, write_result
 from steps.tasks import load_task
 from steps.report import write_report
@@ -48,7 +49,8 @@ from steps.contracts.config import RunConfig
 
 from workflows.config import REPO_ROOT, TINY_VISION_MODEL
 
-UPSTREAM_KEY = "OPENFORGE_UPSTREAM_API_KEY"  # serve's alone (step_env)
+UPSTREAM_KEY = "OPENFORGE_UPSTREAM_API_KEY"  # serve's alone (step_env), as is the judge's (JUDGE_KEY_ENV)
+SERVE_ONLY = (UPSTREAM_KEY, JUDGE_KEY_ENV)
 SERVE_START_TIMEOUT_S = 900
 PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: a forked child of a threaded driver must not load it
@@ -88,10 +90,10 @@ def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
 
 
 def step_env(admin_key: str) -> dict:
-    """The steps' environment: this one with the admin key, less the upstream's key, which only serve gets
-    (`start_serve`), and the hub token, which only fetch-model gets (`fetch_base_model`): a rollout's harness or
-    agent never sees them."""
-    return {**{k: v for k, v in os.environ.items() if k not in (UPSTREAM_KEY, TOKEN_ENV)},
+    """The steps' environment: this one with the admin key, less the upstream's and the judge's keys, which only serve
+    gets (`start_serve`), and the hub token, which only fetch-model gets (`fetch_base_model`): a rollout's harness,
+    agent or verifier never sees them."""
+    return {**{k: v for k, v in os.environ.items() if k not in (*SERVE_ONLY, TOKEN_ENV)},
             "OPENFORGE_ADMIN_KEY": admin_key}
 
 
@@ -101,7 +103,7 @@ def start_serve(config: RunConfig, model_dir: str, version: int, env: dict, logs
     argv = commands.serve(config, model_dir, layout.calls_url(config.run_url), version, port=port, python=sys.executable)
     argv += ["--log", str(logs / "vllm.log")]
     # SIGTERM to serve (which then stops vLLM) if this driver dies, even by SIGKILL: nothing outlives a run.
-    key = {UPSTREAM_KEY: os.environ[UPSTREAM_KEY]} if UPSTREAM_KEY in os.environ else {}
+    key = {name: os.environ[name] for name in SERVE_ONLY if name in os.environ}
     process = subprocess.Popen(argv, env={**env, **key}, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                                stdout=open(logs / "serve.log", "ab"), stderr=subprocess.STDOUT,
                                preexec_fn=_die_with_driver)

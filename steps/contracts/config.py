@@ -101,6 +101,11 @@ class RunConfig:
     eval_k: int = 3  # tries per task: pass@k and pass^k are computed for this k
     upstream: str = ""  # eval runs: an OpenAI-compatible server already running, served behind the proxy instead of vLLM
     upstream_model: str = ""  # the model name that upstream serves; empty: `model_name`
+    # the judge a task's verifier may ask for its reward (`[verifier] judge`; docs/proxy.md, "The judge route"): any
+    # OpenAI-compatible base URL, reached only through the proxy's judge route, asked for `judge_model`; its key
+    # comes from the Secret `judge_secret` (key api-key) on Argo, from OPENFORGE_JUDGE_UPSTREAM_API_KEY locally
+    judge_upstream: str = ""
+    judge_model: str = ""
     # the update: its own flat YAML (steps/update/config.py), plus these run-level settings as overrides
     update_config: str = "configs/update.yaml"
     # more of the update's keys as key=value overrides of update_config (e.g. ["mini_batches=4"]): a cluster's
@@ -142,6 +147,7 @@ class RunConfig:
     argo_node_status_offload: bool = False
     admin_secret: str = "openforge-admin"  # key admin-key
     hub_secret: str = "openforge-hub"  # key token: the token for a gated or private hub `model`; optional
+    judge_secret: str = "openforge-judge"  # key api-key: the judge_upstream's key, in the serve pod only; optional
     image_registry: str = "ghcr.io/openforge"
     image_tag: str = "0.1.0"  # OpenForge's own images; task images are tagged with their content (steps/plan.py)
     registry_secret: str = "openforge-registry"  # a docker-registry Secret (key .dockerconfigjson): task image pushes

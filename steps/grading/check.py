@@ -3,7 +3,8 @@
 A task is `ok` when its environment builds, `solution/solve.sh` exits 0 within the agent timeout and
 the verifier then writes a reward of 1. Otherwise it is `broken`, with the reason: a load error, a
 failed build, an oracle that failed or timed out, a verifier that crashed, or a reward other than 1.
-A task without `solution/solve.sh` is `skipped`. The CLI is `python -m steps.tasks check DATASET`.
+A task without `solution/solve.sh` is `skipped`, and so is one whose verifier asks a judge model (`[verifier] judge`:
+only a run's proxy serves one). The CLI is `python -m steps.tasks check DATASET`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def check_task(task: Task, work_dir: Path) -> CheckResult:
     started = time.monotonic()
     if task.solution_dir is None:
         return CheckResult(task.name, SKIPPED, "no solution/solve.sh to check")
+    if task.config.judge:  # its reward is the run's judge model's, which only a run's proxy reaches
+        return CheckResult(task.name, SKIPPED, "its verifier asks a judge model ([verifier] judge), which only a "
+                                               "run's proxy serves")
 
     def verdict(status: str, reason: str = "", details: str = "", notes: Sequence[str] = ()) -> CheckResult:
         return CheckResult(task.name, status, reason, details, round(time.monotonic() - started, 2), work_dir,

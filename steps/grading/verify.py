@@ -137,11 +137,14 @@ def verifier_env(sandbox: Sandbox, task: Task) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", **task.config.verifier_env}
 
 
-def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, str] | None = None) -> VerifierResult:
+def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, str] | None = None,
+                 judge: bool = False) -> VerifierResult:
     """Grade in a pristine root (`sandbox.for_verifier`): copy `tests/` in, run `tests/test.sh`, read its reward.
 
     Call only after the agent's processes have stopped. `output_dir` (on the host) receives the
-    verifier's stdout+stderr as `test-stdout.txt` and a copy of the sandbox's /logs/verifier.
+    verifier's stdout+stderr as `test-stdout.txt` and a copy of the sandbox's /logs/verifier. `env` is added to
+    the verifier's own; `judge`: the verifier reaches the proxy's judge route (`env` then holds its URL and key:
+    `steps.rollout.grade`).
     """
     output_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -157,7 +160,7 @@ def run_verifier(sandbox: Sandbox, task: Task, output_dir: Path, env: dict[str, 
         grading.copy_in(task.tests_dir, TESTS_DIR)
         run = grading.run_verifier_command(["bash", "-c", SUPERVISOR], ["bash", f"{TESTS_DIR}/test.sh"],
                                            timeout_s=task.config.verifier_timeout_s, env=env,
-                                           stdout_path=output_dir / "test-stdout.txt")
+                                           stdout_path=output_dir / "test-stdout.txt", judge=judge)
         # The reward files first: past the log cap, whatever else the verifier (or the agent's program it ran) left
         # there is cut, never the reward. A /logs/verifier the verifier removed copies nothing (no reward, below).
         grading.notes.extend(f"{VERIFIER_DIR}: {note}" for note in

@@ -11,6 +11,8 @@ the harness's own settings reach vLLM (a plain recorder: what the serve step nev
 `--external-upstream` marks a server the serve step did not start (a vLLM elsewhere or any OpenAI-compatible
 endpoint, named `--upstream-model` there, with OPENFORGE_UPSTREAM_API_KEY as its key if it needs one): calls it
 answers without token ids are recorded as untrainable instead of failing (docs/proxy.md).
+`--judge-upstream URL --judge-model NAME` opens the judge route a task's verifier may ask (any OpenAI-compatible
+endpoint, OPENFORGE_JUDGE_UPSTREAM_API_KEY as its key if it needs one: steps/proxy/judge.py).
 """
 
 import argparse
@@ -24,7 +26,7 @@ import yaml
 from steps import logs, sampling
 from steps.proxy.app import create_app
 from steps.proxy.weights import Restart
-from steps.proxy.config import ROLLOUT_LIMITS, ProxyConfig, limit_flag
+from steps.proxy.config import JUDGE_KEY_ENV, ROLLOUT_LIMITS, ProxyConfig, limit_flag
 from steps.proxy.connections import connection_cap, raise_open_file_limit
 from steps.proxy.http_server import protocol_factory
 from steps.proxy.replicas import AFFINITY, POLICIES
@@ -34,13 +36,15 @@ def command_line(upstream: str | list[str], store: str, port: int, host: str | N
                  model_name: str | None = None, max_tokens_cap: int | None = None, weight_version: str | None = None,
                  sampling: list[str] | tuple[str, ...] = (), extra: list[str] | tuple[str, ...] = (),
                  upstream_model: str | None = None, external: bool = False, image_limit: int | None = None,
-                 tool_images: bool = True, limits: dict[str, int] | None = None) -> list[str]:
+                 tool_images: bool = True, limits: dict[str, int] | None = None, judge_upstream: str | None = None,
+                 judge_model: str | None = None) -> list[str]:
     """The proxy's flags, as `parse_args` reads them: what the serve step runs in-process and the tests'
     launcher runs as `python -m steps.proxy`; `upstream` is one URL or each replica's; `sampling` holds `KEY=VALUE`
     items (`steps.sampling`). The admin key travels in the environment, never here; so does an external upstream's
     key (`external`: `--external-upstream`). `image_limit` is the run's; `tool_images` whether the served model's chat
 template renders images in tool turns (`steps.proxy.images.renders_tool_images`); `limits` the run's values of
-`ROLLOUT_LIMITS` (a key left out: the proxy's default, which is the run's).
+`ROLLOUT_LIMITS` (a key left out: the proxy's default, which is the run's); `judge_upstream` and `judge_model` the
+run's judge (its key, too, travels in the environment).
 
     >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, model_name="tiny")
     ['--upstream', 'http://127.0.0.1:8000', '--port', '8100', '--store', 'runs/calls', '--model-name', 'tiny']
@@ -50,12 +54,15 @@ template renders images in tool turns (`steps.proxy.images.renders_tool_images`)
     ['--upstream', 'http://127.0.0.1:8000', '--upstream', 'http://127.0.0.1:8001']
     >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, limits={"store_quota_mb": 64})[-2:]
     ['--store-quota-mb', '64']
+    >>> command_line("http://127.0.0.1:8000", "runs/calls", 8100, judge_upstream="http://j/v1", judge_model="j")[-4:]
+    ['--judge-upstream', 'http://j/v1', '--judge-model', 'j']
     """
     argv = [word for url in ([upstream] if isinstance(upstream, str) else upstream) for word in ("--upstream", url)]
     argv += ["--port", str(port), "--store", store]
     for flag, value in (("--host", host), ("--model-name", model_name), ("--max-tokens-cap", max_tokens_cap),
                         ("--weight-version", weight_version), ("--upstream-model", upstream_model),
-                        ("--image-limit", image_limit)):
+                        ("--image-limit", image_limit), ("--judge-upstream", judge_upstream or None),
+                        ("--judge-model", judge_model or None)):
         if value is not None:
             argv += [flag, str(value)]
     if external:
@@ -106,6 +113,10 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     p.add_argument("--external-upstream", action="store_true",
                    help="the upstream is a server the serve step did not start: calls without token ids are "
                         "recorded as untrainable, vLLM-only sampling keys at neutral are not sent")
+    p.add_argument("--judge-upstream", help="the judge a task's verifier may ask through POST /judge/{id}/v1/chat/"
+                   "completions: an OpenAI-compatible server's base URL (its key from "
+                   "OPENFORGE_JUDGE_UPSTREAM_API_KEY; default: no judge route)")
+    p.add_argument("--judge-model", help="the model name the judge upstream is asked for (with --judge-upstream)")
     p.add_argument("--weight-version", help="version of the weights vLLM starts with (default: ask vLLM, else 0)")
     p.add_argument("--adapter", help="a LoRA adapter folder every replica loads before the proxy listens, served as "
                                      "--weight-version (steps.proxy.weights; default: none, the model alone)")
@@ -156,6 +167,11 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     upstream_key = os.environ.get("OPENFORGE_UPSTREAM_API_KEY") or None
     if upstream_key is not None and not upstream_key.isprintable():
         p.error("OPENFORGE_UPSTREAM_API_KEY holds a line break or another control character; give the key alone")
+    judge_key = os.environ.get(JUDGE_KEY_ENV) or None
+    if judge_key is not None and not judge_key.isprintable():
+        p.error(f"{JUDGE_KEY_ENV} holds a line break or another control character; give the key alone")
+    if bool(args.judge_upstream) != bool(args.judge_model):
+        p.error("--judge-upstream and --judge-model go together: the judge's URL and the model it is asked for")
     return ProxyConfig(
         upstream=args.upstream[0], replicas=tuple(args.upstream[1:]), replica_policy=args.replica_policy,
         store=args.store, admin_key=args.admin_key, tasks=args.tasks, host=args.host, port=args.port,
@@ -163,6 +179,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         weight_version=args.weight_version, adapter=args.adapter,
         upstream_model=args.upstream_model, external_upstream=args.external_upstream,
         upstream_api_key=upstream_key,
+        judge_upstream=args.judge_upstream or None, judge_model=args.judge_model or None, judge_api_key=judge_key,
         forced_sampling=forced_sampling(p, args.sampling),
         max_tokens_cap=args.max_tokens_cap, image_limit=args.image_limit, tool_images=args.tool_images == "tool",
         max_body_bytes=args.max_body_bytes,

@@ -1,11 +1,13 @@
 """The recording proxy's HTTP app: admin routes, per-rollout dialect routes, one error handler.
 
 Admin routes (admin key): POST /rollouts, GET /rollouts, GET /rollouts/{id}/calls (and the records skipped),
-POST /rollouts/{id}/close, PUT /rollouts/{id}/result and /phase (`results`), POST /weights/pause|resume|update, GET /replicas,
+POST /rollouts/{id}/close, POST /rollouts/{id}/judge and /judge/close (the verifier's judge: `judge`),
+PUT /rollouts/{id}/result and /phase (`results`), POST /weights/pause|resume|update, GET /replicas,
 GET /tasks/{dataset}/{task} (one task folder of the run's dataset as a tar, for a rollout pod's init container:
 `steps.datasets`).
 Rollout routes (that rollout's key): /rollouts/{id}/v1/chat/completions, /v1/responses,
 /v1/messages, /v1/models.
+Judge route (that rollout's judge key, handed to its verifier only): /judge/{id}/v1/chat/completions.
 """
 
 import asyncio
@@ -25,7 +27,7 @@ from starlette.exceptions import HTTPException
 
 from steps import datasets
 from steps.contracts import layout
-from steps.proxy import chat, messages, responses, results
+from steps.proxy import chat, judge, messages, responses, results
 from steps.proxy.config import ProxyConfig
 from steps.proxy.errors import (
     ProxyError,
@@ -47,7 +49,7 @@ from steps.proxy.serving import (
 )
 from steps.proxy.replicas import Replicas
 from steps.proxy.sessions import Sessions, StoreQuota, WeightGate
-from steps.proxy.store import CallStore
+from steps.proxy.store import CallStore, judge_store_url
 from steps.proxy.upstream import Upstream
 from steps.proxy.weights import Restart, initial_version, swap_weights
 
@@ -173,6 +175,30 @@ async def put_phase(request: Request, rollout_id: str, retry: int, phase: str, e
     rollout = await request.app.state.sessions.get(rollout_id)  # 404 for a rollout this proxy never opened
     url = await results.store_phase(request.app.state.config, rollout_id, phase, retry, evaluation, rollout.metadata)
     return {"rollout_id": rollout_id, "url": url}
+
+
+@admin.post("/rollouts/{rollout_id}/judge")
+async def open_judge(request: Request, rollout_id: str) -> dict:
+    """Opens the rollout's judge session for its verifier, once the agent's session is closed (`judge.Judges.open`):
+    its key and the base URL of its judge route."""
+    require_admin(request)
+    if request.app.state.judges is None:
+        raise ProxyError(409, "this proxy has no judge: set the run's judge_upstream and judge_model")
+    rollout = await request.app.state.sessions.get(rollout_id)
+    session, key = request.app.state.judges.open(rollout)
+    base = (request.app.state.config.public_url or str(request.base_url)).rstrip("/")
+    return {"rollout_id": session.rollout_id, "api_key": key, "openai_base_url": f"{base}/judge/{rollout_id}/v1",
+            "model": request.app.state.config.judge_model}
+
+
+@admin.post("/rollouts/{rollout_id}/judge/close")
+async def close_judge(request: Request, rollout_id: str) -> dict:
+    """Ends the rollout's judge session: {"rollout_id", "calls", "failed"} (the calls that failed on the judge's or
+    the proxy's side)."""
+    require_admin(request)
+    if request.app.state.judges is None:
+        raise ProxyError(409, "this proxy has no judge: set the run's judge_upstream and judge_model")
+    return request.app.state.judges.close(rollout_id).summary()
 
 
 @admin.post("/weights/pause")
@@ -312,6 +338,14 @@ def create_app(config: ProxyConfig, restart: Restart | None = None) -> ModelCall
         for upstream in upstreams:
             await upstream.start()
             await upstream.probe()  # an external upstream's refusals, before any harness's call
+        app.state.judges = app.state.judge_upstream = None
+        if config.judge_upstream:  # the verifier's judge: another upstream, another store (steps.proxy.judge)
+            app.state.judges, app.state.judge_store = judge.Judges(), CallStore(judge_store_url(config.store),
+                                                                               fsync=config.fsync)
+            app.state.judge_upstream = Upstream(judge.judge_root(config.judge_upstream),
+                                                timeout_s=config.upstream_timeout_s, model=config.judge_model,
+                                                external=True, api_key=config.judge_api_key)
+            await app.state.judge_upstream.start()
         app.state.gate = WeightGate(await initial_version(upstreams, config.weight_version))
         app.state.replicas = Replicas(upstreams, app.state.gate.version, config.replica_policy)
         if config.adapter:  # a LoRA iteration's serve: its adapter on every replica before any call
@@ -322,12 +356,13 @@ def create_app(config: ProxyConfig, restart: Restart | None = None) -> ModelCall
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
-        for upstream in upstreams:
+        for upstream in upstreams + ([app.state.judge_upstream] if app.state.judge_upstream else []):
             await upstream.close()
 
     app = FastAPI(title="OpenForge recording proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.include_router(admin)
     app.include_router(rollout_api)
+    app.include_router(judge.judge_api)
     app.add_exception_handler(ProxyError, _on_proxy_error)
     app.add_exception_handler(HTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, lambda r, e: _error_response(r, ProxyError(400, str(e))))

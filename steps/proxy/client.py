@@ -121,6 +121,16 @@ class ProxyClient:
         answer = self.request("GET", f"/rollouts/{rollout_id}/calls", timeout_s=CALLS_TIMEOUT_S, idempotent=True)
         return RecordedCalls(answer["calls"], answer.get("skipped") or [])
 
+    def open_judge(self, rollout_id: str) -> dict:
+        """Opens a closed rollout's judge session, for its verifier (`steps.proxy.judge`): {"rollout_id", "api_key",
+        "openai_base_url", "model"}. 409 while the rollout is open, once it had one, or on a proxy without a judge."""
+        return self.request("POST", f"/rollouts/{rollout_id}/judge")
+
+    def close_judge(self, rollout_id: str) -> dict:
+        """Ends the rollout's judge session (its key gets 403): {"rollout_id", "calls", "failed"}; closing again
+        changes nothing."""
+        return self.request("POST", f"/rollouts/{rollout_id}/judge/close", idempotent=True)
+
     def send_result(self, result: dict, retry: int, evaluation: bool = False) -> dict:
         """Hands a rollout pod's result.json (`RolloutResult.to_json()`) to the proxy, which writes it to the store
         for Argo's retry number `retry` (`steps.proxy.results`): {"rollout_id", "url"}. Writing it again changes

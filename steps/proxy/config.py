@@ -22,6 +22,11 @@ ROLLOUT_LIMITS = {
 }
 
 
+# The judge upstream's key (`ProxyConfig.judge_api_key`): in the proxy's environment alone, the serve step's, never
+# that of a step that runs rollouts (workflows/local.py) or of a rollout pod (workflows/iteration.py).
+JUDGE_KEY_ENV = "OPENFORGE_JUDGE_UPSTREAM_API_KEY"
+
+
 def limit_flag(key: str) -> str:
     """The flag of a key of `ROLLOUT_LIMITS`, the proxy's and the serve step's alike.
 
@@ -56,6 +61,11 @@ class ProxyConfig:
     # without token ids are recorded as untrainable, and vLLM-only sampling keys at neutral are not sent to it.
     external_upstream: bool = False
     upstream_api_key: str | None = field(default=None, repr=False)  # sent upstream as a Bearer token
+    # The judge a task's verifier may ask (steps/proxy/judge.py): any OpenAI-compatible endpoint, asked for
+    # `judge_model`, sent `judge_api_key` as a Bearer token; None: no judge route.
+    judge_upstream: str | None = None
+    judge_model: str | None = None
+    judge_api_key: str | None = field(default=None, repr=False)
     weight_version: str | None = None  # None: ask vLLM (/weight_info), else "0"
     adapter: str | None = None  # a LoRA adapter folder loaded at start, served as `weight_version`
     # The run's sampling (steps/sampling.py), every key, forced on every upstream call; empty: the harness's own.

@@ -7,6 +7,8 @@ Layout:
     {root}/rollouts/{rollout_id}/calls.jsonl             local folder: one call record per line, appended
     {root}/rollouts/{rollout_id}/calls/{index:06d}.json  object store: one object per call
     {root}/images/{sha256}                               every image a call sent, once (steps.proxy.image_store)
+    {root}/judge/rollouts/{rollout_id}/...               a judge's calls (the verifier's: steps.proxy.judge), laid
+                                                         out as above, apart: no reader of rollouts/ meets them
 
 A call's prompt usually starts with the prompt of the rollout's call before it (an agent's context grows
 by appending), so a stored record keeps only what is new: `prompt_shared` = {"call_index": k, "tokens":
@@ -49,7 +51,17 @@ from steps.proxy.image_store import ImageStore, ImageWriteFailed
 from steps.proxy.images import Image
 
 CALL_LOG = "calls.jsonl"
+JUDGE_FOLDER = "judge"  # under the root: the judge's calls, a store of their own (`judge_store_url`)
 RECORD_START = b'{"%s":' % NAMES[0].encode()  # how every record the proxy writes begins (its first key)
+
+
+def judge_store_url(root: str) -> str:
+    """The store of the judge's calls, beside the policy's rollouts under `root` (never inside `rollouts/`).
+
+    >>> judge_store_url("s3://b/runs/demo/calls/")
+    's3://b/runs/demo/calls/judge'
+    """
+    return f"{root.rstrip('/')}/{JUDGE_FOLDER}"
 
 
 class StoreWriteFailed(Exception):

@@ -90,10 +90,11 @@ class Sandbox(Protocol):
         ...
 
     def run_verifier_command(self, supervised: list[str], plain: list[str], *, timeout_s: float,
-                             env: dict[str, str], stdout_path: Path) -> RunResult:
+                             env: dict[str, str], stdout_path: Path, judge: bool = False) -> RunResult:
         """Run the verifier as this sandbox's root, `TESTS_DIR` beyond the reach of what it runs: `supervised`
         (test.sh under a supervisor that counts what is left running) where the verifier's processes are alone
-        in their PID namespace, else `plain`."""
+        in their PID namespace, else `plain`. `judge`: it may reach the proxy (its judge route: a task's
+        `[verifier] judge`), as `agent_url` gives it."""
         ...
 
     def reset_dir(self, sandbox_path: str) -> Path:

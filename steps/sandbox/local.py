@@ -197,7 +197,7 @@ class LocalSandbox(SandboxFiles):
         view = LocalSandbox(root=_fresh_root(self.root.parent / f"{self.root.name}-verifier"), workdir=self.workdir,
                        env=dict(self.image_env), layer=self.layer, limits=self.limits, owns_limits=False,
                        image_env=dict(self.image_env),
-                       bounds=self.bounds)
+                       bounds=self.bounds, setup=self.setup)  # the proxy, for a verifier that asks the judge
         storage_mb = task.config.resources.storage_mb
         limits = CopyLimits(files=self.bounds.graded_files, bytes=storage_mb * MIB, seconds=self.bounds.graded_seconds)
         try:  # on a disk of the task's storage_mb too: a sparse file the agent made cannot fill the host's
@@ -274,14 +274,24 @@ class LocalSandbox(SandboxFiles):
         return proxy.hostname, proxy.port or 80
 
     def run_verifier_command(self, supervised: list[str], plain: list[str], *, timeout_s: float,
-                             env: dict[str, str], stdout_path: Path) -> RunResult:
+                             env: dict[str, str], stdout_path: Path, judge: bool = False) -> RunResult:
         """`supervised` (test.sh under `steps.grading.verify.SUPERVISOR`): this sandbox's PID namespace holds only the
         verifier's processes, and the supervisor is its init, which nothing inside can kill. `TESTS_DIR` is bound
         read-only: bash reads test.sh as it goes, so a program of the agent's that test.sh runs could otherwise
-        rewrite the lines still to come."""
+        rewrite the lines still to come. Its network is loopback only; with `judge`, loopback and a `ProxyTunnel`
+        to the proxy, as the agent had (the judge route takes only the judge key the verifier's environment holds)."""
         tests_read_only = [(self.host_path(TESTS_DIR), TESTS_DIR, True)]
-        return self.run(self.supervised(supervised, plain), timeout_s=timeout_s, env=env, stdout_path=stdout_path,
-                        extra_binds=tests_read_only, init=True)
+        command = self.supervised(supervised, plain)
+        if not judge:
+            return self.run(command, timeout_s=timeout_s, env=env, stdout_path=stdout_path,
+                            extra_binds=tests_read_only, init=True)
+        host, port = self._proxy()
+        try:
+            with ProxyTunnel(f"ofv-{os.getpid()}-{time.monotonic_ns() % 10**9}", host, port) as tunnel:
+                return self.run(command, timeout_s=timeout_s, env=env, stdout_path=stdout_path,
+                                extra_binds=tests_read_only, network=tunnel, init=True)
+        except NetworkError as exc:
+            raise SandboxError(str(exc)) from None
 
     def supervised(self, supervised: list[str], plain: list[str]) -> list[str]:
         """The verifier's command: `supervised`, since this sandbox's PID namespace holds only the verifier's

@@ -271,9 +271,10 @@ class PodSandbox(SandboxFiles):
         """Nothing to unmount: the pod's `/` is its own."""
 
     def run_verifier_command(self, supervised: list[str], plain: list[str], *, timeout_s: float,
-                             env: dict[str, str], stdout_path: Path) -> RunResult:
+                             env: dict[str, str], stdout_path: Path, judge: bool = False) -> RunResult:
         """`plain`, as root: the pod's processes include the runner's, so test.sh is not supervised here (what it left
-        running is killed with its session when it ends); `TESTS_DIR` stays root's to write."""
+        running is killed with its session when it ends); `TESTS_DIR` stays root's to write. The pod's network
+        reaches the proxy either way, so `judge` changes nothing: the judge key in `env` is what opens the route."""
         return self.run(plain, timeout_s=timeout_s, env=env, stdout_path=stdout_path)
 
     def prepare_verifier(self, env: dict[str, str]) -> dict[str, str]:

@@ -83,6 +83,7 @@ class TaskConfig:
     environment_env: dict[str, str] = field(default_factory=dict)  # [environment] env
     verifier_env: dict[str, str] = field(default_factory=dict)  # [verifier] env
     graded_paths: tuple[str, ...] = ()  # [verifier] graded_paths (OpenForge's): what the verifier sees of the agent's work
+    judge: bool = False  # [verifier] judge (OpenForge's): the verifier asks the run's judge (steps/proxy/judge.py)
     solution_env: dict[str, str] = field(default_factory=dict)  # [solution] env
     ignored_fields: tuple[str, ...] = ()  # fields of a newer Harbor schema that OpenForge does not read
 
@@ -232,6 +233,7 @@ def _config(raw: dict) -> TaskConfig:
         environment_env=dict(env.get("env", {})),
         verifier_env=dict(verifier.get("env", {})),
         graded_paths=tuple(verifier.get("graded_paths", ())),
+        judge=verifier.get("judge", False),
         solution_env=dict(raw.get("solution", {}).get("env", {})),
         ignored_fields=tuple(unknown_fields(raw)))
 

@@ -52,7 +52,7 @@ SECTIONS: dict[str, dict[str, Check]] = {
     "task": {"name": TEXT, "description": TEXT, "authors": TABLES, "keywords": TEXTS},
     "verifier": {"timeout_sec": SECONDS, "env": STRING_TABLE, "user": USER, "network_mode": NETWORK,
                  "allowed_hosts": TEXTS, "environment_mode": TEXT, "environment": TABLE, "collect": TABLES,
-                 "graded_paths": ABSOLUTE_PATHS},
+                 "graded_paths": ABSOLUTE_PATHS, "judge": FLAG},
     "agent": {"timeout_sec": SECONDS, "setup_timeout_sec": SECONDS, "user": USER, "network_mode": NETWORK,
               "allowed_hosts": TEXTS},
     "environment": {"build_timeout_sec": SECONDS, "docker_image": TEXT, "cpus": COUNT, "memory_mb": COUNT,
