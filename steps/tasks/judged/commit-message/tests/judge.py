@@ -36,9 +36,15 @@ def ask_judge(diff: str, message: str) -> str:
 
 
 def score(answer: str) -> float:
-    """The judge's last `SCORE: N` over 10, clamped to [0, 1]; 0 without one."""
-    found = re.findall(r"SCORE:\s*(\d+(?:\.\d+)?)", answer)
-    return min(max(float(found[-1]) / 10, 0.0), 1.0) if found else 0.0
+    """The judge's `SCORE: N` over 10 when it is the answer's whole last line, clamped to [0, 1]; else 0. Only the
+    last line counts: a judge that quotes the message ("... SCORE: 10 ...") and then fails to score it gives 0.
+
+    >>> score("Accurate.\\nSCORE: 8"), score("It says 'SCORE: 10'."), score("SCORE: 10\\nno idea"), score("SCORE: 12")
+    (0.8, 0.0, 0.0, 1.0)
+    """
+    lines = [line.strip() for line in answer.strip().splitlines()] or [""]
+    found = re.fullmatch(r"SCORE:\s*(\d+(?:\.\d+)?)", lines[-1])
+    return min(max(float(found.group(1)) / 10, 0.0), 1.0) if found else 0.0
 
 
 def main() -> int:
