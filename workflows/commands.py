@@ -23,21 +23,25 @@ PROXY_PORT = 8100
 # may not set them, so the update and the rest of the run (the sampler, the plan) cannot disagree.
 RUN_UPDATE_KEYS = {"adv_estimator": "adv_estimator", "learning_rate": "learning_rate", "epochs": "epochs",
                    "seed": "seed", "temperature": "temperature", "unmatched_sampling": "allow_unmatched_sampling",
-                   "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_target_modules"}
+                   "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_target_modules",
+                   "drop_flat_groups": "drop_flat_groups"}
 
 
 def update_overrides(config: RunConfig) -> list[str]:
     """The run's `update_args`, then its algorithm settings, as `key=value` overrides of the update's own config
     file (same names); its logprobs are computed at the temperature the rollouts were sampled with, and it is told
-    of settings it cannot reproduce.
+    of settings it cannot reproduce. `drop_flat_groups` is passed only when off (the update's default is on).
 
     >>> update_overrides(RunConfig(update_args=("mini_batches=4",)))[:2]
     ['mini_batches=4', 'adv_estimator=grpo']
+    >>> update_overrides(RunConfig(drop_flat_groups=False))[-1]
+    'drop_flat_groups=false'
     """
     unmatched = sampling.unmatched(sampling.settings(config))
     return [*config.update_args, f"adv_estimator={config.adv_estimator}", f"learning_rate={config.learning_rate!r}",
             f"epochs={config.epochs}", f"seed={config.seed}", f"temperature={config.temperature!r}",
-            *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else []), *lora_overrides(config)]
+            *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else []), *lora_overrides(config),
+            *([] if config.drop_flat_groups else ["drop_flat_groups=false"])]
 
 
 def lora_overrides(config: RunConfig) -> list[str]:
@@ -170,11 +174,33 @@ def plan(config: RunConfig, iteration: int | str, python: str = "python", evalua
                   "--samples-per-task", str(config.eval_k)]
     else:
         chosen = ["--dataset", dataset or config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
-                  str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task)]
+                  str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task),
+                  *curriculum_flags(config)]
     return [python, "-m", "steps.plan", *chosen, "--seed", str(config.seed),
             "--image-prefix", task_image_prefix(config),
             *(["--app-rollouts", app_rollouts] if app_rollouts else []),
             *(["--chunks", plan_folder(config, iteration, evaluation)] if chunks else [])]
+
+
+def curriculum_flags(config: RunConfig) -> list[str]:
+    """The plan step's curriculum flags (`steps.curriculum`); none when the curriculum is off.
+
+    >>> curriculum_flags(RunConfig(curriculum="pass_rate", store="runs", run="demo"))[:4]
+    ['--curriculum', 'pass_rate', '--curriculum-window', '4']
+    """
+    if config.curriculum == "off":
+        return []
+    return ["--curriculum", config.curriculum, "--curriculum-window", str(config.curriculum_window),
+            "--curriculum-min-pass", repr(config.curriculum_min_pass), "--curriculum-max-pass",
+            repr(config.curriculum_max_pass), "--run-url", config.run_url, "--run", config.run]
+
+
+def fill_plan(config: RunConfig, iteration: int, count: int, ran: list[str], python: str = "python") -> list[str]:
+    """A fill round's plan (`fill_batch`, the local runner's): `count` more tasks than the `ran` ones, printed."""
+    return [python, "-m", "steps.plan", "--dataset", config.dataset, "--iteration", str(iteration),
+            "--tasks-per-iteration", str(count), "--samples-per-task", str(config.samples_per_task),
+            *curriculum_flags(config), "--seed", str(config.seed), "--image-prefix", task_image_prefix(config),
+            *[flag for name in ran for flag in ("--exclude", name)]]
 
 
 def plan_folder(config: RunConfig, iteration: int | str, evaluation: bool = False) -> str:

@@ -88,9 +88,19 @@ def update_metrics(update: dict | None) -> dict:
     0.04
     """
     update = update or {}
-    return {name: update.get(name) for name in ("logprob_gap", "loss", "entropy", "tokens_trained")} \
+    return {name: update.get(name) for name in ("logprob_gap", "loss", "entropy", "tokens_trained", "groups_kept",
+                                                 "groups_dropped")} \
         | {"update_train_s": update.get("train_s"), "update_total_s": update.get("total_s"),
            "update_skipped": update.get("skipped")}
+
+
+def pool_counts(counts: dict[str, int]) -> str:
+    """A curriculum's tasks per state in one cell (`steps.curriculum.TaskPool.summary`).
+
+    >>> pool_counts({"learning": 3, "unseen": 1, "solved": 2, "unsolved": 0})
+    'learning 3, unseen 1, solved 2, unsolved 0'
+    """
+    return ", ".join(f"{state} {number}" for state, number in counts.items())
 
 
 def iteration_summary(rollouts: list[dict], calls: list[dict], update: dict | None) -> dict:
