@@ -179,7 +179,7 @@ def test_a_fill_plan_leaves_out_the_tasks_that_ran(tmp_path: Path) -> None:
     dataset = tmp_path / "dataset.txt"
     dataset.write_text("".join(f"{BUILTIN / name}\n" for name in tasks))
     config = RunConfig(dataset=str(dataset), store=str(tmp_path), run="fill", samples_per_task=2)
-    done = subprocess.run(commands.fill_plan(config, 0, 2, tasks[:3], python=sys.executable), cwd=REPO,
+    done = subprocess.run(commands.plan(config, 0, python=sys.executable, tasks=2, exclude=tasks[:3]), cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert plan_names(done.stdout) == sorted(tasks[3:])

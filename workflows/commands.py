@@ -10,6 +10,7 @@ are real values; the command is the same `python -m steps.X ...` line either way
 """
 
 import json
+from collections.abc import Sequence
 
 from steps import sampling
 from steps.proxy.config import ROLLOUT_LIMITS, limit_flag
@@ -163,19 +164,21 @@ def stored_dataset_url(config: RunConfig, evaluation: bool = False) -> str:
 
 
 def plan(config: RunConfig, iteration: int | str, python: str = "python", evaluation: bool = False,
-         app_rollouts: str | None = None, dataset: str | None = None, chunks: bool = False) -> list[str]:
+         app_rollouts: str | None = None, dataset: str | None = None, chunks: bool = False,
+         tasks: int | None = None, exclude: Sequence[str] = ()) -> list[str]:
     """Prints the iteration's rollouts as a JSON list (`steps.plan`); with `evaluation`, those of the
     evaluation of its checkpoint: every task of `eval_dataset`, `eval_k` tries each. With `app_rollouts`, those
     of tasks with an `[environment] app` go to that file instead. `dataset`: read that instead of the config's
     (an Argo run's snapshot in the store, `stored_dataset_url`). With `chunks`, the lists go to the store in chunks
-    (`plan_folder`) and the step prints their numbers."""
+    (`plan_folder`) and the step prints their numbers. A fill round's (`fill_batch`, the local runner's): `tasks`
+    more tasks (not `tasks_per_iteration`), none of the `exclude` ones, which the iteration ran already."""
     if evaluation:
         chosen = ["--eval", "--dataset", dataset or config.evaluation_dataset, "--iteration", str(iteration),
                   "--samples-per-task", str(config.eval_k)]
     else:
         chosen = ["--dataset", dataset or config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
-                  str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task),
-                  *curriculum_flags(config)]
+                  str(tasks or config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task),
+                  *curriculum_flags(config), *[flag for name in exclude for flag in ("--exclude", name)]]
     return [python, "-m", "steps.plan", *chosen, "--seed", str(config.seed),
             "--image-prefix", task_image_prefix(config),
             *(["--app-rollouts", app_rollouts] if app_rollouts else []),
@@ -193,14 +196,6 @@ def curriculum_flags(config: RunConfig) -> list[str]:
     return ["--curriculum", config.curriculum, "--curriculum-window", str(config.curriculum_window),
             "--curriculum-min-pass", repr(config.curriculum_min_pass), "--curriculum-max-pass",
             repr(config.curriculum_max_pass), "--run-url", config.run_url, "--run", config.run]
-
-
-def fill_plan(config: RunConfig, iteration: int, count: int, ran: list[str], python: str = "python") -> list[str]:
-    """A fill round's plan (`fill_batch`, the local runner's): `count` more tasks than the `ran` ones, printed."""
-    return [python, "-m", "steps.plan", "--dataset", config.dataset, "--iteration", str(iteration),
-            "--tasks-per-iteration", str(count), "--samples-per-task", str(config.samples_per_task),
-            *curriculum_flags(config), "--seed", str(config.seed), "--image-prefix", task_image_prefix(config),
-            *[flag for name in ran for flag in ("--exclude", name)]]
 
 
 def plan_folder(config: RunConfig, iteration: int | str, evaluation: bool = False) -> str:

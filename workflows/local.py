@@ -6,7 +6,8 @@ Per iteration, the steps `workflows.shape` declares, executed in order by `shape
 each does here), each one the command `workflows.commands` builds, the very line the Argo templates run, as a
 subprocess: `plan`, `rollout` x N and `rollout-app` x M (at most `parallel_rollouts` at a time; on exit code 3 only,
 attempt K runs as `ID-aK` in its own results folder, with the same sample number), `trajectories`, with an
-`eval_every` evaluation's steps beside them, then `update`; `serve` (vLLM on CPU + the recording proxy) runs once
+`eval_every` evaluation's steps beside them (with `fill_batch`, more plans and rollouts before `trajectories` while
+too few task groups earned more than one reward: `LocalSteps.fill`), then `update`; `serve` (vLLM on CPU + the recording proxy) runs once
 for the whole run and the new weights are swapped into it through the proxy (`POST /weights/update`), where a
 cluster starts a fresh serve pod. The run manifest is the cluster's, so `resume` works here too. After each
 iteration and each evaluation, failed ones too, the run's report (`steps.report`) is written again and its path
@@ -341,8 +342,7 @@ class LocalSteps:
 
     def fill(self) -> None:
         """`fill_batch` (DAPO's dynamic sampling): while fewer than `tasks_per_iteration` task groups earned more than
-        one reward, plans that many more tasks than ran already (`commands.fill_plan`, the plan step with
-        `--exclude`) and rolls them out into the iteration's results, at most `max_fill_rounds` times; stops early
+        one reward, plans that many more tasks than ran already (the plan step with `--exclude`, printed) and rolls them out into the iteration's results, at most `max_fill_rounds` times; stops early
         when the dataset has no task left."""
         for number in range(1, self.config.max_fill_rounds + 1):
             by_task: dict[str, list] = {}
@@ -352,9 +352,8 @@ class LocalSteps:
             if need <= 0:
                 return
             name = f"plan-fill-{number}"
-            printed = run_step(name, commands.fill_plan(self.config, self.iteration, need, sorted(by_task),
-                                                        python=sys.executable),
-                               self.env, self.logs / f"{name}-{self.iteration}.log")
+            argv = commands.plan(self.config, self.iteration, python=sys.executable, tasks=need, exclude=sorted(by_task))
+            printed = run_step(name, argv, self.env, self.logs / f"{name}-{self.iteration}.log")
             planned = read_plan(printed, f"the {name} step's rollouts")
             if not planned:
                 say(f"iteration {self.iteration}: fill round {number}: no task left to plan")
