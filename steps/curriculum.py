@@ -1,14 +1,16 @@
 """The curriculum task pool: which tasks an iteration trains on, by each task's recent pass rate.
 
     from steps.curriculum import Curriculum, choose_tasks, read_history
-    pool = choose_tasks(["a", "b", "c"], read_history(run_url, run, iteration, 4), 2, Curriculum(), seed=0, iteration=5)
+    settings = Curriculum(window=4)
+    pool = choose_tasks(["a", "b", "c"], read_history("runs/demo", "demo", 5, settings), 2, settings, seed=0, iteration=5)
 
 A task whose rollouts of the last `window` iterations always passed (`solved`) or never did (`unsolved`) gives a GRPO
 group with one reward, which carries no gradient; `choose_tasks` prefers the others (`learning`, pass rate strictly
 between `min_pass` and `max_pass`), weighted by p (1 - p), the variance of a pass: tasks near a pass rate of 0.5
 first. A task with no rollout in the window (`unseen`: never tried, or rested for `window` iterations) weighs as one
 at 0.5, so new tasks are tried and resting ones come back. Only when too few tasks are learning or unseen are resting
-ones chosen. A pass is a reward of at least `steps.metrics.SUCCESS`, as in pass@k; an infra error is no try.
+ones chosen. A pass is a reward of at least `pass_reward` (`steps.metrics.SUCCESS`, 1, as in pass@k, by default; a
+task graded with partial credit may set less); an infra error is no try.
 The choice is drawn from `seed` and the iteration alone, so a rerun plans the same tasks. The plan step
 (`steps.plan --curriculum pass_rate`) runs it on both runners and writes the pool (`TaskPool`) beside the plan
 (`layout.curriculum_url`), where the manifest and the report read it.
@@ -32,11 +34,13 @@ UNSEEN_WEIGHT = 0.25  # an unseen task weighs as a task at pass rate 0.5: p (1 -
 
 @dataclass(frozen=True)
 class Curriculum:
-    """The run's curriculum settings (`curriculum_window`, `curriculum_min_pass`, `curriculum_max_pass`)."""
+    """The run's curriculum settings (`curriculum_window`, `curriculum_min_pass`, `curriculum_max_pass`,
+    `curriculum_pass_reward`)."""
 
     window: int = 4
     min_pass: float = 0.0
     max_pass: float = 1.0
+    pass_reward: float = SUCCESS
 
 
 @dataclass
@@ -61,13 +65,14 @@ class TaskPool:
     window: int
     min_pass: float
     max_pass: float
+    pass_reward: float
     tasks: dict[str, dict] = field(default_factory=dict)  # name -> {"tries", "passes", "pass_rate", "state"}
     chosen: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
         """Tasks per state in the pool, and per state among those chosen.
 
-        >>> pool = TaskPool(0, 4, 0.0, 1.0, {"a": {"state": "unseen"}, "b": {"state": "solved"}}, ["a"])
+        >>> pool = TaskPool(0, 4, 0.0, 1.0, 1.0, {"a": {"state": "unseen"}, "b": {"state": "solved"}}, ["a"])
         >>> pool.summary()
         {'learning': 0, 'unseen': 1, 'solved': 1, 'unsolved': 0, 'chosen': {'learning': 0, 'unseen': 1, 'solved': 0, 'unsolved': 0}}
         """
@@ -87,11 +92,14 @@ class TaskPool:
         return cls(**data)
 
 
-def tally(rows: Iterable[tuple[str, float | None]]) -> dict[str, TaskRecord]:
-    """Each task's tries and passes from (task, reward) pairs; a reward of None (an infra error) is no try.
+def tally(rows: Iterable[tuple[str, float | None]], pass_reward: float = SUCCESS) -> dict[str, TaskRecord]:
+    """Each task's tries and passes (a reward of at least `pass_reward`) from (task, reward) pairs; a reward of
+    None (an infra error) is no try.
 
     >>> {name: (r.tries, r.passes) for name, r in tally([("a", 1.0), ("a", 0.2), ("a", None), ("b", 0.0)]).items()}
     {'a': (2, 1), 'b': (1, 0)}
+    >>> tally([("a", 1.0), ("a", 0.6), ("a", 0.2)], pass_reward=0.5)["a"].passes
+    2
     """
     records: dict[str, TaskRecord] = {}
     for task, reward in rows:
@@ -99,7 +107,7 @@ def tally(rows: Iterable[tuple[str, float | None]]) -> dict[str, TaskRecord]:
             continue
         record = records.setdefault(task, TaskRecord())
         record.tries += 1
-        record.passes += reward >= SUCCESS
+        record.passes += reward >= pass_reward
     return records
 
 
@@ -130,7 +138,7 @@ def choose_tasks(names: list[str], history: dict[str, TaskRecord], count: int, c
     2
     """
     rng = random.Random(seed * 1_000_003 + iteration)
-    pool = TaskPool(iteration, curriculum.window, curriculum.min_pass, curriculum.max_pass)
+    pool = TaskPool(iteration, curriculum.window, curriculum.min_pass, curriculum.max_pass, curriculum.pass_reward)
     weights: dict[str, float] = {}
     for name in sorted(set(names)):
         record = history.get(name)
@@ -149,17 +157,17 @@ def choose_tasks(names: list[str], history: dict[str, TaskRecord], count: int, c
     return pool
 
 
-def read_history(run_url: str, run: str, iteration: int, window: int) -> dict[str, TaskRecord]:
-    """Each task's tries and passes over the rollouts tables of iterations `iteration - window` to `iteration - 1`
-    (those written: an iteration without a table adds nothing)."""
+def read_history(run_url: str, run: str, iteration: int, curriculum: Curriculum) -> dict[str, TaskRecord]:
+    """Each task's tries and passes over the rollouts tables of the `curriculum.window` iterations before
+    `iteration` (those written: an iteration without a table adds nothing)."""
     rows: list[tuple[str, float | None]] = []
-    for earlier in range(max(0, iteration - window), iteration):
+    for earlier in range(max(0, iteration - curriculum.window), iteration):
         try:
             table = read_table(layout.run_partition_url(run_url, run, earlier), "rollouts")
         except (TrajectoryFileError, SchemaError):
             continue
         rows += zip(table.column("task").to_pylist(), table.column("reward").to_pylist())
-    return tally(rows)
+    return tally(rows, curriculum.pass_reward)
 
 
 def write_pool(run_url: str, pool: TaskPool) -> str:

@@ -228,8 +228,9 @@ def chosen_tasks(tasks: list[Task], args: argparse.Namespace) -> tuple[list[Task
     """The training tasks the command line asks for (`training_tasks`), the earlier iterations' rollouts read from
     the run's store for a curriculum."""
     curriculum = None if args.curriculum == "off" else \
-        Curriculum(args.curriculum_window, args.curriculum_min_pass, args.curriculum_max_pass)
-    history = read_history(args.run_url, args.run, args.iteration, curriculum.window) if curriculum else None
+        Curriculum(args.curriculum_window, args.curriculum_min_pass, args.curriculum_max_pass,
+                   args.curriculum_pass_reward)
+    history = read_history(args.run_url, args.run, args.iteration, curriculum) if curriculum else None
     return training_tasks(tasks, args.iteration, args.tasks_per_iteration, args.seed, curriculum, history,
                           args.exclude)
 
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curriculum-window", type=int, default=Curriculum.window)
     p.add_argument("--curriculum-min-pass", type=float, default=Curriculum.min_pass)
     p.add_argument("--curriculum-max-pass", type=float, default=Curriculum.max_pass)
+    p.add_argument("--curriculum-pass-reward", type=float, default=Curriculum.pass_reward)
     p.add_argument("--run-url", help="the run's folder: its rollouts tables, and where the curriculum's pool goes")
     p.add_argument("--run", help="the run's name (its tables' partition)")
     p.add_argument("--exclude", action="append", default=[], metavar="TASK",

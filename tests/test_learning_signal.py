@@ -231,6 +231,7 @@ def test_fill_rounds_roll_out_more_tasks_until_enough_groups_have_signal(tmp_pat
     ("max_fill_rounds=0", "'max_fill_rounds' must be at least 1, got 0"),
     ("curriculum_min_pass=0.8", "must satisfy 0 <= min < max <= 1 .* got 0.8 and 0.5"),
     ("curriculum_max_pass=1.5", "must satisfy 0 <= min < max <= 1"),
+    ("curriculum_pass_reward=0", "'curriculum_pass_reward' must be more than 0"),
 ])
 def test_a_bad_learning_signal_key_is_refused_in_one_sentence(override: str, message: str) -> None:
     """Each bad value is refused naming its key; the control: the same keys with good values load."""

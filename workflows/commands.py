@@ -195,7 +195,8 @@ def curriculum_flags(config: RunConfig) -> list[str]:
         return []
     return ["--curriculum", config.curriculum, "--curriculum-window", str(config.curriculum_window),
             "--curriculum-min-pass", repr(config.curriculum_min_pass), "--curriculum-max-pass",
-            repr(config.curriculum_max_pass), "--run-url", config.run_url, "--run", config.run]
+            repr(config.curriculum_max_pass), "--curriculum-pass-reward", repr(config.curriculum_pass_reward),
+            "--run-url", config.run_url, "--run", config.run]
 
 
 def plan_folder(config: RunConfig, iteration: int | str, evaluation: bool = False) -> str:

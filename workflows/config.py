@@ -330,12 +330,16 @@ CURRICULA = ("off", "pass_rate")  # how the plan chooses an iteration's tasks (s
 
 def check_learning_signal(config: RunConfig) -> None:
     """Refuses learning-signal keys out of range: a curriculum that is not one of `CURRICULA`, its bounds outside
-    0 <= curriculum_min_pass < curriculum_max_pass <= 1, a window or fill rounds below 1."""
+    0 <= curriculum_min_pass < curriculum_max_pass <= 1, a pass reward of 0 or less, a window or fill rounds below
+    1."""
     if config.curriculum not in CURRICULA:
         raise ConfigError(f"config key 'curriculum' must be one of {', '.join(CURRICULA)}, got {config.curriculum!r}")
     for key in ("curriculum_window", "max_fill_rounds"):
         if getattr(config, key) < 1:
             raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
+    if config.curriculum_pass_reward <= 0:
+        raise ConfigError(f"config key 'curriculum_pass_reward' must be more than 0 (the reward a pass needs), got "
+                          f"{config.curriculum_pass_reward}")
     if not 0 <= config.curriculum_min_pass < config.curriculum_max_pass <= 1:
         raise ConfigError(f"config keys 'curriculum_min_pass' and 'curriculum_max_pass' must satisfy 0 <= min < max "
                           f"<= 1 (pass rates), got {config.curriculum_min_pass} and {config.curriculum_max_pass}")

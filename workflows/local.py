@@ -332,6 +332,8 @@ class LocalSteps:
             return shape.Outcome(shape.SUCCEEDED)
         if self.config.fill_batch:
             self.fill()
+            if "rollouts" in self.times:  # the fill rounds' rollouts are the iteration's rollouts
+                self.times["rollouts"] = [self.times["rollouts"][0], time.time()]
         say(f"iteration {self.iteration}: writing trajectories")
         argv = commands.trajectories(self.config, self.proxy_url,
                                      layout.results_url(self.config.run_url, self.iteration), self.iteration,
@@ -341,9 +343,10 @@ class LocalSteps:
         return shape.Outcome(shape.SUCCEEDED)
 
     def fill(self) -> None:
-        """`fill_batch` (DAPO's dynamic sampling): while fewer than `tasks_per_iteration` task groups earned more than
-        one reward, plans that many more tasks than ran already (the plan step with `--exclude`, printed) and rolls them out into the iteration's results, at most `max_fill_rounds` times; stops early
-        when the dataset has no task left."""
+        """`fill_batch` (DAPO's dynamic sampling): while fewer than `tasks_per_iteration` task groups earned more
+        than one reward, plans that many more tasks than ran already (the plan step with `--exclude`, printed) and
+        rolls them out into the iteration's results, at most `max_fill_rounds` times; stops early when the dataset
+        has no task left."""
         for number in range(1, self.config.max_fill_rounds + 1):
             by_task: dict[str, list] = {}
             for result in self.training_results():
@@ -352,7 +355,8 @@ class LocalSteps:
             if need <= 0:
                 return
             name = f"plan-fill-{number}"
-            argv = commands.plan(self.config, self.iteration, python=sys.executable, tasks=need, exclude=sorted(by_task))
+            argv = commands.plan(self.config, self.iteration, python=sys.executable, tasks=need,
+                                 exclude=sorted(by_task))
             printed = run_step(name, argv, self.env, self.logs / f"{name}-{self.iteration}.log")
             planned = read_plan(printed, f"the {name} step's rollouts")
             if not planned:

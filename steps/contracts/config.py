@@ -115,6 +115,7 @@ class RunConfig:
     curriculum_window: int = 4  # pass_rate: the pass rate is of the last N iterations' rollouts of the task
     curriculum_min_pass: float = 0.0  # pass_rate: a task at or below this pass rate rests (never solved)
     curriculum_max_pass: float = 1.0  # pass_rate: a task at or above this pass rate rests (always solved)
+    curriculum_pass_reward: float = 1.0  # pass_rate: a rollout passes at this reward or more (pass@k's 1)
     learning_rate: float = 1e-6  # AdamW's, constant
     epochs: int = 1  # passes over the iteration's samples
     # LoRA: the update trains and saves only a low-rank adapter on the base model (docs/update.md, "LoRA")
