@@ -44,7 +44,7 @@ def curriculum_cells(summary: dict | None) -> dict:
     the pool and among those chosen; nothing without a curriculum.
 
     >>> curriculum_cells({"learning": 1, "unseen": 0, "chosen": {"learning": 1, "unseen": 0}})["tasks chosen"]
-    'learning 1, unseen 0'
+    'learning 1, unseen 0, solved 0, unsolved 0'
     """
     if not summary:
         return {}
