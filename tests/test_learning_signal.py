@@ -31,9 +31,12 @@ from steps.update.config import UpdateConfig, load_config as load_update_config
 from steps.update.samples import SAMPLE_COLUMNS, read_samples, signal_groups
 from workflows import commands, local, shape
 from workflows.config import ConfigError, load_config, validate_for_argo
+from workflows.iteration import iteration_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 BUILTIN = REPO / "steps" / "tasks" / "builtin"
+CLUSTER = REPO / "configs" / "cluster-example.yaml"
+NO_CLUSTER_EGRESS = ("rollout_egress_cidrs=10.0.0.5/32",)  # what a driver without cluster access sets for `auto`
 
 
 def write_samples(folder: Path, groups: dict[str, list[float]]) -> Path:
@@ -248,3 +251,16 @@ def test_fill_batch_is_refused_for_an_argo_run_in_one_sentence() -> None:
     with pytest.raises(ConfigError, match="'fill_batch' is for the local runner only"):
         validate_for_argo(load_config(None, [*settings, "fill_batch=true"]))
     validate_for_argo(load_config(None, [*settings, "curriculum=pass_rate"]))
+
+
+def test_an_argo_iterations_plan_step_runs_the_same_curriculum_command() -> None:
+    """The Argo plan template carries the curriculum's flags the local runner's plan command has (one builder,
+    `commands.plan`), reading and writing the run's store; the control: without a curriculum it carries none."""
+    settings = ["run=t", *NO_CLUSTER_EGRESS]
+    config = load_config(CLUSTER, [*settings, "curriculum=pass_rate"])
+    text = json.dumps(iteration_workflow(config, 3).to_dict())
+    for flag in commands.curriculum_flags(config):
+        assert json.dumps(flag)[1:-1] in text
+    assert config.run_url.startswith("s3://") and "--curriculum-pass-reward" in text
+    assert "--curriculum" not in json.dumps(iteration_workflow(load_config(CLUSTER, settings), 3).to_dict())
+
