@@ -1,6 +1,7 @@
 """Learning signal: does the whole local loop make the tiny model better at a task it can partly solve?
 
-    .venv/bin/python benchmarks/learning_signal.py [--factor 2] [--window 3] [--baseline] [key=value ...]
+    .venv/bin/python benchmarks/learning_signal.py [--factor 2] [--window 3] [--baseline] [--staleness S] [--signal]
+        [--config FILE] [key=value ...]
 
 Runs `python workflows/submit.py --config configs/learning-signal.yaml [key=value ...]`: the embedded
 default with the `direct` harness on the toy `target-word` task (reward = longest prefix of "hello" in the
@@ -16,9 +17,15 @@ first, 1 when not, 2 when the run failed. `--baseline` then runs the same settin
 comes from the update. `--staleness S` then runs the same settings with `max_staleness=S` (the next
 iteration's rollouts overlap the update) and prints both side by side: seconds per iteration, the seconds in
 each phase (they overlap with S >= 1, so their sum is more than the iteration's), the seconds rollouts waited
-for the update, and whether each met the goal. Every figure goes to `<store>/<run>/learning-signal.json`; last,
-the run's report (`steps.report`, with the baseline's and the overlapped run beside it) is written under
+for the update, and whether each met the goal. `--signal` then runs the same settings with each of `SIGNAL_VARIANTS`
+(flat groups kept, `fill_batch`, `curriculum: pass_rate`, both) and prints them beside the first run: the
+mean reward's rise, groups kept and dropped, updates skipped, rollouts and seconds per iteration; it is meant for
+`--config configs/learning-signal-tasks.yaml` (six toy words, two tasks an iteration: the learning-signal keys need
+more than one task to choose from). Every figure goes to `<store>/<run>/learning-signal.json`; last,
+the run's report (`steps.report`, with the baseline's, the overlapped and the signal runs beside it) is written under
 `<store>/<run>/reports/` and its path printed.
+
+    .venv/bin/python benchmarks/learning_signal.py --config configs/learning-signal-tasks.yaml --signal
 """
 
 import argparse
@@ -41,6 +48,9 @@ from workflows.config import ConfigError, load_config  # noqa: E402
 PHASES = ("rollouts", "trajectories", "update", "reload")
 OVERLAP = "waited"  # with max_staleness >= 1: seconds an iteration's rollouts waited for an earlier update
 PLOT_WIDTH = 40
+# `--signal`: the runs beside the first one (drop_flat_groups on, no fill, no curriculum), by name and overrides
+SIGNAL_VARIANTS = {"keep-flat": ["drop_flat_groups=false"], "fill": ["fill_batch=true"],
+                   "curriculum": ["curriculum=pass_rate"], "fill-curriculum": ["fill_batch=true", "curriculum=pass_rate"]}
 
 
 def run_loop(config_path: str, overrides: list[str]) -> tuple[list[dict], int, float]:
@@ -89,6 +99,10 @@ def figures(config: RunConfig, summaries: list[dict], wall_s: float, window: int
         "seconds_per_iteration": seconds_per_iteration(summaries),
         "staleness": [s.get("staleness") for s in summaries],
         "updates_skipped": [s["iteration"] for s in summaries if skipped(s)],
+        "drop_flat_groups": config.drop_flat_groups, "fill_batch": config.fill_batch, "curriculum": config.curriculum,
+        "rollouts": [s["rollouts"] for s in summaries],
+        "groups_kept": [(s.get("update") or {}).get("groups_kept") for s in summaries],
+        "groups_dropped": [(s.get("update") or {}).get("groups_dropped") for s in summaries],
         "weight_versions_ok": all(served_versions(config.run_url, s["iteration"]) <=
                                   {str(v) for v in range(s["iteration"] - config.max_staleness, s["iteration"] + 1)}
                                   for s in summaries),
@@ -126,6 +140,22 @@ def side_by_side(runs: list[dict], factor: float) -> None:
         print(f"{label:<26}" + "".join(f"{cell(r):>18}" for r in runs))
     print(f"overlapped / synchronous seconds per iteration: "
           f"{runs[1]['seconds_per_iteration'] / max(runs[0]['seconds_per_iteration'], 1e-9):.2f}")
+
+
+def signal_side_by_side(runs: dict[str, dict], factor: float) -> None:
+    """The first run and the `--signal` variants: the reward's rise, groups kept and dropped, updates skipped,
+    rollouts and seconds per iteration."""
+    print(f"\n{'':<26}" + "".join(f"{name:>17}" for name in runs))
+    rows = [("last / first window", lambda r: f"{r['ratio']:.1f}x"),
+            (f"goal {factor:g}x", lambda r: "PASS" if r["ratio"] >= factor else "FAIL"),
+            ("last window mean reward", lambda r: f"{r['last_window_mean']:.3f}"),
+            ("groups kept, all iterations", lambda r: str(sum(n or 0 for n in r["groups_kept"]))),
+            ("groups dropped, all iterations", lambda r: str(sum(n or 0 for n in r["groups_dropped"]))),
+            ("updates skipped", lambda r: str(len(r["updates_skipped"]))),
+            ("rollouts per iteration", lambda r: f"{mean(r['rollouts']):.1f}"),
+            ("seconds per iteration", lambda r: f"{r['seconds_per_iteration']:.1f}")]
+    for label, cell in rows:
+        print(f"{label:<26}" + "".join(f"{cell(r):>17}" for r in runs.values()))
 
 
 def mean(values: list[float]) -> float:
@@ -204,6 +234,8 @@ def main() -> int:
     p.add_argument("--baseline", action="store_true", help="also run with learning_rate=0 and compare")
     p.add_argument("--staleness", type=int, default=0, metavar="S",
                    help="also run with max_staleness=S (rollouts overlapping the update) and compare")
+    p.add_argument("--signal", action="store_true", help="also run each of SIGNAL_VARIANTS (flat groups kept, "
+                   "fill_batch, curriculum, both) and compare; meant for configs/learning-signal-tasks.yaml")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="run config overrides, e.g. iterations=20")
     args = p.parse_args()
     names = [item.partition("=")[2] for item in args.overrides if item.startswith("run=")]
@@ -218,17 +250,22 @@ def main() -> int:
         overlapped = measure(args.config, [f"run={name}-s{args.staleness}", *overrides,
                                            f"max_staleness={args.staleness}"], args.window) \
             if result and args.staleness else None
+        signal = {variant: measure(args.config, [f"run={name}-{variant}", *overrides, *settings], args.window)
+                  for variant, settings in SIGNAL_VARIANTS.items()} if result and args.signal else {}
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if result is None or (args.baseline and baseline is None) or (args.staleness and overlapped is None):
+    if result is None or (args.baseline and baseline is None) or (args.staleness and overlapped is None) \
+            or None in signal.values():
         return 2
     rose = report(result, args.factor, baseline)
     if overlapped:
         rose = report(overlapped, args.factor, None) and rose
         side_by_side([result, overlapped], args.factor)
+    if signal:
+        signal_side_by_side({"drop (default)": result, **signal}, args.factor)
     run_url = load_config(args.config, [f"run={name}", *overrides]).run_url
-    compare = [r["run"] for r in (baseline, overlapped) if r]
+    compare = [r["run"] for r in (baseline, overlapped, *signal.values()) if r]
     print(f"\nrun report (the mean reward per iteration, beside the baseline's and the overlapped run's): "
           f"{write_report(run_url, compare=compare)}")
     return 0 if rose else 1

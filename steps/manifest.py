@@ -28,6 +28,7 @@ from steps.contracts import layout
 from steps.contracts.manifest import EvalRecord, IterationRecord
 from steps.contracts.table_files import TrajectoryFileError, read_table
 from steps.contracts.tables import SchemaError
+from steps.curriculum import read_pool
 
 EVAL_FIELD = "eval"  # in an eval run's run.json: what it evaluates ({"checkpoint", "run", "iteration", "upstream"})
 
@@ -149,6 +150,13 @@ def read_harness_killed(run_url: str, iteration: int) -> tuple[int, dict[str, in
     return table.num_rows, harness_kills(table.column("harness_killed").to_pylist())
 
 
+def read_curriculum(run_url: str, iteration: int) -> dict | None:
+    """The curriculum's pool as the iteration's plan saw it, summed up (`steps.curriculum.TaskPool.summary`); None
+    without a curriculum."""
+    pool = read_pool(run_url, iteration)
+    return pool.summary() if pool is not None else None
+
+
 def read_metrics(checkpoint_url: str) -> dict | None:
     """The update's `metrics.json` next to the checkpoint it wrote, or None when there is none."""
     return read_json(layout.metrics_url(checkpoint_url))
@@ -179,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     entry = IterationRecord(iteration=args.iteration, workflow=args.workflow, status=args.status,
                             checkpoint=args.checkpoint, next_checkpoint=args.next_checkpoint,
-                            staleness=read_staleness(args.run_url, args.iteration))
+                            staleness=read_staleness(args.run_url, args.iteration),
+                            curriculum=read_curriculum(args.run_url, args.iteration))
     record(args.run_url, entry)
     print(json.dumps(entry.to_json()))
     return 0

@@ -109,6 +109,16 @@ def task_metrics(rewards: Sequence[float | None], k: int, success: float = SUCCE
                        pass_hat_k=pass_hat_k(len(tries), passes, k) if enough else None)
 
 
+def groups_with_signal(rewards_by_task: Mapping[str, Sequence[float | None]]) -> int:
+    """Task groups whose tries earned more than one reward: those a group baseline learns from (the update drops
+    the others, `steps.update.samples.signal_groups`). An infra error (None) is no try.
+
+    >>> groups_with_signal({"a": [1.0, 0.0], "b": [1.0, 1.0, None], "c": [None, None], "d": [0.2, 0.4]})
+    2
+    """
+    return sum(len({r for r in rewards if r is not None}) > 1 for rewards in rewards_by_task.values())
+
+
 def dataset_metrics(rewards_by_task: Mapping[str, Sequence[float | None]], k: int,
                     success: float = SUCCESS) -> tuple[dict[str, TaskMetrics], TaskMetrics]:
     """Per-task metrics and their macro average over tasks (tasks lacking a value are left out of its mean).

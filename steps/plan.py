@@ -4,6 +4,7 @@
         --samples-per-task 2 [--seed 0] [--image-prefix ghcr.io/openforge/task-] [--app-rollouts /tmp/app-rollouts.json]
     python -m steps.plan --eval --dataset steps/tasks/builtin --iteration 0 --samples-per-task 3   # an evaluation
     python -m steps.plan ... --chunks s3://b/runs/demo/plans/iteration-0   # the plan to the store, in chunks
+    python -m steps.plan ... --curriculum pass_rate --run-url runs/demo --run demo   # tasks by recent pass rate
     python -m steps.plan chunk s3://b/runs/demo/plans/iteration-0/rollouts-3.json   # prints one chunk
 
 Each item is a `steps.contracts.rollout.PlannedRollout` (`plan_json`; read back with `read_plan`): `{"task",
@@ -24,7 +25,10 @@ no list that grows with the plan passes through one; `python -m steps.plan chunk
 item's `sample` goes to the rollout step (`--sample`), which writes it into its result, where the trajectory tables
 take it from. A retried rollout runs under `attempt_id(rollout_id, K)`: `ID-a2`, `ID-a3`, ..., with the same
 sample. Tasks rotate through a seeded shuffle of the dataset, so consecutive iterations see different tasks and a
-rerun plans the same rollouts. `--eval` plans an evaluation of the checkpoint iteration N serves instead: every
+rerun plans the same rollouts; with `--curriculum pass_rate` they are drawn by their pass rate over the run's last
+`--curriculum-window` iterations (`steps.curriculum`, seeded too), and the pool it saw is written beside the plan
+(`layout.curriculum_url`). `--exclude TASK` leaves tasks out: the local runner's fill rounds (`fill_batch`) plan more
+tasks than the iteration ran already. `--eval` plans an evaluation of the checkpoint iteration N serves instead: every
 task of the dataset, in name order, `--samples-per-task` tries each (its k), with ids `ev<N>-<task>-s<i>`, which
 never collide with a training rollout's `it<N>-...` in the proxy's store the two share. Broken tasks are skipped
 with a warning on stderr; exit code 2 when no task can be loaded. A `--dataset` URL (an Argo run's snapshot in the
@@ -36,11 +40,13 @@ import json
 import random
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import fsspec
 
 from steps.contracts import layout
+from steps.curriculum import Curriculum, TaskPool, TaskRecord, choose_tasks, read_history, write_pool
 from steps.contracts.rollout import PlannedRollout, plan_json
 from steps.datasets import is_url, local_copy
 from steps.tasks import DatasetError, Task, load_dataset
@@ -113,14 +119,39 @@ def task_image(task: Task, image_prefix: str) -> str:
     return task.config.docker_image or f"{image_prefix}{task.name}:{task.image_tag}"
 
 
+def training_tasks(tasks: list[Task], iteration: int, count: int, seed: int, curriculum: Curriculum | None = None,
+                   history: dict[str, TaskRecord] | None = None,
+                   exclude: Iterable[str] = ()) -> tuple[list[Task], TaskPool | None]:
+    """The `count` tasks an iteration trains on, none of `exclude` (a fill round's: the tasks it ran already):
+    without `curriculum`, `pick_tasks`' rotation; with it, `steps.curriculum.choose_tasks` on `history`, and the
+    pool it saw.
+
+    >>> from types import SimpleNamespace as T
+    >>> tasks = [T(name=n) for n in "abcde"]
+    >>> [t.name for t in training_tasks(tasks, 0, 2, 0, exclude=["c"])[0]]
+    ['d', 'a']
+    >>> chosen, pool = training_tasks(tasks, 0, 2, 0, Curriculum(), {"a": TaskRecord(2, 2), "b": TaskRecord(2, 0)})
+    >>> [t.name for t in chosen if t.name in "ab"], pool.summary()["unseen"]  # a and b rest: unseen ones go first
+    ([], 3)
+    """
+    left = [task for task in tasks if task.name not in set(exclude)]
+    if curriculum is None:
+        return pick_tasks(left, iteration, count, seed), None
+    pool = choose_tasks([task.name for task in left], history or {}, count, curriculum, seed, iteration)
+    by_name = {task.name: task for task in left}
+    return [by_name[name] for name in pool.chosen], pool
+
+
 def plan(tasks: list[Task], iteration: int, tasks_per_iteration: int, samples_per_task: int, seed: int = 0,
          image_prefix: str = "openforge-task-", root: Path | None = None,
-         evaluation: bool = False) -> list[PlannedRollout]:
-    """The iteration's rollouts, task by task, `samples_per_task` samples each; with `evaluation`, every task
-    (`tasks_per_iteration` is not used) under `ev<N>-` ids."""
+         evaluation: bool = False, chosen: list[Task] | None = None) -> list[PlannedRollout]:
+    """The iteration's rollouts, task by task, `samples_per_task` samples each (of `chosen`, else `pick_tasks`');
+    with `evaluation`, every task (`tasks_per_iteration` is not used) under `ev<N>-` ids."""
     root = (root or Path.cwd()).resolve()
     planned = []
-    chosen = sorted(tasks, key=lambda t: t.name) if evaluation else pick_tasks(tasks, iteration, tasks_per_iteration, seed)
+    if chosen is None:
+        chosen = sorted(tasks, key=lambda t: t.name) if evaluation else \
+            pick_tasks(tasks, iteration, tasks_per_iteration, seed)
     for task in chosen:
         path = task.path.resolve()
         folder = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
@@ -193,6 +224,17 @@ def print_chunk(argv: list[str]) -> int:
     return 0
 
 
+def chosen_tasks(tasks: list[Task], args: argparse.Namespace) -> tuple[list[Task], TaskPool | None]:
+    """The training tasks the command line asks for (`training_tasks`), the earlier iterations' rollouts read from
+    the run's store for a curriculum."""
+    curriculum = None if args.curriculum == "off" else \
+        Curriculum(args.curriculum_window, args.curriculum_min_pass, args.curriculum_max_pass,
+                   args.curriculum_pass_reward)
+    history = read_history(args.run_url, args.run, args.iteration, curriculum) if curriculum else None
+    return training_tasks(tasks, args.iteration, args.tasks_per_iteration, args.seed, curriculum, history,
+                          args.exclude)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Prints the plan as one JSON list on stdout (nothing else goes to stdout: Argo reads it); with `--chunks`,
     the numbers of its chunks in the store; `chunk URL` prints one chunk."""
@@ -212,7 +254,20 @@ def main(argv: list[str] | None = None) -> int:
                    "and print the chunks' numbers instead")
     p.add_argument("--eval", action="store_true", help="every task of the dataset, --samples-per-task tries each, "
                    "ids ev<N>-<task>-s<i>")
+    p.add_argument("--curriculum", choices=("off", "pass_rate"), default="off", help="pass_rate: choose tasks by "
+                   "their pass rate in the run's earlier iterations (steps.curriculum); needs --run-url and --run")
+    p.add_argument("--curriculum-window", type=int, default=Curriculum.window)
+    p.add_argument("--curriculum-min-pass", type=float, default=Curriculum.min_pass)
+    p.add_argument("--curriculum-max-pass", type=float, default=Curriculum.max_pass)
+    p.add_argument("--curriculum-pass-reward", type=float, default=Curriculum.pass_reward)
+    p.add_argument("--run-url", help="the run's folder: its rollouts tables, and where the curriculum's pool goes")
+    p.add_argument("--run", help="the run's name (its tables' partition)")
+    p.add_argument("--exclude", action="append", default=[], metavar="TASK",
+                   help="a task not to plan (repeatable): a fill round's, which ran already this iteration; the "
+                   "curriculum's pool is then not written (the iteration's own plan wrote it)")
     args = p.parse_args(argv)
+    if args.curriculum != "off" and not (args.run_url and args.run):
+        p.error("--curriculum pass_rate needs --run-url and --run (the earlier iterations' rollouts)")
     if args.tasks_per_iteration is None and not args.eval:
         p.error("--tasks-per-iteration is required (or plan an evaluation with --eval)")
     if args.eval and not 1 <= args.samples_per_task <= MAX_EVAL_K:
@@ -220,9 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with local_copy(args.dataset) as dataset:
             tasks, errors = load_dataset(dataset)
+            chosen, pool = (None, None) if args.eval else chosen_tasks(tasks, args)
             rollouts = plan(tasks, args.iteration, args.tasks_per_iteration or 0, args.samples_per_task, args.seed,
                             args.image_prefix, root=dataset if is_url(args.dataset) else None,
-                            evaluation=args.eval)
+                            evaluation=args.eval, chosen=chosen)
+            if pool is not None and not args.exclude:
+                write_pool(args.run_url, pool)
     except (DatasetError, OSError) as exc:
         print(f"error: dataset {args.dataset} cannot be read: {exc}", file=sys.stderr)
         return 2

@@ -88,7 +88,8 @@ def test_a_provable_skip_imports_no_torch_and_writes_what_the_update_writes(chec
     # each says its store transfers as rank 0 alone (the update's counts are this process's, other tests' included)
     assert [(io["rank"], sorted(io)) for io in metrics.pop("io")] == [(io["rank"], sorted(io))
                                                                        for io in reference.pop("io")]
-    assert metrics == reference == {"skipped": "no advantage", "reward_mean": 0.5, "samples": 4,
+    assert metrics == reference == {"skipped": "no advantage", "groups_kept": 0, "groups_dropped": 2,
+                                    "reward_mean": 0.5, "samples": 4,
                                     "optimizer_steps": 0, "tokens_trained": 0, "optimizer_state": "copied unchanged",
                                     "optimizer_steps_total": 3}
 

@@ -10,6 +10,7 @@ are real values; the command is the same `python -m steps.X ...` line either way
 """
 
 import json
+from collections.abc import Sequence
 
 from steps import sampling
 from steps.proxy.config import ROLLOUT_LIMITS, limit_flag
@@ -23,21 +24,25 @@ PROXY_PORT = 8100
 # may not set them, so the update and the rest of the run (the sampler, the plan) cannot disagree.
 RUN_UPDATE_KEYS = {"adv_estimator": "adv_estimator", "learning_rate": "learning_rate", "epochs": "epochs",
                    "seed": "seed", "temperature": "temperature", "unmatched_sampling": "allow_unmatched_sampling",
-                   "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_target_modules"}
+                   "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_target_modules",
+                   "drop_flat_groups": "drop_flat_groups"}
 
 
 def update_overrides(config: RunConfig) -> list[str]:
     """The run's `update_args`, then its algorithm settings, as `key=value` overrides of the update's own config
     file (same names); its logprobs are computed at the temperature the rollouts were sampled with, and it is told
-    of settings it cannot reproduce.
+    of settings it cannot reproduce. `drop_flat_groups` is passed only when off (the update's default is on).
 
     >>> update_overrides(RunConfig(update_args=("mini_batches=4",)))[:2]
     ['mini_batches=4', 'adv_estimator=grpo']
+    >>> update_overrides(RunConfig(drop_flat_groups=False))[-1]
+    'drop_flat_groups=false'
     """
     unmatched = sampling.unmatched(sampling.settings(config))
     return [*config.update_args, f"adv_estimator={config.adv_estimator}", f"learning_rate={config.learning_rate!r}",
             f"epochs={config.epochs}", f"seed={config.seed}", f"temperature={config.temperature!r}",
-            *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else []), *lora_overrides(config)]
+            *([f"unmatched_sampling={sampling.describe(unmatched)}"] if unmatched else []), *lora_overrides(config),
+            *([] if config.drop_flat_groups else ["drop_flat_groups=false"])]
 
 
 def lora_overrides(config: RunConfig) -> list[str]:
@@ -168,22 +173,39 @@ def stored_dataset_url(config: RunConfig, evaluation: bool = False) -> str:
 
 
 def plan(config: RunConfig, iteration: int | str, python: str = "python", evaluation: bool = False,
-         app_rollouts: str | None = None, dataset: str | None = None, chunks: bool = False) -> list[str]:
+         app_rollouts: str | None = None, dataset: str | None = None, chunks: bool = False,
+         tasks: int | None = None, exclude: Sequence[str] = ()) -> list[str]:
     """Prints the iteration's rollouts as a JSON list (`steps.plan`); with `evaluation`, those of the
     evaluation of its checkpoint: every task of `eval_dataset`, `eval_k` tries each. With `app_rollouts`, those
     of tasks with an `[environment] app` go to that file instead. `dataset`: read that instead of the config's
     (an Argo run's snapshot in the store, `stored_dataset_url`). With `chunks`, the lists go to the store in chunks
-    (`plan_folder`) and the step prints their numbers."""
+    (`plan_folder`) and the step prints their numbers. A fill round's (`fill_batch`, the local runner's): `tasks`
+    more tasks (not `tasks_per_iteration`), none of the `exclude` ones, which the iteration ran already."""
     if evaluation:
         chosen = ["--eval", "--dataset", dataset or config.evaluation_dataset, "--iteration", str(iteration),
                   "--samples-per-task", str(config.eval_k)]
     else:
         chosen = ["--dataset", dataset or config.dataset, "--iteration", str(iteration), "--tasks-per-iteration",
-                  str(config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task)]
+                  str(tasks or config.tasks_per_iteration), "--samples-per-task", str(config.samples_per_task),
+                  *curriculum_flags(config), *[flag for name in exclude for flag in ("--exclude", name)]]
     return [python, "-m", "steps.plan", *chosen, "--seed", str(config.seed),
             "--image-prefix", task_image_prefix(config),
             *(["--app-rollouts", app_rollouts] if app_rollouts else []),
             *(["--chunks", plan_folder(config, iteration, evaluation)] if chunks else [])]
+
+
+def curriculum_flags(config: RunConfig) -> list[str]:
+    """The plan step's curriculum flags (`steps.curriculum`); none when the curriculum is off.
+
+    >>> curriculum_flags(RunConfig(curriculum="pass_rate", store="runs", run="demo"))[:4]
+    ['--curriculum', 'pass_rate', '--curriculum-window', '4']
+    """
+    if config.curriculum == "off":
+        return []
+    return ["--curriculum", config.curriculum, "--curriculum-window", str(config.curriculum_window),
+            "--curriculum-min-pass", repr(config.curriculum_min_pass), "--curriculum-max-pass",
+            repr(config.curriculum_max_pass), "--curriculum-pass-reward", repr(config.curriculum_pass_reward),
+            "--run-url", config.run_url, "--run", config.run]
 
 
 def plan_folder(config: RunConfig, iteration: int | str, evaluation: bool = False) -> str:

@@ -146,6 +146,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     if config.learning_rate <= 0:
         raise ConfigError(f"config key 'learning_rate' must be more than 0, got {config.learning_rate}")
     check_lora(config)
+    check_learning_signal(config)
     settings = sampling.settings(config)
     for key, value in settings.items():
         if why := sampling.problem(key, value):
@@ -343,6 +344,26 @@ def check_vision_serving(config: RunConfig) -> None:
                           f"and {config.chat_template!r} is not a file")
 
 
+CURRICULA = ("off", "pass_rate")  # how the plan chooses an iteration's tasks (steps.curriculum)
+
+
+def check_learning_signal(config: RunConfig) -> None:
+    """Refuses learning-signal keys out of range: a curriculum that is not one of `CURRICULA`, its bounds outside
+    0 <= curriculum_min_pass < curriculum_max_pass <= 1, a pass reward of 0 or less, a window or fill rounds below
+    1."""
+    if config.curriculum not in CURRICULA:
+        raise ConfigError(f"config key 'curriculum' must be one of {', '.join(CURRICULA)}, got {config.curriculum!r}")
+    for key in ("curriculum_window", "max_fill_rounds"):
+        if getattr(config, key) < 1:
+            raise ConfigError(f"config key {key!r} must be at least 1, got {getattr(config, key)}")
+    if config.curriculum_pass_reward <= 0:
+        raise ConfigError(f"config key 'curriculum_pass_reward' must be more than 0 (the reward a pass needs), got "
+                          f"{config.curriculum_pass_reward}")
+    if not 0 <= config.curriculum_min_pass < config.curriculum_max_pass <= 1:
+        raise ConfigError(f"config keys 'curriculum_min_pass' and 'curriculum_max_pass' must satisfy 0 <= min < max "
+                          f"<= 1 (pass rates), got {config.curriculum_min_pass} and {config.curriculum_max_pass}")
+
+
 def check_lora(config: RunConfig) -> None:
     """Refuses LoRA keys the update would refuse (`steps.update.config`), now rather than at the first update."""
     if config.lora_rank < 0:
@@ -472,6 +493,9 @@ def validate_for_argo(config: RunConfig, training: bool = True) -> None:
     must the model, unless it is a hub model, fetched into the store, or an `upstream` serves the evaluation and
     nothing is loaded); a `training` run must set `max_model_len`, which its update's micro-batch is checked
     against."""
+    if training and config.fill_batch:
+        raise ConfigError("config key 'fill_batch' is for the local runner only: an Argo iteration's DAG plans its "
+                          "rollouts once, so set fill_batch: false (dropping flat groups and the curriculum still apply)")
     hub = config.model.startswith(HUB_SCHEME)
     for key in ("store", *(() if config.upstream or hub else ("model",))):
         if not getattr(config, key).startswith("s3://"):

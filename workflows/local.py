@@ -6,7 +6,8 @@ Per iteration, the steps `workflows.shape` declares, executed in order by `shape
 each does here), each one the command `workflows.commands` builds, the very line the Argo templates run, as a
 subprocess: `plan`, `rollout` x N and `rollout-app` x M (at most `parallel_rollouts` at a time; on exit code 3 only,
 attempt K runs as `ID-aK` in its own results folder, with the same sample number), `trajectories`, with an
-`eval_every` evaluation's steps beside them, then `update`; `serve` (vLLM on CPU + the recording proxy) runs once
+`eval_every` evaluation's steps beside them (with `fill_batch`, more plans and rollouts before `trajectories` while
+too few task groups earned more than one reward: `LocalSteps.fill`), then `update`; `serve` (vLLM on CPU + the recording proxy) runs once
 for the whole run and the new weights are swapped into it through the proxy (`POST /weights/update`), where a
 cluster starts a fresh serve pod. The run manifest is the cluster's, so `resume` works here too. After each
 iteration and each evaluation, failed ones too, the run's report (`steps.report`) is written again and its path
@@ -33,7 +34,7 @@ from steps import checkpoint, manifest
 from steps.contracts.manifest import EvalRecord, IterationRecord
 from steps.evaluate import cell, format_table
 from steps.fetch_model import TOKEN_ENV
-from steps.metrics import harness_killed_warning, harness_kills, iteration_metrics
+from steps.metrics import groups_with_signal, harness_killed_warning, harness_kills, iteration_metrics
 from steps.net import free_port
 from steps.plan import FANOUTS, attempt_id, read_chunk
 from steps.proxy.client import ProxyClient, ProxyClientError
@@ -263,6 +264,7 @@ class LocalSteps:
         self.planned: dict[str, dict[str, list[PlannedRollout]]] = {}  # plan step -> its outputs (PLANNED, APP_ROLLOUTS)
         self.results: dict[str, list[RolloutResult]] = {}  # rollout step -> its rollouts' results
         self.summary: dict | None = None
+        self.filled: list[RolloutResult] = []  # the fill rounds' results (`fill_batch`)
 
     def actions(self) -> dict[str, Callable[[shape.Step], shape.Outcome]]:
         """The action of every step name the shapes use."""
@@ -330,6 +332,10 @@ class LocalSteps:
                                          out=layout.eval_trajectories_url(self.config.run_url, self.iteration))
             run_step("eval-trajectories", argv, self.env, self.logs / f"eval-trajectories-{self.iteration}.log")
             return shape.Outcome(shape.SUCCEEDED)
+        if self.config.fill_batch:
+            self.fill()
+            if "rollouts" in self.times:  # the fill rounds' rollouts are the iteration's rollouts
+                self.times["rollouts"] = [self.times["rollouts"][0], time.time()]
         say(f"iteration {self.iteration}: writing trajectories")
         argv = commands.trajectories(self.config, self.proxy_url,
                                      layout.results_url(self.config.run_url, self.iteration), self.iteration,
@@ -338,6 +344,30 @@ class LocalSteps:
         self.times["trajectories"] = [self.times.get("rollouts", [started])[-1], time.time()]
         return shape.Outcome(shape.SUCCEEDED)
 
+    def fill(self) -> None:
+        """`fill_batch` (DAPO's dynamic sampling): while fewer than `tasks_per_iteration` task groups earned more
+        than one reward, plans that many more tasks than ran already (the plan step with `--exclude`, printed) and
+        rolls them out into the iteration's results, at most `max_fill_rounds` times; stops early when the dataset
+        has no task left."""
+        for number in range(1, self.config.max_fill_rounds + 1):
+            by_task: dict[str, list] = {}
+            for result in self.training_results():
+                by_task.setdefault(result.task, []).append(result.reward if result.status != INFRA_ERROR else None)
+            need = self.config.tasks_per_iteration - groups_with_signal(by_task)
+            if need <= 0:
+                return
+            name = f"plan-fill-{number}"
+            argv = commands.plan(self.config, self.iteration, python=sys.executable, tasks=need,
+                                 exclude=sorted(by_task))
+            printed = run_step(name, argv, self.env, self.logs / f"{name}-{self.iteration}.log")
+            planned = read_plan(printed, f"the {name} step's rollouts")
+            if not planned:
+                say(f"iteration {self.iteration}: fill round {number}: no task left to plan")
+                return
+            say(f"iteration {self.iteration}: fill round {number}: {need} group(s) short of "
+                f"{self.config.tasks_per_iteration} with signal; {len(planned)} more rollouts")
+            self.filled += run_rollouts(self.config, self.iteration, planned, self.proxy_url, self.env)
+
     def evaluate(self, step: shape.Step) -> shape.Outcome:
         """The evaluate step: the evaluation's summary.json, kept in `summary`."""
         argv = commands.evaluate(self.config, self.iteration, python=sys.executable)
@@ -345,8 +375,8 @@ class LocalSteps:
         return shape.Outcome(shape.SUCCEEDED)
 
     def training_results(self) -> list[RolloutResult]:
-        """The training rollouts' results, both fan-outs."""
-        return [result for name in shape.ROLLOUT_STEPS for result in self.results.get(name, [])]
+        """The training rollouts' results, both fan-outs and the fill rounds'."""
+        return [result for name in shape.ROLLOUT_STEPS for result in self.results.get(name, [])] + self.filled
 
 
 def run_dag(steps: list[shape.Step], actions: dict) -> dict[str, shape.Outcome]:
@@ -605,6 +635,7 @@ def finish(config: RunConfig, entry: IterationRecord, summary: dict) -> None:
     prints its summary line."""
     entry.status, entry.metrics, entry.timings_s = "Succeeded", summary["update"], summary["timings_s"]
     entry.staleness, entry.phase_times = summary["staleness"], summary["phase_times"]
+    entry.curriculum = manifest.read_curriculum(config.run_url, entry.iteration)
     entry.eval = summary["eval"] = manifest.eval_numbers(layout.eval_summary_url(config.run_url, entry.iteration)) \
         if config.evaluates_at(entry.iteration) else None
     manifest.record(config.run_url, entry)

@@ -369,7 +369,8 @@ def mark(config: RunConfig, iteration: int, workflow: str, status: str, reason: 
     manifest.record(config.run_url, IterationRecord(
         iteration=iteration, workflow=workflow, status=status, checkpoint=config.checkpoint_url(iteration),
         next_checkpoint=next_checkpoint, metrics=metrics, eval=numbers, reason=reason or None,
-        staleness=manifest.read_staleness(config.run_url, iteration)))
+        staleness=manifest.read_staleness(config.run_url, iteration),
+        curriculum=manifest.read_curriculum(config.run_url, iteration)))
     if evaluated:
         mark_eval(config, iteration, workflow, "Succeeded" if numbers else "Failed")
     if status == "Succeeded":

@@ -112,6 +112,15 @@ class RunConfig:
     # train image has configs/update.yaml baked in, so this is how a run changes any other update key
     update_args: tuple[str, ...] = ()
     adv_estimator: str = "grpo"  # veRL's advantage estimator: grpo, rloo, ... (steps/update/config.py)
+    # learning signal (docs/update.md, "Groups without signal"; docs/trajectories.md, "Choosing tasks")
+    drop_flat_groups: bool = True  # the update leaves out task groups whose rollouts all earned one reward
+    fill_batch: bool = False  # local runner: roll out more tasks while groups are flat (DAPO's dynamic sampling)
+    max_fill_rounds: int = 2  # with fill_batch: at most this many extra plans per iteration
+    curriculum: str = "off"  # off: tasks rotate through a seeded shuffle; pass_rate: by each task's recent pass rate
+    curriculum_window: int = 4  # pass_rate: the pass rate is of the last N iterations' rollouts of the task
+    curriculum_min_pass: float = 0.0  # pass_rate: a task at or below this pass rate rests (never solved)
+    curriculum_max_pass: float = 1.0  # pass_rate: a task at or above this pass rate rests (always solved)
+    curriculum_pass_reward: float = 1.0  # pass_rate: a rollout passes at this reward or more (pass@k's 1)
     learning_rate: float = 1e-6  # AdamW's, constant
     epochs: int = 1  # passes over the iteration's samples
     # LoRA: the update trains and saves only a low-rank adapter on the base model (docs/update.md, "LoRA")

@@ -157,6 +157,15 @@ def plan_url(run_url: str, iteration: int | str) -> str:
     return _join(run_url, "plans", f"iteration-{iteration}")
 
 
+def curriculum_url(run_url: str, iteration: int | str) -> str:
+    """The curriculum's task pool as an iteration's plan saw it (`steps.curriculum.TaskPool`), beside its chunks.
+
+    >>> curriculum_url("runs/demo", 3)
+    'runs/demo/plans/iteration-3/curriculum.json'
+    """
+    return _join(plan_url(run_url, iteration), "curriculum.json")
+
+
 def plan_chunk_url(plan: str, fanout: str, chunk: int | str) -> str:
     """Chunk number `chunk` (0, 1, ...) of one fan-out of a plan (`fanout`: "rollouts" or "app-rollouts") in the
     plan's folder `plan` (`plan_url`, `eval_plan_url`): one JSON list of planned rollouts.

@@ -56,6 +56,7 @@ class IterationRecord(StoredRecord):
     phase_times: dict | None = None  # local runner: each phase's [start, end] in unix time (they overlap with S >= 1)
     reason: str | None = None  # local runner: why it Failed (its own step, or an earlier update it needed)
     adapter: str | None = None  # a LoRA run's: the adapter it served with the base (`layout.adapter_name`)
+    curriculum: dict | None = None  # with a curriculum: its pool's tasks per state, and chosen (`TaskPool.summary`)
 
 
 @dataclass

@@ -14,6 +14,7 @@ EVAL_KEYS = ["tries", "passes", "pass_at_1", "pass_at_k", "pass_hat_k", "mean_re
 ITERATION_COLUMNS = [("status", "status"), ("rollouts", "rollouts"), ("infra_errors", "infra errors"),
                      ("mean_reward", "mean reward"), ("k", "k"), ("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k"),
                      ("calls", "calls / rollout"), ("tokens", "tokens / rollout"), ("logprob_gap", "logprob gap"),
+                     ("groups_kept", "groups kept"), ("groups_dropped", "groups dropped"),
                      ("tokens_trained", "tokens trained"), ("update_skipped", "update skipped")]
 # The staleness of what each iteration trained (the trajectories step's `_staleness.json`, in its manifest record).
 STALENESS_COLUMNS = [("max_behind", "max versions behind"), ("mean_behind", "mean versions behind"),
@@ -33,8 +34,22 @@ def summaries(run: Run, only: int | None = None) -> dict[int, dict]:
                 | {f"phase {name}": seconds for name, seconds in (record.get("timings_s") or {}).items()} \
                 | {f"staleness {name}": (record.get("staleness") or {}).get(key) for key, name in STALENESS_COLUMNS
                    if record.get("staleness")} \
-                | ({"adapter": record["adapter"]} if record.get("adapter") else {})  # a LoRA run's
+                | ({"adapter": record["adapter"]} if record.get("adapter") else {}) \
+                | curriculum_cells(record.get("curriculum"))
     return out
+
+
+def curriculum_cells(summary: dict | None) -> dict:
+    """A curriculum's pool as the iteration's plan saw it (its manifest record's `curriculum`): tasks per state in
+    the pool and among those chosen; nothing without a curriculum.
+
+    >>> curriculum_cells({"learning": 1, "unseen": 0, "chosen": {"learning": 1, "unseen": 0}})["tasks chosen"]
+    'learning 1, unseen 0, solved 0, unsolved 0'
+    """
+    if not summary:
+        return {}
+    pool = {state: number for state, number in summary.items() if state != "chosen"}
+    return {"task pool": series.pool_counts(pool), "tasks chosen": series.pool_counts(summary.get("chosen") or {})}
 
 
 def eval_numbers(run: Run) -> dict[int, dict]:
@@ -110,8 +125,9 @@ def iterations_table(numbers: dict[int, dict]) -> str:
                   if any(f"staleness {name}" in n for n in numbers.values())]
     after_infra = [key for key, _ in ITERATION_COLUMNS].index("infra_errors") + 1
     lora = ["adapter"] if any("adapter" in n for n in numbers.values()) else []  # which adapter each served
+    pool = [k for k in ("task pool", "tasks chosen") if any(k in n for n in numbers.values())]  # a curriculum's
     columns = ITERATION_COLUMNS[:after_infra] + [(k, k) for k in killed_keys] + ITERATION_COLUMNS[after_infra:] + \
-        [(k, k) for k in harness_keys + stale_keys + lora]
+        [(k, k) for k in harness_keys + stale_keys + lora + pool]
     rows = [[n] + [numbers[n].get(k) for k, _ in columns] for n in sorted(numbers)]
     return table(["iteration"] + [name for _, name in columns], rows)
 

@@ -8,6 +8,7 @@ a limit killed is a try (it was graded), and is counted apart too (`killed_count
 from collections import defaultdict
 from dataclasses import asdict
 
+from steps.curriculum import STATES
 from steps.metrics import harness_kills, iteration_metrics
 from steps.trajectories.collect import HarnessStats
 from steps.trajectories.samples import RolloutSamples
@@ -88,9 +89,20 @@ def update_metrics(update: dict | None) -> dict:
     0.04
     """
     update = update or {}
-    return {name: update.get(name) for name in ("logprob_gap", "loss", "entropy", "tokens_trained")} \
+    return {name: update.get(name) for name in ("logprob_gap", "loss", "entropy", "tokens_trained", "groups_kept",
+                                                 "groups_dropped")} \
         | {"update_train_s": update.get("train_s"), "update_total_s": update.get("total_s"),
            "update_skipped": update.get("skipped")}
+
+
+def pool_counts(counts: dict[str, int]) -> str:
+    """A curriculum's tasks per state in one cell (`steps.curriculum.TaskPool.summary`), in `STATES` order
+    whatever the stored record's (its JSON keys are sorted).
+
+    >>> pool_counts({"learning": 3, "solved": 2, "unseen": 1, "unsolved": 0})
+    'learning 3, unseen 1, solved 2, unsolved 0'
+    """
+    return ", ".join(f"{state} {counts.get(state, 0)}" for state in STATES)
 
 
 def iteration_summary(rollouts: list[dict], calls: list[dict], update: dict | None) -> dict:

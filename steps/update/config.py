@@ -71,6 +71,7 @@ class UpdateConfig:
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0
     adv_estimator: str = "grpo"
+    drop_flat_groups: bool = True  # set by the run: leave out task groups whose rollouts all earned one reward
     norm_adv_by_std_in_grpo: bool = True
     correction: str = "bypass"
     tis_threshold: float = 2.0

@@ -154,6 +154,46 @@ def flat_groups(groups, rewards: list[float]) -> set:
     return {group for group, values in seen.items() if len(values) == 1}
 
 
+def group_of(sample: Sample) -> str:
+    """The group a sample's rollout is in for a group baseline: its task (a rollout without one is its own group).
+
+    >>> group_of(Sample("it0-a-s0", "a", [1], [2], [1], None, 1.0)), group_of(Sample("r9", "", [1], [2], [1], None, 1.0))
+    ('a', 'rollout:r9')
+    """
+    return sample.task or f"rollout:{sample.rollout_id}"
+
+
+def signal_groups(samples: list[Sample], config: UpdateConfig) -> tuple[list[Sample], dict[str, int]]:
+    """The samples to train on and how many task groups were kept and dropped (`groups_kept`, `groups_dropped`).
+
+    With `drop_flat_groups` under a group-baseline estimator, the samples of every group whose rollouts all earned one
+    reward are left out (DAPO's filter): their advantages are 0, so they would only dilute a token-mean loss and cost
+    a forward and backward pass. When no group would be left, nothing is dropped here and the counts say so (kept 0):
+    the update then decides as before (a skip, or an entropy bonus that still trains). Another estimator (reinforce++
+    whitens over the whole batch, where a flat group still has an advantage) or `drop_flat_groups` false keeps all.
+
+    >>> row = lambda rollout, task, reward: Sample(rollout, task, [1], [2], [1], None, reward)
+    >>> batch = [row("r1", "a", 1.0), row("r2", "a", 1.0), row("r3", "b", 0.0), row("r4", "b", 1.0)]
+    >>> kept, counts = signal_groups(batch, UpdateConfig())
+    >>> [s.rollout_id for s in kept], counts
+    (['r3', 'r4'], {'groups_kept': 1, 'groups_dropped': 1})
+    >>> signal_groups(batch[:2], UpdateConfig())[1]  # nothing left: nothing dropped, the update skips
+    {'groups_kept': 0, 'groups_dropped': 1}
+    >>> signal_groups(batch, UpdateConfig(drop_flat_groups=False))[1]
+    {'groups_kept': 2, 'groups_dropped': 0}
+    """
+    rollouts = {sample.rollout_id: sample for sample in samples}
+    groups = [group_of(sample) for sample in rollouts.values()]
+    flat = flat_groups(groups, [float(sample.reward) for sample in rollouts.values()])
+    total = len(set(groups))
+    if not config.drop_flat_groups or config.adv_estimator not in GROUP_BASELINE_ESTIMATORS:
+        return samples, {"groups_kept": total, "groups_dropped": 0}
+    counts = {"groups_kept": total - len(flat), "groups_dropped": len(flat)}
+    if len(flat) == total:
+        return samples, counts
+    return [sample for sample in samples if group_of(sample) not in flat], counts
+
+
 def reward_mean(samples: list[Sample]) -> float:
     """Mean reward over rollouts (each rollout once, however many samples it gave)."""
     rewards = {s.rollout_id: float(s.reward) for s in samples}

@@ -26,7 +26,8 @@ from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, io_counts, is_r
 from steps.contracts.layout import ADAPTER_CONFIG
 from steps.update.config import ConfigError, UpdateConfig, load_config
 from steps.update.samples import (GROUP_BASELINE_ESTIMATORS, Sample, SampleError, check_inputs,
-                                  check_sampled_temperature, flat_groups, read_samples, reward_mean)
+                                  check_sampled_temperature, flat_groups, group_of, read_samples, reward_mean,
+                                  signal_groups)
 
 DESCRIPTION = "The policy update: train the served checkpoint on recorded samples with veRL's real `TrainingWorker`."
 # `metrics.json`'s "skipped" value when no step was taken: every rollout's advantage was 0.
@@ -146,15 +147,17 @@ def provably_no_gradient(samples: list[Sample], config: UpdateConfig) -> bool:
     if config.entropy_coeff != 0 or config.adv_estimator not in GROUP_BASELINE_ESTIMATORS:
         return False
     rollouts = {sample.rollout_id: sample for sample in samples}
-    groups = [sample.task or f"rollout:{rollout_id}" for rollout_id, sample in rollouts.items()]
+    groups = [group_of(sample) for sample in rollouts.values()]
     return len(flat_groups(groups, [float(sample.reward) for sample in rollouts.values()])) == len(set(groups))
 
 
 def skipped_metrics(samples: list[Sample], config: UpdateConfig, saved: dict | None, optimizer_state: str,
                     started: float) -> dict:
-    """`metrics.json` of an update that took no step (`started`: its `time.perf_counter()` start)."""
+    """`metrics.json` of an update that took no step (`started`: its `time.perf_counter()` start), with the task
+    groups it kept and dropped (`signal_groups`: none kept)."""
     unmatched = {"unmatched_sampling": config.unmatched_sampling} if config.unmatched_sampling else {}
-    return {**unmatched, "skipped": NO_ADVANTAGE, "reward_mean": reward_mean(samples), "samples": len(samples),
+    return {**unmatched, "skipped": NO_ADVANTAGE, **signal_groups(samples, config)[1],
+            "reward_mean": reward_mean(samples), "samples": len(samples),
             "optimizer_steps": 0, "tokens_trained": 0,
             "optimizer_state": "copied unchanged" if saved else optimizer_state,
             "optimizer_steps_total": saved["optimizer_steps_total"] if saved else 0,

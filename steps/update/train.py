@@ -41,7 +41,7 @@ from steps.checkpoint import METRICS_FILE, OPTIMIZER_DIR, fetch, is_remote, publ
 from steps.contracts.layout import ADAPTER_CONFIG
 from steps.update.batch import Batch, Sample, check_sampled_temperature, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
-from steps.update.samples import check_inputs, vocab_size  # noqa: F401 (vocab_size: the tests read it here)
+from steps.update.samples import check_inputs, signal_groups, vocab_size  # noqa: F401 (vocab_size: the tests read it here)
 # What a skipped update (`steps.update.skip`, which decides before torch is imported) shares with this one.
 from steps.update.skip import (CHECKPOINT_FILES, NO_ADVANTAGE, _copy_files, _write_folder, _write_text,  # noqa: F401
                                copy_checkpoint, optimizer_settings, parse_args, saved_optimizer, skipped_metrics,
@@ -268,6 +268,7 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, im
     adapter = adapter_of(checkpoint, base, config)
     model = base if adapter is not None else checkpoint
     check_inputs(samples, model, config)
+    everything, (samples, groups) = samples, signal_groups(samples, config)  # the flat groups left out
     # before any model is loaded: a sample whose images do not match its image tokens is refused here
     image_inputs = vision.batch_inputs(samples, model, images_url, max_pixels)
     if image_inputs is not None:  # a vision checkpoint: its micro-batches without images train too
@@ -287,7 +288,7 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, im
     contents = carried_contents(checkpoint / OPTIMIZER_DIR, saved)
     worker, _ = build_worker(model, config, max(len(s.response_token_ids) for s in samples), contents, adapter)
     if no_gradient(advantages, config):  # a LoRA run's first update: the fresh adapter is saved untrained
-        return worker, {**unmatched, **lora, "skipped": NO_ADVANTAGE,
+        return worker, {**unmatched, **lora, "skipped": NO_ADVANTAGE, **groups,
                         "reward_mean": update_batch.reward_mean(samples), "samples": len(samples),
                         "optimizer_steps": 0, "tokens_trained": 0, "optimizer_state": optimizer_state,
                         "optimizer_steps_total": 0, "total_s": time.perf_counter() - started}
@@ -314,7 +315,7 @@ def run_update(samples: list[Sample], checkpoint: Path, config: UpdateConfig, im
     metrics = {
         "loss": _mean(train_metrics["loss"]), "grad_norm": _mean(train_metrics["grad_norm"]),
         "entropy": float(entropy[mask].mean()) if tokens else 0.0,
-        "reward_mean": update_batch.reward_mean(samples),
+        "reward_mean": update_batch.reward_mean(everything), **groups,
         "logprob_gap": correction.pop("logprob_gap"),
         "samples": len(samples), "optimizer_steps": steps,
         "optimizer_state": optimizer_state,
