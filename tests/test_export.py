@@ -172,7 +172,9 @@ def test_a_lora_checkpoint_exports_as_its_adapter_or_merged_into_its_base(run: P
     adapter = load_file(str(run / "checkpoints" / "iteration-3" / "adapter_model.safetensors"))
     merged = logits(tmp_path / "merged", torch.float32)
     reference = logits(tiny_model, torch.float32, hooks=lora_hooks(adapter))
-    assert torch.allclose(merged, reference, atol=1e-4), (merged - reference).abs().max()
+    # fp32 rounding of W + BA against x W + x A B over the layers: up to 5e-4 on logits of about 7 seen (the matmul's
+    # reduction order changes with the threads torch gets); the control below is 0.1 and more.
+    assert torch.allclose(merged, reference, rtol=1e-4, atol=1e-3), (merged - reference).abs().max()
     assert (logits(tiny_model, torch.float32) - reference).abs().max() > 0.1
     assert run_export(run, 3, tmp_path / "merged-bf16", "--merge") == 0
     assert {tensor.dtype for tensor in tensors_of(tmp_path / "merged-bf16").values()} == {torch.bfloat16}
