@@ -1,0 +1,73 @@
+"""A real veRL SFT step (`python -m steps.sft`) on the tiny model, on samples built from a real recording
+(tests/sft_recording.py: the scripted model's oracle through `submit.py eval --upstream`, kept by reward).
+
+    OPENFORGE_SERVE_PYTHON=$PWD/.venv/bin/python PYTHONPATH=$PWD .venv-train/bin/python -m pytest -q tests/test_sft_train.py
+
+The recording and the samples run in the serving environment (its Python, OPENFORGE_SERVE_PYTHON), the training
+here, in the train one.
+"""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sft_recording import REPO, record_eval, serving_python
+from steps.sft import train as sft_train
+from steps.update.samples import read_samples
+
+
+def nll(model_dir: Path, samples, masked: bool = True) -> float:
+    """The reference: the mean negative log-likelihood, under transformers' own forward in fp32, of every sample's
+    response tokens whose mask is 1 (all of them with `masked` False), over all such tokens of all samples."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for sample in samples:
+            ids = torch.tensor([sample.prompt_token_ids + sample.response_token_ids])
+            logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+            targets = ids[0, 1:]
+            chosen = logprobs.gather(1, targets[:, None])[:, 0][len(sample.prompt_token_ids) - 1:]
+            mask = torch.tensor(sample.response_mask, dtype=torch.bool) if masked else torch.ones(len(chosen), dtype=torch.bool)
+            total, count = total - float(chosen[mask].sum()), count + int(mask.sum())
+    return total / count
+
+
+@pytest.mark.slow
+def test_an_sft_step_lowers_the_nll_of_the_recorded_answers_and_writes_a_loadable_checkpoint(
+        tiny_model: Path, tmp_path: Path, capsys) -> None:
+    """veRL's `sft_loss` through the update's worker: its first loss equals the reference masked-mean NLL on the
+    base weights (control: the NLL over every response token, tool output included, is another number); two
+    steps change the parameters, and the written checkpoint, loaded by transformers, has a lower NLL on the
+    same answers."""
+    recorded = record_eval(tmp_path / "recording")
+    out = tmp_path / "sft-samples"
+    built = subprocess.run([serving_python(), "-m", "steps.sft.samples", "--source", str(recorded), "--model",
+                            str(tiny_model), "--out", str(out), "--min-reward", "1"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(REPO)})
+    assert built.returncode == 0, built.stderr[-2000:]
+    samples = read_samples(str(out))
+    before = nll(tiny_model, samples)
+    checkpoint = tmp_path / "checkpoint"
+    assert sft_train.main(["--samples", str(out), "--checkpoint", str(tiny_model), "--out", str(checkpoint),
+                           "learning_rate=1e-3", "epochs=2", "compute_dtype=fp32", "served_dtype=fp32"]) == 0
+    metrics = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert metrics == json.loads((checkpoint / "metrics.json").read_text())
+    assert abs(metrics["loss"] - before) < 1e-5 * before, (metrics["loss"], before)
+    assert abs(nll(tiny_model, samples, masked=False) - before) > 0.1  # the control: the mask decides the loss
+    assert metrics["optimizer_steps"] == 2 and metrics["losses"][1] < metrics["losses"][0]
+    assert metrics["tokens_trained"] == 2 * sum(sum(s.response_mask) for s in samples)
+    base = load_file(tiny_model / "model.safetensors")
+    trained = {}
+    for shard in sorted(checkpoint.glob("model-*.safetensors")):
+        trained.update(load_file(shard))
+    assert set(trained) == set(base)
+    changed = sum(int((trained[name] != base[name]).sum()) for name in base)
+    assert changed > 0.5 * sum(t.numel() for t in base.values())
+    assert nll(checkpoint, samples) < before - 0.5  # lower NLL of the recorded answers
+    assert (checkpoint / "optimizer" / "state.json").is_file() and (checkpoint / "tokenizer.json").is_file()
