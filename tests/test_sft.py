@@ -110,3 +110,35 @@ def test_the_step_writes_a_samples_table_the_update_reads_and_refuses_an_empty_f
     err = capsys.readouterr().err.strip()
     assert err == f"steps.sft.samples: no rollout of {recorded} has a reward >= 2 (4 graded); lower --min-reward or " \
                   "record more" and not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sft"], "sft needs --from RUN, the recorded run or eval run (its name in the store) to learn from"),
+    (["--min-reward", "1"], "--min-reward is a flag of `python workflows/submit.py sft`"),
+    (["eval", "--from", "x"], "--from is a flag of `python workflows/submit.py sft`"),
+    (["sft", "--from", "x", "--k", "3"], "--k is a flag of `python workflows/submit.py eval`"),
+    (["sft", "--from", "x", "--argo-server", "http://127.0.0.1:9"],
+     "sft runs on this machine only (no Argo Workflow for it yet); run it without an Argo server (no --argo-server, "
+     "ARGO_SERVER or argo_server)"),
+    (["sft", "--from", "nope", "sft_min_reward=oops"], "config key 'sft_min_reward' must be a number"),
+])
+def test_submit_sft_refuses_in_one_sentence(argv: list[str], message: str, monkeypatch, capsys) -> None:
+    """Each wrong use of `submit.py sft` (or of its flags elsewhere) is one sentence and exit code 2."""
+    from workflows import submit
+
+    monkeypatch.delenv("ARGO_SERVER", raising=False)
+    assert submit.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {message}") and "\n" not in err
+
+
+def test_submit_sft_refuses_a_source_that_is_not_in_the_store(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`--from` names a run of the store; another name is one sentence naming where it looked, nothing trained."""
+    from workflows import submit
+
+    monkeypatch.delenv("ARGO_SERVER", raising=False)
+    assert submit.main(["sft", "--from", "nope", f"store={tmp_path}", "run=s"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --from nope: no run named 'nope' in the store '{tmp_path}' " \
+                  f"(no {tmp_path}/nope/manifest/run.json)"
+    assert not (tmp_path / "s").exists()

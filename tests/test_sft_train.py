@@ -1,14 +1,16 @@
-"""A real veRL SFT step (`python -m steps.sft`) on the tiny model, on samples built from a real recording
-(tests/sft_recording.py: the scripted model's oracle through `submit.py eval --upstream`, kept by reward).
+"""A real veRL SFT step on the tiny model through `python workflows/submit.py sft`, on samples built from a real
+recording (tests/sft_recording.py: the scripted model's oracle through `submit.py eval --upstream`, kept by reward).
 
     OPENFORGE_SERVE_PYTHON=$PWD/.venv/bin/python PYTHONPATH=$PWD .venv-train/bin/python -m pytest -q tests/test_sft_train.py
 
-The recording and the samples run in the serving environment (its Python, OPENFORGE_SERVE_PYTHON), the training
-here, in the train one.
+The recording, `submit.py` and its samples step run in the serving environment (its Python, OPENFORGE_SERVE_PYTHON),
+the training step in this one (OPENFORGE_TRAIN_PYTHON).
 """
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from sft_recording import REPO, record_eval, serving_python
-from steps.sft import train as sft_train
+from steps.contracts import layout
 from steps.update.samples import read_samples
 
 
@@ -40,23 +42,27 @@ def nll(model_dir: Path, samples, masked: bool = True) -> float:
 
 @pytest.mark.slow
 def test_an_sft_step_lowers_the_nll_of_the_recorded_answers_and_writes_a_loadable_checkpoint(
-        tiny_model: Path, tmp_path: Path, capsys) -> None:
-    """veRL's `sft_loss` through the update's worker: its first loss equals the reference masked-mean NLL on the
-    base weights (control: the NLL over every response token, tool output included, is another number); two
-    steps change the parameters, and the written checkpoint, loaded by transformers, has a lower NLL on the
-    same answers."""
+        tiny_model: Path, tmp_path: Path) -> None:
+    """`submit.py sft --from RUN` builds the samples and runs veRL's `sft_loss` through the update's worker: its
+    first loss equals the reference masked-mean NLL on the base weights (control: the NLL over every response
+    token, tool output included, is another number); two steps change the parameters, and the written
+    checkpoint, loaded by transformers, has a lower NLL on the same answers."""
     recorded = record_eval(tmp_path / "recording")
-    out = tmp_path / "sft-samples"
-    built = subprocess.run([serving_python(), "-m", "steps.sft.samples", "--source", str(recorded), "--model",
-                            str(tiny_model), "--out", str(out), "--min-reward", "1"],
-                           cwd=REPO, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(REPO)})
-    assert built.returncode == 0, built.stderr[-2000:]
-    samples = read_samples(str(out))
+    store = recorded.parent
+    env = {**{k: v for k, v in os.environ.items() if k != "ARGO_SERVER"}, "PYTHONPATH": str(REPO),
+           "OPENFORGE_TRAIN_PYTHON": sys.executable}
+    done = subprocess.run([serving_python(), "workflows/submit.py", "sft", "--from", recorded.name, "--model",
+                           str(tiny_model), "--min-reward", "1", f"store={store}", "run=warm", "learning_rate=1e-3",
+                           "epochs=2", "update_args=[compute_dtype=fp32, served_dtype=fp32]"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout.splitlines()[-1])
+    checkpoint = Path(printed["checkpoint"])
+    assert checkpoint == store / "warm" / "checkpoints" / "iteration-1"
+    samples = read_samples(layout.run_partition_url(str(store / "warm"), "warm", 0))
+    assert printed["samples"]["samples"] == len(samples) == 2 and printed["samples"]["kept_rollouts"] == 2
     before = nll(tiny_model, samples)
-    checkpoint = tmp_path / "checkpoint"
-    assert sft_train.main(["--samples", str(out), "--checkpoint", str(tiny_model), "--out", str(checkpoint),
-                           "learning_rate=1e-3", "epochs=2", "compute_dtype=fp32", "served_dtype=fp32"]) == 0
-    metrics = json.loads(capsys.readouterr().out.splitlines()[-1])
+    metrics = printed["metrics"]
     assert metrics == json.loads((checkpoint / "metrics.json").read_text())
     assert abs(metrics["loss"] - before) < 1e-5 * before, (metrics["loss"], before)
     assert abs(nll(tiny_model, samples, masked=False) - before) > 0.1  # the control: the mask decides the loss

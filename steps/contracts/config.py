@@ -101,6 +101,8 @@ class RunConfig:
     eval_k: int = 3  # tries per task: pass@k and pass^k are computed for this k
     upstream: str = ""  # eval runs: an OpenAI-compatible server already running, served behind the proxy instead of vLLM
     upstream_model: str = ""  # the model name that upstream serves; empty: `model_name`
+    # supervised fine-tuning (docs/training.md): `submit.py sft` keeps recorded rollouts whose reward is at least this
+    sft_min_reward: float = 1.0
     # the update: its own flat YAML (steps/update/config.py), plus these run-level settings as overrides
     update_config: str = "configs/update.yaml"
     # more of the update's keys as key=value overrides of update_config (e.g. ["mini_batches=4"]): a cluster's
