@@ -64,6 +64,11 @@ def read_run_config(run_url: str) -> dict | None:
     return None if stored is None else {k: v for k, v in stored.items() if k not in (EVAL_FIELD, SFT_FIELD)}
 
 
+def read_sft(run_url: str) -> dict | None:
+    """What an SFT run learned from (its run.json's `sft` field); None for any other run or no run."""
+    return (read_json(layout.run_config_url(run_url)) or {}).get(SFT_FIELD)
+
+
 def read_evaluates(run_url: str) -> dict | None:
     """What an eval run evaluates (its run.json's `eval` field); None for a training run or no run."""
     return (read_json(layout.run_config_url(run_url)) or {}).get(EVAL_FIELD)

@@ -7,10 +7,12 @@ eval run's store, read back by `steps.sft.samples` for the tiny model as the stu
 
 import itertools
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from transformers import AutoTokenizer
 
 from sft_recording import FAILED, PASSED, record_eval
@@ -18,6 +20,10 @@ from steps.contracts import layout
 from steps.sft import samples as sft
 from steps.trajectories.collect import fetch_calls_store, load_results
 from steps.update.samples import read_samples
+from test_workflows import fake_argo, s3_store  # noqa: F401 - the fake Argo Server and the S3 store, as fixtures
+
+CLUSTER = Path(__file__).resolve().parents[1] / "configs" / "cluster-example.yaml"
+pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +123,8 @@ def test_the_step_writes_a_samples_table_the_update_reads_and_refuses_an_empty_f
     (["--min-reward", "1"], "--min-reward is a flag of `python workflows/submit.py sft`"),
     (["eval", "--from", "x"], "--from is a flag of `python workflows/submit.py sft`"),
     (["sft", "--from", "x", "--k", "3"], "--k is a flag of `python workflows/submit.py eval`"),
-    (["sft", "--from", "x", "--argo-server", "http://127.0.0.1:9"],
-     "sft runs on this machine only (no Argo Workflow for it yet); run it without an Argo server (no --argo-server, "
-     "ARGO_SERVER or argo_server)"),
+    (["sft", "--from", "x", "--argo-server", "http://127.0.0.1:9", "--detach"],
+     "--detach is not available for sft: its one Workflow is followed from here"),
     (["sft", "--from", "nope", "sft_min_reward=oops"], "config key 'sft_min_reward' must be a number"),
 ])
 def test_submit_sft_refuses_in_one_sentence(argv: list[str], message: str, monkeypatch, capsys) -> None:
@@ -142,3 +147,46 @@ def test_submit_sft_refuses_a_source_that_is_not_in_the_store(tmp_path: Path, mo
     assert err == f"error: --from nope: no run named 'nope' in the store '{tmp_path}' " \
                   f"(no {tmp_path}/nope/manifest/run.json)"
     assert not (tmp_path / "s").exists()
+
+
+def test_an_sft_run_on_argo_is_one_workflow_linted_created_followed_and_recorded(fake_argo, s3_store: str,
+                                                                                  capsys) -> None:
+    """`sft --from teacher` with an Argo server: the SFT Workflow (tests/golden/sft-hub.yaml's shape) is linted,
+    created and followed; run.json says what it learned from and iteration 0 is recorded with its Workflow, so
+    `eval --checkpoint warm:1` would find the checkpoint. The control: a source not in the store is refused in one
+    sentence and nothing is sent."""
+    from steps import manifest
+    from test_workflows import NO_CLUSTER_EGRESS
+    from workflows import submit
+    from workflows.config import load_config
+
+    def drive(*args: str) -> int:
+        return submit.main([*args, "--config", str(CLUSTER), "--argo-server", fake_argo.url, "--poll", "0.01",
+                            f"store={s3_store}", f"s3_endpoint={os.environ['AWS_ENDPOINT_URL']}", *NO_CLUSTER_EGRESS])
+
+    assert drive("sft", "--from", "teacher", "run=warm") == 2
+    assert "no run named 'teacher' in the store" in capsys.readouterr().err and not fake_argo.calls("POST")
+    manifest.write_run_config(f"{s3_store}/teacher", load_config(CLUSTER, ["run=teacher"]).to_dict())
+    assert drive("sft", "--from", "teacher", "--min-reward", "0.5", "run=warm", "learning_rate=1e-5") == 0
+    posts = [(path.rsplit("/", 1)[-1], body["workflow"]["metadata"]["name"]) for _, path, body, _ in fake_argo.calls("POST")]
+    assert posts == [("lint", "openforge-warm-sft"), ("openforge", "openforge-warm-sft")]
+    templates = {t["name"]: t for t in fake_argo.workflows["openforge-warm-sft"]["spec"]["templates"]}
+    samples, train = templates["sft-samples"]["container"]["command"], templates["sft"]["container"]["command"]
+    assert samples[samples.index("--source") + 1] == f"{s3_store}/teacher"
+    assert samples[samples.index("--min-reward") + 1] == "0.5" and "learning_rate=1e-05" in train
+    assert train[train.index("--out") + 1] == f"{s3_store}/warm/checkpoints/iteration-1"
+    assert manifest.read_sft(f"{s3_store}/warm") == {"from": "teacher", "min_reward": 0.5}
+    record = manifest.read_iterations(f"{s3_store}/warm")[0]
+    assert (record.workflow, record.status) == ("openforge-warm-sft", "Succeeded")
+    assert drive("resume", "--run", "warm") == 0  # on record: followed (it succeeded), never an RL iteration
+    assert [body["workflow"]["metadata"]["name"] for _, _, body, _ in fake_argo.calls("POST")][2:] == []
+
+
+def test_sft_dry_run_prints_its_workflow(tmp_path: Path, capsys) -> None:
+    """`--dry-run` prints the SFT Workflow and sends nothing."""
+    from workflows import submit
+
+    assert submit.main(["sft", "--from", "teacher", "--config", str(CLUSTER), "--dry-run", "run=warm"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out.split("\n", 2)[2])
+    assert printed["metadata"]["name"] == "openforge-warm-sft"
+    assert [t["name"] for t in printed["spec"]["templates"][0]["dag"]["tasks"]] == ["sft-samples", "sft"]

@@ -75,7 +75,7 @@ from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402
 from workflows.preflight import preflight, with_api_server  # noqa: E402
-from workflows.sft import run_local_sft  # noqa: E402
+from workflows.sft import run_local_sft, sft_workflow  # noqa: E402
 
 ACTIONS = ("run", "eval", "sft", "status", "retry", "resubmit", "resume", "images")
 EVAL_FLAGS = ("dataset", "k", "model", "checkpoint", "upstream", "upstream_model")
@@ -223,17 +223,37 @@ def build_eval_config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
 
 def start_sft(args: argparse.Namespace) -> int:
     """An SFT run (docs/training.md): `--model` is the student (the `model` key), `--min-reward` the
-    `sft_min_reward` key; its name defaults to `sft-<from>-<UTC time>`. On this machine only: with an Argo server
-    it is refused in one sentence."""
+    `sft_min_reward` key; its name defaults to `sft-<from>-<UTC time>`. Its one step is its iteration 0, whose
+    checkpoint is iteration 1's (`eval --checkpoint <run>:1`): locally, or as one Argo Workflow followed to its end."""
     flags = [f"{key}={value}" for key, value in (("model", args.model), ("sft_min_reward", args.min_reward))
              if value is not None]
-    config = build_config(args, flags)
-    if config.argo_server:
-        raise ConfigError("sft runs on this machine only (no Argo Workflow for it yet); run it without an Argo "
-                          "server (no --argo-server, ARGO_SERVER or argo_server)")
+    config = dataclasses.replace(build_config(args, flags), iterations=1)
     if not config.run:
         config = dataclasses.replace(config, run=f"sft-{args.from_run}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
-    return run_local_sft(config, args.from_run)
+    if args.dry_run:
+        validate_for_argo(config, training=False)  # the samples' lengths are checked by the step itself
+        print(f"---\n# the SFT run {config.run}")
+        print(checked(sft_workflow(config, args.from_run)).to_yaml(), end="")
+        return 0
+    if manifest.read_run_config(config.run_url) is not None:
+        raise ConfigError(f"run {config.run!r} already exists in {config.store}; name the SFT run with run=NAME")
+    if not config.argo_server:
+        return run_local_sft(config, args.from_run)
+    if args.detach:
+        raise ConfigError("--detach is not available for sft: its one Workflow is followed from here")
+    source = layout.run_url(config.store, args.from_run)
+    if manifest.read_run_config(source) is None:
+        raise ConfigError(f"--from {args.from_run}: no run named {args.from_run!r} in the store {config.store!r} "
+                          f"(no {layout.run_config_url(source)})")
+    validate_for_argo(config, training=False)
+    client = argo_client(config)
+    workflow = checked(sft_workflow(config, args.from_run))
+    client.lint(workflow)
+    manifest.write_run_config(config.run_url, config.to_dict(),
+                              sft={"from": args.from_run, "min_reward": config.sft_min_reward})
+    name = client.create(workflow)
+    phase = follow(config, client, 0, name, args.poll)
+    return 0 if phase == "Succeeded" else stopped(config, 0, name, phase)
 
 
 def stored_config(config: RunConfig) -> RunConfig:
@@ -672,6 +692,11 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
     evaluates = manifest.read_evaluates(config.run_url)
     if args.action == "status":
         return show_status(config, evaluates)
+    sft = manifest.read_sft(config.run_url)
+    followed = config.argo_server and 0 in manifest.read_iterations(config.run_url)  # its Workflow is on record
+    if sft is not None and args.action == "resume" and not followed:
+        raise ConfigError(f"run {config.run!r} is an SFT run, which resume does not start again; start a new one with "
+                          f"`python workflows/submit.py sft --from {sft['from']} run=NEW_NAME`")
     if args.action == "resume" and not config.argo_server:
         return run_locally(config, evaluates, detach=args.detach)
     client = argo_client(config)

@@ -24,6 +24,7 @@ results or no rollout reaches `--min-reward`.
 import argparse
 import json
 import sys
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 
 import fsspec
@@ -224,10 +225,25 @@ def rollout_samples(result: RolloutResult, calls: list[dict], tokenizer, mode: s
                       images=[]) for index, s in enumerate(built.samples)]
 
 
-def build(source: str, student: str, min_reward: float) -> tuple[list[SampleRow], SftSamples]:
-    """The SFT samples of the run at `source` (its URL in the store) for the `student` checkpoint."""
+def student_tokenizer(student: str):
+    """The student's tokenizer and chat template: from its folder, or (an `s3://` checkpoint) from its tokenizer
+    files alone, fetched into a temporary folder (never its weights)."""
+    import tempfile
+
     from transformers import AutoTokenizer
 
+    from steps.checkpoint import fetch, is_remote
+
+    if not is_remote(student):
+        return AutoTokenizer.from_pretrained(student)
+    with tempfile.TemporaryDirectory(prefix="openforge-sft-") as tmp:
+        # the weights and their index are `model*` files; optimizer/ and the rest are in folders
+        folder = fetch(student, Path(tmp), keep=lambda path: "/" not in path and not path.startswith("model"))
+        return AutoTokenizer.from_pretrained(folder)
+
+
+def build(source: str, student: str, min_reward: float) -> tuple[list[SampleRow], SftSamples]:
+    """The SFT samples of the run at `source` (its URL in the store) for the `student` checkpoint."""
     same, why = same_tokenizer(recorder_of(source), student)
     report = SftSamples(source=source, mode=EXACT if same else RENDERED, why=why, min_reward=min_reward)
     results = [r for r in source_results(source) if r.status in GRADED]
@@ -236,7 +252,7 @@ def build(source: str, student: str, min_reward: float) -> tuple[list[SampleRow]
     if not chosen:
         raise SftError(f"no rollout of {source} has a reward >= {min_reward:g} ({len(results)} graded); lower "
                        f"--min-reward or record more")
-    tokenizer = AutoTokenizer.from_pretrained(student)
+    tokenizer = student_tokenizer(student)
     calls, skipped = fetch_calls_store(layout.calls_url(source), [r.rollout_id for r in chosen])
     report.left_out += [{"rollout_id": s["rollout_id"], "call_index": None, "why": s["error"]} for s in skipped]
     rows = [row for r in chosen for row in rollout_samples(r, calls[r.rollout_id], tokenizer, report.mode,
