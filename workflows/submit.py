@@ -35,8 +35,9 @@ evaluation (`workflows.evaluation`, or locally `workflows.local.run_local_eval`)
 `resume` take it like a training run. A training run's `eval_every` evaluations are in its iteration
 Workflows; the driver submits the final checkpoint's evaluation after the last iteration.
 
-`sft` fine-tunes the model on a recorded run's rollouts whose reward reaches `--min-reward`, on this machine
-(`workflows.sft`, docs/training.md); it writes a checkpoint a training run starts from with `model=<checkpoint>`.
+`sft` fine-tunes the model on a recorded run's rollouts whose reward reaches `--min-reward`, locally or as one Argo
+Workflow (`workflows.sft`, docs/training.md); it writes a checkpoint a training run starts from with
+`model=<checkpoint>`, recorded as the SFT run's iteration 0.
 
 `images` builds and pushes the images a cluster run pulls (`workflows.images`, docs/images.md): OpenForge's own with
 the container builder of this machine, or with `--dataset` one image per task, built by a Workflow in the cluster.
