@@ -77,3 +77,7 @@ def test_an_sft_step_lowers_the_nll_of_the_recorded_answers_and_writes_a_loadabl
     assert changed > 0.5 * sum(t.numel() for t in base.values())
     assert nll(checkpoint, samples) < before - 0.5  # lower NLL of the recorded answers
     assert (checkpoint / "optimizer" / "state.json").is_file() and (checkpoint / "tokenizer.json").is_file()
+    # recorded as the SFT run's iteration 0: `eval --checkpoint warm:1` evaluates what it wrote
+    from workflows.submit import resolve_checkpoint
+
+    assert resolve_checkpoint(str(store), "warm:1")["checkpoint"] == str(checkpoint)
