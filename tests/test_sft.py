@@ -168,7 +168,8 @@ def test_an_sft_run_on_argo_is_one_workflow_linted_created_followed_and_recorded
     assert "no run named 'teacher' in the store" in capsys.readouterr().err and not fake_argo.calls("POST")
     manifest.write_run_config(f"{s3_store}/teacher", load_config(CLUSTER, ["run=teacher"]).to_dict())
     assert drive("sft", "--from", "teacher", "--min-reward", "0.5", "run=warm", "learning_rate=1e-5") == 0
-    posts = [(path.rsplit("/", 1)[-1], body["workflow"]["metadata"]["name"]) for _, path, body, _ in fake_argo.calls("POST")]
+    posts = [(path.rsplit("/", 1)[-1], body["workflow"]["metadata"]["name"])
+             for _, path, body, _ in fake_argo.calls("POST")]
     assert posts == [("lint", "openforge-warm-sft"), ("openforge", "openforge-warm-sft")]
     templates = {t["name"]: t for t in fake_argo.workflows["openforge-warm-sft"]["spec"]["templates"]}
     samples, train = templates["sft-samples"]["container"]["command"], templates["sft"]["container"]["command"]

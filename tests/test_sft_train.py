@@ -35,7 +35,7 @@ def nll(model_dir: Path, samples, masked: bool = True) -> float:
             logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
             targets = ids[0, 1:]
             chosen = logprobs.gather(1, targets[:, None])[:, 0][len(sample.prompt_token_ids) - 1:]
-            mask = torch.tensor(sample.response_mask, dtype=torch.bool) if masked else torch.ones(len(chosen), dtype=torch.bool)
+            mask = torch.tensor(sample.response_mask if masked else [1] * len(chosen), dtype=torch.bool)
             total, count = total - float(chosen[mask].sum()), count + int(mask.sum())
     return total / count
 

@@ -50,7 +50,8 @@ def run_local_sft(config: RunConfig, source: str) -> int:
                               sft={"from": source, "min_reward": config.sft_min_reward})
     env = step_env("")
     checkpoint = layout.checkpoint_url(config.run_url, 1, config.model)
-    record = partial(IterationRecord, iteration=0, workflow="local", checkpoint=config.model, next_checkpoint=checkpoint)
+    record = partial(IterationRecord, iteration=0, workflow="local", checkpoint=config.model,
+                     next_checkpoint=checkpoint)
     manifest.record(config.run_url, record(status="Running"))
     try:
         student = base_model(config)

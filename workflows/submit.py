@@ -230,7 +230,8 @@ def start_sft(args: argparse.Namespace) -> int:
              if value is not None]
     config = dataclasses.replace(build_config(args, flags), iterations=1)
     if not config.run:
-        config = dataclasses.replace(config, run=f"sft-{args.from_run}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        config = dataclasses.replace(config, run=f"sft-{args.from_run}-{stamp}")
     if args.dry_run:
         validate_for_argo(config, training=False)  # the samples' lengths are checked by the step itself
         print(f"---\n# the SFT run {config.run}")

@@ -24,18 +24,21 @@ results or no rollout reaches `--min-reward`.
 import argparse
 import json
 import sys
-from pathlib import Path
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import fsspec
 import orjson
 import pyarrow as pa
 
+from steps import manifest
 from steps.contracts import layout
 from steps.contracts.calls import CallRecord
 from steps.contracts.rollout import RolloutResult
 from steps.contracts.table_files import write_table
 from steps.contracts.tables import SAMPLES, SampleRow
+from steps.proxy import chat, messages, responses
+from steps.proxy.protocol import decode, plain
 from steps.trajectories.collect import CollectError, fetch_calls_store, load_results
 from steps.trajectories.samples import build_samples
 
@@ -117,8 +120,6 @@ def recorder_of(run_url: str) -> str | None:
     """The checkpoint that served the source's recordings, None for an upstream server: an eval run's run.json
     `eval` names it (its `upstream`, else `checkpoint`), a training run's base model's tokenizer is every
     iteration's (`layout.checkpoint_url` of iteration 0)."""
-    from steps import manifest
-
     stored = manifest.read_run_config(run_url)
     if stored is None:
         raise SftError(f"--source {run_url} is not a run (no {layout.run_config_url(run_url)})")
@@ -128,30 +129,20 @@ def recorder_of(run_url: str) -> str | None:
     return layout.checkpoint_url(run_url, 0, stored["model"])
 
 
-def _plain(value):
-    """A raw JSON field of a decoded request as Python data."""
-    from steps.proxy.protocol import plain
-
-    return plain(value)
-
-
 def chat_body(record: CallRecord) -> dict:
     """The chat body the recorder was sent for this call (`messages`, `tools`): the proxy's own conversion of the
     harness's request in its dialect (`to_upstream`)."""
-    from steps.proxy import chat, messages, responses
-    from steps.proxy.protocol import decode
-
     dialect = {module.NAME: module for module in (chat, responses, messages)}[record.dialect]
     data = record.request if isinstance(record.request, bytes) else orjson.dumps(record.request)
     request, raw = decode(data, dialect.Request, fields=dialect.RAW_FIELDS)
     body = dialect.to_upstream(request, raw)
-    return {key: _plain(body[key]) for key in ("messages", "tools") if body.get(key)}
+    return {key: plain(body[key]) for key in ("messages", "tools") if body.get(key)}
 
 
 def assistant_message(record: CallRecord) -> dict:
     """The call's answer as one chat assistant message: its text, reasoning and tool calls (arguments as objects,
     as vLLM hands them to a chat template) in any dialect, read as the report reads them."""
-    from steps.report.exchange import response_turns
+    from steps.report.exchange import response_turns  # here: the report package imports plotly
 
     message: dict = {"role": "assistant", "content": ""}
     for turn in response_turns(record.dialect, record.response):
