@@ -38,7 +38,13 @@ FRESH = "fresh: supervised fine-tuning starts its own"
 def loss_mask(batch: Batch) -> torch.Tensor:
     """veRL's `loss_mask` for `sft_loss` in its no-padding layout: per row, 0 on the prompt's tokens, then the
     response mask, as one nested [prompt + response] row (the update's tensordict sets it to the padded response
-    mask, which `sft_loss` would misread as covering the whole sequence)."""
+    mask, which `sft_loss` would misread as covering the whole sequence).
+
+    >>> rows = [Sample("a", "t", [5, 6], [7, 8], [1, 0], None, 1.0),
+    ...         Sample("b", "t", [5], [7, 8, 9], [1, 0, 1], None, 1.0)]
+    >>> [row.tolist() for row in loss_mask(update_batch.pad(rows, {"a": 0.0, "b": 0.0})).unbind()]
+    [[0.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]]
+    """
     width = batch.prompts.shape[1]
     rows = []
     for attention, mask in zip(batch.attention_mask, batch.response_mask):
@@ -76,11 +82,11 @@ def train(worker, samples: list[Sample], config: UpdateConfig) -> dict:
     for size in update_ranks.mini_batch_sizes(len(samples), config.mini_batches):
         parts.append(batch.rows(list(range(first, first + size))))
         first += size
+    from verl.utils import tensordict_utils as tu
+
     metrics: dict[str, list] = {}
     for _ in range(config.epochs):
         for part in parts:
-            from verl.utils import tensordict_utils as tu
-
             for key, value in tu.get(worker.train_mini_batch(sft_tensordict(part, config)), "metrics").items():
                 metrics.setdefault(key, []).extend(value if isinstance(value, list) else [value])
     return metrics
