@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from sft_recording import REPO, record_eval, serving_python
-from steps.contracts import layout
-from steps.update.samples import read_samples
+pytest.importorskip("verl", reason="verl==0.9.1 is not installed in this environment (the training env)")
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from sft_recording import REPO, record_eval, serving_python  # noqa: E402
+from steps.contracts import layout  # noqa: E402
+from steps.update.samples import read_samples  # noqa: E402
 
 
 def nll(model_dir: Path, samples, masked: bool = True) -> float:
