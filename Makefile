@@ -51,7 +51,7 @@ test: setup train-setup harnesses
 	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 	# the update's tests need veRL, which lives in the train environment (vLLM runs from the serving one); so do the
 	# examples of the modules that import it, which tests/test_doctests.py skips in the serving one
-	OPENFORGE_SERVE_PYTHON=$(abspath $(BIN))/python $(TRAIN_VENV)/bin/python -m pytest -q tests/test_update.py tests/test_update_ranks.py tests/test_update_checkpoints.py tests/test_update_vision.py tests/test_checkpoint_io_update.py tests/test_update_lora.py tests/test_update_skip.py tests/test_update_signal.py tests/test_export_peft.py tests/test_doctests.py
+	OPENFORGE_SERVE_PYTHON=$(abspath $(BIN))/python $(TRAIN_VENV)/bin/python -m pytest -q tests/test_update.py tests/test_update_ranks.py tests/test_update_checkpoints.py tests/test_update_vision.py tests/test_checkpoint_io_update.py tests/test_update_lora.py tests/test_update_skip.py tests/test_update_signal.py tests/test_export_peft.py tests/test_sft_train.py tests/test_doctests.py
 
 # Everyday tests, a few minutes on two cores: no vLLM, no harness CLIs, no veRL update run, no task image
 # builds or local run end to end (the markers in pyproject.toml); the update's checks that load no model

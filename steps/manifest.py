@@ -31,6 +31,7 @@ from steps.contracts.tables import SchemaError
 from steps.curriculum import read_pool
 
 EVAL_FIELD = "eval"  # in an eval run's run.json: what it evaluates ({"checkpoint", "run", "iteration", "upstream"})
+SFT_FIELD = "sft"  # in an SFT run's run.json: what it learned from ({"from", "min_reward"}), docs/training.md
 
 
 def write_json(url: str, data: dict) -> None:
@@ -50,15 +51,23 @@ def read_json(url: str) -> dict | None:
         return json.loads(f.read())
 
 
-def write_run_config(run_url: str, config: dict, evaluates: dict | None = None) -> None:
-    """Records the run's config (once, when the run starts); an eval run's with what it evaluates."""
-    write_json(layout.run_config_url(run_url), {**config, **({EVAL_FIELD: evaluates} if evaluates else {})})
+def write_run_config(run_url: str, config: dict, evaluates: dict | None = None, sft: dict | None = None) -> None:
+    """Records the run's config (once, when the run starts); an eval run's with what it evaluates, an SFT run's
+    with what it learned from."""
+    write_json(layout.run_config_url(run_url), {**config, **({EVAL_FIELD: evaluates} if evaluates else {}),
+                                                **({SFT_FIELD: sft} if sft else {})})
 
 
 def read_run_config(run_url: str) -> dict | None:
-    """The run's recorded config (without an eval run's `eval` field), or None when the run has no manifest."""
+    """The run's recorded config (without an eval run's `eval` field or an SFT run's `sft`), or None when the run
+    has no manifest."""
     stored = read_json(layout.run_config_url(run_url))
-    return None if stored is None else {k: v for k, v in stored.items() if k != EVAL_FIELD}
+    return None if stored is None else {k: v for k, v in stored.items() if k not in (EVAL_FIELD, SFT_FIELD)}
+
+
+def read_sft(run_url: str) -> dict | None:
+    """What an SFT run learned from (its run.json's `sft` field); None for any other run or no run."""
+    return (read_json(layout.run_config_url(run_url)) or {}).get(SFT_FIELD)
 
 
 def read_evaluates(run_url: str) -> dict | None:

@@ -12,7 +12,7 @@ request asks for `return_token_ids` and `logprobs`. It also stands in for an end
 (`--no-token-ids`, `--strict`), which cannot run here.
 
 The script: while the conversation holds fewer tool results than there are commands, answer with one
-call of the offered shell tool running the next command; after that, answer "done". A request
+call of the offered shell tool running the next command; after that, answer "done" (`--final-answer`). A request
 without tools (titles, summaries) gets a short plain answer. Commands come from `--command`
 (repeatable) or `POST /script {"commands": [...]}`; the default writes `hello` into `answer.txt`. A
 command may also be `{"tool": NAME, "arguments": {...}}`: one call of that tool (a plan tool, say).
@@ -139,9 +139,10 @@ def scripted_call(tools: list[dict], command: dict) -> Reply:
     return Reply(tool_name=command["tool"], arguments=dict(command.get("arguments") or {}))
 
 
-def next_reply(body: dict, commands: list, replies: dict[str, str] | None = None) -> Reply:
-    """The script: one call per command not yet answered by a tool result, then "done". A command is a
-    shell command (run with the offered shell tool) or `{"tool": name, "arguments": {...}}`. A request without
+def next_reply(body: dict, commands: list, replies: dict[str, str] | None = None,
+               final_answer: str = FINAL_ANSWER) -> Reply:
+    """The script: one call per command not yet answered by a tool result, then `final_answer` ("done"). A command
+    is a shell command (run with the offered shell tool) or `{"tool": name, "arguments": {...}}`. A request without
     tools gets the reply of the longest key of `replies` its user messages hold, else a plain answer."""
     tools = body.get("tools") or []
     if not tools:
@@ -149,7 +150,7 @@ def next_reply(body: dict, commands: list, replies: dict[str, str] | None = None
         return Reply(content=replies[max(found, key=len)] if found else PLAIN_ANSWER)
     answered = sum(1 for message in body.get("messages", []) if message.get("role") == "tool")
     if answered >= len(commands):
-        return Reply(content=FINAL_ANSWER)
+        return Reply(content=final_answer)
     command = commands[answered]
     if isinstance(command, dict):  # a call of another tool: {"tool": name, "arguments": {...}}
         return scripted_call(tools, command)
@@ -237,11 +238,11 @@ def completion(body: dict, reply: Reply, model: str, with_token_ids: bool = True
 def script_reply(body: dict, state) -> Reply:
     """The next reply of the server's script: the oracle of the conversation's task, or the commands."""
     if state.oracle is None:
-        return next_reply(body, state.commands, state.replies)
+        return next_reply(body, state.commands, state.replies, state.final_answer)
     commands = oracle_commands(body, state.oracle)
     if commands is None:
         return Reply(content=NO_TASK_ANSWER) if body.get("tools") else Reply(content=PLAIN_ANSWER)
-    return next_reply(body, commands)
+    return next_reply(body, commands, final_answer=state.final_answer)
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -252,11 +253,13 @@ def error(status: int, message: str) -> JSONResponse:
 
 def create_app(model: str = "tiny", commands: list[str] | None = None, max_model_len: int = 262144,
                oracle: Path | None = None, with_token_ids: bool = True, strict: bool = False,
-               replies: dict[str, str] | None = None) -> FastAPI:
+               replies: dict[str, str] | None = None, final_answer: str = FINAL_ANSWER) -> FastAPI:
     """The scripted server; its script and request log live on `app.state` (`oracle`: a dataset whose
-    tasks' oracles are played instead of `commands`; `with_token_ids` False or `strict`: not vLLM, see above)."""
+    tasks' oracles are played instead of `commands`; `with_token_ids` False or `strict`: not vLLM, see above;
+    `final_answer`: the reply once the commands are done, which the `direct` harness keeps as its answer)."""
     app = FastAPI(title="scripted model")
     app.state.commands = list(commands or DEFAULT_COMMANDS)
+    app.state.final_answer = final_answer
     app.state.oracle = None if oracle is None else oracle_scripts(Path(oracle))
     app.state.replies = dict(replies or {})  # a plain request's answer by the text it holds (a judge's verdicts)
     app.state.exchanges = []  # {"request": body, "response": body}, in arrival order
@@ -314,9 +317,9 @@ class ScriptedModel:
 
     def __init__(self, model: str = "tiny", commands: list[str] | None = None, oracle: Path | None = None,
                  with_token_ids: bool = True, strict: bool = False, tls: tuple[Path, Path] | None = None,
-                 replies: dict[str, str] | None = None):
+                 replies: dict[str, str] | None = None, final_answer: str = FINAL_ANSWER):
         self.app = create_app(model, commands, oracle=oracle, with_token_ids=with_token_ids, strict=strict,
-                              replies=replies)
+                              replies=replies, final_answer=final_answer)
         self.port = free_port()
         self.url = f"{'https' if tls else 'http'}://{HOST}:{self.port}"
         certfile, keyfile = tls or (None, None)
@@ -364,6 +367,7 @@ def main() -> None:
     parser.add_argument("--command", action="append", dest="commands", metavar="SHELL",
                         help=f"a shell command to call, in order (repeatable; default {DEFAULT_COMMANDS[0]!r})")
     parser.add_argument("--max-model-len", type=int, default=262144)
+    parser.add_argument("--final-answer", default=FINAL_ANSWER, help="the reply once the commands are done")
     script = parser.add_mutually_exclusive_group()
     script.add_argument("--oracle", type=Path, metavar="DATASET", help="play the oracle of the conversation's task")
     script.add_argument("--wrong", action="store_true", help="play a wrong script: no task passes")
@@ -375,7 +379,7 @@ def main() -> None:
         parser.error(f"--oracle takes a task folder or a folder of task folders, got {str(args.oracle)!r}")
     commands = WRONG_COMMANDS if args.wrong else args.commands
     uvicorn.run(create_app(args.model, commands, args.max_model_len, oracle=args.oracle,
-                           with_token_ids=not args.no_token_ids, strict=args.strict),
+                           with_token_ids=not args.no_token_ids, strict=args.strict, final_answer=args.final_answer),
                 host=args.host, port=args.port, log_level="warning")
 
 

@@ -27,7 +27,8 @@ def test_every_step_with_a_command_line_has_a_script() -> None:
     assert {target.split(":")[0] for target in SCRIPTS.values()} == {
         "workflows.submit", "steps.serve", "steps.proxy.__main__", "steps.plan", "steps.rollout",
         "steps.trajectories.__main__", "steps.update.__main__", "steps.tasks.__main__", "steps.harnesses.__main__",
-        "steps.manifest", "steps.evaluate", "steps.report.__main__", "steps.export"}
+        "steps.manifest", "steps.evaluate", "steps.report.__main__", "steps.export", "steps.sft.samples",
+        "steps.sft.__main__"}
     assert all(name.startswith("openforge-") for name in SCRIPTS)
 
 

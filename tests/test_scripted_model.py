@@ -55,6 +55,22 @@ def test_answers_like_vllm_then_finishes_after_the_tool_result():
     assert len(client.get("/requests").json()) == 2
 
 
+def test_the_final_answer_is_the_given_one():
+    """`final_answer` replaces "done" once the commands are done (with none: at once; the distillation benchmark's
+    teacher); the control, the default, still answers "done"."""
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "go"}], "tools": tools}
+    app = create_app(model="tiny", final_answer="hello")
+    app.state.commands = []
+    answer = TestClient(app).post("/v1/chat/completions", json=request).json()["choices"][0]["message"]
+    assert answer["content"] == "hello" and not answer.get("tool_calls")
+    control = create_app(model="tiny")
+    control.state.commands = []
+    assert TestClient(control).post("/v1/chat/completions", json=request).json()["choices"][0]["message"]["content"] \
+        == "done"
+
+
 def test_refuses_what_vllm_would_and_answers_plain_requests():
     client = TestClient(create_app(model="tiny", max_model_len=100))
 

@@ -44,6 +44,7 @@ from workflows import lint
 from workflows.argo import node_id
 from workflows.config import ConfigError, load_config, validate_for_argo
 from workflows.evaluation import evaluation_workflow
+from workflows.sft import sft_workflow
 from workflows.iteration import (APP_ROLLOUTS_FILE, KEPT_LOGS, PRIVATE, RUNNER_STORAGE_MB, WORKFLOW_POD_LABEL,
                                  app_layout, iteration_workflow, rollout_pod_patch, rollout_resources, workflow_name)
 from workflows.lint import semantic_problems
@@ -91,12 +92,17 @@ GOLDEN_CASES = {  # golden file -> (overrides on configs/cluster-example.yaml, i
     "iteration-codex-every-pod-key-it0.yaml": (["run=golden", "iterations=2", "eval_every=2", *EVERY_POD_KEY], 0),
     "iteration-codex-lora-cache-it1.yaml": (["run=golden", "iterations=2", "lora_rank=8",
                                              "model_cache_volume=openforge-models"], 1),
+    # an SFT run (workflows/sft.py) of a hub student on the recordings of the run "teacher"
+    "sft-hub.yaml": (["run=golden-sft", "iterations=1", "model=hf://Qwen/Qwen3-8B", "learning_rate=1e-5"], 0),
 }
 
 
 def golden_workflow(name: str):
-    """The Workflow a golden file holds: an iteration's, or an evaluation's (`workflows/evaluation.py`)."""
+    """The Workflow a golden file holds: an iteration's, an evaluation's (`workflows/evaluation.py`) or an SFT
+    run's (`workflows/sft.py`)."""
     overrides, iteration = GOLDEN_CASES[name]
+    if name.startswith("sft-"):
+        return sft_workflow(cluster_config(*overrides), "teacher")
     build = evaluation_workflow if name.startswith("evaluation-") else iteration_workflow
     return build(cluster_config(*overrides), iteration)
 

@@ -383,3 +383,28 @@ def resume(config: RunConfig, argo_server: str, python: str = "python") -> list[
     what the detached driver's pod runs, each attempt the same (resume skips what succeeded, follows what runs)."""
     return [python, "workflows/submit.py", "resume", "--run", config.run, "--argo-server", argo_server,
             f"store={config.store}"]
+
+
+def sft_samples(config: RunConfig, source: str, student: str, python: str = "python") -> list[str]:
+    """SFT samples from the recorded run at `source` (its URL in the store) for the `student` checkpoint, kept by
+    the run's `sft_min_reward`, into the SFT run's iteration-0 partition (`steps.sft.samples`).
+
+    >>> sft_samples(RunConfig(run="s", store="runs"), "runs/ev", "m")[-2:]
+    ['--min-reward', '1.0']
+    """
+    return [python, "-m", "steps.sft.samples", "--source", source, "--model", student,
+            "--out", layout.run_partition_url(config.run_url, config.run, 0), "--run", config.run,
+            "--min-reward", repr(config.sft_min_reward)]
+
+
+def sft(config: RunConfig, student: str, python: str = "python") -> list[str]:
+    """Supervised fine-tuning of `student` on the SFT run's samples (`steps.sft`), written as the checkpoint its
+    iteration 1 would serve (`layout.checkpoint_url`): the run's `update_args`, then its step size, passes and seed.
+
+    >>> sft(RunConfig(run="s", store="runs", learning_rate=1e-5), "m")[-3:]
+    ['learning_rate=1e-05', 'epochs=1', 'seed=0']
+    """
+    return [python, "-m", "steps.sft", "--samples", layout.run_partition_url(config.run_url, config.run, 0),
+            "--checkpoint", student, "--out", layout.checkpoint_url(config.run_url, 1, config.model),
+            "--config", config.update_config, *config.update_args, f"learning_rate={config.learning_rate!r}",
+            f"epochs={config.epochs}", f"seed={config.seed}"]

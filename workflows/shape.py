@@ -184,6 +184,17 @@ def evaluation(config: RunConfig, iteration: int) -> list[Step]:
     return [*fetching, Step("collect", after), Step("evaluate", (Need("collect", FINISHED),))]
 
 
+def sft(config: RunConfig) -> list[Step]:
+    """An SFT run's one Workflow (docs/training.md): [fetch-model] (a hub student), `sft-samples` from the recorded
+    run, then `sft`, which writes the checkpoint iteration 1 would serve.
+
+    >>> [(step.name, step.depends) for step in sft(RunConfig(model="s3://b/models/m"))]
+    [('sft-samples', ''), ('sft', 'sft-samples')]
+    """
+    fetching, after = fetch(config, 0)
+    return [*fetching, Step("sft-samples", after), Step("sft", (Need("sft-samples"),))]
+
+
 def exit_handler(delete_update: bool = False) -> list[Step]:
     """The exit handler: `record`, then `report`, which may fail without changing the record or the Workflow's
     phase; with `delete_update`, a Workflow that did not succeed deletes its update JobSet (`delete-update`)."""

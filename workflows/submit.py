@@ -9,6 +9,7 @@
     python workflows/submit.py ... --detach        # run, eval, resume, retry, resubmit: the driver as a pod, then return
     python workflows/submit.py eval --harness H --dataset D --k 3 [--model M | --checkpoint RUN:ITERATION] \
         [--upstream URL --upstream-model NAME] [key=value ...]                    # evaluate: every task x k tries
+    python workflows/submit.py sft --from RUN [--min-reward R] [--model M] [key=value ...]  # SFT on a run's recordings
     python workflows/submit.py images --registry R --tag T [--builder B] [--no-push] [--dry-run]  # OpenForge's images
     python workflows/submit.py images --dataset D [--config FILE] [--dry-run]      # the task images, in the cluster
 
@@ -33,6 +34,10 @@ the server. A second `--detach` while the run's driver is still running is refus
 evaluation (`workflows.evaluation`, or locally `workflows.local.run_local_eval`); `status`, `retry` and
 `resume` take it like a training run. A training run's `eval_every` evaluations are in its iteration
 Workflows; the driver submits the final checkpoint's evaluation after the last iteration.
+
+`sft` fine-tunes the model on a recorded run's rollouts whose reward reaches `--min-reward`, locally or as one Argo
+Workflow (`workflows.sft`, docs/training.md); it writes a checkpoint a training run starts from with
+`model=<checkpoint>`, recorded as the SFT run's iteration 0.
 
 `images` builds and pushes the images a cluster run pulls (`workflows.images`, docs/images.md): OpenForge's own with
 the container builder of this machine, or with `--dataset` one image per task, built by a Workflow in the cluster.
@@ -71,9 +76,11 @@ from workflows.evaluation import evaluation_workflow  # noqa: E402
 from workflows.iteration import iteration_workflow  # noqa: E402
 from workflows.lint import semantic_problems  # noqa: E402
 from workflows.preflight import preflight, with_api_server  # noqa: E402
+from workflows.sft import run_local_sft, sft_workflow  # noqa: E402
 
-ACTIONS = ("run", "eval", "status", "retry", "resubmit", "resume", "images")
+ACTIONS = ("run", "eval", "sft", "status", "retry", "resubmit", "resume", "images")
 EVAL_FLAGS = ("dataset", "k", "model", "checkpoint", "upstream", "upstream_model")
+SFT_FLAGS = ("from_run", "min_reward", "model")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -99,6 +106,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--checkpoint", help="eval: RUN:ITERATION, the checkpoint that iteration of a run in the store serves")
     p.add_argument("--upstream", help="eval: an OpenAI-compatible server already running, evaluated behind the proxy")
     p.add_argument("--upstream-model", help="eval: the model name that upstream serves")
+    p.add_argument("--from", dest="from_run", help="sft: the recorded run or eval run (its name in the store)")
+    p.add_argument("--min-reward", help="sft: train on rollouts whose reward is at least this (sft_min_reward)")
     p.add_argument("--registry", help="images: where OpenForge's images are pushed, e.g. ghcr.io/me")
     p.add_argument("--tag", help="images: the tag of OpenForge's images, e.g. 0.1.0 (the config's image_tag)")
     p.add_argument("--builder", help=f"images: the container builder ({', '.join(images.BUILDERS)}; default: the "
@@ -134,9 +143,20 @@ def use_store(config: RunConfig) -> RunConfig:
     return config
 
 
+def check_sft_flags(args: argparse.Namespace) -> None:
+    """The sft flags belong to `sft` (`--model` to `eval` too), and `sft` needs `--from`; a ConfigError otherwise."""
+    given = [f"--{flag.replace('_', '-')}".replace("from-run", "from") for flag in SFT_FLAGS if flag != "model"
+             and getattr(args, flag) is not None]
+    if args.action != "sft" and given:
+        raise ConfigError(f"{given[0]} is a flag of `python workflows/submit.py sft`")
+    if args.action == "sft" and not args.from_run:
+        raise ConfigError("sft needs --from RUN, the recorded run or eval run (its name in the store) to learn from")
+
+
 def check_eval_flags(args: argparse.Namespace) -> None:
-    """The eval flags belong to `eval`, and make sense together; a ConfigError otherwise."""
-    given = [f"--{flag.replace('_', '-')}" for flag in EVAL_FLAGS if getattr(args, flag) is not None]
+    """The eval flags belong to `eval` (`--model` to `sft` too), and make sense together; a ConfigError otherwise."""
+    given = [f"--{flag.replace('_', '-')}" for flag in EVAL_FLAGS if getattr(args, flag) is not None
+             and not (args.action == "sft" and flag in SFT_FLAGS)]
     if args.action != "eval" and given:
         raise ConfigError(f"{given[0]} is a flag of `python workflows/submit.py eval`; a training run takes config "
                           f"keys (key=value), and an existing run keeps its own")
@@ -200,6 +220,42 @@ def build_eval_config(args: argparse.Namespace) -> tuple[RunConfig, dict]:
         config = dataclasses.replace(config, run=f"eval-{config.with_run_name().run}")
     served, model_name = config.evaluated(0)
     return config, {**evaluates, "checkpoint": served, "model_name": model_name}
+
+
+def start_sft(args: argparse.Namespace) -> int:
+    """An SFT run (docs/training.md): `--model` is the student (the `model` key), `--min-reward` the
+    `sft_min_reward` key; its name defaults to `sft-<from>-<UTC time>`. Its one step is its iteration 0, whose
+    checkpoint is iteration 1's (`eval --checkpoint <run>:1`): locally, or as one Argo Workflow followed to its end."""
+    flags = [f"{key}={value}" for key, value in (("model", args.model), ("sft_min_reward", args.min_reward))
+             if value is not None]
+    config = dataclasses.replace(build_config(args, flags), iterations=1)
+    if not config.run:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        config = dataclasses.replace(config, run=f"sft-{args.from_run}-{stamp}")
+    if args.dry_run:
+        validate_for_argo(config, training=False)  # the samples' lengths are checked by the step itself
+        print(f"---\n# the SFT run {config.run}")
+        print(checked(sft_workflow(config, args.from_run)).to_yaml(), end="")
+        return 0
+    if manifest.read_run_config(config.run_url) is not None:
+        raise ConfigError(f"run {config.run!r} already exists in {config.store}; name the SFT run with run=NAME")
+    if not config.argo_server:
+        return run_local_sft(config, args.from_run)
+    if args.detach:
+        raise ConfigError("--detach is not available for sft: its one Workflow is followed from here")
+    source = layout.run_url(config.store, args.from_run)
+    if manifest.read_run_config(source) is None:
+        raise ConfigError(f"--from {args.from_run}: no run named {args.from_run!r} in the store {config.store!r} "
+                          f"(no {layout.run_config_url(source)})")
+    validate_for_argo(config, training=False)
+    client = argo_client(config)
+    workflow = checked(sft_workflow(config, args.from_run))
+    client.lint(workflow)
+    manifest.write_run_config(config.run_url, config.to_dict(),
+                              sft={"from": args.from_run, "min_reward": config.sft_min_reward})
+    name = client.create(workflow)
+    phase = follow(config, client, 0, name, args.poll)
+    return 0 if phase == "Succeeded" else stopped(config, 0, name, phase)
 
 
 def stored_config(config: RunConfig) -> RunConfig:
@@ -639,6 +695,11 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
     evaluates = manifest.read_evaluates(config.run_url)
     if args.action == "status":
         return show_status(config, evaluates)
+    sft = manifest.read_sft(config.run_url)
+    followed = config.argo_server and 0 in manifest.read_iterations(config.run_url)  # its Workflow is on record
+    if sft is not None and args.action == "resume" and not followed:
+        raise ConfigError(f"run {config.run!r} is an SFT run, which resume does not start again; start a new one with "
+                          f"`python workflows/submit.py sft --from {sft['from']} run=NEW_NAME`")
     if args.action == "resume" and not config.argo_server:
         return run_locally(config, evaluates, detach=args.detach)
     client = argo_client(config)
@@ -736,10 +797,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.registry or args.tag or args.builder:
             raise ConfigError("--registry, --tag and --builder are flags of `python workflows/submit.py images`")
         check_eval_flags(args)
+        check_sft_flags(args)
         if args.detach and args.action == "status":
             raise ConfigError("--detach starts the run's driver in the cluster; `status` only reads the run")
         if args.action == "eval":
             return start_eval(*build_eval_config(args), args)
+        if args.action == "sft":
+            return start_sft(args)
         config = build_config(args)
         return start(config, args) if args.action == "run" else act(config, args)
     except (ConfigError, ArgoError) as exc:

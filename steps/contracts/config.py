@@ -106,6 +106,8 @@ class RunConfig:
     # comes from the Secret `judge_secret` (key api-key) on Argo, from OPENFORGE_JUDGE_UPSTREAM_API_KEY locally
     judge_upstream: str = ""
     judge_model: str = ""
+    # supervised fine-tuning (docs/training.md): `submit.py sft` keeps recorded rollouts whose reward is at least this
+    sft_min_reward: float = 1.0
     # the update: its own flat YAML (steps/update/config.py), plus these run-level settings as overrides
     update_config: str = "configs/update.yaml"
     # more of the update's keys as key=value overrides of update_config (e.g. ["mini_batches=4"]): a cluster's

@@ -1,0 +1,85 @@
+"""A real veRL SFT step on the tiny model through `python workflows/submit.py sft`, on samples built from a real
+recording (tests/sft_recording.py: the scripted model's oracle through `submit.py eval --upstream`, kept by reward).
+
+    OPENFORGE_SERVE_PYTHON=$PWD/.venv/bin/python PYTHONPATH=$PWD .venv-train/bin/python -m pytest -q tests/test_sft_train.py
+
+The recording, `submit.py` and its samples step run in the serving environment (its Python, OPENFORGE_SERVE_PYTHON),
+the training step in this one (OPENFORGE_TRAIN_PYTHON).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl", reason="verl==0.9.1 is not installed in this environment (the training env)")
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from sft_recording import REPO, record_eval, serving_python  # noqa: E402
+from steps.contracts import layout  # noqa: E402
+from steps.update.samples import read_samples  # noqa: E402
+
+
+def nll(model_dir: Path, samples, masked: bool = True) -> float:
+    """The reference: the mean negative log-likelihood, under transformers' own forward in fp32, of every sample's
+    response tokens whose mask is 1 (all of them with `masked` False), over all such tokens of all samples."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for sample in samples:
+            ids = torch.tensor([sample.prompt_token_ids + sample.response_token_ids])
+            logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+            targets = ids[0, 1:]
+            chosen = logprobs.gather(1, targets[:, None])[:, 0][len(sample.prompt_token_ids) - 1:]
+            mask = torch.tensor(sample.response_mask if masked else [1] * len(chosen), dtype=torch.bool)
+            total, count = total - float(chosen[mask].sum()), count + int(mask.sum())
+    return total / count
+
+
+@pytest.mark.slow
+def test_an_sft_step_lowers_the_nll_of_the_recorded_answers_and_writes_a_loadable_checkpoint(
+        tiny_model: Path, tmp_path: Path) -> None:
+    """`submit.py sft --from RUN` builds the samples and runs veRL's `sft_loss` through the update's worker: its
+    first loss equals the reference masked-mean NLL on the base weights (control: the NLL over every response
+    token, tool output included, is another number); two steps change the parameters, and the written
+    checkpoint, loaded by transformers, has a lower NLL on the same answers."""
+    recorded = record_eval(tmp_path / "recording")
+    store = recorded.parent
+    env = {**{k: v for k, v in os.environ.items() if k != "ARGO_SERVER"}, "PYTHONPATH": str(REPO),
+           "OPENFORGE_TRAIN_PYTHON": sys.executable}
+    done = subprocess.run([serving_python(), "workflows/submit.py", "sft", "--from", recorded.name, "--model",
+                           str(tiny_model), "--min-reward", "1", f"store={store}", "run=warm", "learning_rate=1e-3",
+                           "epochs=2", "update_args=[compute_dtype=fp32, served_dtype=fp32]"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout.splitlines()[-1])
+    checkpoint = Path(printed["checkpoint"])
+    assert checkpoint == store / "warm" / "checkpoints" / "iteration-1"
+    samples = read_samples(layout.run_partition_url(str(store / "warm"), "warm", 0))
+    assert printed["samples"]["samples"] == len(samples) == 2 and printed["samples"]["kept_rollouts"] == 2
+    before = nll(tiny_model, samples)
+    metrics = printed["metrics"]
+    assert metrics == json.loads((checkpoint / "metrics.json").read_text())
+    assert abs(metrics["loss"] - before) < 1e-5 * before, (metrics["loss"], before)
+    assert abs(nll(tiny_model, samples, masked=False) - before) > 0.1  # the control: the mask decides the loss
+    assert metrics["optimizer_steps"] == 2 and metrics["losses"][1] < metrics["losses"][0]
+    assert metrics["tokens_trained"] == 2 * sum(sum(s.response_mask) for s in samples)
+    base = load_file(tiny_model / "model.safetensors")
+    trained = {}
+    for shard in sorted(checkpoint.glob("model-*.safetensors")):
+        trained.update(load_file(shard))
+    assert set(trained) == set(base)
+    changed = sum(int((trained[name] != base[name]).sum()) for name in base)
+    assert changed > 0.5 * sum(t.numel() for t in base.values())
+    assert nll(checkpoint, samples) < before - 0.5  # lower NLL of the recorded answers
+    assert (checkpoint / "optimizer" / "state.json").is_file() and (checkpoint / "tokenizer.json").is_file()
+    # recorded as the SFT run's iteration 0: `eval --checkpoint warm:1` evaluates what it wrote
+    from workflows.submit import resolve_checkpoint
+
+    assert resolve_checkpoint(str(store), "warm:1")["checkpoint"] == str(checkpoint)
