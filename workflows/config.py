@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 
-from steps import net, sampling, settings
+from steps import net, sampling, settings, tracking
 from steps.fetch_model import hub_model
 from steps.harnesses import ALL_HARNESSES as HARNESSES
 from steps.plan import MAX_EVAL_K
@@ -164,6 +164,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
                           f"relative to the repository (e.g. configs/update.yaml)")
     check_update_config(config)
     check_access(config)
+    check_trackers(config)
     if config.report_url_base and not config.report_url_base.startswith(("http://", "https://")):
         raise ConfigError(f"config key 'report_url_base' must be an http:// or https:// URL at which a browser opens "
                           f"the store's root (e.g. https://reports.example.com/runs), got {config.report_url_base!r}")
@@ -178,6 +179,31 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
     for key in ("eval_dataset", "dataset") if check_dataset else ():
         if getattr(config, key):
             datasets.check_dataset(config, key, REPO_ROOT)
+
+
+def check_trackers(config: RunConfig) -> None:
+    """The experiment trackers (`steps.tracking`): known names, each once, what each needs, and its library here, so
+    that a run that would log nowhere is refused before anything starts."""
+    for name in config.trackers:
+        if name not in tracking.TRACKERS:
+            raise ConfigError(f"config key 'trackers' takes {', '.join(tracking.TRACKERS)} (any of them, each once), "
+                              f"got {name!r}")
+    if len(set(config.trackers)) < len(config.trackers):
+        raise ConfigError(f"config key 'trackers' names a tracker twice: {list(config.trackers)}")
+    if not config.tracker_project.strip() or "/" in config.tracker_project:
+        raise ConfigError(f"config key 'tracker_project' must be a W&B project and MLflow experiment name (no '/'), "
+                          f"got {config.tracker_project!r}")
+    uri = config.mlflow_tracking_uri
+    if "mlflow" in config.trackers and not re.match(r"(https?|sqlite|postgresql|mysql|mssql|databricks)(\+\w+)?:", uri):
+        raise ConfigError(f"config key 'mlflow_tracking_uri' must be the MLflow tracking server's http(s):// URL or "
+                          f"a database URI such as sqlite:///mlflow.db when trackers has mlflow, got {uri!r}")
+    for key in ("wandb_secret", "mlflow_secret"):
+        if not OBJECT_NAME.fullmatch(getattr(config, key)):
+            raise ConfigError(f"config key {key!r} must be a Kubernetes Secret's name (lower-case letters, digits, "
+                              f"'-' and '.'), got {getattr(config, key)!r}")
+    if missing := tracking.missing_libraries(config.trackers):
+        raise ConfigError(f"config key 'trackers' names {', '.join(missing)}, whose library this Python lacks; "
+                          f"install OpenForge's tracking extra (pip install -e '.[tracking]') or leave it out")
 
 
 def check_access(config: RunConfig) -> None:

@@ -88,7 +88,7 @@ def update_metrics(update: dict | None) -> dict:
     0.04
     """
     update = update or {}
-    return {name: update.get(name) for name in ("logprob_gap", "loss", "entropy", "tokens_trained")} \
+    return {name: update.get(name) for name in ("logprob_gap", "loss", "grad_norm", "entropy", "tokens_trained")} \
         | {"update_train_s": update.get("train_s"), "update_total_s": update.get("total_s"),
            "update_skipped": update.get("skipped")}
 
