@@ -263,3 +263,30 @@ def test_the_argo_driver_logs_each_iteration_into_tensorboard_in_the_store(fake_
     assert sorted(history) == [0, 1] and history[0]["train/loss"] == 0.5 and history[0]["train/grad_norm"] == 2.0
     assert history == {n: pytest.approx(expected(run_url, n)) for n in range(2)}
     assert "trackers: [\"tensorboard\"]" in texts["config"] and texts["report"] == layout.report_index_url(run_url)
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_the_local_runner_logs_each_iteration_once_it_succeeded(tmp_path, monkeypatch, staleness):
+    """`run_synchronous` and `run_overlapped` (whose `finish` runs on the update's thread) log each iteration into
+    TensorBoard after its record is written, the update's grad norm among its numbers. The steps are stubbed (as in
+    tests/test_staleness.py): the real loop with vLLM and veRL is tests/test_local_run.py's slow run."""
+    from workflows import local
+
+    def update(config, iteration, *args):
+        checkpoint = config.checkpoint_url(iteration + 1)
+        manifest.write_json(layout.metrics_url(checkpoint), {"loss": 0.25, "grad_norm": 1.0 + iteration})
+        return checkpoint
+
+    for name, stub in {"collect_iteration": lambda *args: [], "update_iteration": update, "say": lambda text: None,
+                       "refresh_report": lambda run_url: None}.items():
+        monkeypatch.setattr(local, name, stub)
+    config = load_config(None, [f"store={tmp_path}", "run=loc", "iterations=2", f"max_staleness={staleness}",
+                                "trackers=[tensorboard]"], check_dataset=False)
+    manifest.write_run_config(config.run_url, config.to_dict())
+    loop = local.run_overlapped if staleness else local.run_synchronous
+    with tracking.Trackers.start(config, print) as trackers:
+        assert loop(config, 0, {}, "http://proxy", "admin", {}, tmp_path, trackers) == 0
+    history, texts = read_tensorboard(layout.tensorboard_url(config.run_url))
+    assert [history[n]["train/grad_norm"] for n in (0, 1)] == [1.0, 2.0]
+    assert history == {n: pytest.approx(expected(config.run_url, n)) for n in (0, 1)}
+    assert json.loads(texts["config"].split("max_staleness: ")[1].split("\n")[0]) == staleness

@@ -724,29 +724,28 @@ def run_local(config: RunConfig) -> int:
     admin_key = secrets.token_urlsafe(24)
     env = step_env(admin_key)
     model = base_model(config) if first == 0 else config.checkpoint_url(first)
-    say(f"run {config.run}: starting vLLM on CPU and the proxy (iteration {first}, {model})")
-    serve, proxy_url = start_serve(config, model, first, env, logs)
-    loop = run_overlapped if config.max_staleness else run_synchronous
-    trackers = Trackers.start(config, say)
-    try:
-        if code := loop(config, first, recorded, proxy_url, admin_key, env, logs, trackers):
-            return code
-        if final_due:  # the checkpoint the last update wrote, swapped in already
-            try:
-                run_evaluation(config, config.iterations, proxy_url, env, logs)
-            except (StepFailed, OSError) as exc:
-                print(f"error: the evaluation of the final checkpoint: {exc}", file=sys.stderr)
+    with Trackers.start(config, say) as trackers:  # before vLLM: a tracker that cannot start is said at once
+        say(f"run {config.run}: starting vLLM on CPU and the proxy (iteration {first}, {model})")
+        serve, proxy_url = start_serve(config, model, first, env, logs)
+        loop = run_overlapped if config.max_staleness else run_synchronous
+        try:
+            if code := loop(config, first, recorded, proxy_url, admin_key, env, logs, trackers):
+                return code
+            if final_due:  # the checkpoint the last update wrote, swapped in already
+                try:
+                    run_evaluation(config, config.iterations, proxy_url, env, logs)
+                except (StepFailed, OSError) as exc:
+                    print(f"error: the evaluation of the final checkpoint: {exc}", file=sys.stderr)
+                    refresh_report(config.run_url)
+                    return 1
+                print(json.dumps({"eval": config.iterations, "checkpoint": config.checkpoint_url(config.iterations),
+                                  **manifest.eval_numbers(layout.eval_summary_url(config.run_url, config.iterations))}),
+                      flush=True)
+                trackers.log_evaluation(config.iterations)
                 refresh_report(config.run_url)
-                return 1
-            print(json.dumps({"eval": config.iterations, "checkpoint": config.checkpoint_url(config.iterations),
-                              **manifest.eval_numbers(layout.eval_summary_url(config.run_url, config.iterations))}),
-                  flush=True)
-            trackers.log_evaluation(config.iterations)
-            refresh_report(config.run_url)
-    finally:
-        trackers.close()
-        serve.terminate()
-        serve.wait(60)
+        finally:
+            serve.terminate()
+            serve.wait(60)
     say(f"run {config.run} done: {config.iterations} iterations; everything is under {config.run_url}")
     return 0
 
@@ -764,19 +763,18 @@ def run_local_eval(config: RunConfig, evaluates: dict) -> int:
         env = step_env(secrets.token_urlsafe(24))
         model = config.model if config.upstream else base_model(config)
         say(f"eval {config.run}: starting the proxy in front of {config.upstream or f'vLLM on CPU ({model})'}")
-        serve, proxy_url = start_serve(config, model, 0, env, logs)
-        trackers = Trackers.start(config, say)
-        try:
-            summary = run_evaluation(config, 0, proxy_url, env, logs)
-            trackers.log_evaluation(0)
-        except (StepFailed, OSError) as exc:
-            print(f"error: eval {config.run}: {exc}", file=sys.stderr)
-            refresh_report(config.run_url)
-            return 1
-        finally:
-            trackers.close()
-            serve.terminate()
-            serve.wait(60)
+        with Trackers.start(config, say) as trackers:
+            serve, proxy_url = start_serve(config, model, 0, env, logs)
+            try:
+                summary = run_evaluation(config, 0, proxy_url, env, logs)
+                trackers.log_evaluation(0)
+            except (StepFailed, OSError) as exc:
+                print(f"error: eval {config.run}: {exc}", file=sys.stderr)
+                refresh_report(config.run_url)
+                return 1
+            finally:
+                serve.terminate()
+                serve.wait(60)
         refresh_report(config.run_url)
     print(format_table(summary))
     print(json.dumps(summary), flush=True)
