@@ -2,9 +2,9 @@
 TensorBoard (the run's `trackers`; docs/tracking.md).
 
     from steps.tracking import Trackers
-    with Trackers.start(config, say) as trackers:   # each of config.trackers; one that fails to start is said, left out
-        trackers.log_iteration(3)                   # iteration 3's numbers, read from the store as the report reads them
-        trackers.log_evaluation(4)                  # an evaluation that is no iteration's (the final checkpoint's)
+    with Trackers.start(config, say) as trackers:  # each of config.trackers; one that fails is said, left out
+        trackers.log_iteration(3)                  # iteration 3's numbers, read from the store as the report does
+        trackers.log_evaluation(4)                 # an evaluation that ended no iteration (the final checkpoint's)
 
 The driver calls it, locally (`workflows.local`) and on a cluster (`workflows.submit`), once an iteration has
 succeeded. The numbers are the report's own, never recomputed: `steps.report.index.summaries` (rewards, pass@k and
@@ -35,7 +35,7 @@ TRACKERS = ("wandb", "mlflow", "tensorboard")
 # Where a tracker's credential comes from on a cluster: the env its library reads, and the key of the Secret the
 # config names (`wandb_secret`, `mlflow_secret`) that the driver's pod takes it from.
 CREDENTIALS = {"wandb": ("WANDB_API_KEY", "api-key"), "mlflow": ("MLFLOW_TRACKING_TOKEN", "token")}
-RUN_TAG = "openforge.run_url"  # the MLflow tag that finds a run's MLflow run again when its driver resumes
+RUN_TAG = "openforge.run_key"  # the MLflow tag (`run_key`) that finds a run's MLflow run again when its driver resumes
 
 
 def missing_libraries(trackers: tuple[str, ...] | list[str]) -> list[str]:
@@ -47,9 +47,19 @@ def missing_libraries(trackers: tuple[str, ...] | list[str]) -> list[str]:
     return [name for name in trackers if importlib.util.find_spec(name) is None]
 
 
+def run_key(config: RunConfig) -> str:
+    """The run's id in the trackers, the same for every driver of the run (its URL's hash: W&B ids and MLflow search
+    filters take no quotes or slashes).
+
+    >>> run_key(RunConfig(run="demo", store="s3://b/runs"))
+    'c6e9ce1a82f8fc57'
+    """
+    return hashlib.sha256(config.run_url.encode()).hexdigest()[:16]
+
+
 def metric_name(group: str, key: str) -> str:
     """A number's name in the trackers: its group, a slash, the report's name with anything but letters, digits and
-    `_.-/` made one underscore (every tracker accepts that).
+    `_.-` made one underscore (every tracker accepts that).
 
     >>> metric_name("train", "harness killed: memory"), metric_name("behaviour/codex", "pass_rate")
     ('train/harness_killed_memory', 'behaviour/codex/pass_rate')
@@ -120,7 +130,7 @@ class WandbTracker:
 
         folder, _ = local_folder(layout.tracking_url(config.run_url))  # W&B keeps its own copy of what it sends
         self.run = wandb.init(project=config.tracker_project, name=config.run, dir=folder, resume="allow",
-                              id=hashlib.sha256(config.run_url.encode()).hexdigest()[:16],
+                              id=run_key(config),
                               settings=wandb.Settings(console="off", silent=True, x_disable_stats=True,
                                                       x_save_requirements=False))
         self.where = self.run.url or folder
@@ -137,8 +147,8 @@ class WandbTracker:
 
 
 class MlflowTracker:
-    """An MLflow run in the experiment `tracker_project` at `mlflow_tracking_uri`, tagged with the run's URL (found
-    again by that tag when the driver resumes). Its client alone: no process-wide active run."""
+    """An MLflow run in the experiment `tracker_project` at `mlflow_tracking_uri`, tagged with `run_key` (found again
+    by that tag when the driver resumes) and the run's URL. Its client alone: no process-wide active run."""
 
     def __init__(self, config: RunConfig):
         from mlflow.tracking import MlflowClient
@@ -146,9 +156,10 @@ class MlflowTracker:
         self.client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
         experiment = self.client.get_experiment_by_name(config.tracker_project)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(config.tracker_project)
-        found = self.client.search_runs([experiment_id], f"tags.`{RUN_TAG}` = '{config.run_url}'", max_results=1)
+        found = self.client.search_runs([experiment_id], f"tags.`{RUN_TAG}` = '{run_key(config)}'", max_results=1)
+        tags = {RUN_TAG: run_key(config), "openforge.run_url": config.run_url}
         self.run_id = found[0].info.run_id if found else \
-            self.client.create_run(experiment_id, run_name=config.run, tags={RUN_TAG: config.run_url}).info.run_id
+            self.client.create_run(experiment_id, run_name=config.run, tags=tags).info.run_id
         self.where = f"{config.mlflow_tracking_uri} run {self.run_id}"
 
     def log_config(self, config: dict, report: str) -> None:

@@ -219,13 +219,14 @@ def test_a_tracker_that_fails_to_start_is_one_line_and_the_others_go_on(run_stor
     (["trackers=[wandb,wandb]"], "names a tracker twice"),
     (["trackers=[mlflow]"], "config key 'mlflow_tracking_uri' must be"),
     (["trackers=[mlflow]", "mlflow_tracking_uri=mlruns"], "config key 'mlflow_tracking_uri' must be"),
+    (["trackers=[mlflow]", "mlflow_tracking_uri=https://me:hunter2@mlflow.example.com"], "must not hold a password"),
     (["tracker_project=a/b"], "config key 'tracker_project'"),
     (["wandb_secret=My_Key"], "config key 'wandb_secret' must be a Kubernetes Secret's name"),
 ])
 def test_a_bad_tracking_key_is_one_sentence_at_load(overrides, error):
     with pytest.raises(ConfigError, match=error.replace("[", r"\[")) as raised:
         load_config(None, overrides)
-    assert "\n" not in str(raised.value)
+    assert "\n" not in str(raised.value) and "hunter2" not in str(raised.value)
 
 
 def test_a_tracker_whose_library_is_missing_is_refused_at_load(monkeypatch):

@@ -14,6 +14,7 @@ import ipaddress
 import json
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 from steps import net, sampling, settings, tracking
@@ -197,6 +198,10 @@ def check_trackers(config: RunConfig) -> None:
     if "mlflow" in config.trackers and not re.match(r"(https?|sqlite|postgresql|mysql|mssql|databricks)(\+\w+)?:", uri):
         raise ConfigError(f"config key 'mlflow_tracking_uri' must be the MLflow tracking server's http(s):// URL or "
                           f"a database URI such as sqlite:///mlflow.db when trackers has mlflow, got {uri!r}")
+    if urlsplit(uri).password is not None:  # not echoed: it would go on into the manifest and the logs
+        raise ConfigError("config key 'mlflow_tracking_uri' must not hold a password (the config is kept in the run's "
+                          "manifest); give it by env: MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_PASSWORD (on a cluster "
+                          "from mlflow_secret), or the database's own (PGPASSWORD)")
     for key in ("wandb_secret", "mlflow_secret"):
         if not OBJECT_NAME.fullmatch(getattr(config, key)):
             raise ConfigError(f"config key {key!r} must be a Kubernetes Secret's name (lower-case letters, digits, "
