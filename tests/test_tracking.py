@@ -22,7 +22,9 @@ from steps import manifest, tracking
 from steps.contracts import layout
 from steps.contracts.config import RunConfig
 from steps.contracts.manifest import IterationRecord
+from steps.analytics import summarize_behaviour
 from steps.report.data import load_run
+from steps.report.index import summaries
 from steps.settings import ConfigError
 from workflows.config import load_config
 from workflows.driver import driver_workflow
@@ -147,6 +149,25 @@ def check_logged(history: dict[int, dict], run_url: str, steps: range = range(IT
         assert sorted(set(want) - set(history.get(n, {}))) == [], f"iteration {n}: not logged"
         assert history[n] == pytest.approx(want, rel=1e-6), f"iteration {n}"
     assert set(EVAL_REQUIRED) <= set(history[ITERATIONS - 1])  # synthetic_run evaluates its last iteration
+
+
+def test_the_numbers_are_the_reports_own(run_store):
+    """What the trackers get is every number of the report's iteration table (`index.summaries`), its behaviour means
+    (`summarize_behaviour` by harness) and the evaluation's overall numbers, each with the report's value; texts left
+    out. Read from the whole run here, from that one iteration by the trackers."""
+    run = load_run(run_store)
+    for n in range(ITERATIONS):
+        numbers = tracking.iteration_numbers(load_run(run_store, only=n), n)
+        table = summaries(run)[n]
+        assert {k: v for k, v in numbers.items() if k.startswith("train/")} == {
+            tracking.metric_name("train", k): float(v) for k, v in table.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        assert table["status"] == "Succeeded" and "train/status" not in numbers
+        means, = summarize_behaviour(run.iterations[n].behaviour, ["harness"])
+        assert numbers["behaviour/direct/pass_rate"] == means["pass_rate"]
+        assert numbers["behaviour/direct/tokens_per_call"] == means["tokens_per_call"]
+    overall = run.evals[ITERATIONS - 1]["overall"]
+    assert {k: v for k, v in numbers.items() if k.startswith("eval/")} == {f"eval/{k}": v for k, v in overall.items()}
 
 
 def log_run(config: RunConfig, lines: list[str]) -> None:
