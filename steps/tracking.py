@@ -256,17 +256,23 @@ class Trackers:
                 self.say(f"tracking: {name} could not {what} and is left out: {type(exc).__name__}: {exc}")
                 del self.started[name]
 
+    def _read(self, what: str, n: int, evaluation: bool) -> dict[str, float] | None:
+        """Step `n`'s numbers from the store, or None (said in one line) when they cannot be read."""
+        try:
+            run = load_run(self.config.run_url, only=n)
+        except Exception as exc:  # noqa: BLE001 - a store that did not answer costs this step's numbers, not the run
+            self.say(f"tracking: {what} not logged, its numbers could not be read: {type(exc).__name__}: {exc}")
+            return None
+        return _numbers("eval", (run.evals.get(n) or {}).get("overall") or {}) if evaluation else iteration_numbers(run, n)
+
     def log_iteration(self, n: int) -> None:
         """Logs iteration `n`'s numbers (and its evaluation's), read from the store, at step `n`."""
-        if self.started:
-            numbers = iteration_numbers(load_run(self.config.run_url, only=n), n)
+        if self.started and (numbers := self._read(f"iteration {n}", n, evaluation=False)) is not None:
             self._each(f"log iteration {n}", lambda t: t.log(n, numbers))
 
     def log_evaluation(self, n: int) -> None:
         """Logs the evaluation at `n` that ended no iteration (the final checkpoint's, an eval run's) at step `n`."""
-        if self.started:
-            run = load_run(self.config.run_url, only=n)
-            numbers = _numbers("eval", (run.evals.get(n) or {}).get("overall") or {})
+        if self.started and (numbers := self._read(f"evaluation {n}", n, evaluation=True)) is not None:
             self._each(f"log evaluation {n}", lambda t: t.log(n, numbers))
 
     def close(self) -> None:

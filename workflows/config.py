@@ -198,7 +198,11 @@ def check_trackers(config: RunConfig) -> None:
     if "mlflow" in config.trackers and not re.match(r"(https?|sqlite|postgresql|mysql|mssql|databricks)(\+\w+)?:", uri):
         raise ConfigError(f"config key 'mlflow_tracking_uri' must be the MLflow tracking server's http(s):// URL or "
                           f"a database URI such as sqlite:///mlflow.db when trackers has mlflow, got {uri!r}")
-    if urlsplit(uri).password is not None:  # not echoed: it would go on into the manifest and the logs
+    try:
+        password = urlsplit(uri).password
+    except ValueError:  # a malformed host ("http://[::1"): MLflow refuses it when the tracker starts, in one line
+        password = None
+    if password is not None:  # not echoed: it would go on into the manifest and the logs
         raise ConfigError("config key 'mlflow_tracking_uri' must not hold a password (the config is kept in the run's "
                           "manifest); give it by env: MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_PASSWORD (on a cluster "
                           "from mlflow_secret), or the database's own (PGPASSWORD)")

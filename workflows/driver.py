@@ -8,8 +8,9 @@ One container in the steps image runs `submit.py resume --run NAME` (`commands.r
 `argo_server_in_cluster`, with the run's service account, whose token (the projected file Kubernetes mounts, re-read
 on every request: `ARGO_TOKEN_FILE`) is its Argo token, the S3 env every step gets (`iteration.s3_env`) and the
 credentials of the run's trackers from the Secrets its config names (`tracker_env`). `resume` reads the run's config
-and manifest from the store, so each attempt continues where the last one stopped: Argo retries the pod (up to `DRIVER_RETRIES`) unless it exited 1 (an iteration failed: a person decides, with
-`retry`), and stops an attempt after `driver_deadline_s`. What the service account needs: docs/workflows.md, "The
+and manifest from the store, so each attempt continues where the last one stopped: Argo retries the pod (up to
+`DRIVER_RETRIES`) unless it exited 1 (an iteration failed: a person decides, with `retry`), and stops an attempt
+after `driver_deadline_s`. What the service account needs: docs/workflows.md, "The
 driver in the cluster".
 """
 
