@@ -28,6 +28,7 @@ from steps.report.index import summaries
 from steps.settings import ConfigError
 from workflows.config import load_config
 from workflows.driver import driver_workflow
+from test_eval import fake_summary
 from test_workflows import CLUSTER, FakeArgoServer, drive, fake_argo, s3_store  # noqa: F401 (fixtures)
 
 ITERATIONS = 2
@@ -273,18 +274,23 @@ def test_the_driver_pod_takes_credentials_from_secrets_by_name_only():
 
 def test_the_argo_driver_logs_each_iteration_into_tensorboard_in_the_store(fake_argo: FakeArgoServer,  # noqa: F811
                                                                           s3_store: str, tmp_path):
-    """`submit.py` against the fake Argo server: once each iteration's Workflow succeeded the driver logs its numbers;
+    """`submit.py` against the fake Argo server, `eval_every=2` of 2 iterations: once each Workflow succeeded the driver
+    logs its numbers (iteration 0 with its evaluation, iteration 1, then the final checkpoint's evaluation at step 2);
     the event files land under the run's `tracking/tensorboard` in S3 and read back with what the report has."""
-    manifest.write_json(f"{s3_store}/tb/checkpoints/iteration-1/metrics.json", {"loss": 0.5, "grad_norm": 2.0})
-    assert drive(fake_argo, s3_store, "--harness", "codex", "run=tb", "iterations=2", "trackers=[tensorboard]") == 0
     run_url = f"{s3_store}/tb"
+    manifest.write_json(f"{run_url}/checkpoints/iteration-1/metrics.json", {"loss": 0.5, "grad_norm": 2.0})
+    first, final = fake_summary(run_url, 0), fake_summary(run_url, 2)  # what the evaluate steps would have written
+    assert drive(fake_argo, s3_store, "--harness", "codex", "run=tb", "iterations=2", "eval_every=2",
+                 "trackers=[tensorboard]") == 0
     fs, path = fsspec.core.url_to_fs(layout.tensorboard_url(run_url))
     fs.get(path, str(tmp_path / "tb"), recursive=True)
     history, texts = read_tensorboard(str(tmp_path / "tb"))
-    assert sorted(history) == [0, 1] and history[0]["train/loss"] == 0.5 and history[0]["train/grad_norm"] == 2.0
-    assert history == {n: pytest.approx(expected(run_url, n)) for n in range(2)}
+    assert sorted(history) == [0, 1, 2] and history[0]["train/loss"] == 0.5 and history[0]["train/grad_norm"] == 2.0
+    assert history == {n: pytest.approx(expected(run_url, n)) for n in range(3)}
+    assert history[0]["eval/pass_at_k"] == first["overall"]["pass_at_k"]
+    assert history[2] == pytest.approx({k: v for k, v in expected(run_url, 2).items() if k.startswith("eval/")})
+    assert history[2]["eval/tries"] == final["overall"]["tries"]
     assert "trackers: [\"tensorboard\"]" in texts["config"] and texts["report"] == layout.report_index_url(run_url)
-
 
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_the_local_runner_logs_each_iteration_once_it_succeeded(tmp_path, monkeypatch, staleness):
