@@ -105,6 +105,8 @@ def config_params(config: dict) -> dict[str, str]:
 class Tracker(Protocol):
     """One tracking library's side: the run's config and report link once, numbers per step, then close."""
 
+    where: str  # where it logs, said when it starts (a URL, a folder; never a credential)
+
     def log_config(self, config: dict, report: str) -> None: ...
 
     def log(self, step: int, numbers: dict[str, float]) -> None: ...
@@ -205,9 +207,10 @@ class TensorBoardTracker:
     def log_config(self, config: dict, report: str) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
         from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.types_pb2 import DT_STRING
 
         def text(tag: str, value: str) -> Summary.Value:
-            return Summary.Value(tag=tag, tensor=TensorProto(dtype=7, string_val=[value.encode()]),  # 7: DT_STRING
+            return Summary.Value(tag=tag, tensor=TensorProto(dtype=DT_STRING, string_val=[value.encode()]),
                                  metadata=SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text")))
 
         table = "\n".join(f"    {k}: {v}" for k, v in sorted(config_params(config).items()))  # Markdown code block
@@ -226,6 +229,15 @@ STARTERS: dict[str, Callable[[RunConfig], Tracker]] = {"wandb": WandbTracker, "m
                                                        "tensorboard": TensorBoardTracker}
 
 
+def _why(exc: Exception) -> str:
+    r"""An exception as the end of one line: its type and its message on one line, at most 300 characters.
+
+    >>> _why(ValueError("no such\n  experiment"))
+    'ValueError: no such experiment'
+    """
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+
+
 class Trackers:
     """The run's trackers that started. A tracker that fails (to start, or later to log) is said in one line and
     left out; the run goes on."""
@@ -241,7 +253,7 @@ class Trackers:
             try:
                 tracker = STARTERS[name](config)
             except Exception as exc:  # noqa: BLE001 - whatever the library raised, the run goes on without it
-                say(f"tracking: {name} did not start, the run goes on without it: {type(exc).__name__}: {exc}")
+                say(f"tracking: {name} did not start, the run goes on without it: {_why(exc)}")
                 continue
             trackers.started[name] = tracker
             say(f"tracking: {name} logs this run to {tracker.where}")
@@ -253,7 +265,7 @@ class Trackers:
             try:
                 call(tracker)
             except Exception as exc:  # noqa: BLE001 - a tracker that broke is left out; the run goes on
-                self.say(f"tracking: {name} could not {what} and is left out: {type(exc).__name__}: {exc}")
+                self.say(f"tracking: {name} could not {what} and is left out: {_why(exc)}")
                 del self.started[name]
 
     def _read(self, what: str, n: int, evaluation: bool) -> dict[str, float] | None:
@@ -261,9 +273,11 @@ class Trackers:
         try:
             run = load_run(self.config.run_url, only=n)
         except Exception as exc:  # noqa: BLE001 - a store that did not answer costs this step's numbers, not the run
-            self.say(f"tracking: {what} not logged, its numbers could not be read: {type(exc).__name__}: {exc}")
+            self.say(f"tracking: {what} not logged, its numbers could not be read: {_why(exc)}")
             return None
-        return _numbers("eval", (run.evals.get(n) or {}).get("overall") or {}) if evaluation else iteration_numbers(run, n)
+        if evaluation:
+            return _numbers("eval", (run.evals.get(n) or {}).get("overall") or {})
+        return iteration_numbers(run, n)
 
     def log_iteration(self, n: int) -> None:
         """Logs iteration `n`'s numbers (and its evaluation's), read from the store, at step `n`."""
