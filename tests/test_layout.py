@@ -20,7 +20,7 @@ from workflows.iteration import iteration_workflow
 REPO = Path(__file__).resolve().parents[1]
 # Pieces of a run's layout as they would appear in a string literal (or an f-string's literal part).
 # A folder's name counts beside a slash ("trajectories" alone is a table or template name).
-FOLDERS = "results|checkpoints|base-model|manifest|trajectories|calls|logs|reports|datasets"
+FOLDERS = "results|checkpoints|base-model|manifest|trajectories|calls|logs|reports|datasets|tracking"
 PIECES = re.compile(rf"/({FOLDERS})(/|$)|^({FOLDERS})/|iteration-(\{{|\*|$)|-attempt-|/run=|/iteration="
                     r"|/(result|metrics|run)\.json$|/\w*\.parquet$")
 # What owns paths that are not a run's: the proxy's routes and its store's inside, the sandbox's and the

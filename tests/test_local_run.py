@@ -22,7 +22,9 @@ from report_browser import PLOT_POINTS, browser  # noqa: F401 (a fixture)
 from safetensors.torch import load_file
 
 from steps.contracts.table_files import partition_url, read_table
+from steps import tracking
 from steps.contracts import layout
+from steps.report.data import load_run
 from steps.update.shards import read_weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,7 +90,7 @@ def local_run(tiny_model, tmp_path_factory) -> LocalRun:
     update_config = always_training_update_config(tmp_path)
     settings = [f"store={store}", "run=loop", "iterations=2", "dataset=steps/tasks/toy", "tasks_per_iteration=1",
                 "samples_per_task=8", "max_tokens_cap=16", "parallel_rollouts=4", f"model={tiny_model}",
-                f"update_config={update_config}", "eval_every=2", "eval_k=2"]
+                f"update_config={update_config}", "eval_every=2", "eval_k=2", "trackers=[tensorboard]"]
     log = open(tmp_path / "driver.log", "w")
     driver = subprocess.Popen([sys.executable, "workflows/submit.py", "--harness", "direct", *settings],
                               cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -146,6 +148,31 @@ def test_two_iterations_run_locally_and_resume_after_the_driver_is_killed(local_
     base, updated = load_file(tiny_model / "model.safetensors"), read_weights(run / "checkpoints" / "iteration-1")
     assert base.keys() == updated.keys()
     assert any(not base[name].float().equal(updated[name].float()) for name in base)
+
+
+def test_each_driver_logged_what_it_ran_into_the_runs_tracker(local_run):
+    """`trackers=[tensorboard]`: the first driver logged iteration 0 (with its evaluation) before it was killed, the
+    resumed one iteration 1 and the final checkpoint's evaluation, each at its step, with the report's numbers."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = local_run.run
+    events = EventAccumulator(layout.tensorboard_url(str(run)), size_guidance={"scalars": 0})
+    events.Reload()
+    history: dict[int, dict] = {}
+    for tag in events.Tags()["scalars"]:
+        for event in events.Scalars(tag):
+            history.setdefault(event.step, {})[tag] = event.value
+    assert sorted(history) == [0, 1, 2]
+    for n in (0, 1):
+        assert history[n] == pytest.approx(tracking.iteration_numbers(load_run(str(run)), n), rel=1e-6)
+        assert {"train/mean_reward", "train/grad_norm", "train/logprob_gap", "train/phase_rollouts_s"} <= set(history[n])
+    assert "eval/pass_at_k" in history[0] and not any(k.startswith("eval/") for k in history[1])
+    assert history[2] == pytest.approx(tracking.iteration_numbers(load_run(str(run)), 2), rel=1e-6)  # eval/ alone
+    assert history[2]["eval/tries"] == json.loads((run / "evals" / "iteration-2" / "summary.json").read_text())[
+        "overall"]["tries"]
+    first_log = (local_run.store.parent / "driver.log").read_text()
+    for log in (first_log, local_run.resumed.stderr):
+        assert f"tracking: tensorboard logs this run to {layout.tensorboard_url(str(run))}" in log
 
 
 def test_the_runs_report_is_written_after_every_iteration_and_every_page_of_it_loads(local_run, browser):

@@ -14,9 +14,10 @@ import ipaddress
 import json
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
-from steps import net, sampling, settings
+from steps import net, sampling, settings, tracking
 from steps.fetch_model import hub_model
 from steps.harnesses import ALL_HARNESSES as HARNESSES
 from steps.plan import MAX_EVAL_K
@@ -165,6 +166,7 @@ def validate(config: RunConfig, check_dataset: bool = True) -> None:
                           f"relative to the repository (e.g. configs/update.yaml)")
     check_update_config(config)
     check_access(config)
+    check_trackers(config)
     if config.report_url_base and not config.report_url_base.startswith(("http://", "https://")):
         raise ConfigError(f"config key 'report_url_base' must be an http:// or https:// URL at which a browser opens "
                           f"the store's root (e.g. https://reports.example.com/runs), got {config.report_url_base!r}")
@@ -198,6 +200,39 @@ def check_judge(config: RunConfig) -> None:
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", config.judge_secret) or len(config.judge_secret) > 253:
         raise ConfigError(f"config key 'judge_secret' must be a Kubernetes Secret's name (lower-case letters, digits, "
                           f"'-' and '.'), got {config.judge_secret!r}")
+
+
+def check_trackers(config: RunConfig) -> None:
+    """The experiment trackers (`steps.tracking`): known names, each once, what each needs, and its library here, so
+    that a run that would log nowhere is refused before anything starts."""
+    for name in config.trackers:
+        if name not in tracking.TRACKERS:
+            raise ConfigError(f"config key 'trackers' takes {', '.join(tracking.TRACKERS)} (any of them, each once), "
+                              f"got {name!r}")
+    if len(set(config.trackers)) < len(config.trackers):
+        raise ConfigError(f"config key 'trackers' names a tracker twice: {list(config.trackers)}")
+    if not config.tracker_project.strip() or "/" in config.tracker_project:
+        raise ConfigError(f"config key 'tracker_project' must be a W&B project and MLflow experiment name (no '/'), "
+                          f"got {config.tracker_project!r}")
+    uri = config.mlflow_tracking_uri
+    if "mlflow" in config.trackers and not re.match(r"(https?|sqlite|postgresql|mysql|mssql|databricks)(\+\w+)?:", uri):
+        raise ConfigError(f"config key 'mlflow_tracking_uri' must be the MLflow tracking server's http(s):// URL or "
+                          f"a database URI such as sqlite:///mlflow.db when trackers has mlflow, got {uri!r}")
+    try:
+        password = urlsplit(uri).password
+    except ValueError:  # a malformed host ("http://[::1"): MLflow refuses it when the tracker starts, in one line
+        password = None
+    if password is not None:  # not echoed: it would go on into the manifest and the logs
+        raise ConfigError("config key 'mlflow_tracking_uri' must not hold a password (the config is kept in the run's "
+                          "manifest); give it by env: MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_PASSWORD (on a cluster "
+                          "from mlflow_secret), or the database's own (PGPASSWORD)")
+    for key in ("wandb_secret", "mlflow_secret"):
+        if not OBJECT_NAME.fullmatch(getattr(config, key)):
+            raise ConfigError(f"config key {key!r} must be a Kubernetes Secret's name (lower-case letters, digits, "
+                              f"'-' and '.'), got {getattr(config, key)!r}")
+    if missing := tracking.missing_libraries(config.trackers):
+        raise ConfigError(f"config key 'trackers' names {', '.join(missing)}, whose library this Python lacks; "
+                          f"install OpenForge's tracking extra (pip install -e '.[tracking]') or leave it out")
 
 
 def check_access(config: RunConfig) -> None:

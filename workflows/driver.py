@@ -6,17 +6,19 @@
 
 One container in the steps image runs `submit.py resume --run NAME` (`commands.resume`) against the Argo Server at
 `argo_server_in_cluster`, with the run's service account, whose token (the projected file Kubernetes mounts, re-read
-on every request: `ARGO_TOKEN_FILE`) is its Argo token, and the S3 env every step gets (`iteration.s3_env`).
-`resume` reads the run's config and manifest from the store, so each attempt continues where the last one stopped:
-Argo retries the pod (up to `DRIVER_RETRIES`) unless it exited 1 (an iteration failed: a person decides, with
-`retry`), and stops an attempt after `driver_deadline_s`. What the service account needs: docs/workflows.md, "The
+on every request: `ARGO_TOKEN_FILE`) is its Argo token, the S3 env every step gets (`iteration.s3_env`) and the
+credentials of the run's trackers from the Secrets its config names (`tracker_env`). `resume` reads the run's config
+and manifest from the store, so each attempt continues where the last one stopped: Argo retries the pod (up to
+`DRIVER_RETRIES`) unless it exited 1 (an iteration failed: a person decides, with `retry`), and stops an attempt
+after `driver_deadline_s`. What the service account needs: docs/workflows.md, "The
 driver in the cluster".
 """
 
-from hera.workflows import Container, Env, RetryStrategy, SecretVolume, Workflow
+from hera.workflows import Container, Env, RetryStrategy, SecretEnv, SecretVolume, Workflow
 from hera.workflows.models import Backoff, KeyToPath, TTLStrategy
 
 from steps.contracts.config import RunConfig
+from steps.tracking import CREDENTIALS
 from workflows import commands
 from workflows.iteration import (RUN_LABEL, RUN_NAME_ANNOTATION, ROLE, image, report_link, run_label, s3_env,
                                  step_pod)
@@ -46,6 +48,19 @@ def tls_overrides(config: RunConfig) -> list[str]:
     return ["argo_insecure_tls=true"] if config.argo_insecure_tls else []
 
 
+def tracker_env(config: RunConfig) -> list[SecretEnv]:
+    """The credential of each of the run's trackers that takes one (`steps.tracking.CREDENTIALS`: W&B's API key,
+    MLflow's token), from the Secret its config key names (`wandb_secret`, `mlflow_secret`), never a value. Optional:
+    a tracker whose key is missing fails to start, which the driver says, and the run goes on.
+
+    >>> [e.name for e in tracker_env(RunConfig(trackers=("tensorboard", "wandb")))]
+    ['WANDB_API_KEY']
+    """
+    return [SecretEnv(name=CREDENTIALS[name][0], secret_name=getattr(config, f"{name}_secret"),
+                      secret_key=CREDENTIALS[name][1], optional=True)
+            for name in config.trackers if name in CREDENTIALS]
+
+
 def workflow_name(config: RunConfig) -> str:
     """The driver's Workflow name: one per run, so that a second one is found and refused (DNS-1123, <= 63)."""
     return f"openforge-{run_label(config)}-driver"
@@ -56,7 +71,7 @@ def driver_workflow(config: RunConfig) -> Workflow:
     driver = Container(
         name="driver", image=image(config, "steps"), working_dir="/opt/openforge/app",
         command=commands.resume(config, config.argo_server_in_cluster) + tls_overrides(config),
-        env=[*s3_env(config), Env(name="ARGO_TOKEN_FILE", value=TOKEN_FILE)],
+        env=[*s3_env(config), Env(name="ARGO_TOKEN_FILE", value=TOKEN_FILE), *tracker_env(config)],
         volumes=[SecretVolume(name="argo-ca", secret_name=config.argo_ca_secret, mount_path=CA_FOLDER,
                               items=[KeyToPath(key=CA_KEY, path=CA_KEY)])] if config.argo_ca_secret else None,
         **{**step_pod(config, "250m", "512Mi", labels={ROLE: "driver"}),

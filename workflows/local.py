@@ -11,10 +11,10 @@ too few task groups earned more than one reward: `LocalSteps.fill`), then `updat
 for the whole run and the new weights are swapped into it through the proxy (`POST /weights/update`), where a
 cluster starts a fresh serve pod. The run manifest is the cluster's, so `resume` works here too. After each
 iteration and each evaluation, failed ones too, the run's report (`steps.report`) is written again and its path
-printed. The update runs on `$OPENFORGE_TRAIN_PYTHON`, else `.venv-train/bin/python` (veRL lives in its own
-environment), else this Python. With `max_staleness` S >= 1 each update runs in the background beside the next
-iteration's rollouts and is swapped in when it ends (`run_overlapped`, held back by `shape.last_update_before`,
-docs/workflows.md).
+printed; each iteration that succeeded is logged into the run's `trackers` (`steps.tracking`). The update runs on
+`$OPENFORGE_TRAIN_PYTHON`, else `.venv-train/bin/python` (veRL lives in its own environment), else this Python.
+With `max_staleness` S >= 1 each update runs in the background beside the next iteration's rollouts and is swapped
+in when it ends (`run_overlapped`, held back by `shape.last_update_before`, docs/workflows.md).
 """
 
 import ctypes
@@ -42,6 +42,7 @@ from steps.proxy.config import JUDGE_KEY_ENV
 from steps.rollout import write_outputs, write_result
 from steps.tasks import load_task
 from steps.report import write_report
+from steps.tracking import Trackers
 from steps.contracts import layout
 from steps.contracts.rollout import (AGENT_KILLED, AGENT_TIMEOUT, INFRA_ERROR, INFRA_EXIT_CODE, OK, PlannedRollout,
                                      RecordError, RolloutResult, harness_killed, read_plan, read_result)
@@ -630,9 +631,9 @@ class Updates:
         self.pool.shutdown(wait=True)
 
 
-def finish(config: RunConfig, entry: IterationRecord, summary: dict) -> None:
-    """Records an iteration's success in the manifest, with its update's metrics, staleness and timings, and
-    prints its summary line."""
+def finish(config: RunConfig, entry: IterationRecord, summary: dict, trackers: Trackers | None = None) -> None:
+    """Records an iteration's success in the manifest, with its update's metrics, staleness and timings, prints its
+    summary line and logs its numbers into the run's `trackers`."""
     entry.status, entry.metrics, entry.timings_s = "Succeeded", summary["update"], summary["timings_s"]
     entry.staleness, entry.phase_times = summary["staleness"], summary["phase_times"]
     entry.curriculum = manifest.read_curriculum(config.run_url, entry.iteration)
@@ -640,6 +641,8 @@ def finish(config: RunConfig, entry: IterationRecord, summary: dict) -> None:
         if config.evaluates_at(entry.iteration) else None
     manifest.record(config.run_url, entry)
     print(json.dumps(summary), flush=True)
+    if trackers:
+        trackers.log_iteration(entry.iteration)
     checkpoint.retire(config, entry.iteration + 1, manifest.read_evals(config.run_url), say)
 
 
@@ -675,7 +678,7 @@ def start_entry(config: RunConfig, iteration: int, earlier: IterationRecord | No
 
 
 def run_synchronous(config: RunConfig, first: int, recorded: dict, proxy_url: str, admin_key: str, env: dict,
-                    logs: Path) -> int:
+                    logs: Path, trackers: Trackers | None = None) -> int:
     """`max_staleness` 0: each iteration's rollouts, then its update, then the next iteration's."""
     for iteration in range(first, config.iterations):
         entry = start_entry(config, iteration, recorded.get(iteration))
@@ -683,13 +686,13 @@ def run_synchronous(config: RunConfig, first: int, recorded: dict, proxy_url: st
             summary = run_iteration(config, iteration, proxy_url, admin_key, env, logs, entry.attempt)
         except (StepFailed, OSError) as exc:
             return failed(config, entry, exc)  # a failed iteration is reported too: what its rollouts did
-        finish(config, entry, summary)
+        finish(config, entry, summary, trackers)
         refresh_report(config.run_url)
     return 0
 
 
 def run_overlapped(config: RunConfig, first: int, recorded: dict, proxy_url: str, admin_key: str, env: dict,
-                   logs: Path) -> int:
+                   logs: Path, trackers: Trackers | None = None) -> int:
     """`max_staleness` S >= 1: iteration n+1's rollouts start once iteration n's trajectories are written,
     served by the newest weights there are, while update n runs beside them and is swapped in when done;
     iteration n+S+1's rollouts wait for update n (never more than S versions ahead of what is trained)."""
@@ -721,7 +724,7 @@ def run_overlapped(config: RunConfig, first: int, recorded: dict, proxy_url: str
                     record_failure(config, entry, exc)  # said, and reported, by the driver's thread (`Updates.wait`)
                     raise
                 staleness = manifest.read_staleness(config.run_url, iteration)
-                finish(config, entry, summarize(iteration, results, next_checkpoint, times, staleness))
+                finish(config, entry, summarize(iteration, results, next_checkpoint, times, staleness), trackers)
 
             updates.start(iteration, update, skipped=lambda reason, entry=entry: record_failure(config, entry, reason))
             say(f"iteration {iteration}: its update runs in the background"
@@ -754,26 +757,28 @@ def run_local(config: RunConfig) -> int:
     admin_key = secrets.token_urlsafe(24)
     env = step_env(admin_key)
     model = base_model(config) if first == 0 else config.checkpoint_url(first)
-    say(f"run {config.run}: starting vLLM on CPU and the proxy (iteration {first}, {model})")
-    serve, proxy_url = start_serve(config, model, first, env, logs)
-    loop = run_overlapped if config.max_staleness else run_synchronous
-    try:
-        if code := loop(config, first, recorded, proxy_url, admin_key, env, logs):
-            return code
-        if final_due:  # the checkpoint the last update wrote, swapped in already
-            try:
-                run_evaluation(config, config.iterations, proxy_url, env, logs)
-            except (StepFailed, OSError) as exc:
-                print(f"error: the evaluation of the final checkpoint: {exc}", file=sys.stderr)
+    with Trackers.start(config, say) as trackers:  # before vLLM: a tracker that cannot start is said at once
+        say(f"run {config.run}: starting vLLM on CPU and the proxy (iteration {first}, {model})")
+        serve, proxy_url = start_serve(config, model, first, env, logs)
+        loop = run_overlapped if config.max_staleness else run_synchronous
+        try:
+            if code := loop(config, first, recorded, proxy_url, admin_key, env, logs, trackers):
+                return code
+            if final_due:  # the checkpoint the last update wrote, swapped in already
+                try:
+                    run_evaluation(config, config.iterations, proxy_url, env, logs)
+                except (StepFailed, OSError) as exc:
+                    print(f"error: the evaluation of the final checkpoint: {exc}", file=sys.stderr)
+                    refresh_report(config.run_url)
+                    return 1
+                print(json.dumps({"eval": config.iterations, "checkpoint": config.checkpoint_url(config.iterations),
+                                  **manifest.eval_numbers(layout.eval_summary_url(config.run_url, config.iterations))}),
+                      flush=True)
+                trackers.log_evaluation(config.iterations)
                 refresh_report(config.run_url)
-                return 1
-            print(json.dumps({"eval": config.iterations, "checkpoint": config.checkpoint_url(config.iterations),
-                              **manifest.eval_numbers(layout.eval_summary_url(config.run_url, config.iterations))}),
-                  flush=True)
-            refresh_report(config.run_url)
-    finally:
-        serve.terminate()
-        serve.wait(60)
+        finally:
+            serve.terminate()
+            serve.wait(60)
     say(f"run {config.run} done: {config.iterations} iterations; everything is under {config.run_url}")
     return 0
 
@@ -791,16 +796,18 @@ def run_local_eval(config: RunConfig, evaluates: dict) -> int:
         env = step_env(secrets.token_urlsafe(24))
         model = config.model if config.upstream else base_model(config)
         say(f"eval {config.run}: starting the proxy in front of {config.upstream or f'vLLM on CPU ({model})'}")
-        serve, proxy_url = start_serve(config, model, 0, env, logs)
-        try:
-            summary = run_evaluation(config, 0, proxy_url, env, logs)
-        except (StepFailed, OSError) as exc:
-            print(f"error: eval {config.run}: {exc}", file=sys.stderr)
-            refresh_report(config.run_url)
-            return 1
-        finally:
-            serve.terminate()
-            serve.wait(60)
+        with Trackers.start(config, say) as trackers:
+            serve, proxy_url = start_serve(config, model, 0, env, logs)
+            try:
+                summary = run_evaluation(config, 0, proxy_url, env, logs)
+                trackers.log_evaluation(0)
+            except (StepFailed, OSError) as exc:
+                print(f"error: eval {config.run}: {exc}", file=sys.stderr)
+                refresh_report(config.run_url)
+                return 1
+            finally:
+                serve.terminate()
+                serve.wait(60)
         refresh_report(config.run_url)
     print(format_table(summary))
     print(json.dumps(summary), flush=True)

@@ -22,7 +22,7 @@ first (the config, the cluster where one is reachable, the server's lint), then 
 waits for the previous iteration's checkpoint; with `max_staleness` S >= 1 the next one as soon as the previous
 one's collect DAG has succeeded, at most S ahead of the last ended (`drive_overlapped`). The run manifest in the store
 (`<store>/<run>/manifest/`) records every iteration's workflow, checkpoint and phase, so `resume`
-picks up where a stopped driver left off. A bad config, an unknown harness, an unreachable server or a
+picks up where a stopped driver left off; each that succeeded is logged into the run's `trackers` (`steps.tracking`). A bad config, an unknown harness, an unreachable server or a
 missing dataset stops everything with one sentence and exit code 2 before anything is submitted.
 
 With `--detach` the driver itself runs in the cluster (`workflows.driver`: a Workflow whose one pod runs `resume`,
@@ -64,6 +64,7 @@ from steps.evaluate import cell, format_table  # noqa: E402
 from steps.contracts.manifest import DONE, EvalRecord, IterationRecord  # noqa: E402
 from steps.metrics import harness_killed_warning  # noqa: E402
 from steps.plan import MAX_EVAL_K  # noqa: E402
+from steps.tracking import Trackers  # noqa: E402
 from steps.contracts import layout  # noqa: E402
 from workflows import commands, images, shape  # noqa: E402
 from workflows.argo import DONE, ArgoClient, ArgoError, Progress  # noqa: E402
@@ -362,7 +363,8 @@ def start(config: RunConfig, args: argparse.Namespace) -> int:
     print(f"run {config.run}: {config.iterations} iterations, manifest in {layout.manifest_url(config.run_url)}", flush=True)
     if args.detach:
         return detach(config, client)  # the driver in the cluster reads the addresses itself
-    return drive(submitted, client, args.poll)  # the manifest keeps `auto`: a resumed run reads the addresses anew
+    with tracked(submitted) as trackers:  # the manifest keeps `auto`: a resumed run reads the addresses anew
+        return drive(submitted, client, args.poll, trackers)
 
 
 def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> int:
@@ -383,7 +385,8 @@ def start_eval(config: RunConfig, evaluates: dict, args: argparse.Namespace) -> 
           f"k={config.eval_k}; manifest in {layout.manifest_url(config.run_url)}", flush=True)
     if args.detach:
         return detach(config, client)
-    return drive_evaluation(submitted, client, 0, args.poll) or show_summary(config, 0)
+    with tracked(submitted) as trackers:
+        return drive_evaluation(submitted, client, 0, args.poll, trackers) or show_summary(config, 0)
 
 
 def stage(config: RunConfig, evaluation: bool = False) -> None:
@@ -441,9 +444,11 @@ def mark_eval(config: RunConfig, iteration: int, workflow: str, status: str) -> 
 
 
 def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, poll_s: float,
-           evaluation: bool = False, collected: bool = False, started: bool = False) -> str:
+           evaluation: bool = False, collected: bool = False, started: bool = False,
+           trackers: Trackers | None = None) -> str:
     """Marks the iteration (or evaluation) running and prints its UI link (unless `started` did), polls it to the
-    end (with `collected`, only until its collect DAG has succeeded), records the final phase once it has one."""
+    end (with `collected`, only until its collect DAG has succeeded), records the final phase once it has one and,
+    once it succeeded, logs its numbers into the run's `trackers`."""
     record, label = (mark_eval, f"eval {iteration}") if evaluation else (mark, f"iteration {iteration}")
     if not started:
         record(config, iteration, name, "Running")
@@ -467,15 +472,18 @@ def follow(config: RunConfig, client: ArgoClient, iteration: int, name: str, pol
             mark_eval(config, iteration, name, phase)
         else:
             mark(config, iteration, name, phase, reason)
+        if trackers and phase == "Succeeded":
+            (trackers.log_evaluation if evaluation else trackers.log_iteration)(iteration)
     return phase
 
 
-def drain(config: RunConfig, client: ArgoClient, running: dict[int, str], below: int, poll_s: float) -> int:
+def drain(config: RunConfig, client: ArgoClient, running: dict[int, str], below: int, poll_s: float,
+          trackers: Trackers | None = None) -> int:
     """Follows the iterations in `running` below `below` to their end, in order (removed from it); exit code 1
     (said) at the first that did not succeed, else 0."""
     for earlier in sorted(i for i in running if i < below):
         name = running.pop(earlier)
-        if (phase := follow(config, client, earlier, name, poll_s, started=True)) != "Succeeded":
+        if (phase := follow(config, client, earlier, name, poll_s, started=True, trackers=trackers)) != "Succeeded":
             return stopped(config, earlier, name, phase)
     return 0
 
@@ -491,7 +499,7 @@ def already_succeeded(config: RunConfig, entry: IterationRecord | None, evaluati
     return True
 
 
-def drive_overlapped(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
+def drive_overlapped(config: RunConfig, client: ArgoClient, poll_s: float, trackers: Trackers | None = None) -> int:
     """`max_staleness` S >= 1: iteration n+1's Workflow is submitted once iteration n's collect DAG has succeeded
     (its update runs beside n+1's rollouts; n+1's serve swaps its checkpoint in, n+1's update waits for it);
     iteration n+S+1's only once iteration n has ended (never more than S versions ahead of what is trained). A
@@ -501,18 +509,18 @@ def drive_overlapped(config: RunConfig, client: ArgoClient, poll_s: float) -> in
         entry = records.get(iteration)
         if already_succeeded(config, entry, evaluations):
             continue
-        if code := drain(config, client, running, shape.last_update_before(config, iteration) + 1, poll_s):
+        if code := drain(config, client, running, shape.last_update_before(config, iteration) + 1, poll_s, trackers):
             return code
         if entry and entry.done:  # the ones before it (a retried one) are followed to their end first
-            return drain(config, client, running, iteration, poll_s) or \
+            return drain(config, client, running, iteration, poll_s, trackers) or \
                 stopped(config, iteration, entry.workflow, entry.status)
         name = entry.workflow if entry and entry.workflow else client.create(iteration_workflow(config, iteration))
-        phase = follow(config, client, iteration, name, poll_s, collected=True)
+        phase = follow(config, client, iteration, name, poll_s, collected=True, trackers=trackers)
         if phase in DONE and phase != "Succeeded":
             return stopped(config, iteration, name, phase)
         if phase not in DONE:
             running[iteration] = name
-    return drain(config, client, running, config.iterations, poll_s)
+    return drain(config, client, running, config.iterations, poll_s, trackers)
 
 
 def refuse_rewrite_under_later_updates(config: RunConfig, entry: IterationRecord | EvalRecord) -> None:
@@ -541,20 +549,20 @@ def retry_stopped_behind(config: RunConfig, client: ArgoClient, retried: Iterati
                   flush=True)
 
 
-def drive(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
+def drive(config: RunConfig, client: ArgoClient, poll_s: float, trackers: Trackers | None = None) -> int:
     """Runs the iterations the manifest has not seen succeed, one Workflow each, in order; then, with
-    `eval_every`, the final checkpoint's evaluation."""
-    code = (drive_overlapped if config.max_staleness else drive_synchronous)(config, client, poll_s)
+    `eval_every`, the final checkpoint's evaluation. Each that succeeded is logged into `trackers`."""
+    code = (drive_overlapped if config.max_staleness else drive_synchronous)(config, client, poll_s, trackers)
     if code:
         return code
-    if config.evaluates_at(config.iterations) and drive_evaluation(config, client, config.iterations, poll_s):
+    if config.evaluates_at(config.iterations) and drive_evaluation(config, client, config.iterations, poll_s, trackers):
         return 1
     print(f"run {config.run}: all {config.iterations} iterations succeeded; "
           f"final checkpoint {config.checkpoint_url(config.iterations)}")
     return 0
 
 
-def drive_synchronous(config: RunConfig, client: ArgoClient, poll_s: float) -> int:
+def drive_synchronous(config: RunConfig, client: ArgoClient, poll_s: float, trackers: Trackers | None = None) -> int:
     """`max_staleness` 0: one iteration's Workflow after the other, each followed to its end."""
     records, evaluations = manifest.read_iterations(config.run_url), manifest.read_evals(config.run_url)
     for iteration in range(config.iterations):
@@ -564,13 +572,14 @@ def drive_synchronous(config: RunConfig, client: ArgoClient, poll_s: float) -> i
         if entry and entry.done:
             return stopped(config, iteration, entry.workflow, entry.status)
         name = entry.workflow if entry and entry.workflow else client.create(iteration_workflow(config, iteration))
-        phase = follow(config, client, iteration, name, poll_s)
+        phase = follow(config, client, iteration, name, poll_s, trackers=trackers)
         if phase != "Succeeded":
             return stopped(config, iteration, name, phase)
     return 0
 
 
-def drive_evaluation(config: RunConfig, client: ArgoClient, iteration: int, poll_s: float) -> int:
+def drive_evaluation(config: RunConfig, client: ArgoClient, iteration: int, poll_s: float,
+                     trackers: Trackers | None = None) -> int:
     """Runs the evaluation of iteration `iteration`'s checkpoint as its own Workflow unless the manifest has
     seen it succeed; 0, or 1 when it did not succeed."""
     entry = manifest.read_evals(config.run_url).get(iteration)
@@ -579,8 +588,13 @@ def drive_evaluation(config: RunConfig, client: ArgoClient, iteration: int, poll
     if entry and entry.done:
         return stopped(config, iteration, entry.workflow, entry.status, evaluation=True)
     name = entry.workflow if entry and entry.workflow else client.create(evaluation_workflow(config, iteration))
-    phase = follow(config, client, iteration, name, poll_s, evaluation=True)
+    phase = follow(config, client, iteration, name, poll_s, evaluation=True, trackers=trackers)
     return 0 if phase == "Succeeded" else stopped(config, iteration, name, phase, evaluation=True)
+
+
+def tracked(config: RunConfig) -> Trackers:
+    """The run's trackers (`steps.tracking`), started for this driver; their lines go to stderr."""
+    return Trackers.start(config, lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def show_summary(config: RunConfig, iteration: int) -> int:
@@ -718,9 +732,10 @@ def act(config: RunConfig, args: argparse.Namespace) -> int:
     if args.detach:
         client.lint(checked(driver_workflow(config)))
         return detach(config, client)
-    if evaluates is not None:
-        return drive_evaluation(config, client, 0, args.poll) or show_summary(config, 0)
-    return drive(config, client, args.poll)
+    with tracked(config) as trackers:
+        if evaluates is not None:
+            return drive_evaluation(config, client, 0, args.poll, trackers) or show_summary(config, 0)
+        return drive(config, client, args.poll, trackers)
 
 
 def build_images(args: argparse.Namespace) -> int:

@@ -137,6 +137,13 @@ class RunConfig:
     s3_endpoint: str = ""  # e.g. http://minio.openforge.svc:9000; empty: AWS (s3.<s3_region>.amazonaws.com)
     s3_region: str = ""  # e.g. us-west-2: every pod's and the driver's AWS_REGION; empty: the SDK's own default
     report_url_base: str = ""  # an http(s) URL serving the store's root to browsers: the Workflows link the report there
+    # experiment tracking (docs/tracking.md): the driver logs the config, then each iteration's report numbers
+    trackers: tuple[str, ...] = ()  # any of wandb, mlflow, tensorboard; empty: none
+    tracker_project: str = "openforge"  # the W&B project and the MLflow experiment the run is logged in
+    mlflow_tracking_uri: str = ""  # mlflow: its tracking server (http(s)://...) or database (sqlite:///...)
+    tensorboard_dir: str = ""  # tensorboard: a folder or s3:// URL for its event files; empty: the run's tracking/tensorboard
+    wandb_secret: str = "openforge-wandb"  # on a cluster: the Secret (key api-key) the driver's WANDB_API_KEY comes from
+    mlflow_secret: str = "openforge-mlflow"  # on a cluster: the Secret (key token) of its MLFLOW_TRACKING_TOKEN; optional
     keep_checkpoints: int = 0  # keep the last N checkpoints (and the base, evaluated, pinned, served); 0: keep all
     pin_checkpoints: tuple[int, ...] = ()  # iterations whose checkpoints `keep_checkpoints` never deletes
     # the cluster (used only with an Argo server)

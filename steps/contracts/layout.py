@@ -45,6 +45,8 @@ The tree below `<store>/<run>/` (a local folder, or an `s3://` URL on a cluster)
     │       ├── trajectories/             run=<run>/iteration=<N>/: the eval's calls and rollouts tables
     │       └── summary.json              per task and overall: tries, pass@1, pass@k, pass^k, ... (steps.evaluate)
     ├── logs/                             local runner: one log per step, serve's and vLLM's
+    ├── tracking/                         the run's `trackers` (steps.tracking): tensorboard/ event files unless
+    │                                     `tensorboard_dir` says elsewhere; a local run's W&B folder (wandb/)
     └── reports/                          the run's report (steps.report): index.html and its pages
 
 Beside the runs, `<store>/task-contexts/<task>-<hash>.tar.gz` holds each task image's build context
@@ -325,6 +327,20 @@ def eval_records_glob(run_url: str) -> str:
 def logs_url(run_url: str) -> str:
     """The local runner's step logs."""
     return _join(run_url, "logs")
+
+
+def tracking_url(run_url: str) -> str:
+    """The experiment trackers' folder (`steps.tracking`)."""
+    return _join(run_url, "tracking")
+
+
+def tensorboard_url(run_url: str) -> str:
+    """TensorBoard's event files when the run's `tensorboard_dir` is empty.
+
+    >>> tensorboard_url("s3://b/runs/demo")
+    's3://b/runs/demo/tracking/tensorboard'
+    """
+    return _join(tracking_url(run_url), "tensorboard")
 
 
 def reports_url(run_url: str) -> str:

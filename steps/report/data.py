@@ -150,8 +150,9 @@ def load_iteration(number: int, partition: str, results_url: str, notes: list[st
     return it
 
 
-def load_run(run_url: str) -> Run:
-    """Everything the report shows of the run at `run_url`."""
+def load_run(run_url: str, only: int | None = None) -> Run:
+    """Everything the report shows of the run at `run_url`; with `only`, of its iteration (and evaluation) `only`
+    alone (what the experiment trackers log once it ended, `steps.tracking`)."""
     run_url = run_url.rstrip("/")
     config = manifest.read_run_config(run_url)
     name = (config or {}).get("run") or run_url.rsplit("/", 1)[-1]
@@ -160,13 +161,15 @@ def load_run(run_url: str) -> Run:
     numbers = set(records) | set(numbered(layout.run_partitions_url(layout.trajectories_url(run_url), name), r"iteration=(\d+)")) \
         | set(numbered(layout.all_results_url(run_url), r"iteration-(\d+)"))
     iterations = {}
-    for n in sorted(numbers):
+    for n in sorted(numbers if only is None else numbers & {only}):
         it = load_iteration(n, layout.run_partition_url(run_url, name, n), layout.results_url(run_url, n), notes)
         it.record = records.get(n)
         it.update = read_json(layout.metrics_url(layout.checkpoint_url(run_url, n + 1, "")))
         iterations[n] = it
     evals, eval_iterations = {}, {}
     for n in numbered(layout.evals_url(run_url), r"iteration-(\d+)"):
+        if only is not None and n != only:
+            continue
         if (summary := read_json(layout.eval_summary_url(run_url, n))) is not None:
             evals[n] = summary
         eval_iterations[n] = load_iteration(n, layout.partition_url(layout.eval_trajectories_url(run_url, n), name, n),

@@ -182,7 +182,7 @@ def evals_section(runs: list[tuple[str, Run]], figs: Figures) -> str:
 LABELS = dict(ITERATION_COLUMNS) | {"tries": "tries", "passes": "passes", "update_train_s": "update train (s)",
                                     "update_total_s": "update total (s)", "setup_s": "rollout setup (s)",
                                     "agent_s": "rollout agent (s)", "verifier_s": "rollout verifier (s)",
-                                    "total_s": "rollout total (s)", "loss": "loss", "entropy": "entropy",
+                                    "total_s": "rollout total (s)", "loss": "loss", "grad_norm": "grad norm", "entropy": "entropy",
                                     "pass_at_1": "pass@1", "mean_calls": "calls / rollout",
                                     "mean_tokens": "tokens / rollout", "mean_duration_s": "duration / rollout (s)"}
 

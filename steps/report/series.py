@@ -89,8 +89,8 @@ def update_metrics(update: dict | None) -> dict:
     0.04
     """
     update = update or {}
-    return {name: update.get(name) for name in ("logprob_gap", "loss", "entropy", "tokens_trained", "groups_kept",
-                                                 "groups_dropped")} \
+    return {name: update.get(name) for name in ("logprob_gap", "loss", "grad_norm", "entropy", "tokens_trained",
+                                                 "groups_kept", "groups_dropped")} \
         | {"update_train_s": update.get("train_s"), "update_total_s": update.get("total_s"),
            "update_skipped": update.get("skipped")}
 
