@@ -3,6 +3,7 @@ its first attempt is run again as `ID-a2` in its own folder with the plan's samp
 results folder then holds both results, and the trajectory tables give every row the plan's number."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,16 @@ def test_the_built_rollout_command_is_the_one_the_step_parses(monkeypatch: pytes
     assert rollout.main(argv[3:]) == 0
     spec = seen["spec"]
     assert (spec.rollout_id, spec.sample, spec.attempt, spec.model_name) == ("it0-hello-file-s3", 3, 2, "qwen3-4b")
+
+
+def test_the_steps_get_none_of_the_drivers_process_group_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver inside a torchrun launch, or one whose process made its own group (the train suite, which runs updates
+    in-process), has MASTER_PORT and friends set to a port already bound: an update step that inherited them failed
+    with EADDRINUSE. They are left out of every step's environment; the control: the driver has them, and the other
+    variables pass."""
+    for name, value in {"MASTER_PORT": "29500", "MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1",
+                        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "OPENFORGE_X": "kept"}.items():
+        monkeypatch.setenv(name, value)
+    env = local.step_env("admin")
+    assert not set(local.LAUNCHER_ENV) & set(env) and env["OPENFORGE_X"] == "kept"
+    assert all(name in os.environ for name in local.LAUNCHER_ENV)

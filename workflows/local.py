@@ -53,6 +53,9 @@ from workflows.config import REPO_ROOT, TINY_VISION_MODEL
 
 UPSTREAM_KEY = "OPENFORGE_UPSTREAM_API_KEY"  # serve's alone (step_env), as is the judge's (JUDGE_KEY_ENV)
 SERVE_ONLY = (UPSTREAM_KEY, JUDGE_KEY_ENV)
+# torchrun's variables for a process group (torch.distributed.run; the update sets its own: `steps.update.train
+# prepare_runtime`, or torchrun itself with update_gpus > 1)
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 SERVE_START_TIMEOUT_S = 900
 PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: a forked child of a threaded driver must not load it
@@ -94,8 +97,9 @@ def run_step(name: str, argv: list[str], env: dict, log: Path) -> str:
 def step_env(admin_key: str) -> dict:
     """The steps' environment: this one with the admin key, less the upstream's and the judge's keys, which only serve
     gets (`start_serve`), and the hub token, which only fetch-model gets (`fetch_base_model`): a rollout's harness,
-    agent or verifier never sees them."""
-    return {**{k: v for k, v in os.environ.items() if k not in (*SERVE_ONLY, TOKEN_ENV)},
+    agent or verifier never sees them. Less a launcher's process-group variables too: a driver started inside one
+    (or a process that made its own group) would hand its MASTER_PORT, taken already, to the update's ranks."""
+    return {**{k: v for k, v in os.environ.items() if k not in (*SERVE_ONLY, TOKEN_ENV, *LAUNCHER_ENV)},
             "OPENFORGE_ADMIN_KEY": admin_key}
 
 
