@@ -43,7 +43,8 @@ from steps.tiny_model import build_tiny_model  # noqa: E402
 from steps.contracts import layout  # noqa: E402
 from steps.contracts.config import RunConfig  # noqa: E402
 from steps.contracts.rollout import read_result  # noqa: E402
-from workflows.config import ConfigError, load_config  # noqa: E402
+from steps import settings  # noqa: E402
+from workflows.config import DEFAULT_CONFIG, ConfigError, load_config  # noqa: E402
 
 PHASES = ("rollouts", "trajectories", "update", "reload")
 OVERLAP = "waited"  # with max_staleness >= 1: seconds an iteration's rollouts waited for an earlier update
@@ -202,9 +203,11 @@ def report(result: dict, factor: float, baseline: dict | None) -> bool:
     return rose
 
 
-def plain_model(config: RunConfig) -> None:
+def plain_model(config_path: str, overrides: list[str]) -> None:
     """Builds the config's model when it is missing: the tiny model without its whitespace bias, which a
-    large learning rate flips (`steps.tiny_model.build_tiny_model`)."""
+    large learning rate flips (`steps.tiny_model.build_tiny_model`). Before the config is loaded: `load_config`
+    reads a missing folder spelt like `org/name` (`runs/tiny-model-plain`) as a hub model."""
+    config = settings.load(RunConfig, [DEFAULT_CONFIG, config_path], overrides)
     path = Path(config.model) if Path(config.model).is_absolute() else REPO / config.model
     if not path.exists():
         print(f"building the tiny model without whitespace bias in {path}", flush=True)
@@ -213,8 +216,8 @@ def plain_model(config: RunConfig) -> None:
 
 def measure(config_path: str, overrides: list[str], window: int) -> dict | None:
     """One run start to end; its figures, written next to it, or None when it failed."""
+    plain_model(config_path, overrides)
     config = load_config(config_path, overrides)
-    plain_model(config)
     summaries, code, wall_s = run_loop(config_path, overrides)
     if code != 0 or len(summaries) < config.iterations:
         print(f"error: run {config.run} failed (exit code {code}) after {len(summaries)} iterations; "

@@ -84,3 +84,19 @@ def test_the_steps_get_none_of_the_drivers_process_group_variables(monkeypatch: 
     env = local.step_env("admin")
     assert not set(local.LAUNCHER_ENV) & set(env) and env["OPENFORGE_X"] == "kept"
     assert all(name in os.environ for name in local.LAUNCHER_ENV)
+
+
+@pytest.mark.parametrize("broken", ["base_model", "start_serve"])
+def test_a_model_that_cannot_be_fetched_or_a_serve_that_cannot_start_is_one_sentence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, broken: str) -> None:
+    """The run ends with exit code 1 and one `error:` line naming the step and its log, not a traceback (a hub that
+    cannot be reached once printed StepFailed's traceback). The steps are replaced: the failure is what is tested."""
+    def fails(*args, **kwargs):
+        raise local.StepFailed(f"step {broken} failed with exit code 1; {tmp_path}/logs/{broken}.log:\nerror: down")
+
+    monkeypatch.setattr(local, "base_model", fails if broken == "base_model" else lambda config: "/models/m")
+    monkeypatch.setattr(local, "start_serve", fails)
+    config = load_config(None, [f"store={tmp_path}", "run=r", "harness=direct"])
+    assert local.run_local(config) == 1
+    err = capsys.readouterr().err
+    assert f"error: run r: step {broken} failed with exit code 1" in err and "Traceback" not in err

@@ -760,10 +760,18 @@ def run_local(config: RunConfig) -> int:
         return 0
     admin_key = secrets.token_urlsafe(24)
     env = step_env(admin_key)
-    model = base_model(config) if first == 0 else config.checkpoint_url(first)
+    try:
+        model = base_model(config) if first == 0 else config.checkpoint_url(first)
+    except StepFailed as exc:  # the model could not be fetched or built: one sentence and its log, no traceback
+        print(f"error: run {config.run}: {exc}", file=sys.stderr)
+        return 1
     with Trackers.start(config, say) as trackers:  # before vLLM: a tracker that cannot start is said at once
         say(f"run {config.run}: starting vLLM on CPU and the proxy (iteration {first}, {model})")
-        serve, proxy_url = start_serve(config, model, first, env, logs)
+        try:
+            serve, proxy_url = start_serve(config, model, first, env, logs)
+        except StepFailed as exc:
+            print(f"error: run {config.run}: {exc}", file=sys.stderr)
+            return 1
         loop = run_overlapped if config.max_staleness else run_synchronous
         try:
             if code := loop(config, first, recorded, proxy_url, admin_key, env, logs, trackers):
