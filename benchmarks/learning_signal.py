@@ -184,7 +184,8 @@ def report(result: dict, factor: float, baseline: dict | None) -> bool:
     print(plot(result["mean_reward"]))
     print(f"\n{'phase':<14}{'mean s':>8}{'min s':>8}{'max s':>8}")
     for phase, seconds in result["phases_s"].items():
-        print(f"{phase:<14}{mean(seconds):>8.1f}{min(seconds):>8.1f}{max(seconds):>8.1f}")
+        if seconds:  # `waited` only with max_staleness >= 1
+            print(f"{phase:<14}{mean(seconds):>8.1f}{min(seconds):>8.1f}{max(seconds):>8.1f}")
     per_iteration = sum(mean(seconds) for seconds in result["phases_s"].values())
     print(f"{'iteration':<14}{per_iteration:>8.1f}   (whole run {result['wall_s']:.0f} s, with vLLM's start)")
     if result["updates_skipped"]:
