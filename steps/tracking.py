@@ -21,15 +21,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import fsspec
 
-from steps.analytics import summarize_behaviour
 from steps.contracts import layout
 from steps.contracts.config import RunConfig
-from steps.report.data import Run, load_run
-from steps.report.index import summaries
+
+if TYPE_CHECKING:  # the report's reader (plotly and all) is imported when a tracker logs, not by every config check
+    from steps.report.data import Run
 
 TRACKERS = ("wandb", "mlflow", "tensorboard")
 # Where a tracker's credential comes from on a cluster: the env its library reads, and the key of the Secret the
@@ -78,9 +78,12 @@ def _numbers(group: str, values: dict) -> dict[str, float]:
     return out
 
 
-def iteration_numbers(run: Run, n: int) -> dict[str, float]:
+def iteration_numbers(run: "Run", n: int) -> dict[str, float]:
     """Iteration `n`'s numbers as the report has them: `train/...` (the iterations table and plots),
     `behaviour/<harness>/...` (the behaviour means) and `eval/...` (an evaluation at `n`, its overall numbers)."""
+    from steps.analytics import summarize_behaviour
+    from steps.report.index import summaries
+
     out = _numbers("train", summaries(run, n).get(n, {}))
     it = run.iterations.get(n)
     for means in summarize_behaviour(it.behaviour or [], ["harness"]) if it else []:
@@ -270,6 +273,8 @@ class Trackers:
 
     def _read(self, what: str, n: int, evaluation: bool) -> dict[str, float] | None:
         """Step `n`'s numbers from the store, or None (said in one line) when they cannot be read."""
+        from steps.report.data import load_run
+
         try:
             run = load_run(self.config.run_url, only=n)
         except Exception as exc:  # noqa: BLE001 - a store that did not answer costs this step's numbers, not the run
