@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from workflows.local import LAUNCHER_ENV
+
 pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,8 +34,7 @@ print(json.dumps({"bound_by_group": bound_by_group, "world_size": torch.distribu
 
 
 def probe(env: dict) -> dict:
-    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                                               "MASTER_ADDR", "MASTER_PORT")}
+    clean = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
     done = subprocess.run([sys.executable, "-c", PROBE], env={**clean, **env, "PYTHONPATH": str(REPO)}, cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
