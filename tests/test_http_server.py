@@ -9,7 +9,6 @@ Graceful shutdown runs against the real vLLM, with both HTTP servers the proxy o
 import json
 import signal
 import socket
-import socketserver
 import threading
 import time
 import urllib.request
@@ -17,6 +16,7 @@ import urllib.request
 import httpx
 import pytest
 
+from held_relay import HeldRelay
 from proxy_process import serve_proxy, start_proxy
 from steps.net import free_port
 
@@ -177,52 +177,6 @@ def test_shutdown_lets_the_call_in_flight_finish(vllm_server, tmp_path, server):
         restarted.process.send_signal(signal.SIGTERM)
         restarted.process.wait(30)
     assert stored["status"] == "ok" and stored["timings"]["responded_at"] > stopped_at  # it was in flight
-
-
-class HeldRelay(socketserver.ThreadingTCPServer):
-    """Relays TCP connections to the server at `url`; while held, what that server sends back waits."""
-
-    daemon_threads = allow_reuse_address = True
-
-    def __init__(self, url: str):
-        self.target = ("127.0.0.1", int(url.rstrip("/").rsplit(":", 1)[1]))
-        self.flowing = threading.Event()
-        self.flowing.set()
-        super().__init__(("127.0.0.1", 0), _HeldConnection)
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
-
-    def hold(self) -> None:
-        self.flowing.clear()
-
-    def release(self) -> None:
-        self.flowing.set()
-
-    def __enter__(self) -> "HeldRelay":
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-        self.shutdown()
-        self.server_close()
-
-
-class _HeldConnection(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        with socket.create_connection(self.server.target) as upstream:
-            threading.Thread(target=_pump, args=(upstream, self.request, self.server.flowing), daemon=True).start()
-            _pump(self.request, upstream, None)
-
-
-def _pump(source: socket.socket, sink: socket.socket, flowing: threading.Event | None) -> None:
-    try:
-        while data := source.recv(65536):
-            if flowing is not None:
-                flowing.wait()
-            sink.sendall(data)
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:  # the other direction closed both
-        pass
 
 
 def test_a_url_that_does_not_parse_gets_400_and_the_connection_closes(proxy):

@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 ADMIN_KEY, MODEL_NAME = "test-admin-key", "tiny"  # as tests/conftest.py (a data folder has a conftest.py too)
+from held_relay import HeldRelay
 from proxy_process import ProxyProcess, stop_proxy
 from steps import serve
 from steps.net import free_port
@@ -39,6 +40,7 @@ from workflows.iteration import serve_template
 
 vllm = pytest.mark.vllm
 LONG = 8000  # tokens of a call that is still generating seconds later (the tiny model makes ~600 a second)
+LONG_HELD = 400  # tokens of a call whose answer a relay holds: it stays in flight until released
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -82,9 +84,10 @@ def _answers(proxy: ProxyProcess) -> bool:
         return False
 
 
-def served(proxy, replicas: Served, policy: str = "affinity") -> ProxyProcess:
-    """A further proxy in front of both replicas (no --sampling: the tests' temperature 0 reaches vLLM)."""
-    first, *others = replicas.replica_urls
+def served(proxy, replicas: Served, policy: str = "affinity", urls: list[str] | None = None) -> ProxyProcess:
+    """A further proxy in front of both replicas (no --sampling: the tests' temperature 0 reaches vLLM); `urls`
+    reach them another way (through a relay)."""
+    first, *others = urls or replicas.replica_urls
     return proxy(first, extra=[*(w for url in others for w in ("--upstream", url)), "--replica-policy", policy])
 
 
@@ -189,20 +192,29 @@ def test_a_weight_swap_reaches_both_replicas_before_any_call_resumes(replicas, t
 
 @vllm
 def test_a_call_held_by_a_swap_is_served_only_once_every_replica_has_the_new_weights(replicas, proxy, tiny_model):
-    front = served(proxy, replicas)  # started after the swap above: vLLM's own version, "1", is its first
-    held_on, long_on = front.register("held-0"), front.register("held-1")  # replicas 0 and 1
+    """Replica 1's answer is held in a relay until the held call has reached the proxy: the long call is still in
+    flight then however fast the tiny model generates (it once ended 4 ms before the held call came in)."""
     outcome: dict = {}
-    long_call = threading.Thread(target=lambda: outcome.update(long=chat(
-        long_on, [{"role": "user", "content": "go on"}], max_tokens=LONG, ignore_eos=True)))
-    long_call.start()
-    until(front, lambda health: health["in_flight"] == 1)  # generating on replica 1
-    swap = threading.Thread(target=lambda: outcome.update(swap=front.client.update_weights(str(tiny_model), "2")))
-    swap.start()
-    until(front, lambda health: health["paused"])  # replica 1 still answers the long call, replica 0 is idle
-    held = chat(held_on, [{"role": "user", "content": "name a colour"}])
-    swap.join(300)
-    long_call.join(300)
-    assert held.status_code == outcome["long"].status_code == 200 and outcome["swap"]["weight_version"] == "2"
+    with HeldRelay(replicas.replica_urls[1]) as relay:
+        front = served(proxy, replicas, urls=[replicas.replica_urls[0], relay.url])  # after the swap above: "1"
+        held_on, long_on = front.register("held-0"), front.register("held-1")  # replicas 0 and 1
+        relay.hold()
+        long_call = threading.Thread(target=lambda: outcome.update(long=chat(
+            long_on, [{"role": "user", "content": "go on"}], max_tokens=LONG_HELD, ignore_eos=True)))
+        long_call.start()
+        until(front, lambda health: health["in_flight"] == 1)  # generating on replica 1, its answer held
+        swap = threading.Thread(target=lambda: outcome.update(swap=front.client.update_weights(str(tiny_model), "2")))
+        swap.start()
+        until(front, lambda health: health["paused"])  # replica 1 still answers the long call, replica 0 is idle
+        held_call = threading.Thread(target=lambda: outcome.update(held=chat(
+            held_on, [{"role": "user", "content": "name a colour"}])))
+        held_call.start()
+        until(front, lambda health: health["held"] == 1 and health["in_flight"] == 1)  # waiting at the gate
+        relay.release()
+        for thread in (held_call, swap, long_call):
+            thread.join(300)
+    assert outcome["held"].status_code == outcome["long"].status_code == 200
+    assert outcome["swap"]["weight_version"] == "2"
     (long,), (waited,) = front.calls("held-1"), front.calls("held-0")
     assert (long["replica"], long["weight_version"], waited["replica"], waited["weight_version"]) == (1, "1", 0, "2")
     # The held call reached replica 0 only after the call in flight on replica 1 ended and both had reloaded.

@@ -92,7 +92,7 @@ async def health(request: Request) -> dict:
     gate, replicas = request.app.state.gate, request.app.state.replicas
     # Keyless, so only counts: which replica is which, and how loaded, is the admin's (`GET /replicas`).
     return {"status": "ok", "weight_version": gate.version, "paused": gate.paused, "in_flight": gate.in_flight,
-            "replicas": len(replicas.all), "replicas_live": len(replicas.live())}
+            "held": gate.held, "replicas": len(replicas.all), "replicas_live": len(replicas.live())}
 
 
 @admin.get("/replicas")

@@ -100,7 +100,7 @@ class ProxyClient:
             raise ProxyClientError(method, path, status, f"the answer is not JSON: {error_message(raw)}", self.url) from None
 
     def health(self) -> dict:
-        """`GET /health`: {"status", "weight_version", "paused", "in_flight"}."""
+        """`GET /health`: {"status", "weight_version", "paused", "in_flight", "held", ...}."""
         return self.request("GET", "/health", idempotent=True)
 
     def register(self, rollout_id: str, metadata: dict | None = None) -> dict:

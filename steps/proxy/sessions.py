@@ -196,6 +196,7 @@ class WeightGate:
     def __init__(self, version: str):
         self.version = version
         self.in_flight = 0
+        self.held = 0  # calls waiting for the gate to open
         self.paused = False
         self._changed = asyncio.Condition()
 
@@ -203,8 +204,12 @@ class WeightGate:
     async def call(self):
         """Enters a call once the gate is open; yields the weight version that will serve it."""
         if self.paused:
-            async with self._changed:
-                await self._changed.wait_for(lambda: not self.paused)
+            self.held += 1
+            try:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: not self.paused)
+            finally:
+                self.held -= 1
         self.in_flight += 1
         try:
             yield self.version

@@ -1,0 +1,56 @@
+"""A TCP relay in front of a server whose answers can be held: a test decides when a call in flight ends.
+
+Timing races between "the call is in flight" and "the tiny model already answered" go away: while held, what
+the server sends back waits in the relay (the server itself answers at its own pace), and `release()` lets
+it through. Requests always pass.
+"""
+
+import socket
+import socketserver
+import threading
+
+
+class HeldRelay(socketserver.ThreadingTCPServer):
+    """Relays TCP connections to the server at `url`; while held, what that server sends back waits."""
+
+    daemon_threads = allow_reuse_address = True
+
+    def __init__(self, url: str):
+        self.target = ("127.0.0.1", int(url.rstrip("/").rsplit(":", 1)[1]))
+        self.flowing = threading.Event()
+        self.flowing.set()
+        super().__init__(("127.0.0.1", 0), _HeldConnection)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+    def hold(self) -> None:
+        self.flowing.clear()
+
+    def release(self) -> None:
+        self.flowing.set()
+
+    def __enter__(self) -> "HeldRelay":
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+        self.shutdown()
+        self.server_close()
+
+
+class _HeldConnection(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        with socket.create_connection(self.server.target) as upstream:
+            threading.Thread(target=_pump, args=(upstream, self.request, self.server.flowing), daemon=True).start()
+            _pump(self.request, upstream, None)
+
+
+def _pump(source: socket.socket, sink: socket.socket, flowing: threading.Event | None) -> None:
+    try:
+        while data := source.recv(65536):
+            if flowing is not None:
+                flowing.wait()
+            sink.sendall(data)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:  # the other direction closed both
+        pass
