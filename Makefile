@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(HASH)
 TRAIN_VENV := .venv-train
 TRAIN_STAMP := $(TRAIN_VENV)/.installed-$(HASH)
 
-.PHONY: setup train-setup system harnesses test test-fast run bench images clean
+.PHONY: setup train-setup mlflow-server system harnesses test test-fast run bench images clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,19 @@ $(TRAIN_STAMP): pyproject.toml
 
 train-setup: $(TRAIN_STAMP)
 
+# A real MLflow tracking server for tests/test_tracking.py: the full mlflow package (its server and basic-auth app)
+# pins pyarrow < 26, so it lives in an environment of its own; the driver's client is .venv's mlflow-skinny.
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_PACKAGE := mlflow[auth]==3.17.2
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed-3.17.2
+$(MLFLOW_STAMP):
+	test -x $(MLFLOW_VENV)/bin/python || $(PY) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install -q --upgrade pip
+	$(MLFLOW_VENV)/bin/pip install -q '$(MLFLOW_PACKAGE)'
+	rm -f $(MLFLOW_VENV)/.installed-* && touch $@
+
+mlflow-server: $(MLFLOW_STAMP)
+
 # bubblewrap isolates local rollouts (the stand-in for a task's container); the report's browser tests and
 # the GUI tasks drive Debian's chromium (Playwright downloads no browser); desktop GUI tasks run on Xvfb,
 # clicked with xdotool and photographed with ImageMagick's import.
@@ -47,7 +60,7 @@ harnesses: setup
 # Two workers, each taking whole modules (their module fixtures stay one per module): most of the suite waits
 # on subprocesses (vLLM, harness CLIs, sandboxes), so two share two cores well; `-n 0` runs it in one process.
 XDIST := -n 2 --dist loadfile
-test: setup train-setup harnesses
+test: setup train-setup harnesses mlflow-server
 	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 	# the update's tests need veRL, which lives in the train environment (vLLM runs from the serving one); so do the
 	# examples of the modules that import it, which tests/test_doctests.py skips in the serving one

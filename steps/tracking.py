@@ -32,9 +32,12 @@ if TYPE_CHECKING:  # the report's reader (plotly and all) is imported when a tra
     from steps.report.data import Run
 
 TRACKERS = ("wandb", "mlflow", "tensorboard")
-# Where a tracker's credential comes from on a cluster: the env its library reads, and the key of the Secret the
-# config names (`wandb_secret`, `mlflow_secret`) that the driver's pod takes it from.
-CREDENTIALS = {"wandb": ("WANDB_API_KEY", "api-key"), "mlflow": ("MLFLOW_TRACKING_TOKEN", "token")}
+# Where a tracker's credentials come from on a cluster: each env its library reads, and the key of the Secret the
+# config names (`wandb_secret`, `mlflow_secret`) that the driver's pod takes it from. MLflow's client sends a token as
+# a bearer header, or a username and password as basic auth (its `basic-auth` server app).
+CREDENTIALS = {"wandb": (("WANDB_API_KEY", "api-key"),),
+               "mlflow": (("MLFLOW_TRACKING_TOKEN", "token"), ("MLFLOW_TRACKING_USERNAME", "username"),
+                          ("MLFLOW_TRACKING_PASSWORD", "password"))}
 RUN_TAG = "openforge.run_key"  # the MLflow tag (`run_key`) that finds a run's MLflow run again when its driver resumes
 
 

@@ -2,7 +2,8 @@
 
 Timing races between "the call is in flight" and "the tiny model already answered" go away: while held, what
 the server sends back waits in the relay (the server itself answers at its own pace), and `release()` lets
-it through. Requests always pass.
+it through. Requests always pass. `cut()` takes the server away: every relayed connection is closed and new
+ones are refused, as when the server's host goes down.
 """
 
 import socket
@@ -19,6 +20,8 @@ class HeldRelay(socketserver.ThreadingTCPServer):
         self.target = ("127.0.0.1", int(url.rstrip("/").rsplit(":", 1)[1]))
         self.flowing = threading.Event()
         self.flowing.set()
+        self.open: set[socket.socket] = set()  # both ends of every connection relayed
+        self.lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), _HeldConnection)
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
 
@@ -28,19 +31,34 @@ class HeldRelay(socketserver.ThreadingTCPServer):
     def release(self) -> None:
         self.flowing.set()
 
+    def cut(self) -> None:
+        """Refuses new connections and closes those relayed (after this, a client gets connection errors)."""
+        self.shutdown()
+        self.server_close()
+        with self.lock:
+            for sock in self.open:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.open.clear()
+
     def __enter__(self) -> "HeldRelay":
         threading.Thread(target=self.serve_forever, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.release()
-        self.shutdown()
-        self.server_close()
+        if self.fileno() != -1:  # not cut
+            self.shutdown()
+            self.server_close()
 
 
 class _HeldConnection(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         with socket.create_connection(self.server.target) as upstream:
+            with self.server.lock:
+                self.server.open |= {upstream, self.request}
             threading.Thread(target=_pump, args=(upstream, self.request, self.server.flowing), daemon=True).start()
             _pump(self.request, upstream, None)
 

@@ -1,17 +1,23 @@
 """Experiment tracking with the real libraries, offline: W&B in offline mode (its run file read back record by
-record), MLflow against a SQLite database (read back through its client) and TensorBoard event files (read back with
-tensorboard's EventAccumulator). The run they log is `benchmarks/report_weight.py`'s synthetic one (the real proxy
+record), MLflow against a SQLite database and against a real MLflow tracking server on loopback (its basic-auth app;
+read back through its client) and TensorBoard event files (read back with tensorboard's EventAccumulator). The run they log is `benchmarks/report_weight.py`'s synthetic one (the real proxy
 store and trajectories step, the report's own fixture), with an update's grad norm, staleness and phase times added.
 
 Every number the report plots must arrive in every tracker with the report's value (`REQUIRED` names the main ones,
 as docs/tracking.md lists them; the control drops one on its way and the check catches it). On the cluster path the driver logs
 through `submit.py` against the fake Argo server, its TensorBoard files landing in the S3 store (moto on loopback).
-The libraries are the `tracking` extra, which `make setup` installs.
+The libraries are the `tracking` extra, which `make setup` installs. The MLflow server is the full `mlflow` package,
+which pins an older pyarrow than the project's: `make mlflow-server` (which `make test` runs) puts it in `.venv-mlflow`.
 """
 
 import glob
 import json
+import os
+import signal
 import struct
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import fsspec
@@ -28,10 +34,15 @@ from steps.report.index import summaries
 from steps.settings import ConfigError
 from workflows.config import load_config
 from workflows.driver import driver_workflow
+from held_relay import HeldRelay
+from steps.net import free_port
 from test_eval import fake_summary
 from test_workflows import CLUSTER, FakeArgoServer, drive, fake_argo, s3_store  # noqa: F401 (fixtures)
 
 ITERATIONS = 2
+REPO = Path(__file__).resolve().parents[1]
+MLFLOW_SERVER = REPO / ".venv-mlflow" / "bin" / "mlflow"
+MLFLOW_USER, MLFLOW_PASSWORD = "openforge-ci", "a-long-test-password-1234"  # the server's admin, made at its start
 # What the report plots, by the trackers' names: rewards, pass@k/pass^k, losses, grad norm, logprob gap, continuity,
 # staleness, harness kills, phase and rollout times, behaviour, the evaluation's numbers (at the last iteration).
 REQUIRED = ["train/mean_reward", "train/pass_at_k", "train/pass_hat_k", "train/infra_errors", "train/loss",
@@ -61,7 +72,7 @@ def tracked_config(run_url: str, tmp_path: Path, *trackers: str, **fields) -> Ru
     """The run's config with `trackers` on: MLflow in a SQLite file, TensorBoard in its default folder."""
     store, name = run_url.rsplit("/", 1)
     return RunConfig(run=name, store=store, trackers=trackers,
-                     mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", **fields)
+                     **{"mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", **fields})
 
 
 @pytest.fixture(autouse=True)
@@ -259,14 +270,17 @@ def test_a_tracker_whose_library_is_missing_is_refused_at_load(monkeypatch):
 
 
 def test_the_driver_pod_takes_credentials_from_secrets_by_name_only():
-    """WANDB_API_KEY and MLFLOW_TRACKING_TOKEN come from the Secrets the config names (optional keys), for the
-    trackers the run has; no other env changes, and a run without trackers renders as before."""
+    """WANDB_API_KEY and MLflow's token or username and password come from the Secrets the config names (optional
+    keys), for the trackers the run has; no other env changes, and a run without trackers renders as before."""
     config = load_config(CLUSTER, ["run=demo", "trackers=[wandb,mlflow,tensorboard]",
                                    "mlflow_tracking_uri=https://mlflow.example.com", "wandb_secret=team-wandb"])
     env = driver_workflow(config).to_dict()["spec"]["templates"][0]["container"]["env"]
-    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if e["name"] in ("WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN")}
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env
+            if e["name"] == "WANDB_API_KEY" or e["name"].startswith("MLFLOW_TRACKING_")}
     assert refs == {"WANDB_API_KEY": {"name": "team-wandb", "key": "api-key", "optional": True},
-                    "MLFLOW_TRACKING_TOKEN": {"name": "openforge-mlflow", "key": "token", "optional": True}}
+                    "MLFLOW_TRACKING_TOKEN": {"name": "openforge-mlflow", "key": "token", "optional": True},
+                    "MLFLOW_TRACKING_USERNAME": {"name": "openforge-mlflow", "key": "username", "optional": True},
+                    "MLFLOW_TRACKING_PASSWORD": {"name": "openforge-mlflow", "key": "password", "optional": True}}
     assert all("value" not in e for e in env if e["name"] in refs)
     plain = driver_workflow(load_config(CLUSTER, ["run=demo"])).to_dict()["spec"]["templates"][0]["container"]["env"]
     assert [e for e in env if e["name"] not in refs] == plain
@@ -317,3 +331,126 @@ def test_the_local_runner_logs_each_iteration_once_it_succeeded(tmp_path, monkey
     assert [history[n]["train/grad_norm"] for n in (0, 1)] == [1.0, 2.0]
     assert history == {n: pytest.approx(expected(config.run_url, n)) for n in (0, 1)}
     assert json.loads(texts["config"].split("max_staleness: ")[1].split("\n")[0]) == staleness
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory) -> str:
+    """`mlflow server --app-name basic-auth` on 127.0.0.1 (one worker, SQLite stores); its URL. Every call needs the
+    admin's username and password (`default_permission = NO_PERMISSIONS`)."""
+    if not MLFLOW_SERVER.exists():
+        pytest.skip("no MLflow server here: `make mlflow-server` installs it (`make test` does)")
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    (folder / "auth.ini").write_text(
+        f"[mlflow]\ndefault_permission = NO_PERMISSIONS\ndatabase_uri = sqlite:///{folder}/auth.db\n"
+        f"admin_username = {MLFLOW_USER}\nadmin_password = {MLFLOW_PASSWORD}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    port, log = free_port(), folder / "server.log"
+    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(folder / "auth.ini"), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-csrf"}
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [str(MLFLOW_SERVER), "server", "--app-name", "basic-auth", "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "1", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+             "--default-artifact-root", str(folder / "artifacts")],
+            cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        yield url
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+
+
+def server_config(run_url: str, tmp_path: Path, uri: str, project: str, *trackers: str) -> RunConfig:
+    """The run's config logging into the MLflow server at `uri`, experiment `project` (one per test)."""
+    return tracked_config(run_url, tmp_path, "mlflow", *trackers, mlflow_tracking_uri=uri, tracker_project=project,
+                          tensorboard_dir=str(tmp_path / "tb"))
+
+
+@pytest.fixture
+def mlflow_login(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The env a driver pod gets from `mlflow_secret`'s username and password keys (`tracker_env`)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", MLFLOW_USER)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", MLFLOW_PASSWORD)
+
+
+@pytest.mark.slow
+def test_mlflow_over_http_with_basic_auth_logs_every_number_into_one_run_across_drivers(
+        run_store, tmp_path, mlflow_server, mlflow_login):
+    """Two drivers against the real server (the first stops after iteration 0): one MLflow run holds both iterations,
+    every number at its step with the report's value, the config's params once and the report's link."""
+    config = server_config(run_store, tmp_path, mlflow_server, "over-http")
+    for n in range(ITERATIONS):
+        lines: list[str] = []
+        with tracking.Trackers.start(config, lines.append) as trackers:
+            trackers.log_iteration(n)
+        assert lines == [f"tracking: mlflow logs this run to {mlflow_server} run {trackers_run_id(config)}"], lines
+    history, params, tags = read_mlflow(mlflow_server, "over-http")  # one run: read_mlflow unpacks exactly one
+    check_logged(history, run_store)
+    assert params["iterations"] == "2" and tags["report"] == layout.report_index_url(run_store)
+    assert tags[tracking.RUN_TAG] == tracking.run_key(config)
+
+
+def trackers_run_id(config: RunConfig) -> str:
+    """The MLflow run the server holds for `config`'s run (found by its tag, as a resumed driver finds it)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
+    experiment = client.get_experiment_by_name(config.tracker_project)
+    run, = client.search_runs([experiment.experiment_id], f"tags.`{tracking.RUN_TAG}` = '{tracking.run_key(config)}'")
+    return run.info.run_id
+
+
+@pytest.mark.slow
+def test_a_wrong_mlflow_password_is_one_line_that_does_not_name_it(run_store, tmp_path, mlflow_server, monkeypatch):
+    """The server refuses the driver: the tracker does not start, said in one line without the password, and the run's
+    other tracker logs every iteration. The control: the same config with the right password starts."""
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", MLFLOW_USER)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong-password-hunter2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    config = server_config(run_store, tmp_path, mlflow_server, "refused", "tensorboard")
+    lines: list[str] = []
+    log_run(config, lines)
+    failed, = [line for line in lines if "did not start" in line]
+    assert failed.startswith("tracking: mlflow did not start, the run goes on without it: ") and "\n" not in failed
+    assert "hunter2" not in failed and ("401" in failed or "nauthori" in failed), failed
+    check_logged(read_tensorboard(str(tmp_path / "tb"))[0], run_store)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", MLFLOW_PASSWORD)
+    lines = []
+    log_run(server_config(run_store, tmp_path, mlflow_server, "refused"), lines)
+    assert lines == [f"tracking: mlflow logs this run to {mlflow_server} run {trackers_run_id(config)}"]
+
+
+@pytest.mark.slow
+def test_an_mlflow_server_gone_mid_run_costs_its_tracker_and_not_the_run(run_store, tmp_path, mlflow_server,
+                                                                          mlflow_login, monkeypatch):
+    """The server is cut off after iteration 0 (a relay in front of it closes every connection and refuses new ones):
+    logging iteration 1 fails once, said in one line, MLflow is left out, TensorBoard logs on; MLflow kept iteration 0.
+    Client retries are off so the test waits for none (a driver's are MLflow's, docs/tracking.md)."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    with HeldRelay(mlflow_server) as relay:
+        config = server_config(run_store, tmp_path, relay.url, "cut-off", "tensorboard")
+        lines: list[str] = []
+        with tracking.Trackers.start(config, lines.append) as trackers:
+            trackers.log_iteration(0)
+            relay.cut()
+            trackers.log_iteration(1)
+            assert list(trackers.started) == ["tensorboard"]
+    gone, = [line for line in lines if "left out" in line]
+    assert gone.startswith("tracking: mlflow could not log iteration 1 and is left out: ") and "\n" not in gone
+    check_logged(read_tensorboard(str(tmp_path / "tb"))[0], run_store)
+    history, _, _ = read_mlflow(mlflow_server, "cut-off")
+    assert sorted(history) == [0] and history[0] == pytest.approx(expected(run_store, 0), rel=1e-6)

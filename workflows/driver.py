@@ -49,16 +49,16 @@ def tls_overrides(config: RunConfig) -> list[str]:
 
 
 def tracker_env(config: RunConfig) -> list[SecretEnv]:
-    """The credential of each of the run's trackers that takes one (`steps.tracking.CREDENTIALS`: W&B's API key,
-    MLflow's token), from the Secret its config key names (`wandb_secret`, `mlflow_secret`), never a value. Optional:
-    a tracker whose key is missing fails to start, which the driver says, and the run goes on.
+    """The credentials of each of the run's trackers that takes them (`steps.tracking.CREDENTIALS`: W&B's API key,
+    MLflow's token or username and password), from the Secret its config key names (`wandb_secret`, `mlflow_secret`),
+    never a value. Each key is optional: MLflow takes a token or a username and password, and a tracker that lacks
+    what its server asks for fails to start, which the driver says, and the run goes on.
 
     >>> [e.name for e in tracker_env(RunConfig(trackers=("tensorboard", "wandb")))]
     ['WANDB_API_KEY']
     """
-    return [SecretEnv(name=CREDENTIALS[name][0], secret_name=getattr(config, f"{name}_secret"),
-                      secret_key=CREDENTIALS[name][1], optional=True)
-            for name in config.trackers if name in CREDENTIALS]
+    return [SecretEnv(name=env, secret_name=getattr(config, f"{name}_secret"), secret_key=key, optional=True)
+            for name in config.trackers for env, key in CREDENTIALS.get(name, ())]
 
 
 def workflow_name(config: RunConfig) -> str:

@@ -143,7 +143,7 @@ class RunConfig:
     mlflow_tracking_uri: str = ""  # mlflow: its tracking server (http(s)://...) or database (sqlite:///...)
     tensorboard_dir: str = ""  # tensorboard: a folder or s3:// URL for its event files; empty: the run's tracking/tensorboard
     wandb_secret: str = "openforge-wandb"  # on a cluster: the Secret (key api-key) the driver's WANDB_API_KEY comes from
-    mlflow_secret: str = "openforge-mlflow"  # on a cluster: the Secret (key token) of its MLFLOW_TRACKING_TOKEN; optional
+    mlflow_secret: str = "openforge-mlflow"  # on a cluster: the Secret (keys token, username, password) of MLFLOW_TRACKING_*
     keep_checkpoints: int = 0  # keep the last N checkpoints (and the base, evaluated, pinned, served); 0: keep all
     pin_checkpoints: tuple[int, ...] = ()  # iterations whose checkpoints `keep_checkpoints` never deletes
     # the cluster (used only with an Argo server)
