@@ -1,7 +1,7 @@
 """Learning signal: does the whole local loop make the tiny model better at a task it can partly solve?
 
     .venv/bin/python benchmarks/learning_signal.py [--factor 2] [--window 3] [--baseline] [--staleness S] [--signal]
-        [--config FILE] [key=value ...]
+        [--repeat N] [--config FILE] [key=value ...]
 
 Runs `python workflows/submit.py --config configs/learning-signal.yaml [key=value ...]`: the embedded
 default with the `direct` harness on the toy `target-word` task (reward = longest prefix of "hello" in the
@@ -21,7 +21,10 @@ for the update, and whether each met the goal. `--signal` then runs the same set
 (flat groups kept, `fill_batch`, `curriculum: pass_rate`, both) and prints them beside the first run: the
 mean reward's rise, groups kept and dropped, updates skipped, rollouts and seconds per iteration; it is meant for
 `--config configs/learning-signal-tasks.yaml` (six toy words, two tasks an iteration: the learning-signal keys need
-more than one task to choose from). Every figure goes to `<store>/<run>/learning-signal.json`; last,
+more than one task to choose from). `--repeat N` runs every side N times, interleaved, and prints each side's
+median (min-max) instead; with `eval_every` in the overrides each run's held-out evaluations (every task of the
+dataset, `eval_k` tries each: the same tasks for every side, whatever its curriculum trained on) are among its
+figures. Every figure goes to `<store>/<run>/learning-signal.json`; last,
 the run's report (`steps.report`, with the baseline's, the overlapped and the signal runs beside it) is written under
 `<store>/<run>/reports/` and its path printed.
 
@@ -109,9 +112,21 @@ def figures(config: RunConfig, summaries: list[dict], wall_s: float, window: int
                                   for s in summaries),
         "window": window, "first_window_mean": first, "last_window_mean": last,
         "ratio": last / first if first else float("inf") if last else 0.0,  # 0 -> 0 learned nothing
+        "eval_mean_reward": held_out(config),
         "wall_s": round(wall_s, 1),
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
+
+
+def held_out(config: RunConfig) -> dict[str, float]:
+    """With `eval_every`: each evaluated checkpoint's mean reward over every task of the evaluation's dataset (each
+    tried `eval_k` times), by iteration: the same tasks for every run, whatever its curriculum chose to train on."""
+    found = {}
+    for n in range(config.iterations + 1):
+        summary = Path(layout.eval_summary_url(config.run_url, n))
+        if config.evaluates_at(n) and summary.exists():
+            found[str(n)] = json.loads(summary.read_text())["overall"]["mean_reward"]
+    return found
 
 
 def seconds_per_iteration(summaries: list[dict]) -> float:
@@ -159,6 +174,47 @@ def signal_side_by_side(runs: dict[str, dict], factor: float) -> None:
         print(f"{label:<26}" + "".join(f"{cell(r):>17}" for r in runs.values()))
 
 
+def median_spread(values: list[float], digits: int = 3) -> str:
+    """The median and (min-max) of one figure over repeated runs.
+
+    >>> median_spread([0.2, 0.1, 0.4]), median_spread([12.0, 14.5], 1)
+    ('0.200 (0.100-0.400)', '13.2 (12.0-14.5)')
+    """
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return f"{median:.{digits}f} ({ordered[0]:.{digits}f}-{ordered[-1]:.{digits}f})"
+
+
+def repeated_table(sides: dict[str, list[dict]]) -> None:
+    """`--repeat`: per side, the median (min-max) over its runs of the reward's rise, the held-out evaluation's mean
+    reward at the first and last evaluated checkpoints, updates skipped, rollouts and time."""
+    rows = [("first → last window", lambda r: r["first_window_mean"], 3), ("last / first", lambda r: r["ratio"], 2),
+            ("held-out, base", lambda r: first_eval(r), 3), ("held-out, last", lambda r: last_eval(r), 3),
+            ("updates skipped", lambda r: len(r["updates_skipped"]), 0), ("rollouts", lambda r: sum(r["rollouts"]), 0),
+            ("s per iteration", lambda r: r["seconds_per_iteration"], 1), ("whole run s", lambda r: r["wall_s"], 0)]
+    print(f"\n{'median (min-max)':<22}" + "".join(f"{name:>26}" for name in sides))
+    for label, value, digits in rows:
+        cells = []
+        for runs in sides.values():
+            values = [value(r) for r in runs]
+            cells.append("-" if None in values else median_spread(values, digits))
+        print(f"{label:<22}" + "".join(f"{cell:>26}" for cell in cells))
+        if label.startswith("first"):
+            print(f"{'':<22}" + "".join(f"{'→ ' + median_spread([r['last_window_mean'] for r in runs]):>26}"
+                                        for runs in sides.values()))
+
+
+def first_eval(result: dict) -> float | None:
+    evals = result.get("eval_mean_reward") or {}
+    return evals[min(evals, key=int)] if evals else None
+
+
+def last_eval(result: dict) -> float | None:
+    evals = result.get("eval_mean_reward") or {}
+    return evals[max(evals, key=int)] if evals else None
+
+
 def mean(values: list[float]) -> float:
     """Arithmetic mean; 0 for no values.
 
@@ -188,6 +244,9 @@ def report(result: dict, factor: float, baseline: dict | None) -> bool:
             print(f"{phase:<14}{mean(seconds):>8.1f}{min(seconds):>8.1f}{max(seconds):>8.1f}")
     per_iteration = sum(mean(seconds) for seconds in result["phases_s"].values())
     print(f"{'iteration':<14}{per_iteration:>8.1f}   (whole run {result['wall_s']:.0f} s, with vLLM's start)")
+    if result.get("eval_mean_reward"):
+        print("held-out evaluation, mean reward over every task by checkpoint: "
+              + ", ".join(f"{n}: {r:.3f}" for n, r in result["eval_mean_reward"].items()))
     if result["updates_skipped"]:
         print(f"updates skipped (no advantage) in iterations {result['updates_skipped']}")
     if not result["weight_versions_ok"]:
@@ -240,11 +299,18 @@ def main() -> int:
                    help="also run with max_staleness=S (rollouts overlapping the update) and compare")
     p.add_argument("--signal", action="store_true", help="also run each of SIGNAL_VARIANTS (flat groups kept, "
                    "fill_batch, curriculum, both) and compare; meant for configs/learning-signal-tasks.yaml")
+    p.add_argument("--repeat", type=int, default=1, metavar="N", help="run everything N times (names -r1...) and "
+                   "print each side's median (min-max); with eval_every, the held-out evaluation's too")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="run config overrides, e.g. iterations=20")
     args = p.parse_args()
     names = [item.partition("=")[2] for item in args.overrides if item.startswith("run=")]
     name = names[-1] if names else f"learning-signal-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     overrides = [item for item in args.overrides if not item.startswith("run=")]
+    if args.repeat < 1:
+        print("error: --repeat must be at least 1", file=sys.stderr)
+        return 2
+    if args.repeat > 1:
+        return repeat(args, name, overrides)
     try:
         if load_config(args.config, overrides).iterations < 2 * args.window:
             raise ConfigError(f"iterations must be at least 2 x --window ({2 * args.window})")
@@ -273,6 +339,32 @@ def main() -> int:
     print(f"\nrun report (the mean reward per iteration, beside the baseline's and the overlapped run's): "
           f"{write_report(run_url, compare=compare)}")
     return 0 if rose else 1
+
+
+def repeat(args: argparse.Namespace, name: str, overrides: list[str]) -> int:
+    """`--repeat N`: each side (the run, `--baseline`, `--staleness`, `--signal`'s variants) N times, interleaved
+    (run 1 of every side, then run 2...) so the machine's drift falls on every side alike; then the medians."""
+    sides = {"first": []}
+    extra = {"learning_rate 0": ["learning_rate=0"]} if args.baseline else {}
+    if args.staleness:
+        extra[f"max_staleness {args.staleness}"] = [f"max_staleness={args.staleness}"]
+    if args.signal:
+        extra |= SIGNAL_VARIANTS
+    try:
+        if load_config(args.config, overrides).iterations < 2 * args.window:
+            raise ConfigError(f"iterations must be at least 2 x --window ({2 * args.window})")
+        for r in range(1, args.repeat + 1):
+            for side, overriding in {"first": [], **extra}.items():
+                tag = "" if side == "first" else "-" + "".join(c if c.isalnum() else "-" for c in side)
+                result = measure(args.config, [f"run={name}{tag}-r{r}", *overrides, *overriding], args.window)
+                if result is None:
+                    return 2
+                sides.setdefault(side, []).append(result)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    repeated_table(sides)
+    return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ it answers a request holding the oracle's commit message with `SCORE: 10`, and a
 started with `--judge-upstream` at the scripted judge. Every adversary case has its control beside it.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -323,3 +324,42 @@ def test_the_option_is_checked_and_check_skips_a_judged_task(tmp_path):
     with pytest.raises(SystemExit):
         parse_args(["--upstream", "http://127.0.0.1:9", "--port", "1", "--store", str(tmp_path), "--admin-key", "k",
                     "--judge-upstream", "http://127.0.0.1:9"])  # without --judge-model
+
+
+def test_the_rollout_page_shows_the_judges_calls_apart_from_the_agents(proxy, scripted, judge, tmp_path):
+    """A judged rollout in a run's own folders (the proxy's store at the run's `calls`, the rollout in iteration 0's
+    results): its report page shows what the verifier asked the judge and the verdict, under the verifier and marked
+    never trained on, and the agent's exchange does not hold them. The control: the same run's config without a
+    judge shows none."""
+    from steps import manifest
+    from steps.contracts import layout
+    from steps.contracts.config import RunConfig
+    from steps.report import write_report
+
+    run = RunConfig(run="judged", store=str(tmp_path), harness="direct", judge_upstream=f"{judge.url}/v1",
+                    judge_model=JUDGE_MODEL)
+    manifest.write_run_config(run.run_url, run.to_dict())
+    served = proxy(scripted.url, store=layout.calls_url(run.run_url),
+                   extra=["--model-name", "tiny", "--judge-upstream", f"{judge.url}/v1", "--judge-model", JUDGE_MODEL],
+                   env={"OPENFORGE_JUDGE_UPSTREAM_API_KEY": JUDGE_UPSTREAM_KEY})
+    scripted.set_commands([f"echo '{GOOD}' > /app/commit.txt"])
+    spec = spec_for(served, TASK, "direct", tmp_path)
+    spec = dataclasses.replace(spec, out=Path(layout.rollout_url(run.run_url, 0, spec.rollout_id)))
+    result = run_rollout(spec)
+    assert (result.status, result.reward) == ("ok", 1.0), result
+
+    def page() -> str:
+        index = Path(write_report(run.run_url))
+        (path,) = index.parent.glob(f"rollouts/train-0/*{spec.rollout_id}*.html")
+        return path.read_text()
+
+    shown = page()
+    verifier = shown.split('<h2 id="verifier">')[1].split('<h2 id="log">')[0]
+    judged = verifier.split('<div class="judge">')[1].split("</div></div>")[0]  # its one call's div, then its own
+    exchange = shown.split('<h2 id="exchange">')[1].split('<h2 id="training">')[0]
+    assert "Judge calls (1): asked by the verifier, never trained on" in judged
+    assert VERDICT.split("\n")[1] in judged and GOOD in judged and "not trained on" in judged
+    assert "SCORE: 10" not in exchange and 'class="judge"' not in exchange
+    manifest.write_run_config(run.run_url, {**run.to_dict(), "judge_upstream": "", "judge_model": ""})
+    (Path(run.run_url) / "reports" / "written.json").unlink()  # the pages are written again
+    assert 'class="judge"' not in page()

@@ -31,7 +31,7 @@ from steps.contracts import layout
 CONTENT_TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8",
                  "json": "application/json"}
 WRITTEN_FILE = "written.json"  # each page group's fingerprint when its pages were last written
-PAGE_FORMAT = 4  # raised when rollout pages change shape: every page is written again
+PAGE_FORMAT = 5  # raised when rollout pages change shape: every page is written again
 
 
 class Site:
@@ -170,10 +170,14 @@ def write_group(site: Site, run: Run, kind: str, n: int, it: Iteration, write: b
     calls: dict[str, list[dict]] = {}
     for call in it.calls:
         calls.setdefault(call["rollout_id"], []).append(call)
+    # A run with a judge (`judge_upstream`) has its verifiers' judge calls beside the policy's, read in step.
+    judged = bool((run.config or {}).get("judge_upstream"))
+    judge_calls = calls_in_chunks(run.url, list(rows), judge=True) if judged else None
     for rollout_id, records in calls_in_chunks(run.url, list(rows)):
+        judge_records = next(judge_calls)[1] if judge_calls else None
         site.write(page_href(kind, n, rollout_id),
                    rollout_page(rows[rollout_id], it.results.get(rollout_id), records, calls.get(rollout_id, []),
-                                samples.get(rollout_id, []), decoder, kind, images))
+                                samples.get(rollout_id, []), decoder, kind, images, judge_records))
     return entries
 
 

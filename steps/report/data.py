@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import fsspec
 
 from steps import manifest
+from steps.proxy.store import judge_store_url
 from steps.trajectories.collect import CollectError, fetch_calls_store
 from steps.contracts import layout
 from steps.contracts.rollout import RecordError, RolloutResult, harness_killed, parse_result
@@ -191,16 +192,19 @@ def samples_by_rollout(partition: str | None) -> dict[str, list[dict]]:
     return out
 
 
-def calls_in_chunks(run_url: str, rollout_ids: list[str], chunk: int = 8):
+def calls_in_chunks(run_url: str, rollout_ids: list[str], chunk: int = 8, judge: bool = False):
     """Yields (rollout_id, its call records from the proxy's store, or None when there is no store), a few
-    rollouts' records in memory at a time."""
+    rollouts' records in memory at a time; with `judge`, the records of its judge's calls instead (the store's
+    `judge/` folder: what a `[verifier] judge = true` task's verifier asked, never trained on)."""
+    store = layout.calls_url(run_url)
+    store = judge_store_url(store) if judge else store
     # The store's reader runs its own event loop: in a thread of its own, so that a caller inside a running
     # loop (a notebook, a browser driver) can write a report too.
     with ThreadPoolExecutor(max_workers=1) as reader:
         for start in range(0, len(rollout_ids), chunk):
             ids = rollout_ids[start:start + chunk]
             try:
-                found, _ = reader.submit(fetch_calls_store, layout.calls_url(run_url), ids).result()
+                found, _ = reader.submit(fetch_calls_store, store, ids).result()
             except CollectError:
                 found = {}
             for rollout_id in ids:

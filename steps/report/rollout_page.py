@@ -262,9 +262,24 @@ def files_html(files: list[tuple[str, str]], what: str) -> str:
     return "".join(f"<h3>{esc(name)}</h3><pre>{esc(text)}</pre>" for name, text in files)
 
 
+def judge_html(records: list[dict] | None) -> str:
+    """The calls the verifier made to the run's judge (`[verifier] judge = true`): what it asked and what the judge
+    answered, as the exchange shows a call; nothing for a rollout without a judge.
+
+    >>> judge_html(None), judge_html([])
+    ('', '')
+    """
+    if not records:
+        return ""
+    return (f'<div class="judge"><h3 id="judge">Judge calls ({len(records)}): asked by the verifier, never trained '
+            f'on</h3>{exchange_html(records, {})}</div>')
+
+
 def rollout_page(row: dict, stored: StoredResult | None, records: list[dict] | None, calls: list[dict],
-                 samples: list[dict], decoder: Decoder, kind: str, images: ReportImages | None = None) -> str:
-    """The whole page of one rollout; `images` copies the screenshots it shows into the site."""
+                 samples: list[dict], decoder: Decoder, kind: str, images: ReportImages | None = None,
+                 judge_records: list[dict] | None = None) -> str:
+    """The whole page of one rollout; `images` copies the screenshots it shows into the site; `judge_records`: its
+    verifier's calls to the judge."""
     result = stored.result if stored else RolloutResult(str(row.get("rollout_id")), "", "", "", None)
     where = stored.url if stored else None
     by_index = {c["call_index"]: c for c in calls}
@@ -283,7 +298,7 @@ def rollout_page(row: dict, stored: StoredResult | None, records: list[dict] | N
             f'{table(["field", "value"], [[k, json.dumps(v) if isinstance(v, (list, dict)) else v] for k, v in facts])}'
             f'<h2 id="exchange">Exchange</h2>{exchange_html(records, by_index, PageImages(images))}'
             f'<h2 id="training">Training view</h2>{training_html(samples, records_by_index, by_index, decoder)}'
-            f'<h2 id="verifier">Verifier</h2><p>reward {number(row.get("reward"))}</p>'
+            f'<h2 id="verifier">Verifier</h2><p>reward {number(row.get("reward"))}</p>{judge_html(judge_records)}'
             f'{files_html(kept_files(result.paths, where, "verifier_output"), "verifier output")}'
             f'<h2 id="log">Harness log</h2>{files_html(kept_files(result.paths, where, "harness_log"), "harness log")}')
     return page(f"{row.get('rollout_id')}: rollout", body, "../../assets", ["report.js"])
