@@ -69,6 +69,9 @@ def run_loop(config_path: str, overrides: list[str]) -> tuple[list[dict], int, f
     with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True) as driver:
         for line in driver.stdout:
             summary = json.loads(line)
+            if "eval" in summary:  # the final checkpoint's evaluation (`eval_every`), after the last iteration
+                print(f"evaluation of checkpoint {summary['eval']}: mean reward {summary.get('mean_reward')}", flush=True)
+                continue
             summaries.append(summary)
             print(f"iteration {summary['iteration']}: mean reward {summary['metrics']['mean_reward']:.3f}; "
                   + ", ".join(f"{p} {summary['timings_s'].get(p + '_s', 0.0):.1f} s" for p in PHASES)

@@ -131,12 +131,13 @@ def node_folder(environ: dict | None = None) -> Path | None:
 
 def fetch_rank(url: str, local: Path, rank: int = 0, world_size: int = 1, local_rank: int = 0,
                node: Path | None = None, progress: Callable[[str], None] | None = None,
-               poll_s: float = 0.2) -> Path:
+               poll_s: float = 0.2, optimizer: bool = True) -> Path:
     """An update rank's local copy of the checkpoint at `url`: the folder itself when local; else the weights,
     config and tokenizer fetched once per node (local rank 0 into `node`, the others wait for it: `node_folder`;
     `node` None: into `local`, alone), linked into `local`, and `local/optimizer/` with its shared small files
     and only this rank's `*_rank_{rank}.pt`, or every rank's when it was saved by another number of ranks (the
-    load reshards them, `steps.update.reshard`)."""
+    load reshards them, `steps.update.reshard`). `optimizer` False: no `optimizer/` at all (supervised
+    fine-tuning starts its own; an update's AdamW state is twice its fp32 weights)."""
     if not is_remote(url):
         return Path(url.removeprefix("file://"))
     url = url.rstrip("/")
@@ -152,12 +153,14 @@ def fetch_rank(url: str, local: Path, rank: int = 0, world_size: int = 1, local_
         local.mkdir(parents=True, exist_ok=True)
         for entry in weights.iterdir():
             (local / entry.name).symlink_to(entry)
-    optimizer, folder = f"{url}/{OPTIMIZER_DIR}", local / OPTIMIZER_DIR
-    download(optimizer, folder, keep=lambda path: not RANK_FILE.search(path), progress=progress)
+    if not optimizer:
+        return local
+    state_url, folder = f"{url}/{OPTIMIZER_DIR}", local / OPTIMIZER_DIR
+    download(state_url, folder, keep=lambda path: not RANK_FILE.search(path), progress=progress)
     state = folder / "state.json"
     saved = json.loads(state.read_text()).get("world_size", 1) if state.is_file() else world_size
     mine = f"_rank_{rank}.pt"
-    download(optimizer, folder, progress=progress,
+    download(state_url, folder, progress=progress,
              keep=lambda path: bool(RANK_FILE.search(path)) and (saved != world_size or path.endswith(mine)))
     return local
 

@@ -126,6 +126,8 @@ def test_the_step_writes_a_samples_table_the_update_reads_and_refuses_an_empty_f
     (["sft", "--from", "x", "--argo-server", "http://127.0.0.1:9", "--detach"],
      "--detach is not available for sft: its one Workflow is followed from here"),
     (["sft", "--from", "nope", "sft_min_reward=oops"], "config key 'sft_min_reward' must be a number"),
+    (["sft", "--from", "x", "--argo-server", "http://127.0.0.1:9", "update_nodes=2", "update_gpus=8"],
+     "config key 'update_nodes' is 2, but sft trains on one node"),
 ])
 def test_submit_sft_refuses_in_one_sentence(argv: list[str], message: str, monkeypatch, capsys) -> None:
     """Each wrong use of `submit.py sft` (or of its flags elsewhere) is one sentence and exit code 2."""

@@ -83,3 +83,43 @@ def test_an_sft_step_lowers_the_nll_of_the_recorded_answers_and_writes_a_loadabl
     from workflows.submit import resolve_checkpoint
 
     assert resolve_checkpoint(str(store), "warm:1")["checkpoint"] == str(checkpoint)
+
+
+@pytest.mark.slow
+def test_two_ranks_fine_tune_as_one_rank_does(tiny_model: Path, tmp_path: Path) -> None:
+    """The SFT command the run builds with `update_gpus: 2` (torchrun, gloo on CPU, FSDP2 over both ranks) against
+    `update_gpus: 1` on the same 9 samples in 3 mini-batches (a filler evens each out): the same losses and the same
+    weights within the update's 2-rank tolerance (tests/test_update_ranks.py). The control: one rank on rank 0's
+    share alone (what a rank that normalised by its own tokens would train on) lands elsewhere."""
+    from steps.update import ranks as update_ranks, shards
+    from test_update_ranks import METRICS, UPDATE, WEIGHTS, launcher_free_env, relative_difference
+    from update_reference import craft_samples, write_samples
+    from steps.contracts.config import RunConfig
+    from workflows import commands
+
+    samples = craft_samples(tiny_model, seed=0)
+    assert len(samples) == 9
+    update_config = tmp_path / "update.yaml"
+    update_config.write_text((REPO / "configs" / "update.yaml").read_text() + "\n".join(UPDATE) + "\n")
+
+    def sft(run: str, gpus: int, rows: list) -> tuple[dict, dict]:
+        config = RunConfig(run=run, store=str(tmp_path), model=str(tiny_model), update_gpus=gpus,
+                           update_config=str(update_config), learning_rate=1e-3)
+        write_samples(rows, Path(layout.run_partition_url(config.run_url, run, 0)))
+        argv = commands.sft(config, str(tiny_model), sys.executable)
+        assert ("steps.update.launch" in argv) == (gpus > 1)
+        done = subprocess.run(argv, cwd=REPO, env={**launcher_free_env(), "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = Path(layout.checkpoint_url(config.run_url, 1, config.model))
+        return json.loads(done.stdout.splitlines()[-1]), shards.read_weights(out)
+
+    base = load_file(tiny_model / "model.safetensors")
+    one_metrics, one = sft("one", 1, samples)
+    two_metrics, two = sft("two", 2, samples)
+    assert one_metrics["optimizer_steps"] == two_metrics["optimizer_steps"] == 3
+    assert two_metrics["losses"] == pytest.approx(one_metrics["losses"], rel=METRICS)
+    assert two_metrics["tokens_trained"] == one_metrics["tokens_trained"]
+    assert relative_difference(one, two, base) < WEIGHTS
+    _, half = sft("half", 1, [samples[row] for row in update_ranks.shard_rows(9, 3, 2)[0]])
+    assert relative_difference(one, half, base) > 100 * WEIGHTS  # the control

@@ -320,6 +320,18 @@ def update(config: RunConfig, trajectories: str, checkpoint: str, out: str, pyth
     step = ["-m", "steps.update", "--trajectories", trajectories, "--checkpoint", checkpoint, *base,
             "--out", out, "--images", layout.images_url(config.run_url), "--config", config.update_config,
             *(["--max-pixels", str(config.max_pixels)] if config.max_pixels else []), *update_overrides(config)]
+    return launched(config, step, python, node_rank, master_addr)
+
+
+def launched(config: RunConfig, step: list[str], python: str = "python", node_rank: str | None = None,
+             master_addr: str | None = None) -> list[str]:
+    """`step` (`-m steps.X ...`) as the update's pods run it: one process when `update_gpus` <= 1 and `update_nodes`
+    is 1; else under torchrun (`steps.update.launch`), `update_gpus` processes per node, across `update_nodes`
+    nodes each pod with its `node_rank` and rank 0's `master_addr`.
+
+    >>> launched(RunConfig(update_gpus=4), ["-m", "steps.sft"])
+    ['python', '-m', 'steps.update.launch', '--standalone', '--nproc-per-node', '4', '-m', 'steps.sft']
+    """
     per_node = str(max(config.update_gpus, 1))
     if config.update_nodes > 1:
         if node_rank is None or master_addr is None:
@@ -397,14 +409,19 @@ def sft_samples(config: RunConfig, source: str, student: str, python: str = "pyt
             "--min-reward", repr(config.sft_min_reward)]
 
 
-def sft(config: RunConfig, student: str, python: str = "python") -> list[str]:
+def sft(config: RunConfig, student: str, python: str = "python", node_rank: str | None = None,
+        master_addr: str | None = None) -> list[str]:
     """Supervised fine-tuning of `student` on the SFT run's samples (`steps.sft`), written as the checkpoint its
-    iteration 1 would serve (`layout.checkpoint_url`): the run's `update_args`, then its step size, passes and seed.
+    iteration 1 would serve (`layout.checkpoint_url`): the run's `update_args`, then its step size, passes and seed;
+    on the update's ranks (`launched`: `update_gpus` per node, `update_nodes` nodes).
 
     >>> sft(RunConfig(run="s", store="runs", learning_rate=1e-5), "m")[-3:]
     ['learning_rate=1e-05', 'epochs=1', 'seed=0']
+    >>> sft(RunConfig(run="s", store="runs", update_gpus=8), "m")[1:7]
+    ['-m', 'steps.update.launch', '--standalone', '--nproc-per-node', '8', '-m']
     """
-    return [python, "-m", "steps.sft", "--samples", layout.run_partition_url(config.run_url, config.run, 0),
+    step = ["-m", "steps.sft", "--samples", layout.run_partition_url(config.run_url, config.run, 0),
             "--checkpoint", student, "--out", layout.checkpoint_url(config.run_url, 1, config.model),
             "--config", config.update_config, *config.update_args, f"learning_rate={config.learning_rate!r}",
             f"epochs={config.epochs}", f"seed={config.seed}"]
+    return launched(config, step, python, node_rank, master_addr)

@@ -233,6 +233,9 @@ def start_sft(args: argparse.Namespace) -> int:
     if not config.run:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         config = dataclasses.replace(config, run=f"sft-{args.from_run}-{stamp}")
+    if config.update_nodes > 1:  # its one train pod: the update's JobSet across nodes is not built for it
+        raise ConfigError(f"config key 'update_nodes' is {config.update_nodes}, but sft trains on one node (up to "
+                          "update_gpus GPUs, under torchrun); set update_nodes=1")
     if args.dry_run:
         validate_for_argo(config, training=False)  # the samples' lengths are checked by the step itself
         print(f"---\n# the SFT run {config.run}")

@@ -10,7 +10,14 @@
 AdamW steps at `learning_rate` (the update's config and keys; advantages, clipping and corrections play no part).
 `--out` gets what an update writes (`steps.update.train.write_output`): the weights in `served_dtype` as sharded
 safetensors with the input's config and tokenizer files, `optimizer/` and `metrics.json`, so a run starts from it
-with `model=<out>`. One process; a bad sample or config is one sentence and exit code 2 before a model loads.
+with `model=<out>`. A bad sample or config is one sentence and exit code 2 before a model loads.
+
+Under torchrun (`steps.update.launch`, as `workflows.commands.sft` builds it with `update_gpus` > 1 or
+`update_nodes` > 1) it runs as the update does: every rank reads every sample and trains its share of each
+mini-batch (`steps.update.ranks.shard_rows`, fillers evening them out), FSDP2 shards the model over all ranks, each
+rank writes its own weight files and optimizer shard, rank 0 the rest. `sft_loss` divides by the trained tokens
+of the whole mini-batch over all ranks (veRL's engine all-reduces `batch_num_tokens`), so N ranks take the step
+one rank takes.
 """
 
 import argparse
@@ -29,7 +36,8 @@ from steps.update import batch as update_batch, ranks as update_ranks
 from steps.update.batch import Batch, Sample, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
 from steps.update.samples import check_inputs
-from steps.update.train import build_worker, prepare_runtime, strict_metrics, write_output
+from steps.update.train import (build_worker, prepare_runtime, publish_output, report_io, strict_metrics,
+                                train as update_train, write_output)
 
 # What a fresh SFT's optimiser state is, in metrics.json's `optimizer_state` (the update's word for it).
 FRESH = "fresh: supervised fine-tuning starts its own"
@@ -53,14 +61,14 @@ def loss_mask(batch: Batch) -> torch.Tensor:
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
-def sft_tensordict(batch: Batch, config: UpdateConfig):
-    """The no-padding TensorDict of one mini-batch, its loss mask rebuilt (`loss_mask`), told to train it whole."""
+def sft_tensordict(batch: Batch, config: UpdateConfig, real: int, rows: int):
+    """The no-padding TensorDict of this rank's part of one mini-batch (`real` samples in `rows` rows over all
+    ranks), its loss mask rebuilt (`loss_mask`), told to train it whole."""
     from verl.utils import tensordict_utils as tu
 
     td = batch.to_tensordict(1.0)  # SFT's likelihood is the model's own: no sampling temperature
     td["loss_mask"] = loss_mask(batch)
-    rows = len(batch.loss_weights)
-    tu.assign_non_tensor(td, calculate_entropy=False, global_batch_size=rows, mini_batch_size=rows, epochs=1,
+    tu.assign_non_tensor(td, calculate_entropy=False, global_batch_size=real, mini_batch_size=rows, epochs=1,
                          seed=config.seed, dataloader_kwargs={"shuffle": False}, compute_loss=True)
     return td
 
@@ -76,20 +84,14 @@ def build_sft_worker(checkpoint: Path, config: UpdateConfig):
 
 def train(worker, samples: list[Sample], config: UpdateConfig) -> dict:
     """`epochs` passes of `mini_batches` consecutive near-equal mini-batches (`ranks.mini_batch_sizes`), one AdamW
-    step each; returns veRL's metrics, each a list over the steps."""
-    batch = update_batch.pad(samples, {sample.rollout_id: 0.0 for sample in samples})
-    parts, first = [], 0
-    for size in update_ranks.mini_batch_sizes(len(samples), config.mini_batches):
-        parts.append(batch.rows(list(range(first, first + size))))
-        first += size
-    from verl.utils import tensordict_utils as tu
-
-    metrics: dict[str, list] = {}
-    for _ in range(config.epochs):
-        for part in parts:
-            for key, value in tu.get(worker.train_mini_batch(sft_tensordict(part, config)), "metrics").items():
-                metrics.setdefault(key, []).extend(value if isinstance(value, list) else [value])
-    return metrics
+    step each, this rank training its share of each (`ranks.shard_rows`); returns veRL's metrics, each a list over
+    the steps."""
+    ranks = update_ranks.current()
+    shards = update_ranks.shard_rows(len(samples), config.mini_batches, ranks.world_size)
+    rows = [*samples, update_batch.FILLER]  # row len(samples): the filler (no trained token)
+    batch = update_batch.pad(rows, {sample.rollout_id: 0.0 for sample in rows})
+    return update_train(worker, batch.rows(shards[ranks.rank]), config, ranks.world_size, len(samples),
+                        tensordict=sft_tensordict)
 
 
 def run_sft(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
@@ -97,8 +99,6 @@ def run_sft(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
     if config.lora_rank:
         raise ConfigError(f"lora_rank={config.lora_rank}, but supervised fine-tuning trains the full weights; set "
                           "lora_rank to 0")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("supervised fine-tuning runs as one process; run it without torchrun")
     check_inputs(samples, checkpoint, config)
     prepare_runtime()
     started = time.perf_counter()
@@ -126,31 +126,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Read, check, train, write; exit code 2 on a bad input (one sentence), 1 when the output cannot be written."""
+    """Read, check, train, write; exit code 2 on a bad input (one sentence, said by every rank, printed once by the
+    launcher), 1 when the output cannot be written. As `steps.update.train.main` does, rank by rank."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    ranks = update_ranks.current()
     try:
         config = load_config(args.config, args.overrides)
         samples = read_samples(args.samples)
     except (ConfigError, update_batch.SampleError) as error:
-        print(f"steps.sft: {error}", file=sys.stderr)
-        return 2
+        return update_ranks.refuse(f"steps.sft: {error}")
+    node = store.node_folder()  # the weights are fetched once per node into it (`steps.checkpoint.fetch_rank`)
     with tempfile.TemporaryDirectory(prefix="openforge-sft-") as tmp:
-        checkpoint = store.fetch(args.checkpoint, Path(tmp) / "in", skip=store.TRAINING_ONLY)
+        checkpoint = store.fetch_rank(args.checkpoint, Path(tmp) / "in", ranks.rank, ranks.world_size,
+                                      ranks.local_rank, node, optimizer=False)
         try:
             worker, metrics = run_sft(samples, checkpoint, config)
         except (ConfigError, update_batch.SampleError) as error:
-            print(f"steps.sft: {error}", file=sys.stderr)
-            return 2
+            return update_ranks.refuse(f"steps.sft: {error}")
         metrics = strict_metrics(metrics)
         local_out = Path(tmp) / "out" if store.is_remote(args.out) else store.fetch(args.out, Path(tmp))
         try:
-            store.unmark(args.out)
-            write_output(worker, checkpoint, local_out, metrics, config)
+            if ranks.first:
+                store.unmark(args.out)
+            update_ranks.barrier()  # before any rank writes a file of it
+            write_output(worker, checkpoint, local_out, metrics, config, ranks,
+                         owner=ranks.first or store.is_remote(args.out))
             if store.is_remote(args.out):
-                store.publish(local_out, args.out)
+                publish_output(local_out, args.out, ranks, trained=True)
         except OSError as error:
             print(f"steps.sft: cannot write the checkpoint to {args.out} ({type(error).__name__}: {error})",
                   file=sys.stderr)
             return 1
-    print(json.dumps(metrics, allow_nan=False))
+    store.release(node, ranks.local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    report_io(ranks)
+    if ranks.first:
+        print(json.dumps(metrics, allow_nan=False))
     return 0

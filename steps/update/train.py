@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -180,9 +181,23 @@ def batch_logprobs(worker, batch: Batch, shards: list[list[int]], rank: int,
     return log_probs, entropy
 
 
-def train(worker, batch: Batch, config: UpdateConfig, world_size: int = 1, samples: int | None = None) -> dict:
+def policy_tensordict(part: Batch, config: UpdateConfig, real: int, rows: int):
+    """One mini-batch's TensorDict for the update's `ppo_loss`: `real` samples (what sequence-mean losses divide
+    by) in `rows` rows over all ranks, fillers included."""
+    from verl.utils import tensordict_utils as tu
+
+    td = part.to_tensordict(config.temperature)
+    tu.assign_non_tensor(td, calculate_entropy=config.entropy_coeff != 0, global_batch_size=real,
+                         mini_batch_size=rows, epochs=1, seed=config.seed,
+                         dataloader_kwargs={"shuffle": False}, compute_loss=True)
+    return td
+
+
+def train(worker, batch: Batch, config: UpdateConfig, world_size: int = 1, samples: int | None = None,
+          tensordict: Callable = policy_tensordict) -> dict:
     """`epochs` passes over the mini-batches (`ranks.mini_batch_sizes`), one optimiser step each; returns veRL's
-    metrics, each a list over the steps.
+    metrics, each a list over the steps. `tensordict(part, config, real, rows)` makes a mini-batch's input to the
+    worker's loss (the update's; supervised fine-tuning's, `steps.sft.train.sft_tensordict`).
 
     `batch` is this rank's shard (`ranks.shard_rows`) of a batch of `samples` real samples (default: all its
     rows, one rank). Each mini-batch is its own call of veRL's `train_mini_batch`, which takes one
@@ -201,10 +216,7 @@ def train(worker, batch: Batch, config: UpdateConfig, world_size: int = 1, sampl
     metrics: dict[str, list] = {}
     for _ in range(config.epochs):
         for part, real, rows in parts:
-            td = part.to_tensordict(config.temperature)
-            tu.assign_non_tensor(td, calculate_entropy=config.entropy_coeff != 0, global_batch_size=real,
-                                 mini_batch_size=rows, epochs=1, seed=config.seed,
-                                 dataloader_kwargs={"shuffle": False}, compute_loss=True)
+            td = tensordict(part, config, real, rows)
             for key, value in tu.get(worker.train_mini_batch(td), "metrics").items():
                 metrics.setdefault(key, []).extend(value if isinstance(value, list) else [value])
     return metrics
