@@ -193,3 +193,14 @@ def test_sft_dry_run_prints_its_workflow(tmp_path: Path, capsys) -> None:
     printed = yaml.safe_load(capsys.readouterr().out.split("\n", 2)[2])
     assert printed["metadata"]["name"] == "openforge-warm-sft"
     assert [t["name"] for t in printed["spec"]["templates"][0]["dag"]["tasks"]] == ["sft-samples", "sft"]
+    train, = [t for t in printed["spec"]["templates"] if t["name"] == "sft"]
+    assert train["container"]["command"][:3] == ["python", "-m", "steps.sft"] and "volumes" not in train
+    # on 8 GPUs: torchrun with 8 ranks, a memory-backed /dev/shm for them, the update's NCCL env
+    assert submit.main(["sft", "--from", "teacher", "--config", str(CLUSTER), "--dry-run", "run=warm",
+                        "update_gpus=8", "update_env={NCCL_DEBUG: INFO}"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out.split("\n", 2)[2])
+    train, = [t for t in printed["spec"]["templates"] if t["name"] == "sft"]
+    assert train["container"]["command"][2:6] == ["steps.update.launch", "--standalone", "--nproc-per-node", "8"]
+    assert train["container"]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in train["volumes"]
+    assert {"name": "NCCL_DEBUG", "value": "INFO"} in train["container"]["env"]

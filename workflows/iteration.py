@@ -537,13 +537,20 @@ def update_template(config: RunConfig, iteration: int) -> Container | Resource:
     `update_nodes` > 1, a JobSet of that many pods (`workflows.jobset`), created and watched by this step."""
     if config.update_nodes > 1:
         return update_nodes_template(config, iteration)
+    return train_container(config, "update", commands.update(
+        config, layout.run_partition_url(config.run_url, config.run, iteration), config.checkpoint_url(iteration),
+        config.checkpoint_url(iteration + 1)))
+
+
+def train_container(config: RunConfig, name: str, command: list[str]) -> Container:
+    """One pod of the train image on the update's GPUs (`update_resources`), placement, `update_env` and deadline,
+    with a memory-backed /dev/shm when it runs more than one process (`workflows.jobset.SHM_VOLUME`): the update's,
+    and supervised fine-tuning's (`workflows.sft`)."""
     shm = ([EmptyDirVolume(name=jobset.SHM_VOLUME, mount_path=jobset.SHM_PATH, medium=jobset.SHM_MEDIUM)]
-           if config.update_gpus > 1 else [])  # more than one process (workflows.jobset.SHM_VOLUME)
+           if config.update_gpus > 1 else [])
     return Container(
-        name="update", image=image(config, "train"), working_dir="/opt/openforge/app",
-        command=commands.update(config, layout.run_partition_url(config.run_url, config.run, iteration),
-                                config.checkpoint_url(iteration), config.checkpoint_url(iteration + 1)),
-        env=s3_env(config) + [Env(name=name, value=value) for name, value in config.update_env.items()],
+        name=name, image=image(config, "train"), working_dir="/opt/openforge/app", command=command,
+        env=s3_env(config) + [Env(name=key, value=value) for key, value in config.update_env.items()],
         resources=ResourceRequirements(**update_resources(config)), volumes=shm,
         # the JobSet's Job has the same (`workflows.jobset`); here counted from when a node's kubelet took the pod
         active_deadline_seconds=config.update_timeout_s, **hera_placement(config.update_pod),

@@ -23,13 +23,11 @@ from steps import manifest
 from steps.contracts import layout
 from steps.contracts.config import RunConfig
 from steps.contracts.manifest import IterationRecord
-from hera.workflows import Container, Env, Workflow
-from hera.workflows.models import ResourceRequirements
+from hera.workflows import Container, Workflow
 
 from workflows import commands, shape
 from workflows.iteration import (ITERATION_LABEL, dag, exit_dag, fetch_model_template, image, record_template,
-                                 report_template, run_label, run_workflow, s3_env, step_pod, update_resources)
-from workflows.pods import hera_placement
+                                 report_template, run_label, run_workflow, s3_env, step_pod, train_container)
 from workflows.local import StepFailed, absolute, base_model, local_store_problem, run_step, say, step_env, train_python
 
 def run_local_sft(config: RunConfig, source: str) -> int:
@@ -85,11 +83,7 @@ def sft_workflow(config: RunConfig, source: str) -> Workflow:
     samples = Container(name="sft-samples", image=image(config, "steps"), working_dir="/opt/openforge/app",
                         command=commands.sft_samples(config, source_url, student), env=s3_env(config),
                         **step_pod(config, "2", "8Gi"))
-    train = Container(name="sft", image=image(config, "train"), working_dir="/opt/openforge/app",
-                      command=commands.sft(config, student),
-                      env=s3_env(config) + [Env(name=name, value=value) for name, value in config.update_env.items()],
-                      resources=ResourceRequirements(**update_resources(config)),
-                      active_deadline_seconds=config.update_timeout_s, **hera_placement(config.update_pod))
+    train = train_container(config, "sft", commands.sft(config, student))
     templates = [dag("sft-run", shape.sft(config)), samples, train, exit_dag(), record_template(config, 0),
                  report_template(config), *([fetch_model_template(config)] if shape.fetches_model(config, 0) else [])]
     return run_workflow(config, workflow_name(config), templates, {ITERATION_LABEL: "0"})
