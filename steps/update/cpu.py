@@ -136,24 +136,11 @@ def _register_cpu_engine() -> None:
 
 def _process_group() -> None:
     """Adjustment 4: a gloo group of the launcher's ranks (RANK, WORLD_SIZE, MASTER_* from torchrun), or alone
-    a one-process group (veRL would ask for "cpu:gloo,cpu:gloo").
+    a one-process group whose store is in memory (`steps.update.ranks.process_group`; veRL would ask for
+    "cpu:gloo,cpu:gloo")."""
+    from steps.update.ranks import process_group
 
-    Alone, the group's store is in memory (`HashStore`): a port picked free and bound a moment later can be taken in
-    between by any connection on the machine (EADDRINUSE, seen with rollouts running beside an overlapped update)."""
-    from steps.net import free_port
-
-    alone = "MASTER_PORT" not in os.environ and os.environ.get("WORLD_SIZE", "1") == "1"
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1"}.items():
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))  # for readers of the variable; nothing binds it alone
-    if torch.distributed.is_initialized():
-        return
-    if alone:
-        torch.distributed.init_process_group(backend="gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
-    else:
-        torch.distributed.init_process_group(backend="gloo", rank=int(os.environ["RANK"]),
-                                             world_size=int(os.environ["WORLD_SIZE"]))
+    process_group("gloo")
 
 
 @functools.cache

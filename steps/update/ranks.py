@@ -36,6 +36,31 @@ class Ranks:
         return self.rank == 0
 
 
+def process_group(backend: str, launched: bool = True) -> None:
+    """The default process group of `backend`: the launcher's ranks (RANK, WORLD_SIZE, MASTER_* from torchrun) meeting
+    at its MASTER_PORT, or, alone, one process whose store is in memory (`HashStore`): a port picked free and bound a
+    moment later can be taken in between by any connection on the machine (EADDRINUSE, seen on CPU with rollouts
+    beside an overlapped update; a GPU pod on the host network shares the node's ports). With `launched` False a
+    launcher's group is left to veRL (`initialize_global_process_group_ray`, which makes one only when none is).
+
+    Checked on an NVIDIA H200 (torch 2.11, `benchmarks/gpu_checks.py`): NCCL's one-rank communicator is made
+    through the in-memory store (its unique id is exchanged there) and an all-reduce and FSDP2 step run on it."""
+    from steps.net import free_port
+
+    alone = "MASTER_PORT" not in os.environ and os.environ.get("WORLD_SIZE", "1") == "1"
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))  # for readers of the variable; nothing binds it alone
+    if torch.distributed.is_initialized():
+        return
+    if alone:
+        torch.distributed.init_process_group(backend=backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+    elif launched:
+        torch.distributed.init_process_group(backend=backend, rank=int(os.environ["RANK"]),
+                                             world_size=int(os.environ["WORLD_SIZE"]))
+
+
 def current() -> Ranks:
     """The ranks as the launcher set them in the environment (none set: a single process)."""
     return Ranks(rank=int(os.environ.get("RANK", "0")), world_size=int(os.environ.get("WORLD_SIZE", "1")),

@@ -68,14 +68,12 @@ def prepare_runtime() -> None:
     if update_cpu.needed():
         update_cpu.apply()
         return
-    from steps.net import free_port
-
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
     # veRL's worker is made for Ray's actors, which each see one GPU, and never picks one: under torchrun every
     # rank sees all of its node's GPUs, so each takes its own.
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # Alone, the one-rank group veRL would make (its backend, "cpu:gloo,cuda:nccl") with its store in memory; under
+    # torchrun veRL makes the launcher's (`verl.utils.distributed.initialize_global_process_group_ray`).
+    update_ranks.process_group("cpu:gloo,cuda:nccl", launched=False)
 
 
 def attention(gpu: bool, flash_attn: bool) -> tuple[str, bool]:
