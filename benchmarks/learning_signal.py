@@ -69,7 +69,7 @@ def run_loop(config_path: str, overrides: list[str]) -> tuple[list[dict], int, f
     with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True) as driver:
         for line in driver.stdout:
             summary = json.loads(line)
-            if "eval" in summary:  # the final checkpoint's evaluation (`eval_every`), after the last iteration
+            if "iteration" not in summary:  # the final checkpoint's evaluation (`eval_every`), after the last one
                 print(f"evaluation of checkpoint {summary['eval']}: mean reward {summary.get('mean_reward')}", flush=True)
                 continue
             summaries.append(summary)
