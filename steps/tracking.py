@@ -244,12 +244,18 @@ def _why(exc: Exception) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
 
 
+MAX_FAILURES = 3  # steps in a row a tracker failed to log before it is left out of the run
+
+
 class Trackers:
-    """The run's trackers that started. A tracker that fails (to start, or later to log) is said in one line and
-    left out; the run goes on."""
+    """The run's trackers that started. A tracker that fails to start, or to take the config, is said in one line
+    and left out. One that fails to log a step (its server restarting, a network blip) is said in one line and
+    tries again at the next step, logging the steps it missed first, in order, and at `close`; after
+    `MAX_FAILURES` steps in a row it is left out. The run goes on either way."""
 
     def __init__(self, config: RunConfig, started: dict[str, Tracker], say: Callable[[str], None]):
         self.config, self.started, self.say = config, started, say
+        self.missed: dict[str, list[tuple[int, bool]]] = {}  # by tracker: the steps it failed to log, in order
 
     @classmethod
     def start(cls, config: RunConfig, say: Callable[[str], None]) -> "Trackers":
@@ -287,18 +293,52 @@ class Trackers:
             return _numbers("eval", (run.evals.get(n) or {}).get("overall") or {})
         return iteration_numbers(run, n)
 
+    def _log(self, n: int | None, evaluation: bool = False) -> None:
+        """Logs step `n` (None, at `close`: only the steps missed) into every tracker, each first catching up on the
+        steps it missed; a tracker that fails keeps what it has not logged for the next time."""
+        what = f"{'evaluation' if evaluation else 'iteration'} {n}"
+        numbers = None if n is None else self._read(what, n, evaluation)
+        if n is not None and numbers is None:
+            return
+        read: dict[tuple[int, bool], dict[str, float] | None] = {} if n is None else {(n, evaluation): numbers}
+        for name, tracker in list(self.started.items()):
+            missed = self.missed.get(name, [])
+            due, done = [*missed, *([] if n is None else [(n, evaluation)])], 0
+            try:
+                for step in due:
+                    if step not in read:  # a missed step's numbers, read again from the store
+                        read[step] = self._read(f"step {step[0]}", *step)
+                    if read[step] is not None:
+                        tracker.log(step[0], read[step])
+                    done += 1
+            except Exception as exc:  # noqa: BLE001 - a tracker that broke costs its own steps, never the run
+                left = due[done:]
+                steps = ", ".join(str(step) for step, _ in left)
+                if n is None or len(left) >= MAX_FAILURES:
+                    self.say(f"tracking: {name} could not log step(s) {steps} and is left out: {_why(exc)}")
+                    del self.started[name]
+                    self.missed.pop(name, None)
+                else:
+                    self.missed[name] = left
+                    self.say(f"tracking: {name} could not log {what}, tries again at the next step: {_why(exc)}")
+                continue
+            if self.missed.pop(name, None):
+                self.say(f"tracking: {name} logs again; it caught up on step(s) "
+                         f"{', '.join(str(step) for step, _ in missed)}")
+
     def log_iteration(self, n: int) -> None:
         """Logs iteration `n`'s numbers (and its evaluation's), read from the store, at step `n`."""
-        if self.started and (numbers := self._read(f"iteration {n}", n, evaluation=False)) is not None:
-            self._each(f"log iteration {n}", lambda t: t.log(n, numbers))
+        self._log(n)
 
     def log_evaluation(self, n: int) -> None:
         """Logs the evaluation at `n` that ended no iteration (the final checkpoint's, an eval run's) at step `n`."""
-        if self.started and (numbers := self._read(f"evaluation {n}", n, evaluation=True)) is not None:
-            self._each(f"log evaluation {n}", lambda t: t.log(n, numbers))
+        self._log(n, evaluation=True)
 
     def close(self) -> None:
-        """Ends every tracker's run (W&B and MLflow mark it finished; TensorBoard's file is closed)."""
+        """Logs the steps any tracker missed, then ends every tracker's run (W&B and MLflow mark it finished;
+        TensorBoard's file is closed)."""
+        if self.missed:
+            self._log(None)
         self._each("close", lambda t: t.close())
         self.started = {}
 

@@ -16,13 +16,13 @@ class HeldRelay(socketserver.ThreadingTCPServer):
 
     daemon_threads = allow_reuse_address = True
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, port: int = 0):
         self.target = ("127.0.0.1", int(url.rstrip("/").rsplit(":", 1)[1]))
         self.flowing = threading.Event()
         self.flowing.set()
         self.open: set[socket.socket] = set()  # both ends of every connection relayed
         self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _HeldConnection)
+        super().__init__(("127.0.0.1", port), _HeldConnection)  # `port`: a cut relay's, to stand it up again
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
 
     def hold(self) -> None:

@@ -123,3 +123,47 @@ def test_two_ranks_fine_tune_as_one_rank_does(tiny_model: Path, tmp_path: Path) 
     assert relative_difference(one, two, base) < WEIGHTS
     _, half = sft("half", 1, [samples[row] for row in update_ranks.shard_rows(9, 3, 2)[0]])
     assert relative_difference(one, half, base) > 100 * WEIGHTS  # the control
+
+
+@pytest.mark.slow
+def test_lora_sft_trains_an_adapter_that_merges_into_a_model_with_a_lower_nll(tiny_model: Path, tmp_path: Path) -> None:
+    """`lora_rank: 8` (the run's key, passed by `commands.sft`): only a fresh adapter trains, the checkpoint is peft's
+    adapter folder on the student (no full weights), its losses fall, and merged by `steps.export --merge` it is a model
+    whose NLL of the answers is lower than the student's. An adapter given as the student is refused in one sentence
+    (the control: the same command on the full model ran above)."""
+    from test_update_ranks import UPDATE, launcher_free_env
+    from update_reference import craft_samples, write_samples
+    from steps.contracts.config import RunConfig
+    from workflows import commands
+
+    samples = craft_samples(tiny_model, seed=0)
+    update_config = tmp_path / "update.yaml"
+    update_config.write_text((REPO / "configs" / "update.yaml").read_text() + "\n".join(UPDATE) + "\n")
+    env = {**launcher_free_env(), "PYTHONPATH": str(REPO)}
+
+    def sft(run: str, student: Path) -> subprocess.CompletedProcess:
+        config = RunConfig(run=run, store=str(tmp_path), model=str(student), update_config=str(update_config),
+                           learning_rate=1e-2, epochs=3, lora_rank=8, lora_alpha=16)
+        write_samples(samples, Path(layout.run_partition_url(config.run_url, run, 0)))
+        argv = commands.sft(config, str(student), sys.executable)
+        assert "lora_rank=8" in argv
+        return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+    done = sft("lora", tiny_model)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads(done.stdout.splitlines()[-1])
+    adapter = tmp_path / "lora" / "checkpoints" / "iteration-1"
+    assert (metrics["adapter"], metrics["lora_rank"], metrics["optimizer_steps"]) == ("fresh", 8, 9)
+    assert metrics["losses"][-1] < metrics["losses"][0]
+    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    assert not list(adapter.glob("model*.safetensors"))  # the adapter alone
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == str(tiny_model)
+    merged = tmp_path / "merged"
+    exported = subprocess.run([sys.executable, "-m", "steps.export", "--checkpoint", str(adapter), "--out",
+                               str(merged), "--merge", "--dtype", "fp32"], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=600)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert nll(merged, samples) < nll(tiny_model, samples) - 0.1
+    refused = sft("on-adapter", adapter)
+    assert refused.returncode == 2 and "is a LoRA adapter; fine-tune a full model" in refused.stderr
+    assert "Traceback" not in refused.stderr

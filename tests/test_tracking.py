@@ -434,23 +434,83 @@ def test_a_wrong_mlflow_password_is_one_line_that_does_not_name_it(run_store, tm
 
 
 @pytest.mark.slow
-def test_an_mlflow_server_gone_mid_run_costs_its_tracker_and_not_the_run(run_store, tmp_path, mlflow_server,
-                                                                          mlflow_login, monkeypatch):
+def test_an_mlflow_server_gone_for_a_while_costs_no_step(run_store, tmp_path, mlflow_server, mlflow_login, monkeypatch):
     """The server is cut off after iteration 0 (a relay in front of it closes every connection and refuses new ones):
-    logging iteration 1 fails once, said in one line, MLflow is left out, TensorBoard logs on; MLflow kept iteration 0.
-    Client retries are off so the test waits for none (a driver's are MLflow's, docs/tracking.md)."""
+    logging iteration 1 fails, said in one line, and TensorBoard logs on. The server is back when the driver closes
+    its trackers: MLflow catches up on iteration 1 first, so it holds every step. Client retries are off so the test
+    waits for none (a driver's are MLflow's, docs/tracking.md)."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    lines: list[str] = []
     with HeldRelay(mlflow_server) as relay:
         config = server_config(run_store, tmp_path, relay.url, "cut-off", "tensorboard")
-        lines: list[str] = []
-        with tracking.Trackers.start(config, lines.append) as trackers:
-            trackers.log_iteration(0)
-            relay.cut()
-            trackers.log_iteration(1)
-            assert list(trackers.started) == ["tensorboard"]
-    gone, = [line for line in lines if "left out" in line]
-    assert gone.startswith("tracking: mlflow could not log iteration 1 and is left out: ") and "\n" not in gone
+        trackers = tracking.Trackers.start(config, lines.append)
+        trackers.log_iteration(0)
+        relay.cut()
+        trackers.log_iteration(1)
+        assert read_mlflow(mlflow_server, "cut-off")[0].keys() == {0}  # iteration 1 missed, for now
+        with HeldRelay(mlflow_server, port=relay.server_address[1]):  # the server reachable again
+            trackers.close()
+    failed, caught_up = [line for line in lines if "mlflow could not" in line or "mlflow logs again" in line]
+    assert failed.startswith("tracking: mlflow could not log iteration 1, tries again at the next step: ")
+    assert caught_up == "tracking: mlflow logs again; it caught up on step(s) 1" and "\n" not in failed
     check_logged(read_tensorboard(str(tmp_path / "tb"))[0], run_store)
-    history, _, _ = read_mlflow(mlflow_server, "cut-off")
-    assert sorted(history) == [0] and history[0] == pytest.approx(expected(run_store, 0), rel=1e-6)
+    check_logged(read_mlflow(mlflow_server, "cut-off")[0], run_store)
+
+
+class FlakyTracker:
+    """A tracker whose `log` fails while `down` is set; what it logged, by step."""
+
+    where = "nowhere"
+
+    def __init__(self):
+        self.down, self.logged = False, {}
+
+    def log_config(self, config: dict, report: str) -> None:
+        pass
+
+    def log(self, step: int, numbers: dict[str, float]) -> None:
+        if self.down:
+            raise ConnectionError("the server is down")
+        self.logged[step] = numbers
+
+    def close(self) -> None:
+        self.logged["closed"] = True
+
+
+def flaky_trackers(monkeypatch) -> tuple[tracking.Trackers, FlakyTracker, list[str]]:
+    """Trackers holding one `FlakyTracker`, each step's numbers {"step": n} (nothing read from a store)."""
+    flaky, lines = FlakyTracker(), []
+    monkeypatch.setattr(tracking.Trackers, "_read", lambda self, what, n, evaluation: {"step": float(n)})
+    return tracking.Trackers(RunConfig(), {"flaky": flaky}, lines.append), flaky, lines
+
+
+def test_a_tracker_catches_up_on_the_steps_it_missed_in_order(monkeypatch):
+    trackers, flaky, lines = flaky_trackers(monkeypatch)
+    trackers.log_iteration(0)
+    flaky.down = True
+    trackers.log_iteration(1)
+    trackers.log_iteration(2)
+    flaky.down = False
+    trackers.log_iteration(3)
+    assert list(flaky.logged) == [0, 1, 2, 3] and flaky.logged[2] == {"step": 2.0}
+    assert lines[-1] == "tracking: flaky logs again; it caught up on step(s) 1, 2" and trackers.missed == {}
+
+
+def test_a_tracker_failing_three_steps_in_a_row_is_left_out_and_the_control_is_not(monkeypatch):
+    trackers, flaky, lines = flaky_trackers(monkeypatch)
+    flaky.down = True
+    for n in range(3):
+        trackers.log_iteration(n)
+    assert trackers.started == {} and lines[-1].startswith("tracking: flaky could not log step(s) 0, 1, 2 and is "
+                                                           "left out: ConnectionError: the server is down")
+    trackers.close()
+    assert "closed" not in flaky.logged
+    # The control: two failures, then the tracker answers again; it stays and holds every step.
+    trackers, flaky, lines = flaky_trackers(monkeypatch)
+    flaky.down = True
+    trackers.log_iteration(0)
+    trackers.log_iteration(1)
+    flaky.down = False
+    trackers.close()
+    assert list(flaky.logged) == [0, 1, "closed"]

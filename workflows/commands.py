@@ -413,7 +413,8 @@ def sft(config: RunConfig, student: str, python: str = "python", node_rank: str 
         master_addr: str | None = None) -> list[str]:
     """Supervised fine-tuning of `student` on the SFT run's samples (`steps.sft`), written as the checkpoint its
     iteration 1 would serve (`layout.checkpoint_url`): the run's `update_args`, then its step size, passes and seed;
-    on the update's ranks (`launched`: `update_gpus` per node, `update_nodes` nodes).
+    on the update's ranks (`launched`: `update_gpus` per node, `update_nodes` nodes); with `lora_rank`, a LoRA
+    adapter (`lora_overrides`).
 
     >>> sft(RunConfig(run="s", store="runs", learning_rate=1e-5), "m")[-3:]
     ['learning_rate=1e-05', 'epochs=1', 'seed=0']
@@ -423,5 +424,5 @@ def sft(config: RunConfig, student: str, python: str = "python", node_rank: str 
     step = ["-m", "steps.sft", "--samples", layout.run_partition_url(config.run_url, config.run, 0),
             "--checkpoint", student, "--out", layout.checkpoint_url(config.run_url, 1, config.model),
             "--config", config.update_config, *config.update_args, f"learning_rate={config.learning_rate!r}",
-            f"epochs={config.epochs}", f"seed={config.seed}"]
+            f"epochs={config.epochs}", f"seed={config.seed}", *lora_overrides(config)]
     return launched(config, step, python, node_rank, master_addr)

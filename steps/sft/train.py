@@ -10,7 +10,10 @@
 AdamW steps at `learning_rate` (the update's config and keys; advantages, clipping and corrections play no part).
 `--out` gets what an update writes (`steps.update.train.write_output`): the weights in `served_dtype` as sharded
 safetensors with the input's config and tokenizer files, `optimizer/` and `metrics.json`, so a run starts from it
-with `model=<out>`. A bad sample or config is one sentence and exit code 2 before a model loads.
+with `model=<out>`. With `lora_rank` > 0 a fresh LoRA adapter on the student is all that trains, and `--out` is
+that adapter in peft's format (as a LoRA update writes it) on the base `--checkpoint`: `python -m steps.export
+--merge` makes it a full model a run starts from. A bad sample or config is one sentence and exit code 2 before a
+model loads.
 
 Under torchrun (`steps.update.launch`, as `workflows.commands.sft` builds it with `update_gpus` > 1 or
 `update_nodes` > 1) it runs as the update does: every rank reads every sample and trains its share of each
@@ -32,6 +35,7 @@ from pathlib import Path
 import torch
 
 from steps import checkpoint as store
+from steps.contracts.layout import ADAPTER_CONFIG
 from steps.update import batch as update_batch, ranks as update_ranks
 from steps.update.batch import Batch, Sample, read_samples
 from steps.update.config import ConfigError, UpdateConfig, load_config
@@ -95,10 +99,11 @@ def train(worker, samples: list[Sample], config: UpdateConfig) -> dict:
 
 
 def run_sft(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
-    """Checks, builds the worker, trains; returns (worker, metrics) for `write_output`."""
-    if config.lora_rank:
-        raise ConfigError(f"lora_rank={config.lora_rank}, but supervised fine-tuning trains the full weights; set "
-                          "lora_rank to 0")
+    """Checks, builds the worker, trains; returns (worker, metrics) for `write_output`. With `lora_rank` > 0 only a
+    fresh LoRA adapter on the student trains (the update's `lora_settings`), and the adapter is what is written."""
+    if (checkpoint / ADAPTER_CONFIG).is_file():
+        raise ConfigError(f"--checkpoint {checkpoint} is a LoRA adapter; fine-tune a full model (export the adapter "
+                          "merged first: python -m steps.export --merge)")
     check_inputs(samples, checkpoint, config)
     prepare_runtime()
     started = time.perf_counter()
@@ -111,7 +116,8 @@ def run_sft(samples: list[Sample], checkpoint: Path, config: UpdateConfig):
                "grad_norm": float(sum(float(v) for v in trained["grad_norm"]) / len(trained["grad_norm"])),
                "samples": len(samples), "optimizer_steps": steps, "optimizer_state": FRESH,
                "optimizer_steps_total": steps, "tokens_trained": tokens * config.epochs,
-               "total_s": time.perf_counter() - started}
+               "total_s": time.perf_counter() - started,
+               **({"adapter": "fresh", "lora_rank": config.lora_rank} if config.lora_rank else {})}
     return worker, metrics
 
 
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 store.unmark(args.out)
             update_ranks.barrier()  # before any rank writes a file of it
             write_output(worker, checkpoint, local_out, metrics, config, ranks,
-                         owner=ranks.first or store.is_remote(args.out))
+                         owner=ranks.first or store.is_remote(args.out), base_model=args.checkpoint)
             if store.is_remote(args.out):
                 publish_output(local_out, args.out, ranks, trained=True)
         except OSError as error:
