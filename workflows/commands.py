@@ -409,12 +409,11 @@ def sft_samples(config: RunConfig, source: str, student: str, python: str = "pyt
             "--min-reward", repr(config.sft_min_reward)]
 
 
-def sft(config: RunConfig, student: str, python: str = "python", node_rank: str | None = None,
-        master_addr: str | None = None) -> list[str]:
+def sft(config: RunConfig, student: str, python: str = "python") -> list[str]:
     """Supervised fine-tuning of `student` on the SFT run's samples (`steps.sft`), written as the checkpoint its
     iteration 1 would serve (`layout.checkpoint_url`): the run's `update_args`, then its step size, passes and seed;
-    on the update's ranks (`launched`: `update_gpus` per node, `update_nodes` nodes); with `lora_rank`, a LoRA
-    adapter (`lora_overrides`).
+    on one node's `update_gpus` ranks (`launched`; `submit.py sft` refuses `update_nodes` > 1); with `lora_rank`, a
+    LoRA adapter (`lora_overrides`).
 
     >>> sft(RunConfig(run="s", store="runs", learning_rate=1e-5), "m")[-3:]
     ['learning_rate=1e-05', 'epochs=1', 'seed=0']
@@ -425,4 +424,4 @@ def sft(config: RunConfig, student: str, python: str = "python", node_rank: str 
             "--checkpoint", student, "--out", layout.checkpoint_url(config.run_url, 1, config.model),
             "--config", config.update_config, *config.update_args, f"learning_rate={config.learning_rate!r}",
             f"epochs={config.epochs}", f"seed={config.seed}", *lora_overrides(config)]
-    return launched(config, step, python, node_rank, master_addr)
+    return launched(config, step, python)

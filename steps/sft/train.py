@@ -15,10 +15,10 @@ that adapter in peft's format (as a LoRA update writes it) on the base `--checkp
 --merge` makes it a full model a run starts from. A bad sample or config is one sentence and exit code 2 before a
 model loads.
 
-Under torchrun (`steps.update.launch`, as `workflows.commands.sft` builds it with `update_gpus` > 1 or
-`update_nodes` > 1) it runs as the update does: every rank reads every sample and trains its share of each
-mini-batch (`steps.update.ranks.shard_rows`, fillers evening them out), FSDP2 shards the model over all ranks, each
-rank writes its own weight files and optimizer shard, rank 0 the rest. `sft_loss` divides by the trained tokens
+Under torchrun (`steps.update.launch`, as `workflows.commands.sft` builds it with `update_gpus` > 1) it runs as
+the update does: every rank reads every sample and trains its share of each mini-batch
+(`steps.update.ranks.shard_rows`, fillers evening them out), FSDP2 shards the model over all ranks, each rank
+writes its own weight files and optimizer shard, rank 0 the rest. `sft_loss` divides by the trained tokens
 of the whole mini-batch over all ranks (veRL's engine all-reduces `batch_num_tokens`), so N ranks take the step
 one rank takes.
 """
